@@ -1,0 +1,1 @@
+"""The ``paraplan`` command line (typer). Subcommands import their backends lazily."""

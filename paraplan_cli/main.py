@@ -1,0 +1,126 @@
+"""``paraplan`` console script: serve, plan, estimate, worker, db, token."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+app = typer.Typer(help="paraplan: parallel training plans.", no_args_is_help=True, add_completion=False)
+db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    except OSError as err:
+        _fail(f"cannot read {path}: {err.strerror}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        _fail(f"{path}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}")
+
+
+def _run_one(fn: Any, request: Any) -> dict[str, Any]:
+    from solvers.errors import SpecError
+
+    try:
+        result: dict[str, Any] = fn(request)
+    except SpecError as err:
+        return {"error": str(err)}
+    return result
+
+
+@app.command()
+def plan(
+    file: Path = typer.Option(..., "-f", "--file", help="request JSON (contract), or - for stdin"),
+    as_json: bool = typer.Option(False, "--json", help="print the result object as JSON"),
+    server: str | None = typer.Option(None, "--server", help="solve on a paraplan server instead"),
+    token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_TOKEN"),
+) -> None:
+    """Solve a plan request (hybrid / flexsp / spindle) locally or on a server."""
+    request = _read_json(file)
+    if server:
+        from paraplan_cli.remote import plan_remote
+
+        result = plan_remote(server, token, request)
+    else:
+        from paraplan_cli.progress import solve_with_progress
+
+        result = solve_with_progress(request, quiet=as_json)
+    typer.echo(json.dumps(result, indent=None if as_json else 2))
+
+
+@app.command()
+def estimate(
+    file: Path = typer.Option(..., "-f", "--file", help="request JSON (one object or an array)"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+) -> None:
+    """Estimate the step time and memory of a given strategy (what-if)."""
+    from solvers.api import estimate as estimate_fn
+
+    request = _read_json(file)
+    if isinstance(request, list):
+        typer.echo(json.dumps([_run_one(estimate_fn, r) for r in request]))
+        return
+    result = _run_one(estimate_fn, request)
+    if "error" in result:
+        _fail(str(result["error"]))
+    typer.echo(json.dumps(result, indent=None if as_json else 2))
+
+
+@app.command()
+def serve(
+    host: str | None = typer.Option(None, help="bind address (default from settings)"),
+    port: int | None = typer.Option(None, help="port (default from settings)"),
+    dispatcher: bool = typer.Option(True, "--dispatcher/--no-dispatcher", help="run a solver dispatcher"),
+) -> None:
+    """Run the API server (and, by default, one solver dispatcher)."""
+    import os
+
+    import uvicorn
+
+    from service.settings import get_settings
+
+    if not dispatcher:
+        os.environ["PARAPLAN_RUN_DISPATCHER"] = "false"
+        get_settings.cache_clear()
+    settings = get_settings()
+    h, p = host or settings.host, port or settings.port
+    typer.echo(f"paraplan serving on http://{h}:{p}/", err=True)
+    uvicorn.run("service.main:app", host=h, port=p, log_level="warning")
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = typer.Argument("head")) -> None:
+    """Apply database migrations (Alembic) to the configured database."""
+    from service.migrate import upgrade
+
+    upgrade(revision)
+    typer.echo(f"database at {revision}", err=True)
+
+
+@app.command()
+def worker(
+    server: str = typer.Option(..., "--server", help="paraplan server URL"),
+    token: str = typer.Option(..., "--token", envvar="PARAPLAN_WORKER_TOKEN"),
+) -> None:
+    """Run the GPU worker daemon: pull runs, execute them with torch.distributed, report metrics."""
+    try:
+        from worker.daemon import main as worker_main
+    except ModuleNotFoundError as err:
+        _fail(f"the worker is not installed here ({err.name}); pip install 'paraplan[worker]'")
+    worker_main(server=server, token=token)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""paraplan service: REST API, plan database, solver job dispatcher, dashboard."""

@@ -1,0 +1,37 @@
+"""Service settings, read from the environment (prefix ``PARAPLAN_``) or a ``.env`` file."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PARAPLAN_", env_file=".env", extra="ignore")
+
+    database_url: str = Field(default="sqlite:///./paraplan.db", description="SQLAlchemy URL")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # Read endpoints (GET) need a token of scope "read" only when this is true.
+    require_read_token: bool = False
+    # When no token exists at all the service is open (local development); set to false in production.
+    open_when_no_tokens: bool = True
+    # Salt mixed into token hashes (a server-side secret: a stolen database alone cannot test guesses).
+    token_pepper: str = "paraplan-dev-pepper"
+    run_dispatcher: bool = True
+    dispatcher_concurrency: int = 1
+    job_time_limit_s: float = 300.0
+    job_memory_limit_mib: int = 4096
+    job_lease_s: float = 30.0
+    job_max_attempts: int = 3
+    run_lease_s: float = 60.0
+    max_body_bytes: int = 8 * 2**20
+    seed_demo_plan: bool = False
+    log_json: bool = True
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,36 @@
+"""Domain errors raised by the solvers; the service and CLI map them to 422 / exit code 2."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class FieldProblem:
+    loc: tuple[str | int, ...]
+    msg: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {"loc": list(self.loc), "msg": self.msg}
+
+
+@dataclass
+class SpecError(ValueError):
+    """Invalid input: every problem names the field (a path into the request) and the reason."""
+
+    problems: list[FieldProblem] = field(default_factory=list)
+
+    @classmethod
+    def at(cls, loc: Sequence[str | int], msg: str) -> SpecError:
+        return cls([FieldProblem(tuple(loc), msg)])
+
+    def __str__(self) -> str:
+        return "; ".join(f"{'.'.join(str(p) for p in pr.loc)}: {pr.msg}" for pr in self.problems)
+
+    def as_detail(self) -> list[dict[str, object]]:
+        return [p.as_dict() for p in self.problems]
+
+
+class InfeasibleError(SpecError):
+    """The input is valid but no plan satisfies it (e.g. memory); the message says what would be needed."""

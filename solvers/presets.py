@@ -1,0 +1,133 @@
+"""Presets for GPUs and models (public spec sheets and model cards).
+
+GPU peaks are dense tensor-core TFLOP/s (no sparsity); bandwidths are those of the usual system
+(DGX/HGX): NVLink per GPU per direction, and all NICs of a node together.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+GPU_PRESETS: dict[str, dict[str, Any]] = {
+    "a100-40gb": {"name": "A100-40GB", "peak_tflops": 312, "peak_tflops_fp32": 19.5, "memory_gib": 40,
+                  "memory_bandwidth_GBps": 1555, "intra_node_bandwidth_GBps": 300,
+                  "inter_node_bandwidth_Gbps": 1600},
+    "a100-80gb": {"name": "A100-80GB", "peak_tflops": 312, "peak_tflops_fp32": 19.5, "memory_gib": 80,
+                  "memory_bandwidth_GBps": 2039, "intra_node_bandwidth_GBps": 300,
+                  "inter_node_bandwidth_Gbps": 1600},
+    "h100-sxm": {"name": "H100-SXM", "peak_tflops": 989, "peak_tflops_fp8": 1979, "peak_tflops_fp32": 67,
+                 "memory_gib": 80, "memory_bandwidth_GBps": 3350, "intra_node_bandwidth_GBps": 450,
+                 "inter_node_bandwidth_Gbps": 3200},
+    "h200": {"name": "H200", "peak_tflops": 989, "peak_tflops_fp8": 1979, "peak_tflops_fp32": 67,
+             "memory_gib": 141, "memory_bandwidth_GBps": 4800, "intra_node_bandwidth_GBps": 450,
+             "inter_node_bandwidth_Gbps": 3200},
+    "h800": {"name": "H800", "peak_tflops": 989, "peak_tflops_fp8": 1979, "peak_tflops_fp32": 67,
+             "memory_gib": 80, "memory_bandwidth_GBps": 3350, "intra_node_bandwidth_GBps": 200,
+             "inter_node_bandwidth_Gbps": 3200},
+    "l4": {"name": "L4", "peak_tflops": 121, "peak_tflops_fp8": 242, "peak_tflops_fp32": 30, "memory_gib": 24,
+           "memory_bandwidth_GBps": 300, "intra_node_bandwidth_GBps": 16, "inter_node_bandwidth_Gbps": 200},
+    "rtx-4090": {"name": "RTX-4090", "peak_tflops": 165, "peak_tflops_fp8": 330, "peak_tflops_fp32": 82.6,
+                 "memory_gib": 24, "memory_bandwidth_GBps": 1008, "intra_node_bandwidth_GBps": 16,
+                 "inter_node_bandwidth_Gbps": 100},
+    "b200": {"name": "B200", "peak_tflops": 2250, "peak_tflops_fp8": 4500, "peak_tflops_fp32": 80,
+             "memory_gib": 180, "memory_bandwidth_GBps": 8000, "intra_node_bandwidth_GBps": 900,
+             "inter_node_bandwidth_Gbps": 3200},
+    # A CPU host for tests and demos: gpus_per_node is the number of gloo processes. Speed comes from
+    # the worker's profile when one exists; these are modest defaults for a laptop-class core.
+    "cpu": {"name": "cpu", "peak_tflops": 0.2, "peak_tflops_fp32": 0.2, "memory_gib": 4,
+            "memory_bandwidth_GBps": 20, "intra_node_bandwidth_GBps": 5, "inter_node_bandwidth_Gbps": 10},
+}
+GPU_PRESETS["rtx4090"] = GPU_PRESETS["rtx-4090"]
+GPU_PRESETS["h100"] = GPU_PRESETS["h100-sxm"]
+
+_GPT = {"mlp": "gelu", "vocab_size": 51200}
+_LLAMA2 = {"mlp": "swiglu", "vocab_size": 32000}
+_LLAMA3 = {"mlp": "swiglu", "vocab_size": 128256}
+_QWEN2 = {"mlp": "swiglu", "vocab_size": 152064}
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "gpt3-1.3b": {**_GPT, "name": "gpt3-1.3b", "num_layers": 24, "hidden_size": 2048, "num_attention_heads": 16},
+    "gpt3-2.7b": {**_GPT, "name": "gpt3-2.7b", "num_layers": 32, "hidden_size": 2560, "num_attention_heads": 32},
+    "gpt3-6.7b": {**_GPT, "name": "gpt3-6.7b", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32},
+    "gpt3-13b": {**_GPT, "name": "gpt3-13b", "num_layers": 40, "hidden_size": 5120, "num_attention_heads": 40},
+    "gpt3-175b": {**_GPT, "name": "gpt3-175b", "num_layers": 96, "hidden_size": 12288,
+                  "num_attention_heads": 96},
+    "llama2-7b": {**_LLAMA2, "name": "llama2-7b", "num_layers": 32, "hidden_size": 4096,
+                  "num_attention_heads": 32, "ffn_hidden_size": 11008},
+    "llama2-13b": {**_LLAMA2, "name": "llama2-13b", "num_layers": 40, "hidden_size": 5120,
+                   "num_attention_heads": 40, "ffn_hidden_size": 13824},
+    "llama2-70b": {**_LLAMA2, "name": "llama2-70b", "num_layers": 80, "hidden_size": 8192,
+                   "num_attention_heads": 64, "num_kv_heads": 8, "ffn_hidden_size": 28672},
+    "llama3-8b": {**_LLAMA3, "name": "llama3-8b", "num_layers": 32, "hidden_size": 4096,
+                  "num_attention_heads": 32, "num_kv_heads": 8, "ffn_hidden_size": 14336},
+    "llama3-70b": {**_LLAMA3, "name": "llama3-70b", "num_layers": 80, "hidden_size": 8192,
+                   "num_attention_heads": 64, "num_kv_heads": 8, "ffn_hidden_size": 28672},
+    "llama3-405b": {**_LLAMA3, "name": "llama3-405b", "num_layers": 126, "hidden_size": 16384,
+                    "num_attention_heads": 128, "num_kv_heads": 8, "ffn_hidden_size": 53248},
+    "mixtral-8x7b": {**_LLAMA2, "name": "mixtral-8x7b", "num_layers": 32, "hidden_size": 4096,
+                     "num_attention_heads": 32, "num_kv_heads": 8, "ffn_hidden_size": 14336,
+                     "moe": {"num_experts": 8, "top_k": 2}},
+    "qwen2-7b": {**_QWEN2, "name": "qwen2-7b", "num_layers": 28, "hidden_size": 3584,
+                 "num_attention_heads": 28, "num_kv_heads": 4, "ffn_hidden_size": 18944},
+    "qwen2-72b": {**_QWEN2, "name": "qwen2-72b", "num_layers": 80, "hidden_size": 8192,
+                  "num_attention_heads": 64, "num_kv_heads": 8, "ffn_hidden_size": 29568},
+    # Encoders: bidirectional attention, no LM head over a vocabulary for ViT.
+    "vit-huge": {"name": "vit-huge", "num_layers": 32, "hidden_size": 1280, "num_attention_heads": 16,
+                 "ffn_hidden_size": 5120, "vocab_size": 0, "mlp": "gelu", "causal": False},
+    "bert-large": {"name": "bert-large", "num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16,
+                   "ffn_hidden_size": 4096, "vocab_size": 30522, "mlp": "gelu", "causal": False,
+                   "tied_embeddings": True},
+    # T5-11B: 24 encoder + 24 decoder layers modelled as one stack of 48; 128 heads of size 128.
+    "t5-11b": {"name": "t5-11b", "num_layers": 48, "hidden_size": 1024, "num_attention_heads": 128,
+               "head_dim": 128, "ffn_hidden_size": 65536, "vocab_size": 32128, "mlp": "gelu",
+               "tied_embeddings": True},
+}
+# Accept the spellings people use ("llama-2-7b", "gpt-175b", ...).
+for _k, _v in list(MODEL_PRESETS.items()):
+    MODEL_PRESETS.setdefault(_k.replace("llama2", "llama-2").replace("llama3", "llama-3"), _v)
+    MODEL_PRESETS.setdefault(_k.replace("gpt3-", "gpt-"), _v)
+
+
+def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None = None) -> dict[str, Any]:
+    """Map a Hugging Face ``config.json`` (dict or path) to ModelSpec fields."""
+    if not isinstance(config, dict):
+        config = json.loads(Path(config).read_text())
+
+    def pick(*keys: str, default: Any = None) -> Any:
+        for k in keys:
+            if config.get(k) is not None:
+                return config[k]
+        return default
+
+    mtype = str(config.get("model_type", "")).lower()
+    layers = pick("num_hidden_layers", "n_layer", "num_layers")
+    if mtype == "t5":
+        layers = int(config.get("num_layers", 0)) + int(config.get("num_decoder_layers") or config.get("num_layers", 0))
+    hidden = pick("hidden_size", "n_embd", "d_model")
+    heads = pick("num_attention_heads", "n_head", "num_heads")
+    act = str(pick("hidden_act", "activation_function", "feed_forward_proj", default="gelu")).lower()
+    gated = "silu" in act or "swiglu" in act or "gated" in act or mtype in {"llama", "mistral", "mixtral", "qwen2"}
+    spec: dict[str, Any] = {
+        "name": name or config.get("_name_or_path") or mtype or "hf-model",
+        "num_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_kv_heads": pick("num_key_value_heads", default=heads),
+        "ffn_hidden_size": pick("intermediate_size", "n_inner", "d_ff", "ffn_dim"),
+        "vocab_size": pick("vocab_size", default=0),
+        "mlp": "swiglu" if gated else "gelu",
+        "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
+    }
+    if config.get("head_dim") or config.get("d_kv"):
+        spec["head_dim"] = pick("head_dim", "d_kv")
+    if spec["ffn_hidden_size"] is None:
+        spec.pop("ffn_hidden_size")
+    experts = pick("num_local_experts", "num_experts", "n_routed_experts")
+    if experts and int(experts) > 1:
+        moe: dict[str, Any] = {"num_experts": int(experts), "top_k": int(pick("num_experts_per_tok", default=2))}
+        if config.get("moe_intermediate_size"):
+            moe["expert_ffn_hidden_size"] = int(config["moe_intermediate_size"])
+        spec["moe"] = moe
+    return spec

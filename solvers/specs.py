@@ -1,0 +1,228 @@
+"""Input specs shared by every solver: model, GPU, cluster, training, constraints.
+
+These are the pydantic models at the edge (requests, files). Presets are expanded here, so that
+``{"preset": "llama2-7b", "num_layers": 4}`` is a llama2-7b with four layers. Solvers convert what they
+need into plain dataclasses / numpy arrays for their hot loops.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Precision = Literal["bf16", "fp16", "fp8", "fp32"]
+MlpKind = Literal["gelu", "swiglu"]
+
+
+class _Spec(BaseModel):
+    # Unknown keys are an error: a typo such as "num_layer" must not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _expand_preset(data: Any, table: dict[str, dict[str, Any]], what: str) -> Any:
+    """Merge ``{"preset": name, **overrides}`` into the preset's fields (overrides win)."""
+    if not isinstance(data, dict) or "preset" not in data:
+        return data
+    name = data["preset"]
+    key = str(name).lower()
+    if key not in table:
+        raise ValueError(f"unknown {what} preset {name!r}; known: {', '.join(sorted(table))}")
+    merged = dict(table[key])
+    merged.update({k: v for k, v in data.items() if k != "preset"})
+    return merged
+
+
+class MoESpec(_Spec):
+    num_experts: int = Field(gt=1)
+    top_k: int = Field(default=2, ge=1)
+    expert_ffn_hidden_size: int | None = Field(default=None, gt=0)
+    capacity_factor: float = Field(default=1.25, gt=0)
+    # Layers that are MoE: every `moe_layer_frequency`-th layer (1 = all layers, as in Mixtral).
+    moe_layer_frequency: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _top_k_le_experts(self) -> MoESpec:
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+        return self
+
+
+class ModelSpec(_Spec):
+    """A transformer (decoder, encoder or encoder-decoder treated as a stack of layers)."""
+
+    name: str = "custom"
+    num_layers: int = Field(gt=0, le=4096)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int | None = Field(default=None, gt=0)
+    head_dim: int | None = Field(default=None, gt=0)
+    ffn_hidden_size: int | None = Field(default=None, gt=0)
+    vocab_size: int = Field(default=0, ge=0)
+    mlp: MlpKind = "gelu"
+    tied_embeddings: bool = False
+    causal: bool = True
+    moe: MoESpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        from solvers.presets import MODEL_PRESETS
+
+        return _expand_preset(data, MODEL_PRESETS, "model")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        kv = self.kv_heads
+        if self.num_attention_heads % kv:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_kv_heads ({kv})"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads}) unless head_dim is given"
+            )
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
+        if self.mlp == "swiglu":
+            # Llama's rounding: 2/3 of 4h, up to a multiple of 256.
+            return 256 * math.ceil(int(8 * self.hidden_size / 3) / 256)
+        return 4 * self.hidden_size
+
+    @property
+    def expert_ffn_size(self) -> int:
+        if self.moe is not None and self.moe.expert_ffn_hidden_size is not None:
+            return self.moe.expert_ffn_hidden_size
+        return self.ffn_size
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.moe is not None and (index + 1) % self.moe.moe_layer_frequency == 0
+
+    # --- parameter counts (closed forms, used by memory and FLOP models) ---
+    def attention_params(self) -> int:
+        h, d = self.hidden_size, self.head_size
+        q = h * self.num_attention_heads * d
+        kv = 2 * h * self.kv_heads * d
+        out = self.num_attention_heads * d * h
+        return q + kv + out
+
+    def mlp_params(self, ffn: int | None = None) -> int:
+        f = ffn if ffn is not None else self.ffn_size
+        mats = 3 if self.mlp == "swiglu" else 2
+        return mats * self.hidden_size * f
+
+    def layer_params(self, index: int = 0) -> int:
+        """Parameters of one transformer layer (weights; norms add 2h and are included)."""
+        norms = 2 * self.hidden_size
+        if self.is_moe_layer(index):
+            assert self.moe is not None
+            experts = self.moe.num_experts * self.mlp_params(self.expert_ffn_size)
+            router = self.hidden_size * self.moe.num_experts
+            return self.attention_params() + experts + router + norms
+        return self.attention_params() + self.mlp_params() + norms
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def total_params(self) -> int:
+        layers = sum(self.layer_params(i) for i in range(self.num_layers))
+        head = 0 if self.tied_embeddings else self.embedding_params()
+        return layers + self.embedding_params() + head + self.hidden_size
+
+
+class GPUSpec(_Spec):
+    name: str = "custom"
+    peak_tflops: float = Field(gt=0, description="dense bf16/fp16 tensor-core peak, TFLOP/s")
+    peak_tflops_fp8: float | None = Field(default=None, gt=0)
+    peak_tflops_fp32: float | None = Field(default=None, gt=0)
+    memory_gib: float = Field(gt=0)
+    memory_bandwidth_GBps: float = Field(default=2000.0, gt=0)
+    intra_node_bandwidth_GBps: float = Field(default=300.0, gt=0)
+    inter_node_bandwidth_Gbps: float = Field(default=1600.0, gt=0)
+
+    def peak_flops(self, precision: Precision) -> float:
+        """Peak FLOP/s for the precision of the matrix multiplies."""
+        if precision == "fp8":
+            return 1e12 * (self.peak_tflops_fp8 or 2 * self.peak_tflops)
+        if precision == "fp32":
+            return 1e12 * (self.peak_tflops_fp32 or self.peak_tflops / 2)
+        return 1e12 * self.peak_tflops
+
+
+class ClusterSpec(_Spec):
+    gpu: GPUSpec
+    nodes: int = Field(default=1, gt=0, le=100_000)
+    gpus_per_node: int = Field(default=8, gt=0, le=1024)
+    intra_node_bandwidth_GBps: float | None = Field(default=None, gt=0)
+    inter_node_bandwidth_Gbps: float | None = Field(default=None, gt=0)
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu_preset(cls, v: Any) -> Any:
+        from solvers.presets import GPU_PRESETS
+
+        if isinstance(v, str):
+            return _expand_preset({"preset": v}, GPU_PRESETS, "gpu")
+        if isinstance(v, dict) and "preset" in v:
+            return _expand_preset(v, GPU_PRESETS, "gpu")
+        if isinstance(v, dict) and "name" in v and str(v["name"]).lower() in GPU_PRESETS:
+            # {"name": "A100-80GB", "peak_tflops": 300}: start from the preset, override given fields.
+            return _expand_preset({"preset": v["name"], **v}, GPU_PRESETS, "gpu")
+        return v
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def intra_GBps(self) -> float:
+        """Per-GPU, one-direction bandwidth inside a node (GB/s)."""
+        return self.intra_node_bandwidth_GBps or self.gpu.intra_node_bandwidth_GBps
+
+    @property
+    def inter_GBps_per_gpu(self) -> float:
+        """Per-GPU share of the node's network bandwidth (GB/s)."""
+        gbps = self.inter_node_bandwidth_Gbps or self.gpu.inter_node_bandwidth_Gbps
+        return gbps / 8.0 / self.gpus_per_node
+
+
+class TrainingSpec(_Spec):
+    global_batch_size: int = Field(gt=0)
+    seq_length: int = Field(default=2048, gt=0)
+    precision: Precision = "bf16"
+    optimizer: Literal["adam", "adamw"] = "adam"
+
+
+class Constraints(_Spec):
+    """Planner limits. Unknown keys are rejected so typos surface."""
+
+    memory_limit_gib: float | None = Field(default=None, gt=0)
+    micro_batches: int | None = Field(default=None, gt=0)
+    max_tp: int | None = Field(default=None, gt=0)
+    max_pp: int | None = Field(default=None, gt=0)
+    max_cp: int | None = Field(default=None, gt=0)
+    schedule: Literal["gpipe", "1f1b", "interleaved"] | None = None
+    zero: int | None = Field(default=None, ge=0, le=3)
+    tp_across_nodes: bool = False
+    allow_approximate: bool = False
+    time_limit_s: float | None = Field(default=None, gt=0)
+    seed: int = 0
+
+
+def memory_limit_bytes(cluster: ClusterSpec, constraints: Constraints | None) -> float:
+    gib = constraints.memory_limit_gib if constraints and constraints.memory_limit_gib else None
+    return (gib if gib is not None else cluster.gpu.memory_gib) * 2**30

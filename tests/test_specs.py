@@ -1,0 +1,78 @@
+"""Specs and presets: closed-form parameter counts, preset expansion, errors that name the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from solvers.errors import SpecError
+from solvers.presets import MODEL_PRESETS, model_from_hf_config
+from solvers.request import HybridRequest, parse
+from solvers.specs import ClusterSpec, ModelSpec
+
+
+def test_llama2_7b_parameter_count_matches_closed_form() -> None:
+    m = ModelSpec.model_validate({"preset": "llama2-7b"})
+    h, f, v, L = 4096, 11008, 32000, 32
+    per_layer = 4 * h * h + 3 * h * f + 2 * h
+    assert m.layer_params() == per_layer
+    assert m.total_params() == L * per_layer + 2 * v * h + h
+    assert 6.7e9 < m.total_params() < 6.8e9  # the published 6.74B
+
+
+def test_gqa_and_moe_counts() -> None:
+    m = ModelSpec.model_validate({"preset": "mixtral-8x7b"})
+    h, kv_dim = 4096, 8 * 128
+    attn = h * h + 2 * h * kv_dim + h * h
+    assert m.attention_params() == attn
+    assert m.layer_params() == attn + 8 * 3 * h * 14336 + h * 8 + 2 * h
+    assert 46.0e9 < m.total_params() < 47.5e9  # Mixtral's 46.7B
+
+
+def test_preset_overrides_and_defaults() -> None:
+    m = ModelSpec.model_validate({"preset": "llama2-7b", "num_layers": 4})
+    assert m.num_layers == 4 and m.hidden_size == 4096
+    g = ModelSpec.model_validate({"num_layers": 2, "hidden_size": 4096, "num_attention_heads": 32, "mlp": "swiglu"})
+    assert g.ffn_size == 11008 and g.kv_heads == 32
+    assert ModelSpec.model_validate({"num_layers": 2, "hidden_size": 512, "num_attention_heads": 8}).ffn_size == 2048
+
+
+def test_every_model_preset_validates() -> None:
+    for name in MODEL_PRESETS:
+        assert ModelSpec.model_validate({"preset": name}).total_params() > 0
+
+
+def test_gpu_preset_by_string_and_object() -> None:
+    c = ClusterSpec.model_validate({"gpu": "A100-80GB", "nodes": 2, "gpus_per_node": 8})
+    assert c.gpu.peak_tflops == 312 and c.num_gpus == 16 and c.intra_GBps == 300
+    c2 = ClusterSpec.model_validate({"gpu": {"name": "H100-SXM", "memory_gib": 64}, "nodes": 1})
+    assert c2.gpu.memory_gib == 64 and c2.gpu.peak_tflops == 989
+    assert ClusterSpec.model_validate({"gpu": "h100", "inter_node_bandwidth_Gbps": 800}).inter_GBps_per_gpu == 12.5
+
+
+@pytest.mark.parametrize(
+    ("patch", "loc"),
+    [
+        ({"model": {"preset": "no-such-model"}}, ("model",)),
+        ({"cluster": {"gpu": "Z9000"}}, ("cluster", "gpu")),
+        ({"model": {"num_layers": 2, "hidden_size": 100, "num_attention_heads": 3}}, ("model",)),
+        ({"training": {"global_batch_size": 0}}, ("training", "global_batch_size")),
+        ({"model": {"preset": "llama2-7b", "num_layer": 3}}, ("model", "num_layer")),
+    ],
+)
+def test_bad_specs_name_the_field(patch: dict, loc: tuple) -> None:
+    req = {"kind": "hybrid", "model": {"preset": "llama2-7b"}, "cluster": {"gpu": "A100-80GB"},
+           "training": {"global_batch_size": 8}}
+    req.update(patch)
+    with pytest.raises(SpecError) as info:
+        parse(HybridRequest, req)
+    assert any(tuple(p.loc[: len(loc)]) == loc for p in info.value.problems), info.value
+    assert str(info.value)
+
+
+def test_hf_config_import() -> None:
+    cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "hidden_act": "silu"}
+    m = ModelSpec.model_validate(model_from_hf_config(cfg, name="l3"))
+    assert m == ModelSpec.model_validate({"preset": "llama3-8b", "name": "l3"})
+    mix = model_from_hf_config({**cfg, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2})
+    assert ModelSpec.model_validate(mix).moe is not None

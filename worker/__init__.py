@@ -1,0 +1,1 @@
+"""paraplan GPU worker: pulls runs, executes plans with torch.distributed, profiles hardware."""
