@@ -1,0 +1,112 @@
+"""The interface between cost models and the planners.
+
+A cost model answers two questions:
+1. ``layer_costs``: for one layer and many candidate strategies, vectorised numpy arrays of what the
+   layer costs per micro-batch and per step, and of its memory. The hybrid planner's dynamic program
+   works on these arrays only.
+2. ``evaluate``: the full estimate of a whole plan, with breakdowns.
+
+Contract between the two (the planner's exactness relies on it): ``evaluate(plan)`` equals what one gets
+by aggregating ``layer_costs`` (+ ``transition_s`` between consecutive layers) per stage and feeding the
+stage totals to ``pipeline_step_time`` and ``stage_memory``. A cost model may add terms that do not depend
+on the per-layer choices (embedding/head, fixed buffers) through ``stage_fixed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from solvers.strategy import LayerStrategy, PlanStrategy, Schedule
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """Everything about the pipeline that a layer's cost depends on."""
+
+    pp: int
+    stage: int
+    micro_batches: int
+    micro_batch_samples: float  # global_batch_size / micro_batches (whole stage, all dp replicas)
+    schedule: Schedule = "1f1b"
+    virtual_stages: int = 1
+
+
+@dataclass
+class LayerCosts:
+    """Per-candidate costs of one layer (arrays aligned with the candidate list)."""
+
+    time_s: np.ndarray  # forward+backward (+recompute, +TP/SP/CP comm) of one micro-batch, seconds
+    step_time_s: np.ndarray  # once per step: exposed gradient sync / ZeRO gathers not hidden per micro-batch
+    state_bytes: np.ndarray  # parameters + gradients + optimizer states resident per GPU
+    activation_bytes: np.ndarray  # activations kept per in-flight micro-batch per GPU
+    peak_extra_bytes: np.ndarray  # transient working memory (e.g. ZeRO-3 gathered weights, comm buffers)
+
+
+@dataclass
+class StageFixed:
+    time_s: float = 0.0  # per micro-batch (e.g. embedding / LM head on first / last stage)
+    step_time_s: float = 0.0
+    state_bytes: float = 0.0
+    activation_bytes: float = 0.0  # per in-flight micro-batch
+    other_bytes: float = 0.0  # framework/context reserve, buffers
+
+
+@dataclass
+class Estimate:
+    step_time_s: float
+    throughput_samples_per_s: float
+    tokens_per_s: float
+    mfu: float
+    peak_memory_gib: float
+    memory_gib_per_stage: list[float]
+    breakdown_s: dict[str, float]
+    memory_breakdown_gib_per_stage: list[dict[str, float]] = field(default_factory=list)
+    stage_time_s: list[float] = field(default_factory=list)
+    fits: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "step_time_s": self.step_time_s,
+            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "peak_memory_gib": self.peak_memory_gib,
+            "memory_gib_per_stage": self.memory_gib_per_stage,
+            "breakdown_s": self.breakdown_s,
+            "memory_breakdown_gib_per_stage": self.memory_breakdown_gib_per_stage,
+            "stage_time_s": self.stage_time_s,
+            "fits": self.fits,
+            "notes": self.notes,
+        }
+
+
+class CostModel(Protocol):
+    num_layers: int
+    num_gpus: int
+    memory_limit_bytes: float
+
+    def layer_costs(self, layer: int, candidates: Sequence[LayerStrategy], ctx: StageContext) -> LayerCosts: ...
+
+    def transition_s(
+        self, prev: Sequence[LayerStrategy], nxt: Sequence[LayerStrategy], ctx: StageContext
+    ) -> np.ndarray:
+        """Matrix [len(prev), len(nxt)] of per-micro-batch re-layout time between consecutive layers."""
+        ...
+
+    def stage_fixed(self, ctx: StageContext) -> StageFixed: ...
+
+    def in_flight_micro_batches(self, ctx: StageContext) -> float:
+        """How many micro-batches' activations a stage holds at its peak under the schedule."""
+        ...
+
+    def pipeline_step_time(self, stage_time_s: Sequence[float], stage_step_time_s: Sequence[float],
+                           ctx: StageContext) -> float:
+        """Step time from per-stage per-micro-batch times and per-step times; monotone in each input."""
+        ...
+
+    def evaluate(self, plan: PlanStrategy) -> Estimate: ...
