@@ -20,13 +20,15 @@ _SOLVERS = {
     "flexsp": "solvers.flexsp.api",
     "spindle": "solvers.spindle.api",
 }
+# What-if estimates of a given strategy. Hybrid estimates are the cost model's own business.
+_ESTIMATORS = {**_SOLVERS, "hybrid": "solvers.cost_model.api"}
 
 
-def _module(kind: str) -> Any:
-    if kind not in _SOLVERS:
-        raise SpecError.at(("kind",), f"unknown plan kind {kind!r}; expected one of {sorted(_SOLVERS)}")
+def _module(kind: str, table: dict[str, str] = _SOLVERS) -> Any:
+    if kind not in table:
+        raise SpecError.at(("kind",), f"unknown plan kind {kind!r}; expected one of {sorted(table)}")
     try:
-        return importlib.import_module(_SOLVERS[kind])
+        return importlib.import_module(table[kind])
     except ModuleNotFoundError as err:  # a kind whose solver is not built yet
         raise SpecError.at(("kind",), f"plan kind {kind!r} is not available: {err}") from None
 
@@ -45,7 +47,7 @@ def estimate(request: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(request, dict):
         raise SpecError.at((), "request must be a JSON object")
     kind = request.get("kind", "hybrid")
-    result: dict[str, Any] = _module(kind).estimate(request)
+    result: dict[str, Any] = _module(kind, _ESTIMATORS).estimate(request)
     return result
 
 
