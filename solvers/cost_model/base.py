@@ -10,6 +10,8 @@ Contract between the two (the planner's exactness relies on it): ``evaluate(plan
 by aggregating ``layer_costs`` (+ ``transition_s`` between consecutive layers) per stage and feeding the
 stage totals to ``pipeline_step_time`` and ``stage_memory``. A cost model may add terms that do not depend
 on the per-layer choices (embedding/head, fixed buffers) through ``stage_fixed``.
+That aggregation is written once, in ``solvers.cost_model.aggregate`` (``evaluate_plan``); cost models
+call it from ``evaluate`` and planners may call its pieces (``stage_context``, ``stage_memory_bytes``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from solvers.strategy import LayerStrategy, PlanStrategy, Schedule
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,11 @@ class StageContext:
     micro_batch_samples: float  # global_batch_size / micro_batches (whole stage, all dp replicas)
     schedule: Schedule = "1f1b"
     virtual_stages: int = 1
+    # The plan's embedding / LM-head strategy (first and last stage); None = the model's default.
+    embedding: EmbeddingStrategy | None = None
+
+
+Parts = dict[str, np.ndarray]
 
 
 @dataclass
@@ -44,6 +51,12 @@ class LayerCosts:
     state_bytes: np.ndarray  # parameters + gradients + optimizer states resident per GPU
     activation_bytes: np.ndarray  # activations kept per in-flight micro-batch per GPU
     peak_extra_bytes: np.ndarray  # transient working memory (e.g. ZeRO-3 gathered weights, comm buffers)
+    # Optional breakdowns (for explaining an estimate; the planner needs only the totals above):
+    # parts_s sums to time_s (keys: compute, recompute, tp_comm, cp_comm, ...), step_parts_s to step_time_s
+    # (dp_comm_exposed, optimizer, ...), memory_parts_bytes to state_bytes (parameters, gradients, optimizer).
+    parts_s: Parts = field(default_factory=dict)
+    step_parts_s: Parts = field(default_factory=dict)
+    memory_parts_bytes: Parts = field(default_factory=dict)
 
 
 @dataclass
@@ -53,6 +66,9 @@ class StageFixed:
     state_bytes: float = 0.0
     activation_bytes: float = 0.0  # per in-flight micro-batch
     other_bytes: float = 0.0  # framework/context reserve, buffers
+    parts_s: dict[str, float] = field(default_factory=dict)  # sums to time_s
+    step_parts_s: dict[str, float] = field(default_factory=dict)  # sums to step_time_s
+    memory_parts_bytes: dict[str, float] = field(default_factory=dict)  # sums to state_bytes + other_bytes
 
 
 @dataclass
