@@ -1,0 +1,307 @@
+"""The analytic cost model: FLOPs through a GEMM efficiency curve, collectives on the right links,
+Korthikanti activations, ZeRO states, and the pipeline schedule — all explainable, all vectorised.
+
+Per layer and micro-batch on one GPU (``b`` samples per data-parallel rank, ``s`` tokens, split over cp):
+- compute = forward x 3 (backward = 2 forward): the layer's GEMMs through ``GemmEfficiency`` with their
+  real per-rank shapes, the attention core as batched GEMMs, memory-bound elementwise kernels
+  (``elementwise_traffic`` x the activation bytes, at HBM speed) and a per-kernel-launch overhead;
+- recompute = one more forward (full) or the attention core (selective);
+- tp_comm = Megatron TP/SP: 2 all-reduces (or reduce-scatter + all-gather pairs) forward and 2 backward
+  of the b s h activation on the TP group; Ulysses: 4 all-to-alls each way;
+- cp_comm = ring attention's K/V exchange not hidden behind the attention core;
+- ep_comm = MoE dispatch/combine all-to-alls over the expert-parallel group;
+- dp_comm_exposed = ZeRO-2/3 traffic per micro-batch not hidden behind compute, and per step the
+  gradient sync not hidden behind the last backward;
+- optimizer = Adam's HBM traffic on the local shard, once per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.cost_model import communication as comm
+from solvers.cost_model import memory as mem
+from solvers.cost_model import pipeline
+from solvers.cost_model.aggregate import GIB, evaluate_plan
+from solvers.cost_model.base import Estimate, LayerCosts, StageContext, StageFixed
+from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration
+from solvers.cost_model.flops import head_forward_flops, model_flops_per_step
+from solvers.cost_model.shapes import LayerShape, layer_shape
+from solvers.specs import ClusterSpec, Constraints, ModelSpec, TrainingSpec, memory_limit_bytes
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
+
+_SP_CODE = {None: mem.SP_NONE, "megatron": mem.SP_MEGATRON, "ulysses": mem.SP_ULYSSES}
+_RC_CODE = {"none": mem.RC_NONE, "selective": mem.RC_SELECTIVE, "full": mem.RC_FULL}
+_CACHE_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Candidate layer strategies as aligned float arrays."""
+
+    tp: np.ndarray
+    dp: np.ndarray
+    cp: np.ndarray
+    sp: np.ndarray
+    zero: np.ndarray
+    rc: np.ndarray
+    ep: np.ndarray
+
+    @classmethod
+    def of(cls, strategies: Sequence[LayerStrategy]) -> Candidates:
+        def col(f: object) -> np.ndarray:
+            return np.fromiter((f(x) for x in strategies), dtype=float, count=len(strategies))  # type: ignore[operator]
+
+        return cls(
+            tp=col(lambda x: x.tp), dp=col(lambda x: x.dp), cp=col(lambda x: x.cp),
+            sp=col(lambda x: _SP_CODE[x.sp]), zero=col(lambda x: x.zero), rc=col(lambda x: _RC_CODE[x.recompute]),
+            ep=col(lambda x: x.ep),
+        )
+
+
+class AnalyticCostModel:
+    """Implements ``solvers.cost_model.base.CostModel`` from first principles plus a few calibrated constants."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                 constraints: Constraints | None = None, calibration: AnalyticCalibration = DEFAULT_CALIBRATION):
+        self.model, self.cluster, self.training, self.cal = model, cluster, training, calibration
+        self.num_layers = model.num_layers
+        self.num_gpus = cluster.num_gpus
+        self.memory_limit_bytes = memory_limit_bytes(cluster, constraints)
+        self.peak_flops = cluster.gpu.peak_flops(training.precision)
+        self.hbm_Bps = cluster.gpu.memory_bandwidth_GBps * 1e9 * calibration.hbm_efficiency
+        self.links = comm.Links.of(cluster, calibration.intra_efficiency, calibration.inter_efficiency,
+                                   calibration.intra_latency_s, calibration.inter_latency_s)
+        self.elem_bytes = 4.0 if training.precision == "fp32" else 2.0
+        self.state_per_param = mem.state_bytes_per_param(training.precision)
+        self.causal_fraction = 0.5 if (calibration.flash_attention and model.causal) else 1.0
+        # layers differ only by being dense or MoE: cost each distinct shape once
+        self._shapes: list[LayerShape] = []
+        self._shape_of_layer: list[int] = []
+        for i in range(model.num_layers):
+            shape = layer_shape(model, i)
+            if shape not in self._shapes:
+                self._shapes.append(shape)
+            self._shape_of_layer.append(self._shapes.index(shape))
+        self._cache: dict[tuple[object, ...], LayerCosts] = {}
+
+    # --- building blocks --------------------------------------------------------------------------
+    def _gemm(self, m: np.ndarray | float, n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
+        return self.cal.gemm.time_s(m, n, k, self.peak_flops, self.hbm_Bps)
+
+    def _mlp(self, tokens: np.ndarray, split: np.ndarray, shape: LayerShape) -> np.ndarray:
+        h = shape.hidden
+        return self._gemm(tokens, shape.mlp_in_width / split, h) + self._gemm(tokens, h, shape.ffn / split)
+
+    def _hbm(self, nbytes: np.ndarray | float) -> np.ndarray:
+        return np.asarray(nbytes, dtype=float) / self.hbm_Bps
+
+    def flops_per_step(self) -> float:
+        return model_flops_per_step(self.model, self.training, self.causal_fraction)
+
+    # --- CostModel protocol -----------------------------------------------------------------------
+    def layer_costs(self, layer: int, candidates: Sequence[LayerStrategy], ctx: StageContext) -> LayerCosts:
+        key = (self._shape_of_layer[layer], tuple(candidates), ctx.micro_batch_samples, ctx.micro_batches)
+        hit = self._cache.get(key)
+        if hit is None:
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            hit = self._cache[key] = self._layer_costs(self._shapes[self._shape_of_layer[layer]],
+                                                       Candidates.of(candidates), ctx)
+        return hit
+
+    def _layer_costs(self, shape: LayerShape, c: Candidates, ctx: StageContext) -> LayerCosts:
+        cal, s, h, e = self.cal, self.training.seq_length, shape.hidden, self.elem_bytes
+        gpn = self.cluster.gpus_per_node
+        uly = c.sp == mem.SP_ULYSSES
+        split = np.where(uly, 1.0, c.tp)  # how the weight matrices are split
+        b = ctx.micro_batch_samples / c.dp  # samples per data-parallel rank
+        tok = b * s / c.cp / np.where(uly, c.tp, 1.0)  # tokens through this rank's GEMMs
+
+        # forward GEMMs with their per-rank shapes
+        qkv = self._gemm(tok, (shape.q_width + 2 * shape.kv_width) / split, h)
+        out = self._gemm(tok, h, shape.q_width / split)
+        if shape.is_moe:  # balanced routing: each local expert sees top_k * ep / E of the tokens
+            per_expert = tok * shape.top_k * c.ep / shape.num_experts
+            mlp = shape.num_experts / c.ep * self._mlp(per_expert, split, shape) + self._gemm(tok, shape.num_experts, h)
+        else:
+            mlp = self._mlp(tok, split, shape)
+        heads, sq = shape.heads / c.tp, s / c.cp
+        scores = self._gemm(sq, s, shape.head_dim) + self._gemm(sq, shape.head_dim, s)
+        core = b * heads * self.causal_fraction * scores
+        kept_none, _ = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, mem.RC_NONE, e, cal.flash_attention)
+        kept_sel, _ = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, mem.RC_SELECTIVE, e, cal.flash_attention)
+        core_elem = self._hbm(cal.elementwise_traffic * (kept_none - kept_sel))
+        elem = self._hbm(cal.elementwise_traffic * kept_sel) + core_elem
+        fwd = qkv + out + mlp + core + elem + cal.kernel_overhead_s
+        compute = 3.0 * fwd
+        bwd = 2.0 * fwd
+
+        # tensor / sequence parallel collectives (one direction = forward)
+        k_tp = comm.members_per_node(c.tp, 1.0, gpn)
+        act = tok * np.where(uly, c.tp, 1.0) * h * e  # the b s h activation of this rank's cp slice
+        megatron_fwd = 2.0 * comm.allreduce_s(act, c.tp, k_tp, self.links)
+        ulysses_fwd = comm.alltoall_s(tok * (2 * shape.q_width + 2 * shape.kv_width) * e, c.tp, k_tp, self.links)
+        tp_fwd = np.where(uly, ulysses_fwd, megatron_fwd)
+        tp_comm = 2.0 * tp_fwd
+
+        # ring attention: K and V of this rank's heads travel cp - 1 hops forward, K, V, dK, dV backward
+        k_cp = comm.members_per_node(c.cp, c.tp, gpn)
+        kv = b * sq * 2 * shape.kv_width / c.tp * e
+        hop = np.where(k_cp >= c.cp, kv / self.links.intra_Bps, kv / self.links.inter_Bps)
+        ring = np.where(c.cp > 1, (c.cp - 1) * hop, 0.0)
+        cp_fwd = np.maximum(0.0, ring - cal.cp_overlap * core)
+        cp_comm = cp_fwd + np.maximum(0.0, 2 * ring - cal.cp_overlap * 2 * core)
+
+        # MoE token dispatch and combine
+        if shape.is_moe:
+            k_ep = comm.members_per_node(c.ep, c.tp * c.cp, gpn)
+            ep_fwd = 2.0 * comm.alltoall_s(tok * shape.top_k * h * e, c.ep, k_ep, self.links)
+        else:
+            ep_fwd = np.zeros_like(tok)
+        ep_comm = 2.0 * ep_fwd
+
+        recompute = np.where(c.rc == mem.RC_FULL, fwd + tp_fwd + cp_fwd + ep_fwd,
+                             np.where(c.rc == mem.RC_SELECTIVE, core + core_elem, 0.0))
+
+        # data parallelism: weights replicated over dp (and over the Ulysses group)
+        dp_group = c.dp * np.where(uly, c.tp, 1.0)
+        k_dp = np.where(uly, comm.members_per_node(dp_group, c.cp, gpn), comm.members_per_node(c.dp, c.tp * c.cp, gpn))
+        dense_params = shape.params - shape.expert_params
+        local_params = dense_params / split + shape.expert_params / (split * c.ep)
+        grad_bytes = local_params * cal.grad_comm_bytes
+        weight_bytes = local_params * self.state_per_param.params
+        sync = comm.allreduce_s(grad_bytes, dp_group, k_dp, self.links)
+        gather_w = comm.allgather_s(weight_bytes, dp_group, k_dp, self.links)
+        scatter_g = comm.allgather_s(grad_bytes, dp_group, k_dp, self.links)
+        per_mb = np.where(c.zero == 3, 2 * gather_w + scatter_g, np.where(c.zero == 2, scatter_g, 0.0))
+        dp_mb = np.maximum(0.0, per_mb - cal.zero_overlap * (compute + recompute))
+        per_step = np.where(c.zero <= 1, sync, np.where(c.zero == 2, gather_w, 0.0))
+        dp_step = np.maximum(0.0, per_step - cal.dp_overlap * (bwd + recompute))
+        opt_params = local_params / np.where(c.zero >= 1, dp_group, 1.0)
+        optimizer = self._hbm(opt_params * cal.optimizer_traffic_bytes)
+
+        time = compute + recompute + tp_comm + cp_comm + ep_comm + dp_mb
+        w, g, o = mem.model_state_bytes(local_params, dp_group, c.zero, self.state_per_param)
+        kept, transient = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, c.rc, e, cal.flash_attention)
+        frag = 1.0 + cal.fragmentation
+        gathered = np.where(c.zero == 3, 2.0 * weight_bytes, 0.0)  # this layer's weights and the prefetched next
+        return LayerCosts(
+            time_s=time,
+            step_time_s=dp_step + optimizer,
+            state_bytes=w + g + o,
+            activation_bytes=kept * frag,
+            peak_extra_bytes=transient * frag + gathered,
+            parts_s={"compute": compute, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,
+                     "ep_comm": ep_comm, "dp_comm_exposed": dp_mb},
+            step_parts_s={"dp_comm_exposed": dp_step, "optimizer": optimizer},
+            memory_parts_bytes={"parameters": w, "gradients": g, "optimizer": o},
+        )
+
+    def transition_s(self, prev: Sequence[LayerStrategy], nxt: Sequence[LayerStrategy], ctx: StageContext
+                     ) -> np.ndarray:
+        """Re-laying out the activation between differently split layers: an all-to-all each way."""
+        n_stage = self.num_gpus // ctx.pp
+        total = ctx.micro_batch_samples * self.training.seq_length * self.model.hidden_size * self.elem_bytes
+
+        def held(x: LayerStrategy) -> float:
+            return total / (x.dp * x.cp * (x.tp if x.sp is not None else 1))
+
+        def layout(x: LayerStrategy) -> tuple[int, int, int, object]:
+            return (x.tp, x.dp, x.cp, x.sp)
+
+        out = np.zeros((len(prev), len(nxt)))
+        k = min(n_stage, self.cluster.gpus_per_node)
+        for i, a in enumerate(prev):
+            for j, bb in enumerate(nxt):
+                if layout(a) != layout(bb):
+                    out[i, j] = 2.0 * float(comm.alltoall_s(max(held(a), held(bb)), n_stage, k, self.links))
+        return out
+
+    def _embedding(self, ctx: StageContext) -> EmbeddingStrategy:
+        return ctx.embedding if ctx.embedding is not None else EmbeddingStrategy()
+
+    def stage_fixed(self, ctx: StageContext) -> StageFixed:
+        """Embedding (first stage), final norm + LM head + loss (last stage), pipeline p2p, reserves."""
+        cal, s, h, e = self.cal, self.training.seq_length, self.model.hidden_size, self.elem_bytes
+        V = self.model.vocab_size
+        n_stage = self.num_gpus // ctx.pp
+        emb = self._embedding(ctx)
+        tp_e = max(1, min(emb.tp, n_stage))
+        dp_e = max(1, n_stage // tp_e)  # the vocabulary-parallel embedding spans the whole stage
+        tokens = ctx.micro_batch_samples * s / dp_e
+        first, last = ctx.stage == 0, ctx.stage == ctx.pp - 1
+        k_tp = float(comm.members_per_node(tp_e, 1, self.cluster.gpus_per_node))
+        k_dp = float(comm.members_per_node(dp_e, tp_e, self.cluster.gpus_per_node))
+        parts: dict[str, float] = {}
+        step_parts: dict[str, float] = {}
+        mparts: dict[str, float] = {}
+        act = 0.0
+        copies = 0
+        if first and V:
+            copies += 1
+            lookup = float(self._hbm(3.0 * tokens * h * e))  # gather rows, write, scatter-add gradient
+            reduce = float(comm.allreduce_s(tokens * h * e, tp_e, k_tp, self.links))
+            parts["compute"] = lookup
+            parts["tp_comm"] = reduce
+            act += tokens * h * (e + 1)  # embedding output and its dropout mask
+        if last and V:
+            if ctx.pp > 1 or not self.model.tied_embeddings:
+                copies += 1
+            m = tokens
+            logits = float(self._gemm(m, V / tp_e, h))
+            head = 3.0 * logits + float(self._hbm(cal.elementwise_traffic * m * V / tp_e * 4.0))
+            parts["compute"] = parts.get("compute", 0.0) + head
+            parts["tp_comm"] = parts.get("tp_comm", 0.0) + 2.0 * float(
+                comm.allreduce_s(tokens * h * e, tp_e, k_tp, self.links))
+            act += m * V / tp_e * (4.0 + e) + tokens * h * e  # fp32 softmax, logits, final-norm input
+        if V and copies:
+            params = copies * V * h / tp_e
+            w, g, o = (float(x) for x in mem.model_state_bytes(params, dp_e, emb.zero, self.state_per_param))
+            mparts.update({"parameters": w, "gradients": g, "optimizer": o})
+            sync = float(comm.allreduce_s(params * cal.grad_comm_bytes, dp_e, k_dp, self.links))
+            if self.model.tied_embeddings and ctx.pp > 1:  # first and last stage sum the shared embedding's grads
+                sync += float(comm.allreduce_s(V * h / tp_e * cal.grad_comm_bytes, 2, 1, self.links))
+            step_parts["dp_comm_exposed"] = sync * (1.0 - cal.dp_overlap)
+            shard = params / (dp_e if emb.zero >= 1 else 1)
+            step_parts["optimizer"] = float(self._hbm(shard * cal.optimizer_traffic_bytes))
+        if ctx.pp > 1:
+            # activations forward and gradients backward at each chunk boundary, scattered over the stage's GPUs
+            sends = 2 * ctx.virtual_stages - (1 if first else 0) - (1 if last else 0)
+            msg = ctx.micro_batch_samples * s * h * e / n_stage
+            across = n_stage >= self.cluster.gpus_per_node
+            parts["pp_comm"] = sends * float(comm.p2p_s(msg, across, self.links))
+        if cal.step_overhead_s:
+            step_parts["other"] = cal.step_overhead_s
+        state = sum(mparts.values())
+        reserve = cal.reserve_gib * GIB
+        mparts["reserve"] = reserve
+        return StageFixed(
+            time_s=sum(parts.values()),
+            step_time_s=sum(step_parts.values()),
+            state_bytes=state,
+            activation_bytes=act * (1.0 + cal.fragmentation),
+            other_bytes=reserve,
+            parts_s=parts,
+            step_parts_s=step_parts,
+            memory_parts_bytes=mparts,
+        )
+
+    def in_flight_micro_batches(self, ctx: StageContext) -> float:
+        return pipeline.in_flight_micro_batches(ctx.schedule, ctx.pp, ctx.stage, ctx.micro_batches, ctx.virtual_stages)
+
+    def pipeline_step_time(self, stage_time_s: Sequence[float], stage_step_time_s: Sequence[float],
+                           ctx: StageContext) -> float:
+        return pipeline.step_time_s(stage_time_s, stage_step_time_s, ctx.micro_batches, ctx.virtual_stages,
+                                    ctx.schedule)
+
+    def head_flops(self) -> float:
+        return head_forward_flops(self.model, self.training.seq_length)
+
+    def evaluate(self, plan: PlanStrategy) -> Estimate:
+        return evaluate_plan(self, plan, global_batch_size=self.training.global_batch_size,
+                             seq_length=self.training.seq_length, model_flops_per_step=self.flops_per_step(),
+                             peak_flops_per_gpu=self.peak_flops)

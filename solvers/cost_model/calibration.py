@@ -1,0 +1,66 @@
+"""The few physically meaningful constants of the analytic model, and where they come from.
+
+Every value is a property of the hardware/software stack, never of a configuration: a GEMM efficiency
+curve, the memory-bound share of a layer (elementwise kernels: LayerNorm, GeLU, softmax, dropout), the
+per-kernel overheads, link efficiencies and latencies, and how much gradient communication overlaps.
+The defaults were fitted once on the vTrain A100 measurements (see ``bench/fidelity.py``) and are
+overridable per request: ``"cost_model": {"kind": "analytic", "calibration": {"gemm_eta_max": 0.7}}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from solvers.cost_model.efficiency import GemmEfficiency
+from solvers.errors import FieldProblem, SpecError
+
+
+@dataclass(frozen=True)
+class AnalyticCalibration:
+    gemm_eta_max: float = 0.80  # large-GEMM fraction of tensor-core peak
+    gemm_d_half: float = 96.0  # GEMM dimension at which that axis alone halves efficiency
+    hbm_efficiency: float = 0.80  # achievable fraction of HBM bandwidth for memory-bound kernels
+    elementwise_traffic: float = 3.0  # HBM bytes moved by non-GEMM kernels per byte of stored activation
+    kernel_overhead_s: float = 1.5e-4  # launch/sync overhead per layer forward (backward: twice)
+    intra_efficiency: float = 0.75  # NVLink: achieved / nominal bus bandwidth of large collectives
+    inter_efficiency: float = 0.80  # network: achieved / nominal
+    intra_latency_s: float = 8e-6  # per ring step
+    inter_latency_s: float = 2e-5
+    dp_overlap: float = 0.0  # fraction of the last backward that hides the per-step gradient sync
+    zero_overlap: float = 0.7  # fraction of a micro-batch's compute that hides its ZeRO-2/3 traffic
+    cp_overlap: float = 0.9  # fraction of the attention core that hides the ring-attention KV exchange
+    grad_comm_bytes: float = 4.0  # bytes per gradient element on the wire (fp32 grads, Megatron's default)
+    optimizer_traffic_bytes: float = 36.0  # HBM bytes per parameter for one Adam step on the local shard
+    step_overhead_s: float = 0.0  # per step: data loading, logging, launch of the step
+    reserve_gib: float = 1.5  # CUDA context, cuBLAS/NCCL workspaces
+    fragmentation: float = 0.08  # allocator fragmentation, as a fraction of activations
+    flash_attention: bool = False  # fused attention: no s^2 activations, causal half of the core FLOPs
+
+    @property
+    def gemm(self) -> GemmEfficiency:
+        return GemmEfficiency(eta_max=self.gemm_eta_max, d_half=self.gemm_d_half)
+
+    def with_overrides(self, overrides: dict[str, Any] | None, loc: tuple[str | int, ...] = ()) -> AnalyticCalibration:
+        if not overrides:
+            return self
+        if not isinstance(overrides, dict):
+            raise SpecError.at(loc, "must be an object of calibration constants")
+        known = {f.name: f for f in fields(self)}
+        problems = []
+        clean: dict[str, Any] = {}
+        for key, value in overrides.items():
+            if key not in known:
+                problems.append(FieldProblem((*loc, key), f"unknown calibration constant; known: {', '.join(known)}"))
+            elif known[key].type in ("bool", bool):
+                clean[key] = bool(value)
+            elif not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                problems.append(FieldProblem((*loc, key), "must be a non-negative number"))
+            else:
+                clean[key] = float(value)
+        if problems:
+            raise SpecError(problems)
+        return replace(self, **clean)
+
+
+DEFAULT_CALIBRATION = AnalyticCalibration()

@@ -1,0 +1,131 @@
+"""Build the cost model a request asks for, and plans from the uniform strategy shorthand."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from solvers.cost_model.analytic import AnalyticCostModel
+from solvers.cost_model.base import CostModel
+from solvers.cost_model.calibration import DEFAULT_CALIBRATION
+from solvers.cost_model.validate import check_plan
+from solvers.errors import FieldProblem, SpecError
+from solvers.request import HybridRequest
+from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
+
+SHORTHAND_KEYS = {"tp", "pp", "dp", "cp", "sp", "zero", "recompute", "micro_batch_size", "micro_batches",
+                  "schedule", "virtual_stages", "ep", "stage_layers", "embedding"}
+
+
+def make_cost_model(req: HybridRequest) -> CostModel:
+    """``cost_model.kind``: "analytic" (default), "profile" (analytic with a measured profile on top) or
+    "galvatron" (Galvatron's formulas on Galvatron's profile files)."""
+    spec = req.cost_model
+    extras: dict[str, Any] = dict(spec.model_extra or {})
+    if spec.kind == "galvatron":
+        galvatron = importlib.import_module("solvers.cost_model.galvatron")
+        model: CostModel = galvatron.GalvatronCostModel.from_request(req)
+        return model
+    if spec.kind not in ("analytic", "profile"):
+        raise SpecError.at(("cost_model", "kind"), f"cost model {spec.kind!r} does not apply to hybrid plans")
+    calibration = DEFAULT_CALIBRATION.with_overrides(extras.get("calibration"), ("cost_model", "calibration"))
+    analytic = AnalyticCostModel(req.model, req.cluster, req.training, req.constraints, calibration)
+    if spec.kind == "profile" or extras.get("profile") is not None:
+        from solvers.cost_model.profile import ProfiledCostModel, profile_from_request
+
+        return ProfiledCostModel(analytic, profile_from_request(req))
+    return analytic
+
+
+def balanced_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers per stage as even as possible; the extra layers go to the middle stages, away from the
+    embedding (first) and LM head (last)."""
+    base, extra = divmod(num_layers, pp)
+    counts = [base] * pp
+    order = sorted(range(pp), key=lambda s: (s in (0, pp - 1), abs(s - (pp - 1) / 2)))
+    for s in order[:extra]:
+        counts[s] += 1
+    return tuple(counts)
+
+
+def _int(d: dict[str, Any], key: str, default: int | None, problems: list[FieldProblem]) -> int | None:
+    v = d.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "zero" else 1):
+        problems.append(FieldProblem(("strategy", key), f"must be a positive integer, got {v!r}"))
+        return None
+    return v
+
+
+def plan_from_shorthand(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
+                        ) -> PlanStrategy:
+    """A uniform plan from ``{"tp", "pp", "dp", "cp", "sp", "zero", "recompute", "micro_batch_size",
+    "schedule", "virtual_stages"}`` (``micro_batch_size`` is per data-parallel rank; ``dp`` defaults to
+    whatever the other degrees leave of the cluster). Raises SpecError naming the field."""
+    problems = [FieldProblem(("strategy", k), "unknown strategy field") for k in d if k not in SHORTHAND_KEYS]
+    tp, pp, cp, ep = (_int(d, k, 1, problems) for k in ("tp", "pp", "cp", "ep"))
+    zero = _int(d, "zero", 0, problems)
+    v = _int(d, "virtual_stages", 1, problems)
+    if problems:
+        raise SpecError(problems)
+    assert tp and pp and cp and ep and v and zero is not None
+    n = cluster.num_gpus
+    dp = _int(d, "dp", max(1, n // (tp * pp * cp)), problems)
+    if problems:
+        raise SpecError(problems)
+    assert dp
+    if tp * pp * cp * dp != n:
+        raise SpecError.at(("strategy",), f"tp*pp*cp*dp = {tp}*{pp}*{cp}*{dp} = {tp * pp * cp * dp} GPUs, "
+                           f"but the cluster has {n}")
+    if "micro_batches" in d:
+        m = _int(d, "micro_batches", None, problems)
+    else:
+        mbs = _int(d, "micro_batch_size", 1, problems)
+        if mbs and training.global_batch_size % (mbs * dp):
+            problems.append(FieldProblem(("strategy", "micro_batch_size"), f"global_batch_size "
+                            f"({training.global_batch_size}) is not a multiple of micro_batch_size*dp ({mbs * dp})"))
+        m = training.global_batch_size // (mbs * dp) if mbs else None
+    if problems:
+        raise SpecError(problems)
+    assert m
+    schedule = d.get("schedule") or ("interleaved" if v > 1 else "1f1b")
+    if pp > model.num_layers:
+        raise SpecError.at(("strategy", "pp"), f"pp ({pp}) exceeds the model's {model.num_layers} layers")
+    stage_layers = d.get("stage_layers") or balanced_stage_layers(model.num_layers, pp)
+    layer = LayerStrategy(tp=tp, dp=dp, cp=cp, sp=d.get("sp"), zero=zero, recompute=d.get("recompute", "none"), ep=ep)
+    emb = d.get("embedding") or {"tp": tp, "dp": dp * cp, "zero": zero}
+    try:
+        plan = PlanStrategy(pp=pp, micro_batches=m, layers=(layer,) * model.num_layers,
+                            stage_layers=tuple(int(x) for x in stage_layers), schedule=schedule, virtual_stages=v,
+                            embedding=EmbeddingStrategy(**emb))
+    except (TypeError, ValueError) as err:
+        raise SpecError.at(("strategy", "stage_layers"), str(err)) from None
+    _raise_if_bad(plan, model, cluster, training, uniform=True)
+    return plan
+
+
+def plan_from_dict(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> PlanStrategy:
+    """A full strategy object as the hybrid planner returns it (``layers`` per layer, ``stage_layers``...)."""
+    try:
+        plan = PlanStrategy.from_dict(d)
+    except KeyError as err:
+        raise SpecError.at(("strategy", str(err.args[0])), "missing") from None
+    except (TypeError, ValueError) as err:
+        raise SpecError.at(("strategy",), str(err)) from None
+    _raise_if_bad(plan, model, cluster, training)
+    return plan
+
+
+def _raise_if_bad(plan: PlanStrategy, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                  uniform: bool = False) -> None:
+    problems = check_plan(plan, model, cluster, training)
+    if uniform:  # report a uniform plan's layer problems once, at the shorthand's own field names
+        seen: dict[tuple[str | int, ...], FieldProblem] = {}
+        for p in problems:
+            loc = ("strategy", p.loc[-1]) if len(p.loc) == 4 and p.loc[1] == "layers" else p.loc
+            seen.setdefault(loc, FieldProblem(loc, p.msg))
+        problems = list(seen.values())
+    if problems:
+        raise SpecError(problems)

@@ -1,0 +1,119 @@
+"""Memory per GPU: model states by ZeRO stage, activations by recompute mode, SP and CP.
+
+Model states (mixed-precision Adam, Rajbhandari et al.): per parameter 2 bytes of weights, 2 of
+gradients and 12 of optimizer states (fp32 master weights, momentum, variance); fp32 training keeps 4 + 4
++ 8. ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the weights, over the
+layer's data-parallel group.
+
+Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"), per
+layer for s tokens, b samples, h hidden, a heads, t tensor-parallel ranks, with 2-byte elements and
+1-byte dropout masks:
+- no recompute: s b h (10 + 24/t + 5 a s / (h t)); with sequence parallelism s b h / t (34 + 5 a s / h)
+- selective (attention core recomputed): the 5 a s^2 b term goes
+- full: only the layer input, 2 s b h (/ t with sequence parallelism)
+Written per tensor so that GQA, SwiGLU, other FFN widths and MoE follow: 10 s b h is what tensor
+parallelism replicates (two LayerNorm inputs, the QKV and MLP inputs, two dropout masks), the rest is
+split over t. Ulysses splits everything over its group, context parallelism over cp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.cost_model.shapes import LayerShape
+from solvers.specs import Precision
+
+ArrayLike = np.ndarray | float
+
+# sp kinds and recompute modes as integer codes for vectorised formulas
+SP_NONE, SP_MEGATRON, SP_ULYSSES = 0, 1, 2
+RC_NONE, RC_SELECTIVE, RC_FULL = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of weights, gradients and optimizer states."""
+
+    params: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
+def state_bytes_per_param(precision: Precision) -> StateBytes:
+    if precision == "fp32":
+        return StateBytes(4.0, 4.0, 8.0)
+    return StateBytes(2.0, 2.0, 12.0)
+
+
+def model_state_bytes(params: ArrayLike, dp: ArrayLike, zero: ArrayLike, per: StateBytes
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(weights, gradients, optimizer) bytes per GPU for ``params`` parameters held by this rank before
+    ZeRO sharding over ``dp`` ranks."""
+    p, dp, zero = (np.asarray(x, dtype=float) for x in (params, dp, zero))
+    w = p * per.params / np.where(zero >= 3, dp, 1.0)
+    g = p * per.grads / np.where(zero >= 2, dp, 1.0)
+    o = p * per.optimizer / np.where(zero >= 1, dp, 1.0)
+    return w, g, o
+
+
+@dataclass(frozen=True)
+class ActivationTerms:
+    """Per-token activation elements of one layer, grouped by how they shrink under parallelism."""
+
+    replicated: float  # elements per token kept whole on every tensor-parallel rank unless SP
+    replicated_masks: float  # of which 1-byte masks
+    split: float  # elements per token split over tensor-parallel ranks
+    core_per_seq_token: float  # attention-core bytes per query per key: softmax 2a, mask a, dropout 2a
+    core_masks: float
+    layer_input: float  # what full recompute keeps (the layer input)
+
+
+def activation_terms(shape: LayerShape) -> ActivationTerms:
+    h = shape.hidden
+    # gelu keeps the activation's input and output; swiglu the gate, the up projection and their product
+    mlp = (3 if shape.gated else 2) * shape.ffn * shape.top_k
+    return ActivationTerms(
+        replicated=10.0 * h,
+        replicated_masks=2.0 * h,
+        split=4.0 * shape.q_width + 4.0 * shape.kv_width + 2.0 * mlp,  # Q, K, V, out-proj input, MLP
+        core_per_seq_token=5.0 * shape.heads,
+        core_masks=1.0 * shape.heads,
+        layer_input=2.0 * h,
+    )
+
+
+def _bytes(elements: ArrayLike, masks: ArrayLike, elem_bytes: float) -> np.ndarray:
+    """Bytes of tensors counted at 2 bytes per element, masks at 1, rescaled to ``elem_bytes``."""
+    elements, masks = np.asarray(elements, dtype=float), np.asarray(masks, dtype=float)
+    return (elements - masks) * elem_bytes / 2.0 + masks
+
+
+def activation_bytes(shape: LayerShape, seq: int, samples: ArrayLike, tp: ArrayLike, cp: ArrayLike,
+                     sp: ArrayLike, recompute: ArrayLike, elem_bytes: float = 2.0, flash: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(kept per micro-batch, transient during backward) activation bytes per GPU for one layer.
+
+    ``samples`` is the micro-batch per data-parallel rank; ``seq`` the full sequence (split over cp).
+    With ``flash`` the attention core keeps only softmax statistics (negligible) instead of 5 a s^2 b.
+    """
+    samples, tp, cp, sp, recompute = (np.asarray(x, dtype=float) for x in (samples, tp, cp, sp, recompute))
+    t = activation_terms(shape)
+    tokens = samples * seq / cp  # tokens this rank's sequence slice holds
+    sharded = sp != SP_NONE
+    repl_div = np.where(sharded, tp, 1.0)
+    repl = _bytes(t.replicated, t.replicated_masks, elem_bytes) / repl_div
+    split = _bytes(t.split, 0.0, elem_bytes) / tp
+    core = 0.0 if flash else _bytes(t.core_per_seq_token, t.core_masks, elem_bytes) * seq / tp
+    none = tokens * (repl + split + core)
+    selective = tokens * (repl + split)
+    full = tokens * _bytes(t.layer_input, 0.0, elem_bytes) / repl_div
+    kept = np.where(recompute == RC_FULL, full, np.where(recompute == RC_SELECTIVE, selective, none))
+    # what is rebuilt during backward lives only while that layer's backward runs
+    transient = np.where(recompute == RC_FULL, none, np.where(recompute == RC_SELECTIVE, none - selective, 0.0))
+    return kept, transient

@@ -1,0 +1,51 @@
+"""Pipeline schedules: step time from per-stage times, and activations in flight per stage.
+
+With per-micro-batch stage times t_i (forward + backward), m micro-batches and v virtual stages per GPU,
+GPipe and 1F1B take (m - 1) * max(t) + sum(t) — for equal stages (m + p - 1) * t, a bubble of
+(p - 1) / m. Interleaved 1F1B splits each stage into v chunks, so the fill and drain cost only
+sum(t) / v beyond the slowest stage: (m - 1) * max(t) + max(t) + (sum(t) - max(t)) / v, i.e.
+(m + (p - 1) / v) * t for equal stages (Narayanan et al., SC21). The per-step work of each stage
+(exposed gradient sync, optimizer) follows the pipeline; the slowest stage decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from solvers.strategy import Schedule
+
+
+def pipeline_time_s(stage_time_s: Sequence[float], micro_batches: int, virtual_stages: int = 1,
+                    schedule: Schedule = "1f1b") -> float:
+    """Time of the pipelined part of a step (all micro-batches through all stages)."""
+    if not stage_time_s:
+        return 0.0
+    v = virtual_stages if schedule == "interleaved" else 1
+    slowest = max(stage_time_s)
+    return micro_batches * slowest + (sum(stage_time_s) - slowest) / v
+
+
+def step_time_s(stage_time_s: Sequence[float], stage_step_time_s: Sequence[float], micro_batches: int,
+                virtual_stages: int = 1, schedule: Schedule = "1f1b") -> float:
+    return pipeline_time_s(stage_time_s, micro_batches, virtual_stages, schedule) + max(stage_step_time_s,
+                                                                                      default=0.0)
+
+
+def bubble_fraction(pp: int, micro_batches: int, virtual_stages: int = 1) -> float:
+    """Idle fraction relative to the useful time for equal stages: (p - 1) / (v * m)."""
+    return (pp - 1) / (virtual_stages * micro_batches)
+
+
+def in_flight_micro_batches(schedule: Schedule, pp: int, stage: int, micro_batches: int,
+                            virtual_stages: int = 1) -> float:
+    """Micro-batches whose activations a stage holds at its peak, in units of the whole stage's layers.
+
+    GPipe keeps all m; 1F1B keeps min(m, p - stage); interleaved 1F1B (Megatron's warm-up of
+    2 (p - stage - 1) + (v - 1) p chunks, plus the one in flight) keeps that many chunks of 1/v each.
+    """
+    if schedule == "gpipe":
+        return float(micro_batches)
+    if schedule == "interleaved" and virtual_stages > 1:
+        chunks = 2 * (pp - stage - 1) + (virtual_stages - 1) * pp + 1
+        return min(micro_batches * virtual_stages, chunks) / virtual_stages
+    return float(min(micro_batches, pp - stage))

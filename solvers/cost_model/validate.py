@@ -1,0 +1,88 @@
+"""Checks that a plan can run as described on the model and cluster; every problem names its field."""
+
+from __future__ import annotations
+
+from solvers.errors import FieldProblem
+from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
+from solvers.strategy import LayerStrategy, PlanStrategy
+
+Loc = tuple[str | int, ...]
+_SP = (None, "megatron", "ulysses")
+_RECOMPUTE = ("none", "selective", "full")
+_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def check_layer(x: LayerStrategy, index: int, model: ModelSpec, stage_gpus: int, micro_batch_samples: float,
+                seq_length: int, loc: Loc) -> list[FieldProblem]:
+    out: list[FieldProblem] = []
+
+    def bad(field: str, msg: str) -> None:
+        out.append(FieldProblem((*loc, field), msg))
+
+    for field in ("tp", "dp", "cp", "ep", "zero"):
+        v = getattr(x, field)
+        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if field == "zero" else 1):
+            bad(field, f"must be a positive integer, got {v!r}")
+    if out:
+        return out
+    if x.sp not in _SP:
+        bad("sp", f"must be null, 'megatron' or 'ulysses', got {x.sp!r}")
+    if x.recompute not in _RECOMPUTE:
+        bad("recompute", f"must be one of {', '.join(_RECOMPUTE)}, got {x.recompute!r}")
+    if x.zero > 3:
+        bad("zero", f"ZeRO stage must be 0..3, got {x.zero}")
+    if x.world != stage_gpus:
+        bad("dp", f"tp*cp*dp = {x.tp}*{x.cp}*{x.dp} = {x.world} GPUs, but each pipeline stage has {stage_gpus}")
+    if model.num_attention_heads % x.tp:
+        bad("tp", f"num_attention_heads ({model.num_attention_heads}) is not divisible by tp ({x.tp})")
+    elif x.sp != "ulysses" and model.kv_heads % x.tp and x.tp % model.kv_heads:
+        bad("tp", f"num_kv_heads ({model.kv_heads}) and tp ({x.tp}) must divide one another")
+    split = x.cp * (x.tp if x.sp is not None else 1)
+    if seq_length % split:
+        bad("cp" if x.cp > 1 else "sp", f"seq_length ({seq_length}) is not divisible by the sequence split ({split})")
+    per_rank = micro_batch_samples / x.dp
+    if per_rank < 1 or abs(per_rank - round(per_rank)) > 1e-9:
+        bad("dp", f"the micro-batch of {micro_batch_samples:g} samples does not split over dp={x.dp} ranks")
+    if x.ep > 1:
+        if not model.is_moe_layer(index):
+            bad("ep", "expert parallelism needs an MoE layer")
+        elif x.dp % x.ep or (model.moe is not None and model.moe.num_experts % x.ep):
+            bad("ep", f"ep ({x.ep}) must divide dp ({x.dp}) and the number of experts")
+    return out
+
+
+def check_plan(plan: PlanStrategy, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+               loc: Loc = ("strategy",)) -> list[FieldProblem]:
+    """All problems of ``plan`` (empty when it is runnable)."""
+    out: list[FieldProblem] = []
+    n = cluster.num_gpus
+    if plan.pp < 1 or n % plan.pp:
+        return [FieldProblem((*loc, "pp"), f"pp ({plan.pp}) must divide the cluster's {n} GPUs")]
+    if len(plan.layers) != model.num_layers:
+        return [FieldProblem((*loc, "layers"), f"{len(plan.layers)} layer strategies for {model.num_layers} layers")]
+    if any(k < 1 for k in plan.stage_layers):
+        out.append(FieldProblem((*loc, "stage_layers"), "every pipeline stage needs at least one layer"))
+    if plan.schedule not in _SCHEDULES:
+        out.append(FieldProblem((*loc, "schedule"), f"must be one of {', '.join(_SCHEDULES)}"))
+    if plan.micro_batches < 1 or training.global_batch_size % plan.micro_batches:
+        out.append(FieldProblem((*loc, "micro_batches"), f"{plan.micro_batches} micro-batches do not divide the "
+                                f"global batch of {training.global_batch_size}"))
+        return out
+    if plan.virtual_stages < 1:
+        out.append(FieldProblem((*loc, "virtual_stages"), "must be at least 1"))
+    elif plan.virtual_stages > 1:
+        if plan.schedule != "interleaved":
+            out.append(FieldProblem((*loc, "schedule"), "virtual_stages > 1 needs the interleaved schedule"))
+        if plan.micro_batches % plan.pp:
+            out.append(FieldProblem((*loc, "micro_batches"), f"the interleaved schedule needs micro_batches "
+                                    f"({plan.micro_batches}) to be a multiple of pp ({plan.pp})"))
+        if min(plan.stage_layers) < plan.virtual_stages:
+            out.append(FieldProblem((*loc, "virtual_stages"), "a stage has fewer layers than virtual stages"))
+    mb = training.global_batch_size / plan.micro_batches
+    stage_gpus = n // plan.pp
+    for i, layer in enumerate(plan.layers):
+        out.extend(check_layer(layer, i, model, stage_gpus, mb, training.seq_length, (*loc, "layers", i)))
+    emb = plan.embedding
+    if model.vocab_size and (emb.tp < 1 or stage_gpus % emb.tp):
+        out.append(FieldProblem((*loc, "embedding", "tp"), f"must divide the stage's {stage_gpus} GPUs"))
+    return out
