@@ -72,6 +72,12 @@ def plan_from_shorthand(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpe
         raise SpecError(problems)
     assert tp and pp and cp and ep and v and zero is not None
     n = cluster.num_gpus
+    if model.num_attention_heads % tp:
+        problems.append(FieldProblem(("strategy", "tp"), f"num_attention_heads ({model.num_attention_heads}) "
+                                     f"is not divisible by tp ({tp})"))
+    if "dp" not in d and n % (tp * pp * cp):
+        problems.append(FieldProblem(("strategy", "tp"), f"tp*pp*cp = {tp * pp * cp} does not divide the "
+                                     f"cluster's {n} GPUs"))
     dp = _int(d, "dp", max(1, n // (tp * pp * cp)), problems)
     if problems:
         raise SpecError(problems)

@@ -1,0 +1,68 @@
+"""``estimate(request)`` for hybrid strategies: what-if time and memory of a given plan (the contract's
+``POST /v1/estimate`` and ``paraplan estimate``)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+from solvers.cost_model.factory import make_cost_model, plan_from_dict, plan_from_shorthand
+from solvers.cost_model.validate import check_plan
+from solvers.errors import SpecError
+from solvers.request import HybridRequest, parse
+from solvers.strategy import PlanStrategy
+
+
+def _galvatron_plan(strategy: dict[str, Any], req: HybridRequest) -> PlanStrategy:
+    path = strategy.get("path")
+    if not isinstance(path, str) or not path:
+        raise SpecError.at(("strategy", "path"), "a Galvatron plan needs the path of its galvatron_config_*.json")
+    p = Path(path)
+    if not p.is_absolute():
+        base = (req.cost_model.model_extra or {}).get("profiles_dir")
+        candidates = [Path(base) / p] if isinstance(base, str) else []
+        candidates.append(Path.cwd() / p)
+        p = next((c for c in candidates if c.is_file()), candidates[0])
+    try:
+        config = json.loads(p.read_text())
+    except OSError as err:
+        raise SpecError.at(("strategy", "path"), f"cannot read {p}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise SpecError.at(("strategy", "path"), f"{p} is not valid JSON: {err.msg}") from None
+    try:
+        formats = importlib.import_module("solvers.formats.galvatron")
+    except ModuleNotFoundError:
+        raise SpecError.at(("strategy", "format"), "the Galvatron plan format is not available") from None
+    plan: PlanStrategy = formats.plan_from_galvatron_config(config)
+    problems = check_plan(plan, req.model, req.cluster, req.training)
+    if problems:
+        raise SpecError(problems)
+    return plan
+
+
+def plan_of_request(req: HybridRequest) -> PlanStrategy:
+    """The request's ``strategy`` in any of its three forms, validated against model and cluster."""
+    strategy = req.strategy
+    if strategy is None:
+        raise SpecError.at(("strategy",), "an estimate needs a strategy")
+    fmt = strategy.get("format")
+    if fmt is not None:
+        if fmt != "galvatron":
+            raise SpecError.at(("strategy", "format"), f"unknown plan format {fmt!r}; known: galvatron")
+        return _galvatron_plan(strategy, req)
+    if "layers" in strategy:
+        return plan_from_dict(strategy, req.model, req.cluster, req.training)
+    return plan_from_shorthand(strategy, req.model, req.cluster, req.training)
+
+
+def estimate(request: dict[str, Any]) -> dict[str, Any]:
+    """The contract's ``estimate`` object for the request's strategy (plus the expanded ``strategy``)."""
+    req: HybridRequest = parse(HybridRequest, request)
+    plan = plan_of_request(req)
+    model = make_cost_model(req)
+    result = model.evaluate(plan).to_dict()
+    result["strategy"] = plan.to_dict()
+    result["cost_model"] = req.cost_model.kind
+    return result
