@@ -12,6 +12,8 @@ import typer
 app = typer.Typer(help="paraplan: parallel training plans.", no_args_is_help=True, add_completion=False)
 db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
+app.add_typer(token_app, name="token")
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -82,7 +84,9 @@ def estimate(
 def serve(
     host: str | None = typer.Option(None, help="bind address (default from settings)"),
     port: int | None = typer.Option(None, help="port (default from settings)"),
-    dispatcher: bool = typer.Option(True, "--dispatcher/--no-dispatcher", help="run a solver dispatcher"),
+    dispatcher: bool = typer.Option(True, "--dispatcher/--no-dispatcher",
+                                    help="run a solver dispatcher in this process (off for API-only replicas)"),
+    workers: int = typer.Option(1, "--workers", min=1, help="uvicorn worker processes"),
 ) -> None:
     """Run the API server (and, by default, one solver dispatcher)."""
     import os
@@ -97,7 +101,62 @@ def serve(
     settings = get_settings()
     h, p = host or settings.host, port or settings.port
     typer.echo(f"paraplan serving on http://{h}:{p}/", err=True)
-    uvicorn.run("service.main:app", host=h, port=p, log_level="warning")
+    uvicorn.run("service.main:app", host=h, port=p, log_level="warning", workers=workers,
+                access_log=False)
+
+
+@app.command()
+def solver(
+    concurrency: int | None = typer.Option(None, "--concurrency", "-c", min=1,
+                                           help="jobs solved at once (default from settings)"),
+    max_jobs: int | None = typer.Option(None, "--max-jobs", min=1, help="exit after claiming this many jobs"),
+    exit_when_idle: bool = typer.Option(False, "--exit-when-idle", help="exit when the queue is empty"),
+) -> None:
+    """Run a standalone solver dispatcher on the shared job queue (PARAPLAN_DATABASE_URL)."""
+    import signal
+
+    from service.db.engine import Database
+    from service.dispatcher import Dispatcher
+    from service.settings import get_settings
+
+    settings = get_settings()
+    db = Database.connect(settings.database_url, pool_size=2)
+    runner = Dispatcher(db, settings)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: runner.stop.set())
+    typer.echo(f"solver dispatcher {runner.owner} started", err=True)
+    runner.run(concurrency=concurrency, max_jobs=max_jobs, exit_when_idle=exit_when_idle)
+    st = runner.stats
+    typer.echo(json.dumps({"owner": runner.owner, "claimed": st.claimed, "succeeded": st.succeeded,
+                           "failed": st.failed, "lost": st.lost}))
+    db.dispose()
+
+
+@token_app.command("create")
+def token_create(
+    scope: str = typer.Option(..., "--scope", help="submit | worker | read | admin"),
+    name: str | None = typer.Option(None, "--name", help="a label to recognise the token by"),
+) -> None:
+    """Create an API token and print it (alone, on stdout). Only its hash is stored: it is shown once."""
+    from service.db.engine import Database
+    from service.settings import get_settings
+    from service.tokens import create_token
+    from solvers.errors import SpecError
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    settings = get_settings()
+    db = Database.connect(settings.database_url, pool_size=1)
+    try:
+        with db.writing() as session:
+            token = create_token(session, scope, settings.token_pepper, name)
+    except SpecError as err:
+        _fail(str(err))
+    except SQLAlchemyError as err:
+        _fail(f"cannot store the token ({type(err).__name__}); is the database migrated? `paraplan db upgrade`", 1)
+    finally:
+        db.dispose()
+    typer.echo(token)
 
 
 @db_app.command("upgrade")

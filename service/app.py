@@ -1,19 +1,102 @@
-"""FastAPI application factory."""
+"""FastAPI application factory.
+
+Layering: pydantic schemas (``service.schemas``) → service functions that take a session and raise domain
+errors (``service.plans``, ``runs``, ``workers``, ``profiles``, ``tokens``) → thin routes
+(``service.routes``). ``service.errors.HTTP_STATUS`` is the one table from errors to HTTP statuses.
+
+The dashboard lives in ``service.ui`` (owned separately): when that package is importable, its ``mount(app)``
+is called, or else its ``router`` is included. It reaches the database through ``app.state.ctx``
+(a ``ServiceContext``) and may reuse the service functions.
+"""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+import importlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from service.context import ServiceContext
+from service.db.engine import Database
+from service.dispatcher import Dispatcher
+from service.errors import HTTP_STATUS, http_body, http_status
+from service.metrics import Metrics
+from service.middleware import BodyLimit, RequestMetrics
+from service.routes import ops, plans, profiles, runs
 from service.settings import Settings, get_settings
+from service.tokens import TokenCache
+
+log = logging.getLogger("paraplan.service")
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+async def _domain_error(_: Request, err: Exception) -> JSONResponse:
+    status = http_status(err) or 500
+    headers = {"Retry-After": "1"} if status == 503 else None
+    if status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    if status >= 500:
+        log.warning("%s: %s", type(err).__name__, err)
+    return JSONResponse(http_body(err, status), status_code=status, headers=headers)
+
+
+def _mount_ui(app: FastAPI) -> None:
+    try:
+        ui = importlib.import_module("service.ui")
+    except ModuleNotFoundError as err:
+        if err.name not in ("service.ui", "service"):
+            raise
+        return
+    if callable(getattr(ui, "mount", None)):
+        ui.mount(app)
+    elif getattr(ui, "router", None) is not None:
+        app.include_router(ui.router)
+
+
+def create_app(settings: Settings | None = None, database: Database | None = None) -> FastAPI:
     settings = settings or get_settings()
-    app = FastAPI(title="paraplan", version="0.1.0", description="Parallel training plans as a service.")
+    db = database or Database.connect(settings.database_url)
+    ctx = ServiceContext(settings=settings, db=db, tokens=TokenCache(), metrics=Metrics())
+    ctx.metrics.attach_database(db.read)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        dispatcher = None
+        if settings.seed_demo_plan:
+            from service.demo import seed_demo_plan
+
+            try:
+                seed_demo_plan(ctx)
+            except Exception:
+                log.exception("demo plan not seeded")
+        if settings.run_dispatcher:
+            dispatcher = Dispatcher(db, settings)
+            dispatcher.start_background()
+            app.state.dispatcher = dispatcher
+        try:
+            yield
+        finally:
+            if dispatcher is not None:
+                dispatcher.stop.set()
+            if database is None:
+                db.dispose()
+
+    app = FastAPI(title="paraplan", version="0.1.0", lifespan=lifespan,
+                  description="Parallel training plans as a service: submit a model, cluster and batch; get a "
+                              "hybrid / FlexSP / Spindle plan; have workers execute it. Authorization: "
+                              "`Bearer <token>` (see `paraplan token create`).")
+    app.state.ctx = ctx
     app.state.settings = settings
-
-    @app.get("/healthz", tags=["ops"])
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
+    for cls, _status in HTTP_STATUS:
+        app.add_exception_handler(cls, _domain_error)
+    for router in (ops.router, plans.router, runs.router, profiles.router):
+        app.include_router(router)
+    _mount_ui(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=ctx.metrics)
     return app
+
+
+

@@ -27,7 +27,15 @@ class Settings(BaseSettings):
     job_lease_s: float = 30.0
     job_max_attempts: int = 3
     run_lease_s: float = 60.0
+    run_max_attempts: int = 3
     max_body_bytes: int = 8 * 2**20
+    # Solver input limits (a request beyond them is refused with 413 naming the limit).
+    max_layers: int = 1024
+    max_gpus: int = 65536
+    max_sequences: int = 200_000
+    max_metaops: int = 512
+    max_wait_s: float = 60.0
+    dispatcher_poll_s: float = 0.5
     seed_demo_plan: bool = False
     log_json: bool = True
 

@@ -1,0 +1,25 @@
+"""What the routes share: settings, the database, the token cache and the metrics (one per app)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from service.db.engine import Database
+from service.metrics import Metrics
+from service.settings import Settings
+from service.tokens import TokenCache
+
+
+@dataclass
+class ServiceContext:
+    settings: Settings
+    db: Database
+    tokens: TokenCache = field(default_factory=TokenCache)
+    metrics: Metrics = field(default_factory=Metrics)
+
+
+def get_context(request: Request) -> ServiceContext:
+    ctx: ServiceContext = request.app.state.ctx
+    return ctx

@@ -1,0 +1,1 @@
+"""Database layer: SQLAlchemy models and engine/session factories."""

@@ -1,0 +1,88 @@
+"""Domain errors raised by the service functions, and the ONE table that maps errors to HTTP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import exc as sa_exc
+
+from solvers.errors import SpecError
+
+
+class DomainError(Exception):
+    """Base of the service's errors; ``detail`` is what the client sees."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class NotFound(DomainError):
+    pass
+
+
+class Conflict(DomainError):
+    pass
+
+
+class Unauthorized(DomainError):
+    pass
+
+
+class Forbidden(DomainError):
+    pass
+
+
+class TooLarge(DomainError):
+    pass
+
+
+class Unavailable(DomainError):
+    pass
+
+
+class NotImplementedYet(DomainError):
+    pass
+
+
+# Checked in order; the first class the error is an instance of wins (subclasses before their bases).
+HTTP_STATUS: tuple[tuple[type[BaseException], int], ...] = (
+    (NotFound, 404),
+    (Conflict, 409),
+    (sa_exc.IntegrityError, 409),
+    (SpecError, 422),
+    (Unauthorized, 401),
+    (Forbidden, 403),
+    (TooLarge, 413),
+    (NotImplementedYet, 501),
+    (Unavailable, 503),
+    # Retryable database trouble: lost connections, pool exhaustion, SQLite "database is locked".
+    (sa_exc.OperationalError, 503),
+    (sa_exc.DisconnectionError, 503),
+    (sa_exc.TimeoutError, 503),
+)
+
+
+def is_retryable_db_error(err: BaseException) -> bool:
+    if isinstance(err, sa_exc.DBAPIError) and err.connection_invalidated:
+        return True
+    return isinstance(err, sa_exc.OperationalError | sa_exc.DisconnectionError | sa_exc.TimeoutError)
+
+
+def http_status(err: BaseException) -> int | None:
+    if isinstance(err, sa_exc.DBAPIError) and err.connection_invalidated:
+        return 503
+    for cls, status in HTTP_STATUS:
+        if isinstance(err, cls):
+            return status
+    return None
+
+
+def http_body(err: BaseException, status: int) -> dict[str, Any]:
+    if isinstance(err, SpecError):
+        return {"detail": [{"loc": ["body", *p.loc], "msg": p.msg, "type": "value_error"} for p in err.problems]}
+    if isinstance(err, DomainError):
+        return {"detail": err.detail}
+    if status == 409:
+        return {"detail": "conflict with stored data"}
+    return {"detail": "database temporarily unavailable; retry"}

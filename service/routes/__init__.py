@@ -1,0 +1,1 @@
+"""Thin HTTP routes: parse, authorise, call a service function, shape the response."""

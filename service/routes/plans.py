@@ -1,0 +1,150 @@
+"""/v1/plans and /v1/estimate."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from anyio import to_thread
+from fastapi import APIRouter, Body, Depends, Header, Query, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from service import plans
+from service.auth import ReadAccess, SubmitAccess
+from service.context import ServiceContext, get_context
+from service.errors import Conflict, NotImplementedYet
+from service.limits import check_limits
+from service.schemas import ExportFormat, PlanList, PlanOut, PlanStatus
+from service.tokens import Principal
+from service.validation import kind_of, validate_plan_request
+from solvers.errors import SpecError
+
+router = APIRouter(prefix="/v1", tags=["plans"])
+
+_EXAMPLE = {"kind": "hybrid", "model": {"preset": "llama2-7b"},
+            "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
+            "training": {"global_batch_size": 64, "seq_length": 2048}}
+
+
+async def wait_for_terminal(ctx: ServiceContext, plan_id: str, wait_s: float) -> None:
+    """Long-poll: return when the plan reaches a terminal state or ``wait_s`` passes."""
+    deadline = time.monotonic() + min(wait_s, ctx.settings.max_wait_s)
+    delay = 0.02
+    while time.monotonic() < deadline:
+        status = await to_thread.run_sync(_status, ctx, plan_id)
+        if status in plans.TERMINAL or status is None:
+            return
+        await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 1.5, 0.25)
+
+
+def _status(ctx: ServiceContext, plan_id: str) -> str | None:
+    with ctx.db.reading() as session:
+        return plans.plan_status(session, plan_id)
+
+
+def _get(ctx: ServiceContext, plan_id: str) -> dict[str, Any]:
+    with ctx.db.reading() as session:
+        return plans.get_plan(session, plan_id)
+
+
+def _submit(ctx: ServiceContext, body: dict[str, Any], key: str | None) -> tuple[dict[str, Any], bool]:
+    kind = validate_plan_request(body, ctx.settings)
+    return plans.submit_plan(ctx.db, body, kind, ctx.settings.job_max_attempts, key)
+
+
+@router.post("/plans", response_model=PlanOut, status_code=202,
+             responses={200: {"description": "an identical request was already solved (or finished within "
+                                             "`wait`): the stored plan", "model": PlanOut},
+                        409: {"description": "Idempotency-Key reused with another body"},
+                        413: {"description": "body or solver input over a limit"},
+                        422: {"description": "invalid request; `loc` names the field"}})
+async def submit_plan(
+    response: Response,
+    body: dict[str, Any] = Body(..., examples=[_EXAMPLE], description="a plan request (see the contract)"),
+    wait: float = Query(0.0, ge=0, description="hold the request up to this many seconds for a terminal state"),
+    idempotency_key: str | None = Header(None, alias="Idempotency-Key", max_length=255),
+    ctx: ServiceContext = Depends(get_context),
+    _: Principal = SubmitAccess,
+) -> dict[str, Any]:
+    """Submit a plan request. Identical requests (same canonical JSON) are solved once."""
+    view, _created = await to_thread.run_sync(_submit, ctx, body, idempotency_key)
+    if wait > 0 and view["status"] not in plans.TERMINAL:
+        await wait_for_terminal(ctx, view["id"], wait)
+        view = await to_thread.run_sync(_get, ctx, view["id"])
+    response.status_code = 200 if view["status"] in plans.TERMINAL else 202
+    response.headers["Location"] = f"/v1/plans/{view['id']}"
+    return view
+
+
+@router.get("/plans", response_model=PlanList)
+def list_plans(status: PlanStatus | None = None, kind: str | None = Query(None, max_length=32),
+               limit: int = Query(50, ge=1, le=500), cursor: str | None = Query(None, max_length=32),
+               ctx: ServiceContext = Depends(get_context), _: Principal = ReadAccess) -> dict[str, Any]:
+    """Plans, newest first; follow `next_cursor` for older ones."""
+    with ctx.db.reading() as session:
+        return plans.list_plans(session, status, kind, limit, cursor)
+
+
+@router.get("/plans/{plan_id}", response_model=PlanOut)
+async def get_plan(plan_id: str, wait: float = Query(0.0, ge=0), ctx: ServiceContext = Depends(get_context),
+                   _: Principal = ReadAccess) -> dict[str, Any]:
+    """A plan with its request, status, progress and (when succeeded) result."""
+    view = await to_thread.run_sync(_get, ctx, plan_id)
+    if wait > 0 and view["status"] not in plans.TERMINAL:
+        await wait_for_terminal(ctx, plan_id, wait)
+        view = await to_thread.run_sync(_get, ctx, plan_id)
+    return view
+
+
+@router.post("/plans/{plan_id}/cancel", response_model=PlanOut,
+             responses={409: {"description": "the plan is already in a terminal state"}})
+def cancel_plan(plan_id: str, ctx: ServiceContext = Depends(get_context),
+                _: Principal = SubmitAccess) -> dict[str, Any]:
+    return plans.cancel_plan(ctx.db, plan_id)
+
+
+@router.get("/plans/{plan_id}/export", responses={409: {"description": "not a succeeded hybrid plan"},
+                                                  422: {"description": "unknown format"}})
+def export_plan(plan_id: str, format: ExportFormat = Query(..., description="target framework"),
+                ctx: ServiceContext = Depends(get_context), _: Principal = ReadAccess) -> Response:
+    """The plan as a launch configuration for Megatron-LM, DeepSpeed, TorchTitan or Galvatron."""
+    view = _get(ctx, plan_id)
+    if view["kind"] != "hybrid":
+        raise Conflict(f"export is for hybrid plans; plan {plan_id} is {view['kind']}")
+    if view["status"] != "succeeded":
+        raise Conflict(f"plan {plan_id} is {view['status']}; only a succeeded plan can be exported")
+    try:
+        from solvers.hybrid.export import export
+    except ModuleNotFoundError:
+        raise NotImplementedYet("export is not available on this server yet") from None
+    out = export(view["result"], format)
+    if isinstance(out, str):
+        return PlainTextResponse(out)
+    return JSONResponse(out)
+
+
+@router.post("/estimate", responses={413: {"description": "solver input over a limit"},
+                                     422: {"description": "invalid request; `loc` names the field"}})
+def estimate(body: dict[str, Any] | list[dict[str, Any]] = Body(..., description="one request or an array"),
+             ctx: ServiceContext = Depends(get_context), _: Principal = ReadAccess) -> Any:
+    """What-if estimate of a given strategy (synchronous: estimates are fast). An array gives an array,
+    with `{"error": ...}` in place of an invalid element."""
+    from solvers.api import estimate as estimate_fn
+
+    def one(request: dict[str, Any]) -> dict[str, Any]:
+        kind_of(request)
+        check_limits(request, ctx.settings)
+        result: dict[str, Any] = estimate_fn(request)
+        return result
+
+    if isinstance(body, list):
+        out: list[dict[str, Any]] = []
+        for request in body[:1000]:
+            try:
+                out.append(one(request))
+            except SpecError as err:
+                out.append({"error": str(err), "detail": err.as_detail()})
+        return out
+    return one(body)

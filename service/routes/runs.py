@@ -1,0 +1,128 @@
+"""/v1/plans/{id}/runs, /v1/runs and the worker endpoints (register, claim, heartbeat, metrics, complete, fail)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from anyio import to_thread
+from fastapi import APIRouter, Depends, Query, Response, status
+
+from service import runs, workers
+from service.auth import ReadAccess, SubmitAccess, WorkerAccess
+from service.context import ServiceContext, get_context
+from service.schemas import (
+    ClaimBody,
+    ClaimOut,
+    CompleteBody,
+    FailBody,
+    LeaseOut,
+    MetricsReport,
+    PlanStatus,
+    RunCreate,
+    RunOut,
+    WorkerRef,
+    WorkerRegister,
+    WorkerRegistered,
+)
+from service.tokens import Principal
+
+router = APIRouter(prefix="/v1", tags=["runs"])
+_LEASE_LOST = {409: {"description": "this worker does not hold the run's lease (abort the run), or it is terminal"}}
+
+
+@router.post("/plans/{plan_id}/runs", response_model=RunOut, status_code=201,
+             responses={409: {"description": "the plan has not succeeded"}})
+def create_run(plan_id: str, body: RunCreate, ctx: ServiceContext = Depends(get_context),
+               _: Principal = SubmitAccess) -> dict[str, Any]:
+    """Ask for a succeeded plan to be executed by a worker."""
+    with ctx.db.writing() as session:
+        return runs.create_run(session, plan_id, body.steps, ctx.settings.run_max_attempts)
+
+
+@router.get("/runs", response_model=list[RunOut])
+def list_runs(plan_id: str | None = Query(None, max_length=32), status: PlanStatus | None = None,
+              limit: int = Query(100, ge=1, le=1000), ctx: ServiceContext = Depends(get_context),
+              principal: Principal = ReadAccess) -> list[dict[str, Any]]:
+    with ctx.db.reading() as session:
+        return runs.list_runs(session, principal, plan_id, status, limit)
+
+
+@router.get("/runs/{run_id}", response_model=RunOut)
+def get_run(run_id: str, ctx: ServiceContext = Depends(get_context),
+            principal: Principal = ReadAccess) -> dict[str, Any]:
+    """A run with its measured metrics next to the plan's predictions. Worker tokens see only their runs."""
+    with ctx.db.reading() as session:
+        return runs.get_run(session, run_id, principal)
+
+
+@router.post("/runs/{run_id}/cancel", response_model=RunOut,
+             responses={409: {"description": "the run is already in a terminal state"}})
+def cancel_run(run_id: str, ctx: ServiceContext = Depends(get_context), _: Principal = SubmitAccess) -> dict[str, Any]:
+    return runs.cancel_run(ctx.db, run_id)
+
+
+# --- worker endpoints ----------------------------------------------------------------------------
+@router.post("/workers/register", response_model=WorkerRegistered, status_code=201, tags=["workers"])
+def register_worker(body: WorkerRegister, ctx: ServiceContext = Depends(get_context),
+                    principal: Principal = WorkerAccess) -> dict[str, Any]:
+    lease_s = ctx.settings.run_lease_s
+    with ctx.db.writing() as session:
+        worker = workers.register_worker(session, body.model_dump(), principal)
+        return {"id": worker.id, "heartbeat_interval_s": lease_s / 4, "lease_s": lease_s}
+
+
+@router.post("/workers/{worker_id}/heartbeat", tags=["workers"])
+def worker_heartbeat(worker_id: str, ctx: ServiceContext = Depends(get_context),
+                     principal: Principal = WorkerAccess) -> dict[str, bool]:
+    with ctx.db.writing() as session:
+        workers.heartbeat(session, worker_id, principal)
+    return {"ok": True}
+
+
+@router.get("/workers", tags=["workers"])
+def list_workers(ctx: ServiceContext = Depends(get_context), _: Principal = ReadAccess) -> list[dict[str, Any]]:
+    with ctx.db.reading() as session:
+        return workers.list_workers(session)
+
+
+@router.post("/runs/claim", response_model=ClaimOut, tags=["workers"],
+             responses={204: {"description": "nothing claimable within wait_s"}})
+async def claim_run(body: ClaimBody, ctx: ServiceContext = Depends(get_context),
+                    principal: Principal = WorkerAccess) -> Any:
+    """Atomically take the oldest queued run (long-polls up to `wait_s`)."""
+    deadline = time.monotonic() + body.wait_s
+    while True:
+        claimed = await to_thread.run_sync(runs.claim_run, ctx.db, body.worker_id, principal, ctx.settings.run_lease_s)
+        if claimed is not None:
+            return {"run": claimed}
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return Response(status_code=status.HTTP_204_NO_CONTENT)
+        await asyncio.sleep(min(0.5, remaining))
+
+
+@router.post("/runs/{run_id}/heartbeat", response_model=LeaseOut, tags=["workers"], responses=_LEASE_LOST)
+def run_heartbeat(run_id: str, body: WorkerRef, ctx: ServiceContext = Depends(get_context),
+                  principal: Principal = WorkerAccess) -> dict[str, Any]:
+    return runs.heartbeat_run(ctx.db, run_id, body.worker_id, principal, ctx.settings.run_lease_s)
+
+
+@router.post("/runs/{run_id}/metrics", tags=["workers"], responses=_LEASE_LOST)
+def run_metrics(run_id: str, body: MetricsReport, ctx: ServiceContext = Depends(get_context),
+                principal: Principal = WorkerAccess) -> dict[str, Any]:
+    point = body.model_dump(exclude={"worker_id"})
+    return runs.report_metrics(ctx.db, run_id, body.worker_id, principal, ctx.settings.run_lease_s, point)
+
+
+@router.post("/runs/{run_id}/complete", response_model=RunOut, tags=["workers"], responses=_LEASE_LOST)
+def complete_run(run_id: str, body: CompleteBody, ctx: ServiceContext = Depends(get_context),
+                 principal: Principal = WorkerAccess) -> dict[str, Any]:
+    return runs.complete_run(ctx.db, run_id, body.worker_id, principal, body.metrics)
+
+
+@router.post("/runs/{run_id}/fail", response_model=RunOut, tags=["workers"], responses=_LEASE_LOST)
+def fail_run(run_id: str, body: FailBody, ctx: ServiceContext = Depends(get_context),
+             principal: Principal = WorkerAccess) -> dict[str, Any]:
+    return runs.fail_run(ctx.db, run_id, body.worker_id, principal, body.error, body.retryable)

@@ -1,0 +1,160 @@
+"""Pydantic schemas at the HTTP edge: request bodies and the documented response shapes."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PlanStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+ExportFormat = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# --- plans ---------------------------------------------------------------------------------------
+class Progress(BaseModel):
+    fraction: float
+    message: str | None = None
+
+
+class PlanOut(_Out):
+    id: str
+    status: PlanStatus
+    kind: str
+    request: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    content_hash: str | None = None
+    solver: str | None = None
+    search_time_s: float | None = None
+    estimate: dict[str, Any] | None = None
+    progress: Progress | None = None
+    attempts: int | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class PlanSummary(_Out):
+    id: str
+    status: PlanStatus
+    kind: str
+    solver: str | None = None
+    estimate: dict[str, Any] | None = None
+    search_time_s: float | None = None
+    error: str | None = None
+    created_at: datetime
+    finished_at: datetime | None = None
+
+
+class PlanList(BaseModel):
+    items: list[PlanSummary]
+    next_cursor: str | None = Field(None, description="pass as `cursor` to get the next page")
+
+
+# --- runs and workers ----------------------------------------------------------------------------
+class RunCreate(_Body):
+    steps: int = Field(20, gt=0, le=1_000_000)
+
+
+class RunOut(_Out):
+    id: str
+    plan_id: str
+    status: PlanStatus
+    worker: str | None = None
+    steps: int
+    attempts: int
+    error: str | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    predicted: dict[str, Any] = Field(default_factory=dict)
+    progress: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class WorkerRegister(_Body):
+    name: str = Field(min_length=1, max_length=128)
+    host: str = Field(min_length=1, max_length=255)
+    gpus: int = Field(0, ge=0, le=1_000_000)
+    gpu_name: str | None = Field(None, max_length=128)
+    memory_gib: float | None = Field(None, ge=0)
+    torch_version: str | None = Field(None, max_length=64)
+    cuda_version: str | None = Field(None, max_length=64)
+    capabilities: dict[str, Any] = Field(default_factory=dict)
+
+
+class WorkerRegistered(BaseModel):
+    id: str
+    heartbeat_interval_s: float
+    lease_s: float
+
+
+class WorkerRef(_Body):
+    worker_id: str = Field(min_length=1, max_length=32)
+
+
+class ClaimBody(WorkerRef):
+    wait_s: float = Field(0.0, ge=0, le=30)
+
+
+class MetricsReport(WorkerRef):
+    model_config = ConfigDict(extra="allow")
+    step: int = Field(ge=0)
+    loss: float
+    step_time_s: float = Field(ge=0)
+
+
+class CompleteBody(WorkerRef):
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+class FailBody(WorkerRef):
+    error: str = Field(min_length=1, max_length=100_000)
+    retryable: bool = False
+
+
+class LeaseOut(BaseModel):
+    lease_expires_at: datetime
+
+
+class ClaimedPlan(BaseModel):
+    id: str
+    kind: str
+    request: dict[str, Any]
+    result: dict[str, Any] | None
+
+
+class ClaimedRun(BaseModel):
+    id: str
+    plan_id: str
+    steps: int
+    attempt: int
+    lease_expires_at: datetime
+    plan: ClaimedPlan
+
+
+class ClaimOut(BaseModel):
+    run: ClaimedRun
+
+
+# --- profiles ------------------------------------------------------------------------------------
+class ProfileCreate(_Body):
+    name: str = Field(min_length=1, max_length=255)
+    kind: Literal["hardware", "model"]
+    host: str | None = Field(None, max_length=255)
+    data: dict[str, Any]
+
+
+class ProfileOut(_Out):
+    id: str
+    name: str
+    kind: str
+    host: str | None = None
+    data: dict[str, Any] | None = None
+    created_at: datetime

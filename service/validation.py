@@ -1,0 +1,57 @@
+"""Up-front checks on a plan or estimate request, so that bad input is a 422/413 and never a stored job."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from service.errors import Unavailable
+from service.limits import check_limits
+from service.settings import Settings
+from solvers.errors import SpecError
+from solvers.request import HybridRequest, parse
+
+KINDS: dict[str, str] = {"hybrid": "solvers.hybrid.api", "flexsp": "solvers.flexsp.api",
+                         "spindle": "solvers.spindle.api"}
+
+
+def kind_of(request: Any) -> str:
+    if not isinstance(request, dict):
+        raise SpecError.at((), "request must be a JSON object")
+    kind = request.get("kind", "hybrid")
+    if kind not in KINDS:
+        raise SpecError.at(("kind",), f"unknown plan kind {kind!r}; expected one of {sorted(KINDS)}")
+    return str(kind)
+
+
+def solver_module(kind: str) -> Any:
+    try:
+        return importlib.import_module(KINDS[kind])
+    except ModuleNotFoundError as err:
+        if err.name and KINDS[kind].startswith(err.name):
+            raise SpecError.at(("kind",), f"plan kind {kind!r} is not available on this server") from None
+        raise Unavailable(f"solver for {kind!r} failed to load: {err}") from None
+
+
+def available_kinds() -> list[str]:
+    out = []
+    for kind in KINDS:
+        try:
+            solver_module(kind)
+            out.append(kind)
+        except (SpecError, Unavailable):
+            pass
+    return out
+
+
+def validate_plan_request(request: Any, settings: Settings) -> str:
+    """Return the request's kind; raise SpecError (422) or TooLarge (413) for what can be checked now."""
+    kind = kind_of(request)
+    check_limits(request, settings)
+    module = solver_module(kind)
+    validate = getattr(module, "validate", None)
+    if callable(validate):
+        validate(request)
+    elif kind == "hybrid":
+        parse(HybridRequest, request)
+    return kind
