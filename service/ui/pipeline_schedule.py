@@ -67,9 +67,13 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], micro_batc
             # all are placed (the orders are deadlock-free, so each sweep places at least one).
             while cursor[s] < len(orders[s]):
                 phase, i = orders[s][cursor[s]]
-                deps = [("F", s - 1, i)] if phase == "F" and s > 0 else []
+                deps: list[tuple[Phase, int, int]] = []
+                if phase == "F" and s > 0:
+                    deps.append(("F", s - 1, i))
                 if phase == "B":
-                    deps = [("F", s, i)] + ([("B", s + 1, i)] if s < p - 1 else [])
+                    deps.append(("F", s, i))
+                    if s < p - 1:
+                        deps.append(("B", s + 1, i))
                 if any(d not in done for d in deps):
                     break
                 start = max([free[s], *(done[d] for d in deps)])

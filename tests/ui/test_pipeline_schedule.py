@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -16,7 +17,7 @@ def _check_valid(tl, fwd, bwd, m):  # type: ignore[no-untyped-def]
     assert len(end) == 2 * p * m
     for s in range(p):
         mine = sorted((op for op in tl.ops if op.stage == s), key=lambda o: o.start_s)
-        for a, b in zip(mine, mine[1:], strict=False):
+        for a, b in itertools.pairwise(mine):
             assert a.end_s <= b.start_s + 1e-12, "a stage runs two passes at once"
         for i in range(m):
             if s > 0:

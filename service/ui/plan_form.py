@@ -1,0 +1,143 @@
+"""The "new plan" form: its choices (presets) and the translation of posted fields into a plan request.
+
+The form only assembles a request document; validation is the solvers' and the service's (a bad value
+comes back as a SpecError naming the request field, which the page shows next to the form).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from solvers.errors import FieldProblem, SpecError
+from solvers.presets import GPU_PRESETS, MODEL_PRESETS
+
+KINDS = ("hybrid", "flexsp", "spindle")
+# FlexSP needs concrete sequence lengths: the issue's synthetic long-tailed batch (lognormal around 4K
+# tokens) is drawn with a fixed seed so the same form input is the same request (and is deduplicated).
+FLEXSP_MEDIAN_TOKENS = 4096
+FLEXSP_SIGMA = 1.6
+FLEXSP_PAD = 128
+
+
+def model_choices() -> list[str]:
+    return sorted({str(v["name"]) for v in MODEL_PRESETS.values()})
+
+
+def gpu_choices() -> list[str]:
+    return sorted({str(v["name"]) for v in GPU_PRESETS.values()})
+
+
+def spindle_workloads() -> dict[str, dict[str, Any]]:
+    """Workload presets offered by the Spindle solver when it has them, else one small built-in demo."""
+    try:
+        table = getattr(importlib.import_module("solvers.spindle.presets"), "WORKLOAD_PRESETS", None)
+        if isinstance(table, Mapping) and table:
+            return {str(k): {"preset": str(k)} for k in table}
+    except ImportError:
+        pass
+    return {"demo-captioning-retrieval": DEMO_WORKLOAD}
+
+
+# Two tasks sharing nothing: captioning (vision encoder -> LLM) and retrieval (vision + text encoders).
+# Per-layer times are explicit (slope per sample, intercept) so the demo needs no module shapes.
+DEMO_WORKLOAD: dict[str, Any] = {
+    "metaops": [
+        {"name": "cap-vision", "task": "cap", "batch_size": 64, "num_layers": 24,
+         "time_ms_per_layer": {"slope_ms_per_sample": 0.29, "intercept_ms": 0.94}},
+        {"name": "cap-llm", "task": "cap", "batch_size": 64, "num_layers": 32,
+         "time_ms_per_layer": {"slope_ms_per_sample": 0.61, "intercept_ms": 1.2}},
+        {"name": "ret-vision", "task": "ret", "batch_size": 128, "num_layers": 24,
+         "time_ms_per_layer": {"slope_ms_per_sample": 0.29, "intercept_ms": 0.94}},
+        {"name": "ret-text", "task": "ret", "batch_size": 128, "num_layers": 12,
+         "time_ms_per_layer": {"slope_ms_per_sample": 0.08, "intercept_ms": 0.5}},
+    ],
+    "edges": [["cap-vision", "cap-llm"]],
+}
+
+
+@dataclass
+class FormInput:
+    kind: str = "hybrid"
+    model: str = "llama2-7b"
+    gpu: str = "A100-80GB"
+    nodes: int = 1
+    gpus_per_node: int = 8
+    global_batch_size: int = 64
+    seq_length: int = 2048
+    memory_limit_gib: float | None = None
+    workload: str = ""
+    errors: list[FieldProblem] = field(default_factory=list)
+
+
+def _int(form: Mapping[str, Any], name: str, default: int, problems: list[FieldProblem]) -> int:
+    raw = str(form.get(name, "")).strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        problems.append(FieldProblem((name,), f"must be a whole number, got {raw!r}"))
+        return default
+
+
+def read_form(form: Mapping[str, Any]) -> FormInput:
+    """Posted fields -> FormInput; raises SpecError naming every unparsable field."""
+    problems: list[FieldProblem] = []
+    out = FormInput()
+    out.kind = str(form.get("kind") or "hybrid")
+    if out.kind not in KINDS:
+        problems.append(FieldProblem(("kind",), f"unknown plan kind {out.kind!r}; expected one of {list(KINDS)}"))
+    out.model = str(form.get("model") or out.model)
+    out.gpu = str(form.get("gpu") or out.gpu)
+    out.nodes = _int(form, "nodes", out.nodes, problems)
+    out.gpus_per_node = _int(form, "gpus_per_node", out.gpus_per_node, problems)
+    out.global_batch_size = _int(form, "global_batch_size", out.global_batch_size, problems)
+    out.seq_length = _int(form, "seq_length", out.seq_length, problems)
+    out.workload = str(form.get("workload") or "")
+    raw_limit = str(form.get("memory_limit_gib", "")).strip()
+    if raw_limit:
+        try:
+            out.memory_limit_gib = float(raw_limit)
+        except ValueError:
+            problems.append(FieldProblem(("memory_limit_gib",), f"must be a number of GiB, got {raw_limit!r}"))
+    for name in ("nodes", "gpus_per_node", "global_batch_size", "seq_length"):
+        if getattr(out, name) <= 0:
+            problems.append(FieldProblem((name,), "must be positive"))
+    if problems:
+        raise SpecError(problems)
+    return out
+
+
+def synthetic_lengths(count: int, context: int) -> list[int]:
+    """The long-tailed batch of the FlexSP issue, clipped to the context and padded to 128 tokens."""
+    rng = np.random.default_rng(0)
+    raw = rng.lognormal(math.log(FLEXSP_MEDIAN_TOKENS), FLEXSP_SIGMA, count)
+    clipped = np.clip(raw, 1, max(context - FLEXSP_PAD, 1))
+    padded = np.ceil(clipped / FLEXSP_PAD) * FLEXSP_PAD
+    return [int(x) for x in padded]
+
+
+def to_request(inp: FormInput) -> dict[str, Any]:
+    """The plan request the form describes."""
+    cluster = {"gpu": inp.gpu, "nodes": inp.nodes, "gpus_per_node": inp.gpus_per_node}
+    constraints = {"memory_limit_gib": inp.memory_limit_gib} if inp.memory_limit_gib else {}
+    req: dict[str, Any] = {"kind": inp.kind, "cluster": cluster}
+    if inp.kind == "spindle":
+        workloads = spindle_workloads()
+        chosen = workloads.get(inp.workload) or next(iter(workloads.values()))
+        req["workload"] = chosen
+        return req
+    req["model"] = {"preset": inp.model}
+    if inp.kind == "flexsp":
+        req["batch"] = {"sequence_lengths": synthetic_lengths(inp.global_batch_size, inp.seq_length)}
+    else:
+        req["training"] = {"global_batch_size": inp.global_batch_size, "seq_length": inp.seq_length}
+    if constraints:
+        req["constraints"] = constraints
+    return req

@@ -1,0 +1,69 @@
+"""Short labels for a plan request (model, cluster, batch) and the headline numbers of any kind of result.
+
+Used by the plans list and the page headers; tolerant of any document shape (a malformed stored request
+shows dashes, never an error page).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from service.ui import format as fmt
+
+
+def as_map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def cluster_size(request: Mapping[str, Any]) -> int:
+    cluster = as_map(request.get("cluster"))
+    try:
+        return int(cluster.get("nodes", 1)) * int(cluster.get("gpus_per_node", 8))
+    except (TypeError, ValueError):
+        return 0
+
+
+def model_label(request: Mapping[str, Any]) -> str:
+    model = request.get("model")
+    if isinstance(model, Mapping):
+        return str(model.get("preset") or model.get("name") or "custom")
+    if isinstance(model, str):
+        return model
+    workload = as_map(request.get("workload"))
+    ops = workload.get("metaops")
+    if isinstance(ops, list) and ops:
+        tasks = {str(as_map(op).get("task", "")) for op in ops} - {""}
+        return f"{len(ops)} metaops, {len(tasks)} tasks"
+    return fmt.DASH
+
+
+def cluster_label(request: Mapping[str, Any]) -> str:
+    cluster = as_map(request.get("cluster"))
+    if not cluster:
+        return fmt.DASH
+    gpu = cluster.get("gpu")
+    gpu_name = str(as_map(gpu).get("name") or as_map(gpu).get("preset") or "") if isinstance(gpu, Mapping) else str(
+        gpu or "")
+    nodes, per = cluster.get("nodes", 1), cluster.get("gpus_per_node", 8)
+    return f"{nodes}×{per} {gpu_name}".strip()
+
+
+def batch_label(request: Mapping[str, Any]) -> str:
+    training = as_map(request.get("training"))
+    if training:
+        return f"batch {training.get('global_batch_size', '?')} × seq {training.get('seq_length', 2048)}"
+    lengths = as_map(request.get("batch")).get("sequence_lengths")
+    if isinstance(lengths, list):
+        return f"{len(lengths)} sequences, {fmt.number(sum(x for x in lengths if isinstance(x, int | float)))} tokens"
+    return ""
+
+
+def headline(kind: str, estimate: Mapping[str, Any] | None) -> dict[str, float | None]:
+    """Step time, throughput (samples/s) and MFU of a result's estimate, whatever the kind."""
+    est = as_map(estimate)
+    step = fmt.as_float(est.get("step_time_s"))
+    if step is None:
+        step = fmt.as_float(est.get("iteration_time_s"))
+    return {"step_time_s": step, "throughput": fmt.as_float(est.get("throughput_samples_per_s")),
+            "tokens_per_s": fmt.as_float(est.get("tokens_per_s")), "mfu": fmt.as_float(est.get("mfu"))}

@@ -1,0 +1,167 @@
+"""The dashboard's HTML pages (server-rendered Jinja2) and its static files, as one APIRouter.
+
+Pages: ``/`` plans list, ``/plans/new`` the submit form, ``/plans/{id}`` one plan (a page per kind),
+``/runs/{id}`` one run. ``/ui/status`` answers the pages' status poller; ``/ui/static/...`` serves the
+CSS, script and vendored Chart.js. Each page reports its server time in a ``Server-Timing`` header.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from service.errors import DomainError, http_status
+from service.ui import data, flexsp_view, hybrid_view, plan_form, run_view, spindle_view
+from service.ui import format as fmt
+from service.ui.request_info import as_map, batch_label, cluster_label, headline, model_label
+from solvers.errors import SpecError
+
+HERE = Path(__file__).resolve().parent
+STATIC = HERE / "static"
+PAGE_SIZE = 50
+TERMINAL = ("succeeded", "failed", "cancelled")
+EXPORT_FORMATS = ("megatron", "deepspeed", "torchtitan", "galvatron")
+
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+templates.env.filters.update(fmt.FILTERS)
+templates.env.globals.update(TERMINAL=TERMINAL)
+
+router = APIRouter(include_in_schema=False)
+
+_VIEWS: dict[str, tuple[str, Callable[[Mapping[str, Any], Mapping[str, Any]], Any]]] = {
+    "hybrid": ("plan_hybrid.html", hybrid_view.build),
+    "flexsp": ("plan_flexsp.html", flexsp_view.build),
+    "spindle": ("plan_spindle.html", spindle_view.build),
+}
+
+
+def _page(request: Request, template: str, context: dict[str, Any], started: float, status: int = 200) -> Response:
+    response = templates.TemplateResponse(request, template, context, status_code=status)
+    response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1e3:.1f}"
+    return response
+
+
+def _error_page(request: Request, err: Exception, started: float) -> Response:
+    status = http_status(err) or 500
+    message = str(err.detail) if isinstance(err, DomainError) else str(err)
+    return _page(request, "error.html", {"status": status, "message": message}, started, status)
+
+
+@router.get("/", response_class=HTMLResponse)
+def plans_page(request: Request, kind: str | None = None, status: str | None = None, cursor: str | None = None,
+               limit: int = Query(PAGE_SIZE, ge=1, le=200)) -> Response:
+    started = time.perf_counter()
+    try:
+        data.principal(request, "read")
+        page = data.list_plans(request, kind=kind or None, status=status or None, cursor=cursor or None, limit=limit)
+    except (DomainError, SpecError) as err:
+        return _error_page(request, err, started)
+    rows = []
+    for item in page["items"]:
+        req = as_map(item.get("request"))
+        rows.append({**item, **headline(item.get("kind", ""), item.get("estimate")),
+                     "model": item.get("model") or model_label(req), "cluster": item.get("cluster")
+                     or cluster_label(req)})
+    return _page(request, "plans.html", {"rows": rows, "next_cursor": page.get("next_cursor"), "kind": kind or "",
+                                         "status": status or "", "kinds": plan_form.KINDS, "limit": limit,
+                                         "statuses": ("queued", "running", *TERMINAL)}, started)
+
+
+def _form_context(inp: plan_form.FormInput) -> dict[str, Any]:
+    return {"form": inp, "kinds": plan_form.KINDS, "models": plan_form.model_choices(),
+            "gpus": plan_form.gpu_choices(), "workloads": list(plan_form.spindle_workloads())}
+
+
+@router.get("/plans/new", response_class=HTMLResponse)
+def new_plan_form(request: Request, kind: str = "hybrid") -> Response:
+    started = time.perf_counter()
+    return _page(request, "new_plan.html", _form_context(plan_form.FormInput(kind=kind)), started)
+
+
+@router.post("/plans/new")
+async def submit_plan(request: Request) -> Response:
+    started = time.perf_counter()
+    form = dict(await request.form())
+    token = str(form.pop("token", "") or "").strip() or None
+    inp = plan_form.FormInput()
+    try:
+        inp = plan_form.read_form(form)
+        data.principal(request, "submit", token)
+        view = data.submit(request, plan_form.to_request(inp))
+    except SpecError as err:
+        inp.errors = list(err.problems)
+        return _page(request, "new_plan.html", _form_context(inp), started, 422)
+    except DomainError as err:
+        return _page(request, "new_plan.html", {**_form_context(inp), "message": err.detail}, started,
+                     http_status(err) or 400)
+    response = RedirectResponse(f"/plans/{view['id']}", status_code=303)
+    if token:
+        response.set_cookie(data.TOKEN_COOKIE, token, httponly=True, samesite="strict")
+    return response
+
+
+@router.get("/plans/{plan_id}", response_class=HTMLResponse)
+def plan_page(request: Request, plan_id: str) -> Response:
+    started = time.perf_counter()
+    try:
+        caller = data.principal(request, "read")
+        plan = data.get_plan(request, plan_id)
+        plan_runs = data.runs_of_plan(request, plan_id, caller)
+    except (DomainError, SpecError) as err:
+        return _error_page(request, err, started)
+    req = as_map(plan.get("request"))
+    result = plan.get("result") if isinstance(plan.get("result"), Mapping) else None
+    kind = str(plan.get("kind") or "")
+    context: dict[str, Any] = {
+        "plan": plan, "request_doc": req, "model": model_label(req), "cluster": cluster_label(req),
+        "batch": batch_label(req), "runs": plan_runs, "exports": EXPORT_FORMATS if kind == "hybrid" else (),
+        "headline": headline(kind, (result or {}).get("estimate")),
+    }
+    template = "plan_pending.html"
+    if plan.get("status") == "succeeded" and result is not None and kind in _VIEWS:
+        template, build = _VIEWS[kind]
+        context["view"] = build(req, result)
+    return _page(request, template, context, started)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(request: Request, run_id: str) -> Response:
+    started = time.perf_counter()
+    try:
+        caller = data.principal(request, "read")
+        run = data.get_run(request, run_id, caller)
+    except (DomainError, SpecError) as err:
+        return _error_page(request, err, started)
+    return _page(request, "run.html", {"run": run, "view": run_view.build(run)}, started)
+
+
+@router.get("/ui/status")
+def plan_statuses(request: Request, ids: str = "") -> Response:
+    """Status of up to one page of plans, for the live poller (small: no results)."""
+    wanted = [i for i in ids.split(",") if i][:200]
+    try:
+        data.principal(request, "read")
+        found = data.statuses(request, wanted)
+    except (DomainError, SpecError) as err:
+        return JSONResponse({"detail": str(err)}, status_code=http_status(err) or 400)
+    return JSONResponse(found, headers={"Cache-Control": "no-store"})
+
+
+@router.get("/ui/static/{path:path}")
+def static_file(path: str) -> Response:
+    # Served by a route rather than a Mount so that including the router is all an app has to do.
+    target = (STATIC / path).resolve()
+    if not target.is_relative_to(STATIC) or not target.is_file():
+        return Response(status_code=404)
+    return FileResponse(target, headers={"Cache-Control": "public, max-age=3600"})
+
+
+def mount_ui(app: FastAPI) -> None:
+    """Add the dashboard to an app that has ``app.state.db``."""
+    app.include_router(router)

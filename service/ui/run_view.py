@@ -1,0 +1,75 @@
+"""What the run page shows: predicted vs measured step time and memory, memory per rank, the loss curve."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.ui import format as fmt
+from service.ui.charts import Chart, bars, lines
+
+
+@dataclass
+class Comparison:
+    name: str
+    predicted: float | None
+    measured: float | None
+    unit: str
+
+    @property
+    def error(self) -> float | None:
+        """Relative error of the prediction against the measurement (+ = predicted too high)."""
+        if self.predicted is None or not self.measured:
+            return None
+        return self.predicted / self.measured - 1.0
+
+
+@dataclass
+class RunView:
+    comparisons: list[Comparison] = field(default_factory=list)
+    memory_chart: Chart | None = None
+    loss_chart: Chart | None = None
+    step_chart: Chart | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def _floats(value: Any) -> list[float]:
+    if not isinstance(value, list):
+        return []
+    return [f for f in (fmt.as_float(v) for v in value) if f is not None]
+
+
+def build(run: Mapping[str, Any]) -> RunView:
+    metrics = run.get("metrics") if isinstance(run.get("metrics"), Mapping) else {}
+    predicted = run.get("predicted") if isinstance(run.get("predicted"), Mapping) else {}
+    assert isinstance(metrics, Mapping) and isinstance(predicted, Mapping)
+    view = RunView(metrics=dict(metrics))
+    per_rank = _floats(metrics.get("peak_memory_gib_per_rank"))
+    measured_peak = max(per_rank) if per_rank else fmt.as_float(metrics.get("peak_memory_gib"))
+    view.comparisons = [
+        Comparison("step time", fmt.as_float(predicted.get("step_time_s")), fmt.as_float(metrics.get("step_time_s")),
+                   "s"),
+        Comparison("peak memory per GPU", fmt.as_float(predicted.get("peak_memory_gib")), measured_peak, "GiB"),
+    ]
+    step = view.comparisons[0]
+    if step.predicted is not None or step.measured is not None:
+        view.step_chart = bars("step-chart", "Step time: predicted vs measured", ["predicted", "measured"],
+                               [step.predicted or 0.0, step.measured or 0.0], "step time (s)", "seconds")
+    if per_rank:
+        limit = fmt.as_float(predicted.get("peak_memory_gib"))
+        view.memory_chart = bars("memory-chart", "Peak memory per rank", [f"rank {i}" for i in range(len(per_rank))],
+                                 per_rank, "measured peak (GiB)", "GiB", reference=limit,
+                                 reference_label=f"predicted {fmt.gib(limit)}" if limit is not None else "")
+    loss = _floats(metrics.get("loss"))
+    if loss:
+        view.loss_chart = lines("loss-chart", "Training loss", list(range(1, len(loss) + 1)), {"loss": loss},
+                                "step", "loss")
+        view.loss_chart.config["options"]["scales"]["y"].pop("beginAtZero", None)
+    step_times = _floats(metrics.get("step_times_s"))
+    if step_times and step.predicted is not None:
+        view.step_chart = lines("step-chart", "Step time per step: measured vs predicted",
+                                list(range(1, len(step_times) + 1)),
+                                {"measured": step_times, "predicted": [step.predicted] * len(step_times)},
+                                "step", "seconds")
+    return view

@@ -1,0 +1,48 @@
+"""Fixtures for dashboard tests: a migrated SQLite database, an app with the dashboard, stored plans."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from service import jobs, plans
+from service.db.engine import Database
+from service.migrate import upgrade
+from service.settings import Settings
+from service.ui import mount_ui
+
+
+@pytest.fixture(scope="module")
+def ui_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('ui') / 'ui.db'}"
+    upgrade(database_url=url)
+    db = Database.connect(url)
+    yield db
+    db.dispose()
+
+
+@pytest.fixture(scope="module")
+def ui_client(ui_db: Database) -> Iterator[TestClient]:
+    app = FastAPI()
+    app.state.db = ui_db
+    app.state.settings = Settings(database_url=str(ui_db.engine.url), run_dispatcher=False)
+    mount_ui(app)
+    with TestClient(app) as client:
+        yield client
+
+
+def store_plan(db: Database, request: dict[str, Any], result: dict[str, Any] | None) -> str:
+    """A plan through the service's own job path: submitted, claimed, completed with ``result`` (or left
+    running when ``result`` is None)."""
+    view, _ = plans.submit_plan(db, request, request.get("kind", "hybrid"), max_attempts=3)
+    claimed = jobs.claim_job(db, "ui-test", lease_s=600)
+    assert claimed is not None and claimed.plan_id == view["id"]
+    if result is not None:
+        assert jobs.complete_job(db, claimed.id, "ui-test", result)
+    return str(view["id"])
+
+
