@@ -1,0 +1,175 @@
+"""``kind = "spindle"`` entry points: ``solve`` (plan) and ``estimate`` (cost a given schedule)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from solvers.errors import InfeasibleError, SpecError
+from solvers.request import parse
+from solvers.specs import memory_limit_bytes
+from solvers.spindle import baselines, exact, wavefront
+from solvers.spindle.bounds import device_ranges, lower_bound_s
+from solvers.spindle.cost import Topology, device_model, explicit_metaop, module_metaop
+from solvers.spindle.schedule import Evaluation, Placement, Problem, Slice, evaluate, timeline, violations
+from solvers.spindle.wavefront import Planned, better
+from solvers.spindle.workload import SpindleRequest, build_graph
+
+Progress = Callable[[float, str], None]
+_GIB = 2**30
+
+
+def parse_request(request: dict[str, Any]) -> SpindleRequest:
+    if not isinstance(request, dict):
+        raise SpecError.at((), "request must be a JSON object")
+    data = dict(request)
+    cluster = data.get("cluster")
+    if isinstance(cluster, dict) and "gpu" not in cluster:
+        # explicit-time workloads need no GPU; module shapes are costed on the usual A100 unless told
+        data["cluster"] = {**cluster, "gpu": "A100-80GB"}
+    req: SpindleRequest = parse(SpindleRequest, data)
+    return req
+
+
+def build_problem(req: SpindleRequest) -> Problem:
+    precision = str((req.model_extra or {}).get("training", {}).get("precision", "bf16"))
+    if precision not in ("bf16", "fp16", "fp8", "fp32"):
+        raise SpecError.at(("training", "precision"), f"unknown precision {precision!r}")
+    dev = device_model(req.cluster, precision, req.options.efficiency, req.options.kernel_overhead_ms)  # type: ignore[arg-type]
+    specs = req.workload.metaops
+    ops = [module_metaop(s, s.task or s.name, dev) if s.module is not None else explicit_metaop(s, s.task or s.name)
+           for s in specs]
+    explicit = all(s.module is None for s in specs)
+    workload = build_graph(ops, req.workload.edges, explicit)
+    return Problem(workload, Topology.of(req.cluster), memory_limit_bytes(req.cluster, req.constraints))
+
+
+def _slice_dict(problem: Problem, s: Slice) -> dict[str, Any]:
+    op = problem.workload.ops[s.op]
+    return {"metaop": op.name, "task": op.task, "module": op.module, "devices": list(s.devices),
+            "layers": s.layers, "layer_start": s.layer_start, "start_s": s.start_s, "end_s": s.end_s,
+            "wave": s.wave, "compute_s": s.end_s - s.start_s, "transfer_wait_s": s.transfer_wait_s,
+            "ms_per_layer": op.layer_ms(s.n)}
+
+
+def _waves(problem: Problem, slices: list[Slice]) -> list[dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    for s in slices:
+        w = out.setdefault(s.wave, {"index": s.wave, "start_s": s.start_s, "end_s": s.end_s, "metaops": []})
+        w["start_s"], w["end_s"] = min(w["start_s"], s.start_s), max(w["end_s"], s.end_s)
+        name = problem.workload.ops[s.op].name
+        if name not in w["metaops"]:
+            w["metaops"].append(name)
+    return [out[k] for k in sorted(out)]
+
+
+def estimate_dict(problem: Problem, ev: Evaluation) -> dict[str, Any]:
+    return {"iteration_time_s": ev.iteration_time_s, "makespan_s": ev.makespan_s,
+            "grad_sync_exposed_s": ev.grad_sync_exposed_s, "peak_memory_gib": ev.peak_memory_bytes / _GIB,
+            "memory_gib_per_device": [m / _GIB for m in ev.memory_bytes], "fits": ev.fits,
+            "memory_limit_gib": problem.memory_limit_bytes / _GIB, "utilization": ev.utilization,
+            "module_grad_sync_s": ev.module_sync_s}
+
+
+def solve(request: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    report = progress or (lambda f, m: None)
+    req = parse_request(request)
+    problem = build_problem(req)
+    ranges = device_ranges(problem)
+    lb = lower_bound_s(problem, ranges)
+    report(0.05, "wavefront planner")
+    heur = wavefront.plan(problem, ranges)
+    t_heur = time.perf_counter() - t0
+    best = heur
+    search: dict[str, Any] = {"wavefront_s": t_heur, "wavefront_iteration_time_s": heur.evaluation.iteration_time_s,
+                              "wavefront_ordering": heur.name}
+    if req.options.exact:
+        report(0.2, "exact model (CP-SAT)")
+        opt = req.options
+        res = exact.solve(problem, ranges, hint=heur.placements, time_limit_s=opt.exact_time_limit_s,
+                          deterministic_time=opt.exact_deterministic_time, workers=opt.exact_workers,
+                          seed=req.constraints.seed)
+        search["exact"] = {"status": res.status, "wall_s": res.wall_s, "model_makespan_s": res.makespan_s,
+                           "model_bound_s": res.bound_s}
+        if res.placements is not None:
+            slices = timeline(problem, res.placements)
+            cand = Planned("cp-sat", res.placements, slices, evaluate(problem, slices))
+            search["exact"]["iteration_time_s"] = cand.evaluation.iteration_time_s
+            if better(best, cand):
+                best = cand
+    report(0.9, "baselines")
+    base = baselines.all_baselines(problem, ranges)
+    for cand_b in base.values():
+        if cand_b is not None and better(best, cand_b):
+            best = cand_b  # a plan no better than a baseline is not worth returning
+    if not best.evaluation.fits:
+        raise InfeasibleError.at(("constraints", "memory_limit_gib"),
+                                 f"no plan found fits: the best needs {best.evaluation.peak_memory_bytes / _GIB:.1f} "
+                                 f"GiB on a device, limit {problem.memory_limit_bytes / _GIB:.1f} GiB")
+    search["time_s"] = time.perf_counter() - t0
+    search["solver"] = best.name
+    est = estimate_dict(problem, best.evaluation)
+    seq = base["sequential_full_cluster_s"]
+    if seq is not None:
+        est["speedup_vs_sequential"] = seq.evaluation.iteration_time_s / best.evaluation.iteration_time_s
+    report(1.0, "done")
+    return {
+        "estimate": est,
+        "slices": [_slice_dict(problem, s) for s in best.slices],
+        "waves": _waves(problem, best.slices),
+        "lower_bound_s": lb,
+        "ratio_to_lower_bound": best.evaluation.iteration_time_s / lb if lb > 0 else None,
+        "baselines": {k: (v.evaluation.iteration_time_s if v is not None and v.evaluation.fits else None)
+                      for k, v in base.items()},
+        "search": search,
+    }
+
+
+def placements_from_slices(problem: Problem, given: list[dict[str, Any]]) -> list[Placement]:
+    """Turn contract slices into placements, run in order of their start_s (list order when absent)."""
+    index = problem.workload.index
+    keyed = []
+    for k, s in enumerate(given):
+        loc: tuple[str | int, ...] = ("slices", k)
+        if not isinstance(s, dict):
+            raise SpecError.at(loc, "a slice must be an object")
+        name = s.get("metaop")
+        if name not in index:
+            raise SpecError.at((*loc, "metaop"), f"unknown metaop {name!r}")
+        devices = s.get("devices")
+        if (not isinstance(devices, list) or not devices or not all(isinstance(d, int) for d in devices)
+                or sorted(devices) != list(range(min(devices), min(devices) + len(devices)))):
+            raise SpecError.at((*loc, "devices"), "devices must be a non-empty contiguous list of device ids")
+        if min(devices) < 0 or max(devices) >= problem.num_devices:
+            raise SpecError.at((*loc, "devices"), f"devices outside the cluster's {problem.num_devices}")
+        layers = s.get("layers")
+        if not isinstance(layers, int) or layers < 1:
+            raise SpecError.at((*loc, "layers"), "layers must be a positive integer")
+        start = s.get("start_s", k)
+        if not isinstance(start, int | float):
+            raise SpecError.at((*loc, "start_s"), "start_s must be a number")
+        keyed.append((float(start), k, Placement(index[name], layers, min(devices), len(devices),
+                                                 int(s.get("wave", 0)))))
+    keyed.sort(key=lambda x: (x[0], x[1]))
+    return [p for *_, p in keyed]
+
+
+def estimate(request: dict[str, Any]) -> dict[str, Any]:
+    """Cost a given schedule (``slices`` in the request): slices start as early as order and edges allow."""
+    req = parse_request(request)
+    problem = build_problem(req)
+    if not req.slices:
+        raise SpecError.at(("slices",), "an estimate needs the schedule's slices")
+    placements = placements_from_slices(problem, req.slices)
+    try:
+        slices = timeline(problem, placements)
+    except ValueError as err:
+        raise SpecError.at(("slices",), str(err)) from None
+    bad = violations(problem, slices)
+    if bad:
+        raise SpecError.at(("slices",), "; ".join(bad[:5]))
+    out = estimate_dict(problem, evaluate(problem, slices))
+    out["lower_bound_s"] = lower_bound_s(problem)
+    return out

@@ -1,0 +1,142 @@
+"""The Spindle cost model: per-layer time of a module shape, memory of a slice, transfers and gradient sync.
+
+Time is affine in the local batch, so every metaop reduces to ``slope * ceil(batch / n) + intercept`` per
+layer, the reference planner's form; the planners see nothing else. Memory and communication are costed on
+a finished schedule (``schedule.evaluate``):
+- states: per hosted layer, bf16 weights + grads (4 B/param) and fp32 Adam states (12 B/param) sharded over
+  the slice's data-parallel group (ZeRO-1); frozen / decode modules keep bf16 weights only (2 B/param);
+- activations: Spindle runs every wave's forward, then the backward in reverse, so a device holds the
+  activations of all its training slices at the turn (34·s·h bytes per sample per layer with flash attention,
+  Korthikanti et al. 2022); decode slices hold their KV cache;
+- activation transfer between dependent slices on different device blocks (forward + gradient back);
+- gradient all-reduce of each trained layer over every device that hosts it (tasks sharing a module sync
+  together), after the module's last slice; NVLink inside a node, the node's NICs across nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from solvers.specs import ClusterSpec, ModelSpec, Precision
+from solvers.spindle.workload import MetaOp, MetaOpSpec, Mode
+
+_BF16 = 2.0
+_LINK_LATENCY_S = 20e-6
+
+
+def _flops_fwd_per_sample(model: ModelSpec, seq: int, layer: int) -> float:
+    """Forward FLOPs of one layer for one sample of ``seq`` tokens (matmuls + attention scores)."""
+    h = model.hidden_size
+    attn_proj = model.attention_params()
+    if model.is_moe_layer(layer):
+        assert model.moe is not None
+        mlp = model.moe.top_k * model.mlp_params(model.expert_ffn_size) + h * model.moe.num_experts
+    else:
+        mlp = model.mlp_params()
+    width = model.num_attention_heads * model.head_size
+    scores = 4.0 * seq * seq * width * (0.5 if model.causal else 1.0)
+    return 2.0 * (attn_proj + mlp) * seq + scores
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    peak_flops: float
+    memory_bandwidth_Bps: float
+    efficiency: float
+    kernel_overhead_ms: float
+
+
+def module_metaop(spec: MetaOpSpec, task: str, dev: DeviceModel) -> MetaOp:
+    """Derive a metaop's per-layer slope/intercept, memory and transfer sizes from its module shape."""
+    assert spec.module is not None
+    shape = spec.module
+    model = shape.model_spec()
+    seq = shape.seq_length
+    layers = range(spec.layer_offset, spec.layer_offset + spec.layers)
+    params = sum(model.layer_params(i) for i in layers) / len(layers)
+    fwd = sum(_flops_fwd_per_sample(model, seq, i) for i in layers) / len(layers)
+    compute_s = 1.0 / (dev.peak_flops * dev.efficiency)
+    weights_read_s = params * _BF16 / dev.memory_bandwidth_Bps
+    kv_per_token = 2.0 * model.kv_heads * model.head_size * _BF16
+    mode: Mode = spec.mode
+    if mode == "train":
+        # backward = 2x forward; weights are read once in forward and twice in backward.
+        slope = 3.0 * fwd * compute_s
+        intercept = 3.0 * weights_read_s + dev.kernel_overhead_ms / 1e3
+        act = 34.0 * seq * model.hidden_size
+    elif mode == "forward":
+        slope = spec.steps * fwd * compute_s
+        intercept = spec.steps * (weights_read_s + dev.kernel_overhead_ms / 3e3)
+        act = 4.0 * seq * model.hidden_size  # transient working set only
+    else:
+        tokens = spec.decode_tokens
+        ctx = seq + tokens / 2.0  # mean context length while decoding
+        per_token = 2.0 * params + 4.0 * ctx * model.num_attention_heads * model.head_size
+        kv_read = tokens * ctx * kv_per_token / dev.memory_bandwidth_Bps
+        slope = tokens * per_token * compute_s + kv_read
+        # each decode step reads the layer's weights once for the whole local batch: poor scaling.
+        intercept = tokens * (weights_read_s + dev.kernel_overhead_ms / 3e3)
+        act = (seq + tokens) * kv_per_token
+    return MetaOp(
+        name=spec.name, task=task, batch=spec.batch_size, layers=spec.layers,
+        slope_ms=slope * 1e3, intercept_ms=intercept * 1e3, mode=mode,
+        module=shape.name or spec.name, layer_offset=spec.layer_offset, params_per_layer=params,
+        act_bytes_per_sample_layer=act,
+        out_bytes_per_sample=seq * model.hidden_size * _BF16,
+    )
+
+
+def explicit_metaop(spec: MetaOpSpec, task: str) -> MetaOp:
+    assert spec.time_ms_per_layer is not None
+    t = spec.time_ms_per_layer
+    return MetaOp(name=spec.name, task=task, batch=spec.batch_size, layers=spec.layers,
+                  slope_ms=t.slope_ms_per_sample, intercept_ms=t.intercept_ms, mode=spec.mode, module=spec.name)
+
+
+def device_model(cluster: ClusterSpec, precision: Precision, efficiency: float, overhead_ms: float) -> DeviceModel:
+    return DeviceModel(cluster.gpu.peak_flops(precision), cluster.gpu.memory_bandwidth_GBps * 1e9, efficiency,
+                       overhead_ms)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Device numbering is node-major: device d sits in node d // gpus_per_node."""
+
+    num_devices: int
+    gpus_per_node: int
+    intra_Bps: float  # per GPU, one direction
+    inter_Bps_per_gpu: float  # a node's NICs shared by its GPUs
+
+    @classmethod
+    def of(cls, cluster: ClusterSpec) -> Topology:
+        return cls(cluster.num_gpus, cluster.gpus_per_node, cluster.intra_GBps * 1e9, cluster.inter_GBps_per_gpu * 1e9)
+
+    def nodes_of(self, lo: int, n: int) -> int:
+        return (lo + n - 1) // self.gpus_per_node - lo // self.gpus_per_node + 1
+
+    def bandwidth(self, devices: set[int] | frozenset[int]) -> float:
+        nodes = {d // self.gpus_per_node for d in devices}
+        return self.intra_Bps if len(nodes) <= 1 else self.inter_Bps_per_gpu
+
+
+def state_bytes_per_param(mode: Mode, dp: int) -> float:
+    if mode == "train":
+        return 4.0 + 12.0 / dp
+    return _BF16
+
+
+def transfer_s(op: MetaOp, src: tuple[int, int], dst: tuple[int, int], topo: Topology) -> float:
+    """Hand a metaop's output from one device block (lo, n) to another; zero on the same block."""
+    if src == dst or op.out_bytes_per_sample == 0:
+        return 0.0
+    size = op.out_bytes_per_sample * op.batch * (2.0 if op.mode == "train" else 1.0)
+    devices = set(range(src[0], src[0] + src[1])) | set(range(dst[0], dst[0] + dst[1]))
+    links = min(src[1], dst[1])  # every device of the smaller block sends/receives its share in parallel
+    return _LINK_LATENCY_S + size / (links * topo.bandwidth(devices))
+
+
+def allreduce_s(nbytes: float, devices: frozenset[int], topo: Topology) -> float:
+    n = len(devices)
+    if n <= 1 or nbytes == 0:
+        return 0.0
+    return _LINK_LATENCY_S * (n - 1) + 2.0 * (n - 1) / n * nbytes / topo.bandwidth(devices)

@@ -1,0 +1,232 @@
+"""Schedules: planners decide placements (which layers of which metaop on which device block, in what order);
+``timeline`` turns them into timed slices; ``evaluate`` costs a schedule and ``violations`` checks it.
+
+Every planner goes through the same ``timeline`` and ``evaluate``, so their plans compare on one cost model.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from solvers.spindle.cost import Topology, allreduce_s, state_bytes_per_param, transfer_s
+from solvers.spindle.workload import Workload
+
+_EPS = 1e-9
+RESERVE_BYTES = 1.5 * 2**30  # CUDA context, NCCL buffers, allocator fragmentation
+
+
+@dataclass(frozen=True)
+class Problem:
+    workload: Workload
+    topo: Topology
+    memory_limit_bytes: float
+
+    @property
+    def num_devices(self) -> int:
+        return self.topo.num_devices
+
+    @property
+    def costs_comm(self) -> bool:
+        return not self.workload.explicit
+
+
+@dataclass(frozen=True)
+class Placement:
+    """``layers`` consecutive layers of metaop ``op`` on devices ``lo .. lo+n-1``; ``wave`` groups slices."""
+
+    op: int
+    layers: int
+    lo: int
+    n: int
+    wave: int = 0
+
+
+@dataclass(frozen=True)
+class Slice:
+    op: int
+    layer_start: int
+    layers: int
+    lo: int
+    n: int
+    start_s: float
+    end_s: float
+    wave: int = 0
+    transfer_wait_s: float = 0.0  # part of the wait before start due to activation transfer
+
+    @property
+    def devices(self) -> range:
+        return range(self.lo, self.lo + self.n)
+
+
+def slice_time_s(problem: Problem, op: int, layers: int, n: int) -> float:
+    return layers * problem.workload.ops[op].layer_ms(n) / 1e3
+
+
+def timeline(problem: Problem, placements: Sequence[Placement]) -> list[Slice]:
+    """Start every placement as early as its devices, its previous layers and its predecessors allow.
+
+    Placements are taken in the given order (a device runs its slices in that order); a metaop's slices must
+    come in layer order and after all slices of its predecessors.
+    """
+    wl = problem.workload
+    free = [0.0] * problem.num_devices
+    done = [0] * len(wl.ops)
+    last: dict[int, Slice] = {}
+    out: list[Slice] = []
+    for p in placements:
+        op = wl.ops[p.op]
+        if p.n < 1 or p.lo < 0 or p.lo + p.n > problem.num_devices or p.layers < 1:
+            raise ValueError(f"placement {p} outside the cluster")
+        block = (p.lo, p.n)
+        ready = transfer = 0.0
+        if done[p.op] == 0:
+            for u in wl.preds[p.op]:
+                if done[u] != wl.ops[u].layers:
+                    raise ValueError(f"{op.name} placed before its predecessor {wl.ops[u].name} finished")
+                prev = last[u]
+                t = transfer_s(wl.ops[u], (prev.lo, prev.n), block, problem.topo) if problem.costs_comm else 0.0
+                if prev.end_s + t > ready:
+                    ready, transfer = prev.end_s + t, t
+        else:
+            prev = last[p.op]
+            transfer = transfer_s(op, (prev.lo, prev.n), block, problem.topo) if problem.costs_comm else 0.0
+            ready = prev.end_s + transfer
+        busy = max(free[p.lo:p.lo + p.n])
+        start = max(ready, busy)
+        end = start + slice_time_s(problem, p.op, p.layers, p.n)
+        s = Slice(p.op, done[p.op], p.layers, p.lo, p.n, start, end, p.wave,
+                  transfer if ready >= busy else 0.0)
+        for d in s.devices:
+            free[d] = end
+        done[p.op] += p.layers
+        last[p.op] = s
+        out.append(s)
+    missing = [wl.ops[i].name for i in range(len(wl.ops)) if done[i] != wl.ops[i].layers]
+    if missing:
+        raise ValueError(f"layers not all placed for {', '.join(missing[:5])}")
+    return out
+
+
+@dataclass
+class Evaluation:
+    iteration_time_s: float
+    makespan_s: float
+    grad_sync_exposed_s: float
+    memory_bytes: list[float]
+    fits: bool
+    compute_s: float  # device-seconds of computation
+    module_sync_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return max(self.memory_bytes) if self.memory_bytes else 0.0
+
+    @property
+    def utilization(self) -> float:
+        denom = self.iteration_time_s * len(self.memory_bytes)
+        return self.compute_s / denom if denom > 0 else 0.0
+
+
+def memory_per_device(problem: Problem, slices: Sequence[Slice]) -> list[float]:
+    """Resident bytes per device: states of every hosted layer (once) + activations held at the turn."""
+    wl = problem.workload
+    if wl.explicit:
+        return [0.0] * problem.num_devices
+    states: list[dict[tuple[str, int], float]] = [{} for _ in range(problem.num_devices)]
+    held = [0.0] * problem.num_devices
+    transient = [0.0] * problem.num_devices
+    for s in slices:
+        op = wl.ops[s.op]
+        local = -(-op.batch // s.n)
+        per_param = state_bytes_per_param(op.mode, s.n)
+        act = s.layers * local * op.act_bytes_per_sample_layer
+        for d in s.devices:
+            for layer in range(op.layer_offset + s.layer_start, op.layer_offset + s.layer_start + s.layers):
+                key = (op.module, layer)
+                states[d][key] = max(states[d].get(key, 0.0), per_param * op.params_per_layer)
+            if op.mode == "forward":
+                transient[d] = max(transient[d], act / s.layers)
+            else:
+                held[d] += act
+    return [sum(states[d].values()) + held[d] + transient[d] + RESERVE_BYTES for d in range(problem.num_devices)]
+
+
+def grad_sync(problem: Problem, slices: Sequence[Slice]) -> tuple[dict[str, float], dict[str, float]]:
+    """Per trained module: all-reduce time over the devices hosting each layer, and its last slice's end."""
+    wl = problem.workload
+    hosts: dict[tuple[str, int], set[int]] = defaultdict(set)
+    params: dict[tuple[str, int], float] = {}
+    last_end: dict[str, float] = defaultdict(float)
+    for s in slices:
+        op = wl.ops[s.op]
+        if op.mode != "train" or op.params_per_layer == 0:
+            continue
+        last_end[op.module] = max(last_end[op.module], s.end_s)
+        for layer in range(op.layer_offset + s.layer_start, op.layer_offset + s.layer_start + s.layers):
+            hosts[(op.module, layer)].update(s.devices)
+            params[(op.module, layer)] = op.params_per_layer
+    # layers hosted on the same device set go in one bucketed all-reduce
+    buckets: dict[tuple[str, frozenset[int]], float] = defaultdict(float)
+    for key, devs in hosts.items():
+        buckets[(key[0], frozenset(devs))] += params[key] * 2.0
+    sync: dict[str, float] = defaultdict(float)
+    for (module, devs), nbytes in buckets.items():
+        sync[module] += allreduce_s(nbytes, devs, problem.topo)
+    return dict(sync), dict(last_end)
+
+
+def evaluate(problem: Problem, slices: Sequence[Slice]) -> Evaluation:
+    makespan = max((s.end_s for s in slices), default=0.0)
+    compute = sum(slice_time_s(problem, s.op, s.layers, s.n) * s.n for s in slices)
+    sync: dict[str, float] = {}
+    finish = makespan
+    if problem.costs_comm:
+        sync, last_end = grad_sync(problem, slices)
+        finish = max([makespan, *(last_end[m] + t for m, t in sync.items())])
+    mem = memory_per_device(problem, slices)
+    fits = problem.workload.explicit or max(mem) <= problem.memory_limit_bytes
+    return Evaluation(finish, makespan, finish - makespan, mem, fits, compute, sync)
+
+
+def violations(problem: Problem, slices: Sequence[Slice], tol: float = 1e-7) -> list[str]:
+    """Everything wrong with a timed schedule (empty when valid): the contract's validity rules."""
+    wl = problem.workload
+    out: list[str] = []
+    by_device: dict[int, list[Slice]] = defaultdict(list)
+    layers = [0] * len(wl.ops)
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for s in slices:
+        if s.lo < 0 or s.n < 1 or s.lo + s.n > problem.num_devices:
+            out.append(f"slice of {wl.ops[s.op].name} on devices outside the cluster")
+        if s.end_s + tol < s.start_s + slice_time_s(problem, s.op, s.layers, s.n):
+            out.append(f"slice of {wl.ops[s.op].name} shorter than its {s.layers} layers take")
+        layers[s.op] += s.layers
+        first[s.op] = min(first.get(s.op, s.start_s), s.start_s)
+        last[s.op] = max(last.get(s.op, s.end_s), s.end_s)
+        for d in s.devices:
+            by_device[d].append(s)
+    for d, ss in by_device.items():
+        ss.sort(key=lambda s: s.start_s)
+        for a, b in itertools.pairwise(ss):
+            if b.start_s < a.end_s - tol:
+                out.append(f"device {d} double-booked: {wl.ops[a.op].name} and {wl.ops[b.op].name}")
+    for i, op in enumerate(wl.ops):
+        if layers[i] != op.layers:
+            out.append(f"{op.name}: {layers[i]} of {op.layers} layers scheduled")
+    for v, ps in enumerate(wl.preds):
+        for u in ps:
+            if u in last and v in first and first[v] < last[u] - tol:
+                out.append(f"edge {wl.ops[u].name} -> {wl.ops[v].name} violated")
+    by_op: dict[int, list[Slice]] = defaultdict(list)
+    for s in slices:
+        by_op[s.op].append(s)
+    for i, ss in by_op.items():
+        ss.sort(key=lambda s: s.layer_start)
+        for a, b in itertools.pairwise(ss):
+            if b.start_s < a.end_s - tol:
+                out.append(f"{wl.ops[i].name}: layers {b.layer_start}+ start before layers {a.layer_start}+ end")
+    return out

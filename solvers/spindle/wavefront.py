@@ -1,0 +1,231 @@
+"""The reference wavefront planner, re-implemented (Spindle, arXiv 2409.03365, §4).
+
+Per wave (the metaops whose predecessors are all done):
+1. malleable allocation: bisection on the common finish time T over a continuous device share f_m, with
+   f_m(T) the share that runs m's remaining layers in T (below one device, m time-shares a device);
+2. two-adjacent-counts split / wavefront packing: the shares are laid side by side on the device line; a
+   device straddled by two metaops is used by the left one first and the right one after, so each metaop
+   runs on floor(f) and ceil(f) devices in turn, its layers split in proportion (a new stage each time its
+   block grows or shrinks: stage extension);
+3. contiguous placement with inter-wave locality: metaops are ordered on the line next to the devices of
+   their predecessors (their activations are there) and, as alternatives, by size and by module.
+The planned order is then timed by ``schedule.timeline`` (slices start as soon as their devices are free),
+and the best of the orderings by full evaluation is kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from solvers.spindle.bounds import DeviceRange, bottom_levels_s
+from solvers.spindle.schedule import Evaluation, Placement, Problem, Slice, evaluate, timeline
+from solvers.spindle.workload import MetaOp
+
+_BISECT_STEPS = 60
+
+
+def _share(op: MetaOp, layers: int, t_ms: float, r: DeviceRange) -> float:
+    """Continuous device share that runs ``layers`` layers of ``op`` in ``t_ms`` (clamped to its range)."""
+    on_lo = layers * op.layer_ms(r.lo)
+    if on_lo <= t_ms:
+        # time-share: a lone device (or the memory-minimum block) is enough; use only the needed fraction
+        return r.lo * on_lo / t_ms if r.lo == 1 else float(r.lo)
+    budget = t_ms / layers - op.intercept_ms
+    if budget <= 0:
+        return float(r.hi)
+    return min(float(r.hi), max(float(r.lo), op.slope_ms * op.batch / budget))
+
+
+def allocate(ops: Sequence[MetaOp], layers: Sequence[int], ranges: Sequence[DeviceRange], devices: int) -> tuple[
+        float, list[float]]:
+    """Bisection on the common finish time T (ms) so that the shares fill ``devices``."""
+    lo_t = max(k * op.layer_ms(r.hi) for op, k, r in zip(ops, layers, ranges, strict=True))
+    hi_t = max(lo_t, sum(k * op.layer_ms(r.lo) * r.lo for op, k, r in zip(ops, layers, ranges, strict=True)))
+
+    def total(t: float) -> float:
+        return sum(_share(op, k, t, r) for op, k, r in zip(ops, layers, ranges, strict=True))
+
+    if total(lo_t) <= devices:
+        t = lo_t
+    else:
+        for _ in range(_BISECT_STEPS):
+            mid = 0.5 * (lo_t + hi_t)
+            if total(mid) > devices:
+                lo_t = mid
+            else:
+                hi_t = mid
+        t = hi_t
+    return t, [_share(op, k, t, r) for op, k, r in zip(ops, layers, ranges, strict=True)]
+
+
+@dataclass(frozen=True)
+class _Phase:
+    t0: float  # fraction of the wave
+    t1: float
+    lo: int
+    n: int
+
+
+def column_phases(intervals: Sequence[tuple[float, float]]) -> list[list[_Phase]]:
+    """Device blocks over time for shares laid side by side on the device line.
+
+    ``intervals`` are the [a, b) positions of the shares, left to right. Device d's time is handed out left
+    to right: whoever overlaps it further left uses it earlier. So a share uses its left boundary device at
+    the end of the wave, its right boundary device at the start, and everything between throughout; the set
+    is contiguous at every moment.
+    """
+    out = []
+    for a, b in intervals:
+        first, last = math.floor(a + 1e-9), math.ceil(b - 1e-9) - 1
+        windows: dict[int, tuple[float, float]] = {}
+        for d in range(first, last + 1):
+            start = max(0.0, a - d) if d == first else 0.0
+            end = min(1.0, b - d) if d == last else 1.0
+            # in column d, the fraction before this share belongs to shares to its left: it goes first
+            windows[d] = (start, end) if d == first else (0.0, end)
+        cuts = sorted({0.0, 1.0, *(w for pair in windows.values() for w in pair)})
+        phases: list[_Phase] = []
+        for t0, t1 in itertools.pairwise(cuts):
+            if t1 - t0 < 1e-9:
+                continue
+            mid = 0.5 * (t0 + t1)
+            active = [d for d, (s, e) in windows.items() if s <= mid < e]
+            if not active:
+                continue
+            lo, n = min(active), len(active)
+            if phases and phases[-1].lo == lo and phases[-1].n == n and abs(phases[-1].t1 - t0) < 1e-9:
+                phases[-1] = _Phase(phases[-1].t0, t1, lo, n)
+            else:
+                phases.append(_Phase(t0, t1, lo, n))
+        out.append(phases)
+    return out
+
+
+def split_layers(op: MetaOp, layers: int, phases: Sequence[_Phase], t_ms: float) -> list[int]:
+    """Integer layers per phase, in proportion to what each phase can run, summing to ``layers``."""
+    cap = [(p.t1 - p.t0) * t_ms / op.layer_ms(p.n) for p in phases]
+    total = sum(cap) or 1.0
+    want = [c * layers / total for c in cap]
+    got = [math.floor(w) for w in want]
+    for i in sorted(range(len(want)), key=lambda i: got[i] - want[i])[: layers - sum(got)]:
+        got[i] += 1
+    return got
+
+
+def lay_out(seq: Sequence[int], share: Sequence[float], min_devices: Sequence[int], n_dev: int) -> list[
+        tuple[float, float]]:
+    """Positions [a, b) on the device line, in ``seq`` order.
+
+    A metaop that needs several devices at once for memory gets a whole, integer block (a straddled device
+    would leave it short-handed for part of the wave); the others fill the rest of the line continuously.
+    """
+    whole = {j: max(min_devices[j], round(share[j])) for j in seq if min_devices[j] > 1}
+    while sum(whole.values()) > n_dev:
+        j = max((j for j in whole if whole[j] > min_devices[j]), key=lambda j: whole[j] - share[j])
+        whole[j] -= 1
+    rest = n_dev - sum(whole.values())
+    flexible = sum(share[j] for j in seq if j not in whole)
+    scale = min(1.0, rest / flexible) if flexible > 0 else 0.0
+    # whole blocks first so that they start on device boundaries
+    pos, at = 0.0, {}
+    for j in [j for j in seq if j in whole] + [j for j in seq if j not in whole]:
+        width = float(whole[j]) if j in whole else share[j] * scale
+        at[j] = (pos, min(float(n_dev), pos + width))
+        pos += width
+    return [at[j] for j in seq]
+
+
+Order = Callable[[Problem, list[int], list[float], dict[int, float]], list[int]]
+
+
+def _by_locality(problem: Problem, ready: list[int], share: list[float], centre: dict[int, float]) -> list[int]:
+    """Next to the devices of the predecessors (activations stay local); newcomers after, biggest first."""
+    wl = problem.workload
+    far = float(problem.num_devices)
+
+    def key(j: int) -> tuple[float, float]:
+        op = ready[j]
+        cs = [centre[u] for u in wl.preds[op] if u in centre]
+        if op in centre:  # a metaop continuing from the previous wave stays put
+            cs = [centre[op]]
+        return (sum(cs) / len(cs) if cs else far, -share[j])
+
+    return sorted(range(len(ready)), key=key)
+
+
+def _by_size(problem: Problem, ready: list[int], share: list[float], centre: dict[int, float]) -> list[int]:
+    return sorted(range(len(ready)), key=lambda j: -share[j])
+
+
+def _by_module(problem: Problem, ready: list[int], share: list[float], centre: dict[int, float]) -> list[int]:
+    ops = problem.workload.ops
+    return sorted(range(len(ready)), key=lambda j: (ops[ready[j]].module, ops[ready[j]].task, -share[j]))
+
+
+ORDERS: dict[str, Order] = {"locality": _by_locality, "size": _by_size, "module": _by_module}
+
+
+def plan_waves(problem: Problem, ranges: list[DeviceRange], order: Order) -> list[Placement]:
+    wl = problem.workload
+    n_dev = problem.num_devices
+    remaining = [op.layers for op in wl.ops]
+    blevel = bottom_levels_s(problem, ranges)
+    centre: dict[int, float] = {}
+    placements: list[tuple[int, float, int, Placement]] = []
+    wave = 0
+    while any(remaining):
+        ready = [i for i in range(len(wl.ops)) if remaining[i] and all(not remaining[u] for u in wl.preds[i])]
+        # more memory-bound metaops than devices: the most critical go first, the rest wait a wave
+        ready.sort(key=lambda i: -blevel[i])
+        chosen, used = [], 0
+        for i in ready:
+            if ranges[i].lo == 1 or used + ranges[i].lo <= n_dev:
+                chosen.append(i)
+                used += ranges[i].lo if ranges[i].lo > 1 else 0
+        ready = chosen
+        t_ms, share = allocate([wl.ops[i] for i in ready], [remaining[i] for i in ready],
+                               [ranges[i] for i in ready], n_dev)
+        seq = order(problem, ready, share, centre)
+        intervals = lay_out(seq, share, [ranges[i].lo for i in ready], n_dev)
+        for (a, b), j, phases in zip(intervals, seq, column_phases(intervals), strict=True):
+            op_i = ready[j]
+            counts = split_layers(wl.ops[op_i], remaining[op_i], phases, t_ms)
+            for p, layers in zip(phases, counts, strict=True):
+                if layers:
+                    placements.append((wave, p.t0, p.lo, Placement(op_i, layers, p.lo, p.n, wave)))
+            centre[op_i] = 0.5 * (a + b)
+            remaining[op_i] = 0
+        wave += 1
+    placements.sort(key=lambda x: (x[0], x[1], x[2]))
+    return [p for *_, p in placements]
+
+
+@dataclass
+class Planned:
+    name: str
+    placements: list[Placement]
+    slices: list[Slice]
+    evaluation: Evaluation
+
+
+def better(a: Planned | None, b: Planned) -> bool:
+    """Is ``b`` better than ``a``: plans that fit beat plans that do not, then the shorter iteration."""
+    if a is None:
+        return True
+    return (b.evaluation.fits, -b.evaluation.iteration_time_s) > (a.evaluation.fits, -a.evaluation.iteration_time_s)
+
+
+def plan(problem: Problem, ranges: list[DeviceRange]) -> Planned:
+    """The best of the wavefront orderings by full evaluation."""
+    best: Planned | None = None
+    for name, order in ORDERS.items():
+        placements = plan_waves(problem, ranges, order)
+        slices = timeline(problem, placements)
+        cand = Planned(f"wavefront/{name}", placements, slices, evaluate(problem, slices))
+        if better(best, cand):
+            best = cand
+    assert best is not None
+    return best

@@ -1,0 +1,215 @@
+"""The Spindle request: workload of metaops and edges (pydantic at the edge), and its plain form for planners.
+
+A metaop is one module of one task: ``batch_size`` samples through ``num_layers`` layers. Its per-layer time
+on ``n`` data-parallel devices is ``slope * ceil(batch / n) + intercept`` (ms), either given explicitly
+(``time_ms_per_layer``, the reference planner's form) or derived from a ``module`` shape by the cost model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from solvers.errors import FieldProblem, SpecError
+from solvers.request import PlanRequestBase
+from solvers.specs import ModelSpec, MoESpec
+
+Mode = Literal["train", "forward", "decode"]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TimePerLayer(_Spec):
+    slope_ms_per_sample: float = Field(ge=0)
+    intercept_ms: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _positive(self) -> TimePerLayer:
+        if self.slope_ms_per_sample == 0 and self.intercept_ms == 0:
+            raise ValueError("slope_ms_per_sample and intercept_ms cannot both be 0")
+        return self
+
+
+class ModuleShape(_Spec):
+    """A transformer stack; ``name`` identifies its parameters (metaops with one name share weights)."""
+
+    name: str | None = None
+    num_layers: int = Field(gt=0, le=4096)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    seq_length: int = Field(gt=0)
+    num_kv_heads: int | None = Field(default=None, gt=0)
+    head_dim: int | None = Field(default=None, gt=0)
+    ffn_hidden_size: int | None = Field(default=None, gt=0)
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    causal: bool = False
+    moe: MoESpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        # {"preset": "vit-huge", "seq_length": 257}: layer shapes from the model presets.
+        if isinstance(data, dict) and "preset" in data:
+            from solvers.presets import MODEL_PRESETS
+
+            key = str(data["preset"]).lower()
+            if key not in MODEL_PRESETS:
+                raise ValueError(f"unknown model preset {data['preset']!r}")
+            base = {k: v for k, v in MODEL_PRESETS[key].items() if k not in ("vocab_size", "tied_embeddings")}
+            data = {**base, **{k: v for k, v in data.items() if k != "preset"}}
+        return data
+
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec(name=self.name or "module", num_layers=self.num_layers, hidden_size=self.hidden_size,
+                         num_attention_heads=self.num_attention_heads, num_kv_heads=self.num_kv_heads,
+                         head_dim=self.head_dim, ffn_hidden_size=self.ffn_hidden_size, mlp=self.mlp,
+                         causal=self.causal, moe=self.moe)
+
+
+class MetaOpSpec(_Spec):
+    name: str = Field(min_length=1)
+    task: str | None = None
+    batch_size: int = Field(gt=0)
+    num_layers: int | None = Field(default=None, gt=0, le=4096)
+    time_ms_per_layer: TimePerLayer | None = None
+    module: ModuleShape | None = None
+    # train: forward+backward with optimizer states; forward: frozen forward only; decode: autoregressive.
+    mode: Mode = "train"
+    layer_offset: int = Field(default=0, ge=0)  # first layer of module this metaop runs (split stacks)
+    decode_tokens: int = Field(default=1, gt=0)
+    steps: int = Field(default=1, gt=0)  # repeated forward passes (diffusion denoising steps)
+
+    @model_validator(mode="after")
+    def _shape(self) -> MetaOpSpec:
+        if self.time_ms_per_layer is None and self.module is None:
+            raise ValueError("give time_ms_per_layer or module")
+        if self.num_layers is None and self.module is None:
+            raise ValueError("num_layers is required without a module")
+        if self.module is not None:
+            n = self.num_layers or self.module.num_layers - self.layer_offset
+            if n <= 0 or self.layer_offset + n > self.module.num_layers:
+                raise ValueError(f"layers {self.layer_offset}..{self.layer_offset + n} exceed the module's "
+                                 f"{self.module.num_layers}")
+        return self
+
+    @property
+    def layers(self) -> int:
+        if self.num_layers is not None:
+            return self.num_layers
+        assert self.module is not None
+        return self.module.num_layers - self.layer_offset
+
+
+class WorkloadSpec(_Spec):
+    metaops: list[MetaOpSpec] = Field(min_length=1, max_length=2000)
+    edges: list[tuple[str, str]] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "preset" in data:
+            from solvers.spindle.presets import workload_preset
+
+            return workload_preset(data["preset"], **{k: v for k, v in data.items() if k != "preset"})
+        return data
+
+
+class SpindleOptions(_Spec):
+    exact: bool = True  # run the CP-SAT model after the wavefront planner and keep the better plan
+    exact_time_limit_s: float = Field(default=10.0, gt=0, le=600)
+    # CP-SAT deterministic time (reproducible across machines); wall time is still capped by the limit above.
+    exact_deterministic_time: float = Field(default=4.0, gt=0)
+    exact_workers: int = Field(default=2, ge=1, le=64)
+    efficiency: float = Field(default=0.5, gt=0, le=1)  # achieved fraction of GPU peak on matmuls
+    kernel_overhead_ms: float = Field(default=0.05, ge=0)  # per layer fwd+bwd launch/sync floor
+
+
+class SpindleRequest(PlanRequestBase):
+    workload: WorkloadSpec
+    options: SpindleOptions = Field(default_factory=SpindleOptions)
+    slices: list[dict[str, Any]] | None = None  # a given schedule to estimate (what-if)
+
+
+# --- plain form used by the planners ---
+
+
+@dataclass(frozen=True)
+class MetaOp:
+    name: str
+    task: str
+    batch: int
+    layers: int
+    slope_ms: float
+    intercept_ms: float
+    mode: Mode = "train"
+    module: str = ""  # parameter identity: (module, layer index) hosted twice is stored once, synced once
+    layer_offset: int = 0
+    params_per_layer: float = 0.0
+    act_bytes_per_sample_layer: float = 0.0  # kept from forward to backward (train), KV cache (decode)
+    out_bytes_per_sample: float = 0.0  # activation handed to a successor (and its gradient back in training)
+
+    def layer_ms(self, n: int) -> float:
+        return self.slope_ms * -(-self.batch // n) + self.intercept_ms
+
+    @property
+    def max_devices(self) -> int:
+        return self.batch  # beyond one sample per device data parallelism stops helping
+
+
+@dataclass(frozen=True)
+class Workload:
+    ops: tuple[MetaOp, ...]
+    preds: tuple[tuple[int, ...], ...]
+    succs: tuple[tuple[int, ...], ...]
+    topo: tuple[int, ...]
+    explicit: bool  # every metaop has an explicit time and no module: the time model is the whole cost
+
+    @property
+    def index(self) -> dict[str, int]:
+        return {op.name: i for i, op in enumerate(self.ops)}
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(dict.fromkeys(op.task for op in self.ops))
+
+
+def build_graph(ops: Sequence[MetaOp], edges: Sequence[tuple[str, str]], explicit: bool) -> Workload:
+    """Index the edges, reject unknown names, duplicates and cycles (naming the field)."""
+    problems: list[FieldProblem] = []
+    index: dict[str, int] = {}
+    for i, op in enumerate(ops):
+        if op.name in index:
+            problems.append(FieldProblem(("workload", "metaops", i, "name"), f"duplicate metaop name {op.name!r}"))
+        index[op.name] = i
+    preds: list[set[int]] = [set() for _ in ops]
+    for k, (a, b) in enumerate(edges):
+        for end, name in ((0, a), (1, b)):
+            if name not in index:
+                problems.append(FieldProblem(("workload", "edges", k, end), f"unknown metaop {name!r}"))
+        if a in index and b in index:
+            if a == b:
+                problems.append(FieldProblem(("workload", "edges", k), f"self edge on {a!r}"))
+            preds[index[b]].add(index[a])
+    if problems:
+        raise SpecError(problems)
+    succs: list[set[int]] = [set() for _ in ops]
+    for v, ps in enumerate(preds):
+        for u in ps:
+            succs[u].add(v)
+    indeg = [len(p) for p in preds]
+    order = [i for i in range(len(ops)) if indeg[i] == 0]
+    for u in order:  # Kahn; `order` grows while iterating
+        for v in sorted(succs[u]):
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                order.append(v)
+    if len(order) != len(ops):
+        cyc = sorted(ops[i].name for i in range(len(ops)) if indeg[i] > 0)
+        raise SpecError.at(("workload", "edges"), f"edges form a cycle through {', '.join(cyc[:6])}")
+    return Workload(tuple(ops), tuple(tuple(sorted(p)) for p in preds), tuple(tuple(sorted(s)) for s in succs),
+                    tuple(order), explicit)
