@@ -1,0 +1,32 @@
+"""Test helpers: put plans into a state without running a solver (for the API around them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service import jobs, plans
+from service.db.engine import Database
+
+HYBRID = {"kind": "hybrid", "model": {"preset": "llama2-7b"},
+          "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
+          "training": {"global_batch_size": 64, "seq_length": 2048}}
+RESULT = {"estimate": {"step_time_s": 4.2, "peak_memory_gib": 30.5, "throughput_samples_per_s": 15.2},
+          "strategy": {"pp": 1, "micro_batches": 8, "schedule": "1f1b", "stage_layers": [32],
+                       "layers": [{"tp": 2, "dp": 4, "sp": "megatron", "cp": 1, "zero": 1, "recompute": "none"}] * 32,
+                       "embedding": {"tp": 2, "dp": 4, "zero": 1}},
+          "search": {"time_s": 0.5, "solver": "dp"}}
+
+
+def variant(i: int, base: dict[str, Any] = HYBRID) -> dict[str, Any]:
+    """A distinct but equally valid request (different global batch size)."""
+    return {**base, "training": {**base["training"], "global_batch_size": 8 * (i + 1)}}
+
+
+def store_plan(db: Database, request: dict[str, Any] | None = None, result: dict[str, Any] | None = None,
+               kind: str = "hybrid") -> str:
+    """A succeeded plan, written through the queue as a dispatcher would (claim, then complete)."""
+    view, _ = plans.submit_plan(db, request or HYBRID, kind, 3)
+    claimed = jobs.claim_job(db, "test-dispatcher", 30.0)
+    assert claimed is not None and claimed.plan_id == view["id"]
+    assert jobs.complete_job(db, claimed.id, "test-dispatcher", result or RESULT)
+    return str(view["id"])
