@@ -1,0 +1,131 @@
+"""``solve`` and ``estimate`` for ``kind = "flexsp"`` (see ../shared/contract/plan-api.md)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from solvers.errors import FieldProblem, SpecError
+from solvers.flexsp.baselines import lower_bound_ms, static_sp_plan
+from solvers.flexsp.constants import FlexSPConstants
+from solvers.flexsp.cost import CostTable, cost_table
+from solvers.flexsp.milp import MilpSettings
+from solvers.flexsp.packing import PackingContext
+from solvers.flexsp.plan import Group, MicroBatch, breakdown_ms, check_plan, plan_to_dict, step_time_ms
+from solvers.flexsp.planner import plan_batch
+from solvers.flexsp.request import FlexSPRequest, parse_request
+
+MAX_NAMED = 20
+
+
+def _table(req: FlexSPRequest, consts: FlexSPConstants) -> CostTable:
+    table = cost_table(consts, req.batch.sequence_lengths)
+    too_long = np.flatnonzero(~table.fits.any(axis=1))
+    if too_long.size:
+        cap = int(table.capacity[-1])
+        raise SpecError([
+            FieldProblem(("batch", "sequence_lengths", int(i)),
+                         f"sequence of {int(table.lengths[i])} tokens exceeds what the cluster can hold: "
+                         f"{cap} tokens (SP{int(table.sizes[-1])} × {consts.token_capacity_per_gpu} tokens per GPU "
+                         f"at {consts.memory_limit_mb / 1024:g} GiB)")
+            for i in too_long[:MAX_NAMED]
+        ])
+    return table
+
+
+def _estimate(table: CostTable, plan: list[MicroBatch]) -> dict[str, Any]:
+    parts = [breakdown_ms(table, mb) for mb in plan]
+    step = step_time_ms(table, plan) / 1e3
+    tokens = int(table.lengths.sum())
+    return {
+        "step_time_s": step,
+        "breakdown_s": {k: sum(p[k] for p in parts) / 1e3 for k in ("compute", "alltoall", "fixed")},
+        "micro_batch_count": len(plan),
+        "tokens": tokens,
+        "tokens_per_s": tokens / step if step > 0 else 0.0,
+    }
+
+
+def _baselines(table: CostTable, n: int) -> dict[str, Any]:
+    static: dict[str, float] = {}
+    for d in table.sizes:
+        plan = static_sp_plan(table, int(d), n)
+        if plan is not None:
+            static[str(int(d))] = step_time_ms(table, plan) / 1e3
+    best = min(static, key=lambda k: (static[k], int(k))) if static else None
+    return {"static_sp": static, "best_static_sp": int(best) if best else None,
+            "static_sp_rule": "best-fit-decreasing on tokens at 90% of group memory (the reference's)"}
+
+
+def solve(request: dict[str, Any], progress: Callable[[float, str], None] | None = None) -> dict[str, Any]:
+    start = time.perf_counter()
+    req, consts = parse_request(request)
+    table = _table(req, consts)
+    n = consts.num_gpus
+    opts = req.solver
+    settings = None if opts.milp == "none" else MilpSettings(
+        backend=opts.milp, max_deterministic_time_s=opts.max_deterministic_time_s, max_nodes=opts.max_nodes,
+        seed=req.constraints.seed, exact_up_to=opts.exact_up_to, max_buckets=opts.max_buckets,
+        max_sequences=opts.max_sequences)
+    plan, report = plan_batch(PackingContext(table, n), settings, progress)
+    problems = check_plan(table, plan, n)
+    assert not problems, problems  # the planner's own invariants; a failure here is a bug, not bad input
+    baselines = _baselines(table, n)
+    elapsed = time.perf_counter() - start
+    if progress:
+        progress(1.0, "done")
+    return {
+        "estimate": _estimate(table, plan),
+        "micro_batches": plan_to_dict(table, plan, np.arange(len(table.lengths))),
+        "baselines": baselines,
+        "lower_bound_s": lower_bound_ms(table, n) / 1e3,
+        "search": {"time_s": elapsed, "solver": f"fill+blaster+{opts.milp}", **report.to_dict()},
+        "cost_model": consts.to_dict(),
+    }
+
+
+def _given_plan(request: dict[str, Any], table: CostTable, n: int) -> list[MicroBatch]:
+    """The plan to estimate: ``micro_batches`` as a plan returns them, or ``strategy: {"sp": d}`` (static)."""
+    if "micro_batches" in request:
+        mbs = request["micro_batches"]
+        if not isinstance(mbs, list) or not mbs:
+            raise SpecError.at(("micro_batches",), "must be a non-empty list of micro-batches")
+        plan = []
+        for m, mb in enumerate(mbs):
+            groups = mb.get("groups") if isinstance(mb, dict) else None
+            if not isinstance(groups, list):
+                raise SpecError.at(("micro_batches", m, "groups"), "must be a list of groups")
+            out = []
+            for q, g in enumerate(groups):
+                ok = isinstance(g, dict) and isinstance(g.get("sp"), int) and isinstance(g.get("sequences"), list)
+                if not ok or not all(isinstance(i, int) and 0 <= i < len(table.lengths) for i in g["sequences"]):
+                    raise SpecError.at(("micro_batches", m, "groups", q),
+                                       "needs an integer 'sp' and 'sequences' indexing batch.sequence_lengths")
+                out.append(Group(g["sp"], list(g["sequences"])))
+            plan.append(MicroBatch(out))
+        problems = check_plan(table, plan, n)
+        if problems:
+            raise SpecError.at(("micro_batches",), "; ".join(problems[:MAX_NAMED]))
+        return plan
+    strategy = request.get("strategy")
+    if isinstance(strategy, dict) and isinstance(strategy.get("sp"), int):
+        static = static_sp_plan(table, strategy["sp"], n)
+        if static is None:
+            raise SpecError.at(("strategy", "sp"), f"static SP{strategy['sp']} cannot hold this batch "
+                                                   f"(allowed degrees: {[int(d) for d in table.sizes]})")
+        return static
+    raise SpecError.at(("micro_batches",), "give the plan to estimate as 'micro_batches' or 'strategy': {'sp': d}")
+
+
+def estimate(request: dict[str, Any]) -> dict[str, Any]:
+    """Estimate a given plan: the ``estimate`` object, with each micro-batch's time and breakdown."""
+    known = {k: v for k, v in request.items() if k not in ("micro_batches", "strategy")}
+    req, consts = parse_request(known)
+    table = _table(req, consts)
+    plan = _given_plan(request, table, consts.num_gpus)
+    out = _estimate(table, plan)
+    out["micro_batches"] = plan_to_dict(table, plan, np.arange(len(table.lengths)))
+    return out

@@ -1,0 +1,85 @@
+"""Per-sequence costs on every allowed SP group size, as numpy tables for the planners' hot loops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.flexsp.constants import FlexSPConstants
+
+
+def allowed_group_sizes(c: FlexSPConstants) -> list[int]:
+    """SP degrees that tile the cluster as contiguous node-aligned blocks, smallest first.
+
+    Powers of two that divide a node, and node multiples ``gpus_per_node · 2^k``; with an explicit
+    bandwidth table only the sizes it measures (and 1, which needs no all-to-all).
+    """
+    g, n = c.gpus_per_node, c.num_gpus
+    sizes = []
+    d = 1
+    while d <= n:
+        if g % d == 0:
+            sizes.append(d)
+        d *= 2
+    d = g
+    while d <= n:
+        if d not in sizes:
+            sizes.append(d)
+        d *= 2
+    return sorted(s for s in sizes if s == 1 or s in c.alltoall_GBps_by_group_size)
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Costs of each sequence (rows) on each group size (columns), in milliseconds.
+
+    ``compute_ms``/``comm_ms`` exclude the per-group fixed cost ``beta_ms``. ``fits[i, j]`` says whether
+    sequence i alone fits the memory of a group of ``sizes[j]`` GPUs.
+    """
+
+    lengths: np.ndarray  # int64 (n,)
+    sizes: np.ndarray  # int64 (k,)
+    compute_ms: np.ndarray  # (n, k)
+    comm_ms: np.ndarray  # (n, k)
+    fits: np.ndarray  # bool (n, k)
+    capacity: np.ndarray  # int64 (k,) tokens a group of each size holds
+    beta_ms: float
+
+    @property
+    def time_ms(self) -> np.ndarray:
+        return self.compute_ms + self.comm_ms
+
+    @property
+    def work_ms(self) -> np.ndarray:
+        """GPU-milliseconds: time × group size (what work conservation counts)."""
+        return self.time_ms * self.sizes[None, :]
+
+    def min_size_index(self) -> np.ndarray:
+        """Index of the smallest size each sequence fits (len(sizes) where none does)."""
+        fits = self.fits
+        first = np.argmax(fits, axis=1)
+        return np.where(fits.any(axis=1), first, len(self.sizes))
+
+    def size_index(self, d: int) -> int:
+        return int(np.searchsorted(self.sizes, d))
+
+
+def cost_table(c: FlexSPConstants, lengths: np.ndarray | list[int], sizes: list[int] | None = None) -> CostTable:
+    s = np.asarray(lengths, dtype=np.int64)
+    ds = np.asarray(sizes if sizes is not None else allowed_group_sizes(c), dtype=np.int64)
+    sf = s.astype(np.float64)[:, None]
+    df = ds.astype(np.float64)[None, :]
+    compute = (c.alpha1_ms_per_token2 * sf**2 + c.alpha2_ms_per_token * sf) / df
+    bw = np.array([c.alltoall_GBps_by_group_size.get(int(d), np.inf) if d > 1 else np.inf for d in ds])
+    comm = c.comm_mb_per_token * sf / df / bw[None, :]
+    capacity = ds * c.token_capacity_per_gpu
+    return CostTable(
+        lengths=s,
+        sizes=ds,
+        compute_ms=compute,
+        comm_ms=comm,
+        fits=s[:, None] <= capacity[None, :],
+        capacity=capacity,
+        beta_ms=c.beta_ms,
+    )

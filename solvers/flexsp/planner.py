@@ -1,0 +1,105 @@
+"""FlexSP planning of one global batch: candidate micro-batchings, per-micro-batch MILP polish, the best.
+
+Candidates: the micro-batch filler (two slack ladders) and the sorted blaster for a few micro-batch
+counts. Every micro-batch of every candidate is re-packed by the bisecting greedy (kept if faster); the
+best candidate's micro-batches whose load is above their own lower bound then go to the MILP, warm-started
+from the greedy packing, under deterministic limits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from solvers.flexsp.blaster import blast
+from solvers.flexsp.filling import fill_micro_batches
+from solvers.flexsp.milp import MilpSettings, as_rows, model_size, solve_micro_batch
+from solvers.flexsp.packing import PackingContext, best_greedy, lower_bound_ms, max_load_ms
+from solvers.flexsp.plan import MicroBatch, step_time_ms
+
+Progress = Callable[[float, str], None]
+FINE_SLACK = (0.0, 0.01, 0.03, 0.06, 0.1, 0.2, 0.3, 0.5)
+MILP_GAP = 0.01  # polish micro-batches whose load is > 1 % above their own lower bound
+
+
+@dataclass
+class SearchReport:
+    candidates: dict[str, float] = field(default_factory=dict)  # name -> step time (s)
+    chosen: str = ""
+    milp_runs: int = 0
+    milp_improved: int = 0
+    milp_gain_s: float = 0.0
+    milp_models: list[tuple[int, int]] = field(default_factory=list)  # (buckets, slots)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "candidates_s": self.candidates,
+            "chosen": self.chosen,
+            "milp": {"runs": self.milp_runs, "improved": self.milp_improved, "gain_s": self.milp_gain_s,
+                     "largest_model": max(self.milp_models, default=(0, 0), key=lambda m: m[0] * m[1])},
+        }
+
+
+def _repack(ctx: PackingContext, plan: list[MicroBatch]) -> list[MicroBatch]:
+    out = []
+    for mb in plan:
+        again = best_greedy(ctx, as_rows(mb))
+        better = again is not None and max_load_ms(ctx.table, again) < max_load_ms(ctx.table, mb)
+        out.append(again if better and again is not None else mb)
+    return out
+
+
+def _polish(ctx: PackingContext, plan: list[MicroBatch], settings: MilpSettings, report: SearchReport,
+            progress: Progress | None) -> list[MicroBatch]:
+    t = ctx.table
+    out = []
+    for m, mb in enumerate(plan):
+        rows = as_rows(mb)
+        load = max_load_ms(t, mb)
+        near_bound = load <= lower_bound_ms(t, np.asarray(rows), ctx.num_gpus) * (1 + MILP_GAP)
+        if near_bound or len(rows) > settings.max_sequences:
+            out.append(mb)
+            continue
+        report.milp_runs += 1
+        report.milp_models.append(model_size(ctx, rows, settings))
+        better = solve_micro_batch(ctx, rows, settings, warm=mb)
+        if better is not None and max_load_ms(t, better) < load - 1e-6:
+            report.milp_improved += 1
+            report.milp_gain_s += (load - max_load_ms(t, better)) / 1e3
+            mb = better
+        out.append(mb)
+        if progress:
+            progress(0.5 + 0.5 * (m + 1) / len(plan), f"MILP {m + 1}/{len(plan)}")
+    return out
+
+
+def plan_batch(ctx: PackingContext, settings: MilpSettings | None,
+               progress: Progress | None = None) -> tuple[list[MicroBatch], SearchReport]:
+    report = SearchReport()
+    t = ctx.table
+    candidates: dict[str, list[MicroBatch]] = {
+        "fill": fill_micro_batches(ctx),
+        "fill-fine": fill_micro_batches(ctx, slack=FINE_SLACK),
+    }
+    if progress:
+        progress(0.2, "micro-batch filling")
+    for k, plan in blast(ctx).items():
+        candidates[f"blaster-{k}"] = plan
+    if progress:
+        progress(0.4, "sequence blaster")
+    best_name, best_plan, best_time = "", [], np.inf
+    for name, plan in candidates.items():
+        plan = _repack(ctx, plan)
+        total = step_time_ms(t, plan)
+        report.candidates[name] = total / 1e3
+        if total < best_time - 1e-9:
+            best_name, best_plan, best_time = name, plan, total
+    report.chosen = best_name
+    if settings is not None:
+        best_plan = _polish(ctx, best_plan, settings, report, progress)
+    # Longest micro-batches first: a stable, readable order (the step time does not depend on it).
+    best_plan.sort(key=lambda mb: (-max_load_ms(t, mb), as_rows(mb)))
+    return best_plan, report

@@ -1,0 +1,91 @@
+"""The ``kind = "flexsp"`` request of the contract, validated; errors name the field."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from solvers.errors import InfeasibleError, SpecError
+from solvers.flexsp.constants import FlexSPConstants, derived_constants, explicit_constants
+from solvers.request import PlanRequestBase, parse, problems_from_validation
+from solvers.specs import ModelSpec, Precision
+
+
+class BatchSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    sequence_lengths: list[int] = Field(min_length=1, max_length=1_000_000)
+
+    @field_validator("sequence_lengths")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        bad = [i for i, s in enumerate(v) if s <= 0]
+        if bad:
+            raise ValueError(f"lengths must be positive; index {bad[0]} is {v[bad[0]]}")
+        return v
+
+
+class FlexSPCostForm(BaseModel):
+    """The reference's explicit constants (``cost_model.kind = "flexsp"``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["flexsp"] = "flexsp"
+    alpha1_ms_per_token2: float = Field(ge=0)
+    alpha2_ms_per_token: float = Field(ge=0)
+    beta_ms: float = Field(ge=0)
+    activation_mb_per_token: float = Field(gt=0)
+    params_billion: float = Field(gt=0)
+    alltoall_GBps_by_group_size: dict[str, float] = Field(min_length=1)
+
+    @field_validator("alltoall_GBps_by_group_size")
+    @classmethod
+    def _sizes(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, bw in v.items():
+            if not k.isdigit() or int(k) < 2 or int(k) & (int(k) - 1):
+                raise ValueError(f"group size {k!r} must be a power of two ≥ 2")
+            if bw <= 0:
+                raise ValueError(f"bandwidth for group size {k} must be positive, got {bw}")
+        return v
+
+
+class SolverOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    milp: Literal["cpsat", "highs", "cbc", "none"] = "cpsat"
+    max_deterministic_time_s: float = Field(default=0.05, gt=0, le=60)
+    max_nodes: int = Field(default=2000, gt=0)
+    max_buckets: int = Field(default=16, ge=2, le=256)
+    exact_up_to: int = Field(default=24, ge=1, le=512)
+    max_sequences: int = Field(default=48, ge=1)
+
+
+class FlexSPRequest(PlanRequestBase):
+    model: ModelSpec
+    batch: BatchSpec
+    precision: Precision = "bf16"
+    solver: SolverOptions = Field(default_factory=SolverOptions)
+
+
+def parse_request(data: Any) -> tuple[FlexSPRequest, FlexSPConstants]:
+    """Validate a request and resolve its cost-model constants (explicit form or derived from specs)."""
+    req: FlexSPRequest = parse(FlexSPRequest, data)
+    zero = 3 if req.constraints.zero is None else req.constraints.zero
+    mem = req.constraints.memory_limit_gib or req.cluster.gpu.memory_gib
+    kind = req.cost_model.kind
+    if kind == "flexsp":
+        try:
+            form = FlexSPCostForm.model_validate(req.cost_model.model_dump())
+        except ValidationError as err:
+            raise problems_from_validation(err, ("cost_model",)) from None
+        consts = explicit_constants(form.model_dump(), req.model, req.cluster, mem, zero)
+    elif kind == "analytic":
+        consts = derived_constants(req.model, req.cluster, req.precision, mem, zero)
+    else:
+        raise SpecError.at(("cost_model", "kind"), f"the flexsp planner takes cost_model kind 'flexsp' or "
+                                                   f"'analytic' (derived from the specs), not {kind!r}")
+    if consts.token_capacity_per_gpu <= 0:
+        raise InfeasibleError.at(
+            ("constraints", "memory_limit_gib"),
+            f"model states need {consts.model_states_mb_per_gpu / 1024:.2f} GiB per GPU under ZeRO-{zero}, "
+            f"leaving no room for activations within {mem} GiB",
+        )
+    return req, consts
