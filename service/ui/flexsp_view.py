@@ -9,7 +9,7 @@ from typing import Any
 
 from service.ui import format as fmt
 from service.ui.charts import Chart, bars, stacked_bars
-from service.ui.request_info import cluster_size
+from service.ui.request_info import as_map, cluster_size
 from service.ui.svg import Svg, colour, text_colour
 
 MAX_TOOLTIP_LENGTHS = 40
@@ -27,6 +27,8 @@ class FlexspView:
     histogram: Chart | None = None
     baseline_chart: Chart | None = None
     baselines: list[tuple[str, float, float | None]] = field(default_factory=list)  # name, step s, plan gain
+    breakdown: list[tuple[str, float]] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)  # breakdown keys, for the per-micro-batch table
 
 
 def _lengths(request: Mapping[str, Any]) -> list[int]:
@@ -107,6 +109,8 @@ def build(request: Mapping[str, Any], result: Mapping[str, Any]) -> FlexspView:
     degrees = sorted({int(g.get("sp", 1)) for mb in mbs for g in mb.get("groups", [])})
     sp_colour = {d: colour(i) for i, d in enumerate(degrees)}
     view.sp_legend = [(f"SP{d}", sp_colour[d]) for d in degrees]
+    view.breakdown = [(k, float(v)) for k, v in as_map(est.get("breakdown_s")).items() if fmt.as_float(v) is not None]
+    view.parts = [k for k, _ in view.breakdown]
     sp_of: dict[int, int] = {}
     for i, mb in enumerate(mbs):
         groups = mb.get("groups", [])
@@ -114,7 +118,8 @@ def build(request: Mapping[str, Any], result: Mapping[str, Any]) -> FlexspView:
         tokens = sum(lengths[s] for g in groups for s in g.get("sequences", []) if 0 <= s < len(lengths))
         view.micro_batches.append({"index": i, "time_s": mb.get("time_s"), "groups": len(groups),
                                    "sizes": sizes, "tokens": tokens,
-                                   "sequences": sum(len(g.get("sequences", [])) for g in groups)})
+                                   "sequences": sum(len(g.get("sequences", [])) for g in groups),
+                                   "breakdown_s": as_map(mb.get("breakdown_s"))})
         for g in groups:
             for s in g.get("sequences", []):
                 sp_of[int(s)] = int(g.get("sp", 1))

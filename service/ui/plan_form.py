@@ -72,6 +72,7 @@ class FormInput:
     seq_length: int = 2048
     memory_limit_gib: float | None = None
     workload: str = ""
+    exact: bool = True  # Spindle: run the CP-SAT model after the wavefront planner (up to its time limit)
     errors: list[FieldProblem] = field(default_factory=list)
 
 
@@ -100,6 +101,7 @@ def read_form(form: Mapping[str, Any]) -> FormInput:
     out.global_batch_size = _int(form, "global_batch_size", out.global_batch_size, problems)
     out.seq_length = _int(form, "seq_length", out.seq_length, problems)
     out.workload = str(form.get("workload") or "")
+    out.exact = str(form.get("spindle_search") or "exact") != "wavefront"
     raw_limit = str(form.get("memory_limit_gib", "")).strip()
     if raw_limit:
         try:
@@ -132,6 +134,8 @@ def to_request(inp: FormInput) -> dict[str, Any]:
         workloads = spindle_workloads()
         chosen = workloads.get(inp.workload) or next(iter(workloads.values()))
         req["workload"] = chosen
+        if not inp.exact:
+            req["options"] = {"exact": False}
         return req
     req["model"] = {"preset": inp.model}
     if inp.kind == "flexsp":

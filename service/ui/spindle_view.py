@@ -12,7 +12,7 @@ from typing import Any
 
 from service.ui import format as fmt
 from service.ui.charts import Chart, bars
-from service.ui.request_info import cluster_size
+from service.ui.request_info import as_map, cluster_size
 from service.ui.svg import Svg, text_colour, time_axis
 
 # Per task a family of shades (dark to light) from one hue.
@@ -34,40 +34,46 @@ class SpindleView:
     baselines: list[tuple[str, float, float | None]] = field(default_factory=list)
     baseline_chart: Chart | None = None
     slices: int = 0
+    breakdown: list[tuple[str, float]] = field(default_factory=list)
+    memory_chart: Chart | None = None
 
 
-def metaop_tasks(request: Mapping[str, Any], slices: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """metaop name -> task, from the request's workload (a metaop without a task is its own task)."""
-    workload = request.get("workload") if isinstance(request.get("workload"), Mapping) else {}
-    assert isinstance(workload, Mapping)
-    tasks: dict[str, str] = {}
+def slice_keys(request: Mapping[str, Any], slices: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    """metaop name -> (task, module). Slices name them when the solver knows; else the request's workload
+    gives the task and the metaop stands for its own module."""
+    workload = as_map(request.get("workload"))
+    keys: dict[str, tuple[str, str]] = {}
     for op in workload.get("metaops") or []:
         if isinstance(op, Mapping) and "name" in op:
-            tasks[str(op["name"])] = str(op.get("task") or op["name"])
+            name = str(op["name"])
+            module = as_map(op.get("module")).get("name") or name
+            keys[name] = (str(op.get("task") or name), str(module))
     for sl in slices:
         name = str(sl.get("metaop"))
-        tasks.setdefault(name, str(sl.get("task") or name))
-    return tasks
+        task, module = keys.get(name, (name, name))
+        keys[name] = (str(sl.get("task") or task), str(sl.get("module") or module))
+    return keys
 
 
-def colours(tasks: Mapping[str, str]) -> tuple[dict[str, str], list[tuple[str, list[tuple[str, str]]]]]:
-    by_task: dict[str, list[str]] = {}
-    for metaop, task in tasks.items():
-        by_task.setdefault(task, []).append(metaop)
-    fills: dict[str, str] = {}
+def colours(keys: Mapping[str, tuple[str, str]]) -> tuple[dict[str, str], list[tuple[str, list[tuple[str, str]]]]]:
+    """Fill per metaop: a shade family per task, one shade per module within it; and the legend."""
+    modules_by_task: dict[str, set[str]] = {}
+    for task, module in keys.values():
+        modules_by_task.setdefault(task, set()).add(module)
+    shade: dict[tuple[str, str], str] = {}
     legend = []
-    for t, (task, ops) in enumerate(sorted(by_task.items())):
-        shades = TASK_SHADES[t % len(TASK_SHADES)]
+    for t, (task, modules) in enumerate(sorted(modules_by_task.items())):
+        family = TASK_SHADES[t % len(TASK_SHADES)]
         entries = []
-        for k, op in enumerate(sorted(ops)):
-            fills[op] = shades[k % len(shades)]
-            entries.append((op, fills[op]))
+        for k, module in enumerate(sorted(modules)):
+            shade[(task, module)] = family[k % len(family)]
+            entries.append((module, shade[(task, module)]))
         legend.append((task, entries))
-    return fills, legend
+    return {name: shade[key] for name, key in keys.items()}, legend
 
 
 def gantt_svg(slices: Sequence[Mapping[str, Any]], devices: int, span_s: float, fills: Mapping[str, str],
-              tasks: Mapping[str, str]) -> str:
+              keys: Mapping[str, tuple[str, str]]) -> str:
     left, top, row_h, width = 64.0, 6.0, max(8.0, min(22.0, 480.0 / max(devices, 1))), 1000.0
     svg = Svg(left + width + 10, top + row_h * devices + 26, "Gantt chart: devices by time")
     scale = width / span_s if span_s > 0 else 0.0
@@ -81,8 +87,13 @@ def gantt_svg(slices: Sequence[Mapping[str, Any]], devices: int, span_s: float, 
             continue
         name = str(sl.get("metaop"))
         fill = fills.get(name, "#999")
-        tip = (f"{name} (task {tasks.get(name, name)}): {sl.get('layers', '?')} layers on devices "
+        task, module = keys.get(name, (name, name))
+        first = sl.get("layer_start")
+        span = f" {first}–{int(first) + int(sl.get('layers', 1)) - 1}" if isinstance(first, int) else ""
+        tip = (f"{name} (task {task}, module {module}): {sl.get('layers', '?')} layers{span} on devices "
                f"{devs[0]}–{devs[-1]} ({len(devs)}), {fmt.seconds(start)} → {fmt.seconds(end)}")
+        if fmt.as_float(sl.get("transfer_wait_s")):
+            tip += f", waited {fmt.seconds(sl['transfer_wait_s'])} for activations"
         # Contiguous device runs become one block each, so a slice on a device block is one shape.
         runs: list[list[int]] = [[devs[0], devs[0]]]
         for d in devs[1:]:
@@ -114,14 +125,27 @@ def build(request: Mapping[str, Any], result: Mapping[str, Any]) -> SpindleView:
     it = fmt.as_float(est.get("iteration_time_s"))
     devices = num_devices(request, slices)
     view = SpindleView(it, fmt.as_float(result.get("lower_bound_s")), devices, slices=len(slices))
-    tasks = metaop_tasks(request, slices)
-    fills, view.legend = colours(tasks)
+    keys = slice_keys(request, slices)
+    fills, view.legend = colours(keys)
     span = max((fmt.as_float(s.get("end_s")) or 0.0 for s in slices), default=0.0)
     if slices and devices:
-        view.gantt_svg = gantt_svg(slices, devices, span, fills, tasks)
-    raw = result.get("baselines") if isinstance(result.get("baselines"), Mapping) else {}
-    assert isinstance(raw, Mapping)
-    for key, value in raw.items():
+        view.gantt_svg = gantt_svg(slices, devices, span, fills, keys)
+    makespan = fmt.as_float(est.get("makespan_s"))
+    if makespan is not None:
+        view.breakdown.append(("schedule makespan", makespan))
+    for module, secs in sorted(as_map(est.get("module_grad_sync_s")).items()):
+        if fmt.as_float(secs):
+            view.breakdown.append((f"gradient sync {module} (total, partly hidden)", float(secs)))
+    exposed = fmt.as_float(est.get("grad_sync_exposed_s"))
+    if exposed is not None:
+        view.breakdown.append(("gradient sync exposed", exposed))
+    memory = [m for m in (fmt.as_float(x) for x in est.get("memory_gib_per_device") or []) if m is not None]
+    if memory:
+        limit = fmt.as_float(est.get("memory_limit_gib"))
+        view.memory_chart = bars("memory-chart", "Peak memory per device", [f"dev {d}" for d in range(len(memory))],
+                                 memory, "peak memory (GiB)", "GiB", reference=limit,
+                                 reference_label=f"limit {fmt.gib(limit)}" if limit is not None else "")
+    for key, value in as_map(result.get("baselines")).items():
         t = fmt.as_float(value)
         if t is not None:
             name = str(key).removesuffix("_s").replace("_", " ")

@@ -71,7 +71,7 @@ def test_spindle_page_draws_each_slice_on_its_devices(ui_client: TestClient, ui_
     html = ui_client.get(f"/plans/{store_plan(ui_db, request, result)}").text
     rects = _svg_rects(html, "gantt")
     assert len(rects) == len(result["slices"])  # every slice is one contiguous device block here
-    assert "cap-llm (task cap): 32 layers on devices 0–7 (8)" in html
+    assert "cap-llm (task cap, module cap-llm): 32 layers on devices 0–7 (8)" in html
     assert "task cap" in html and "task ret" in html
     assert "sequential full cluster" in html
 
