@@ -49,12 +49,13 @@ def _estimate(table: CostTable, plan: list[MicroBatch]) -> dict[str, Any]:
     }
 
 
-def _baselines(table: CostTable, n: int) -> dict[str, Any]:
-    static: dict[str, float] = {}
-    for d in table.sizes:
-        plan = static_sp_plan(table, int(d), n)
-        if plan is not None:
-            static[str(int(d))] = step_time_ms(table, plan) / 1e3
+def _static_plans(table: CostTable, n: int) -> dict[int, list[MicroBatch]]:
+    plans = {int(d): static_sp_plan(table, int(d), n) for d in table.sizes}
+    return {d: p for d, p in plans.items() if p is not None}
+
+
+def _baselines(table: CostTable, static_plans: dict[int, list[MicroBatch]]) -> dict[str, Any]:
+    static = {str(d): step_time_ms(table, p) / 1e3 for d, p in static_plans.items()}
     best = min(static, key=lambda k: (static[k], int(k))) if static else None
     return {"static_sp": static, "best_static_sp": int(best) if best else None,
             "static_sp_rule": "best-fit-decreasing on tokens at 90% of group memory (the reference's)"}
@@ -70,10 +71,12 @@ def solve(request: dict[str, Any], progress: Callable[[float, str], None] | None
         backend=opts.milp, max_deterministic_time_s=opts.max_deterministic_time_s, max_nodes=opts.max_nodes,
         seed=req.constraints.seed, exact_up_to=opts.exact_up_to, max_buckets=opts.max_buckets,
         max_sequences=opts.max_sequences)
-    plan, report = plan_batch(PackingContext(table, n), settings, progress)
+    static_plans = _static_plans(table, n)
+    extra = {f"static-sp{d}": p for d, p in static_plans.items()}
+    plan, report = plan_batch(PackingContext(table, n), settings, progress, extra)
     problems = check_plan(table, plan, n)
     assert not problems, problems  # the planner's own invariants; a failure here is a bug, not bad input
-    baselines = _baselines(table, n)
+    baselines = _baselines(table, static_plans)
     elapsed = time.perf_counter() - start
     if progress:
         progress(1.0, "done")

@@ -44,14 +44,23 @@ def fill_micro_batches(
         best_score = -1.0
         # Paces: the longest sequence on each degree it fits, and the remaining work spread over
         # k micro-batches (short sequences alone would otherwise pay beta once per tiny target).
-        spread = sum(min_work[i] for i in remaining) / ctx.num_gpus
+        total_work = sum(min_work[i] for i in remaining)
+        spread = total_work / ctx.num_gpus
         paces = [ctx.time[first][j] for j in range(len(ctx.sizes)) if ctx.fits[first][j]]
         paces += [spread / k for k in (1, 2, 3, 4)]
-        for pace in paces:
-            for eps in slack:
-                p = pack(ctx, remaining, pace * (1 + eps), select=True)
-                if p is not None and p.taken and score(p) > best_score:
-                    best, best_score = p, score(p)
+        targets = sorted({pace * (1 + eps) for pace in paces for eps in slack})
+
+        # No packing under target T does more than min(all work, N·T) of work: try the most promising
+        # targets first and skip those whose bound cannot beat the best packing found.
+        def bound(target: float, work: float = total_work) -> float:
+            return min(work, ctx.num_gpus * target) / (beta + target)
+
+        for target in sorted(targets, key=lambda x: -bound(x)):
+            if bound(target) <= best_score:
+                break
+            p = pack(ctx, remaining, target, select=True)
+            if p is not None and p.taken and score(p) > best_score:
+                best, best_score = p, score(p)
         if best is None:  # the longest sequence fits no group: the caller validated this cannot happen
             raise ValueError(f"sequence of {ctx.lengths[first]} tokens fits no SP group")
         plan.append(finish(ctx, best))

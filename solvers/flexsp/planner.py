@@ -1,8 +1,9 @@
 """FlexSP planning of one global batch: candidate micro-batchings, per-micro-batch MILP polish, the best.
 
-Candidates: the micro-batch filler (two slack ladders) and the sorted blaster for a few micro-batch
-counts. Every micro-batch of every candidate is re-packed by the bisecting greedy (kept if faster); the
-best candidate's micro-batches whose load is above their own lower bound then go to the MILP, warm-started
+Candidates: the micro-batch filler, the sorted blaster for a few micro-batch counts, and whatever the
+caller adds (the static-SP plans: FlexSP must never lose to them). The two best candidates have every
+micro-batch re-packed by the bisecting greedy (kept if faster); the winner's micro-batches whose load
+is above their own lower bound then go to the MILP, warm-started
 from the greedy packing, under deterministic limits.
 """
 
@@ -21,7 +22,7 @@ from solvers.flexsp.packing import PackingContext, best_greedy, lower_bound_ms, 
 from solvers.flexsp.plan import MicroBatch, step_time_ms
 
 Progress = Callable[[float, str], None]
-FINE_SLACK = (0.0, 0.01, 0.03, 0.06, 0.1, 0.2, 0.3, 0.5)
+REPACKED = 2
 MILP_GAP = 0.01  # polish micro-batches whose load is > 1 % above their own lower bound
 
 
@@ -76,25 +77,26 @@ def _polish(ctx: PackingContext, plan: list[MicroBatch], settings: MilpSettings,
     return out
 
 
-def plan_batch(ctx: PackingContext, settings: MilpSettings | None,
-               progress: Progress | None = None) -> tuple[list[MicroBatch], SearchReport]:
+def plan_batch(ctx: PackingContext, settings: MilpSettings | None, progress: Progress | None = None,
+               extra: dict[str, list[MicroBatch]] | None = None) -> tuple[list[MicroBatch], SearchReport]:
+    """The best plan over the candidates (plus ``extra`` ones, e.g. the static-SP plans), MILP-polished."""
     report = SearchReport()
     t = ctx.table
-    candidates: dict[str, list[MicroBatch]] = {
-        "fill": fill_micro_batches(ctx),
-        "fill-fine": fill_micro_batches(ctx, slack=FINE_SLACK),
-    }
+    candidates: dict[str, list[MicroBatch]] = {"fill": fill_micro_batches(ctx)}
     if progress:
         progress(0.2, "micro-batch filling")
     for k, plan in blast(ctx).items():
         candidates[f"blaster-{k}"] = plan
+    candidates.update(extra or {})
     if progress:
         progress(0.4, "sequence blaster")
+    totals = {name: step_time_ms(t, plan) for name, plan in candidates.items()}
+    report.candidates = {name: v / 1e3 for name, v in totals.items()}
+    # Re-packing each micro-batch rarely reorders the candidates; only the two best get it.
     best_name, best_plan, best_time = "", [], np.inf
-    for name, plan in candidates.items():
-        plan = _repack(ctx, plan)
+    for name in sorted(totals, key=lambda k: (totals[k], k))[:REPACKED]:
+        plan = _repack(ctx, candidates[name])
         total = step_time_ms(t, plan)
-        report.candidates[name] = total / 1e3
         if total < best_time - 1e-9:
             best_name, best_plan, best_time = name, plan, total
     report.chosen = best_name
