@@ -1,0 +1,241 @@
+"""The hybrid planner's outer search: pipeline degree × micro-batches × schedule, each solved by the layer DP.
+
+Every pipeline configuration gets a lower bound first (each layer at its fastest candidate, memory ignored,
+best partition of that relaxation); configurations are solved in bound order and the search stops as soon
+as the next bound cannot beat the best plan found. Cost-model answers are cached per (layer kind, stage
+context) and DP tables per (configuration, stage, start layer), so nothing is computed twice.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from solvers.cost_model.base import CostModel
+from solvers.hybrid import partition, stage_costs, stage_table
+from solvers.hybrid.space import PipelineConfig, SearchSpace
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
+
+Progress = Callable[[float, str], None]
+
+
+@dataclass
+class PlannerOptions:
+    memory_bins: int = 512  # resolution of the DP's memory axis (bins across the whole budget)
+    memory_unit_bytes: float | None = None  # fixed bin size instead (exact when memory is a multiple)
+    exhaustive_partition_limit: int = 4000
+    time_limit_s: float | None = None
+    use_bounds: bool = True
+    peak_levels: int = 4  # transient-memory levels enumerated exactly per stage (more are rounded up)
+    embedding_variants: int = 4  # Pareto-optimal embedding/LM-head strategies tried per configuration
+
+
+@dataclass
+class ConfigOutcome:
+    config: PipelineConfig
+    step_time_s: float
+    parts: tuple[int, ...]
+    lower_bound_s: float
+
+
+@dataclass
+class PlanResult:
+    plan: PlanStrategy
+    step_time_s: float  # the planner's own aggregation (must equal the cost model's evaluate)
+    configs_total: int
+    configs_solved: int
+    configs_pruned_by_bound: int
+    dp_runs: int
+    time_s: float
+    ranking: list[ConfigOutcome] = field(default_factory=list)
+
+
+class Planner:
+    """Search state for one request: caches live here."""
+
+    def __init__(self, cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable] | None = None,
+                 options: PlannerOptions | None = None):
+        self.cm, self.space = cm, space
+        self.kinds: Sequence[Hashable] = list(kinds) if kinds is not None else list(range(space.num_layers))
+        self.opt = options or PlannerOptions()
+        self.limit = float(cm.memory_limit_bytes)
+        self.unit = self.opt.memory_unit_bytes or stage_costs.memory_unit(self.limit, self.opt.memory_bins)
+        self._costs: dict[PipelineConfig, stage_costs.ConfigCosts | None] = {}
+        self._tables: dict[tuple[object, ...], stage_table.StageTable] = {}
+        self._memo: dict[tuple[object, ...], object] = {}
+        self.dp_runs = 0
+
+    # ------------------------------------------------------------------ caches
+    def config_costs(self, cfg: PipelineConfig) -> stage_costs.ConfigCosts | None:
+        if cfg not in self._costs:
+            g = self.space.num_gpus // cfg.pp
+            mbs = self.space.global_batch_size // cfg.micro_batches
+            cands = self.space.layer_candidates(g, mbs)
+            cc = (stage_costs.build(self.cm, cfg, cands, self.kinds, self.space.global_batch_size, self._memo)
+                  if cands else None)
+            self._costs[cfg] = cc if cc is not None and cc.candidates else None
+        return self._costs[cfg]
+
+    def table(self, cc: stage_costs.ConfigCosts, stage: int, layers: Sequence[int]) -> stage_table.StageTable:
+        """DP table for ``layers`` on ``stage``; identical-kind sequences share one table (prefixes).
+
+        The key is what the table depends on: the configuration without its embedding (which only enters
+        through the stage's fixed terms, part of the key), the stage and the layer kinds."""
+        st = cc.stages[stage]
+        cfg = cc.config
+        f = st.fixed
+        key = (cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages, stage, f.time_s, f.step_time_s,
+               st.fixed_memory(), tuple(self.kinds[i] for i in layers))
+        hit = self._tables.get(key)
+        if hit is None:
+            self.dp_runs += 1
+            hit = stage_table.solve(st, layers, self.kinds, cc.time_weight, self.unit, self.limit,
+                                    self.opt.peak_levels)
+            self._tables[key] = hit
+        return hit
+
+    def _max_len(self, cc: stage_costs.ConfigCosts, stage: int, start: int) -> list[int]:
+        n = len(self.kinds)
+        return list(range(start, n - (cc.config.pp - 1 - stage)))
+
+    def _lookup(self, cc: stage_costs.ConfigCosts) -> partition.StageLookup:
+        uniform = cc.uniform
+        v = cc.config.virtual_stages
+
+        def look(stage: int, start: int, count: int) -> tuple[float, float]:
+            if count < v:
+                return math.inf, math.inf
+            tab = self.table(cc, stage, self._max_len(cc, stage, 0 if uniform else start))
+            if not tab.feasible(count):
+                return math.inf, math.inf
+            return float(tab.time_s[count - 1]), float(tab.step_s[count - 1])
+
+        return look
+
+    def _pipe(self, cc: stage_costs.ConfigCosts) -> partition.PipelineTime:
+        ctx0 = cc.stages[0].ctx
+        return lambda ts, us: self.cm.pipeline_step_time(ts, us, ctx0)
+
+    # ------------------------------------------------------------------ bounds
+    def lower_bound(self, cc: stage_costs.ConfigCosts) -> float:
+        """Step time if every layer ran its fastest candidate with unlimited memory (a relaxation)."""
+        n = len(self.kinds)
+        per_stage = []
+        for st in cc.stages:
+            t_min = {k: float(np.min(c.time_s)) for k, c in st.costs.items()}
+            u_min = {k: float(np.min(c.step_time_s)) for k, c in st.costs.items()}
+            ct = np.concatenate([[0.0], np.cumsum([t_min[k] for k in self.kinds])])
+            cu = np.concatenate([[0.0], np.cumsum([u_min[k] for k in self.kinds])])
+            per_stage.append((ct, cu, st.fixed))
+
+        def look(stage: int, start: int, count: int) -> tuple[float, float]:
+            if count < cc.config.virtual_stages:
+                return math.inf, math.inf
+            ct, cu, f = per_stage[stage]
+            end = start + count
+            return float(ct[end] - ct[start]) + f.time_s, float(cu[end] - cu[start]) + f.step_time_s
+
+        res = partition.search(n, cc.config.pp, look, self._pipe(cc),
+                               exhaustive_limit=self.opt.exhaustive_partition_limit)
+        return res.step_time_s
+
+    # ------------------------------------------------------------------ one configuration
+    def solve_config(self, cc: stage_costs.ConfigCosts) -> tuple[float, tuple[int, ...]]:
+        res = partition.search(len(self.kinds), cc.config.pp, self._lookup(cc), self._pipe(cc),
+                               memory_weights=self._memory_weights(cc),
+                               exhaustive_limit=self.opt.exhaustive_partition_limit)
+        return res.step_time_s, res.parts
+
+    def _memory_weights(self, cc: stage_costs.ConfigCosts) -> list[float]:
+        """How many layers each stage can hold at its smallest per-layer memory (BMW's memory balance)."""
+        out = []
+        for st in cc.stages:
+            per_layer = min(float(np.min(st.memory(k) + st.costs[k].peak_extra_bytes / max(1, len(self.kinds))))
+                            for k in st.costs)
+            room = max(self.limit - st.fixed_memory(), 1.0)
+            out.append(room / max(per_layer, 1.0))
+        return out
+
+    def build_plan(self, cc: stage_costs.ConfigCosts, parts: tuple[int, ...]) -> PlanStrategy:
+        layers: list[LayerStrategy] = []
+        start = 0
+        for s, n in enumerate(parts):
+            tab = self.table(cc, s, self._max_len(cc, s, 0 if cc.uniform else start))
+            layers.extend(cc.candidates[c] for c in tab.choice(n))
+            start += n
+        cfg = cc.config
+        return PlanStrategy(pp=cfg.pp, micro_batches=cfg.micro_batches, layers=tuple(layers), stage_layers=parts,
+                            schedule=cfg.schedule, virtual_stages=cfg.virtual_stages,
+                            embedding=cfg.embedding or EmbeddingStrategy())
+
+    def embedding_variants(self, cfg: PipelineConfig) -> list[PipelineConfig]:
+        """``cfg`` with each embedding/LM-head strategy that is Pareto-optimal in the first and last stage's
+        fixed time, step time and memory (at most ``embedding_variants``, spread over the front)."""
+        g = self.space.num_gpus // cfg.pp
+        rows: list[tuple[EmbeddingStrategy, np.ndarray]] = []
+        for emb in self.space.embedding_options(g):
+            c = replace(cfg, embedding=emb)
+            vec = []
+            for s in {0, cfg.pp - 1}:
+                ctx = stage_costs.stage_context(c, s, self.space.global_batch_size)
+                f = self.cm.stage_fixed(ctx)
+                infl = float(self.cm.in_flight_micro_batches(ctx))
+                vec += [f.time_s, f.step_time_s, f.state_bytes + f.other_bytes + infl * f.activation_bytes]
+            arr = np.asarray(vec, dtype=float)
+            if np.all(np.isfinite(arr)):
+                rows.append((emb, arr))
+        front = [(e, a) for e, a in rows
+                 if not any(np.all(b <= a) and np.any(b < a) for _, b in rows)]
+        uniq: dict[tuple[float, ...], EmbeddingStrategy] = {}
+        for e, a in front:
+            uniq.setdefault(tuple(a), e)  # options the cost model cannot tell apart: keep the first
+        ordered = [uniq[k] for k in sorted(uniq, key=lambda a: (a[0] + a[-3], a[2] + a[-1]))]
+        k = self.opt.embedding_variants
+        if len(ordered) > k:
+            ordered = [ordered[round(i * (len(ordered) - 1) / (k - 1))] for i in range(k)]
+        return [replace(cfg, embedding=e) for e in ordered]
+
+    # ------------------------------------------------------------------ the search
+    def search(self, progress: Progress | None = None, configs: Sequence[PipelineConfig] | None = None) -> PlanResult:
+        t0 = time.perf_counter()
+        base = list(configs) if configs is not None else self.space.pipeline_configs()
+        configs = [v for cfg in base for v in self.embedding_variants(cfg)]
+        bounded: list[tuple[float, PipelineConfig, stage_costs.ConfigCosts]] = []
+        for i, cfg in enumerate(configs):
+            cc = self.config_costs(cfg)
+            if cc is None:
+                continue
+            lb = self.lower_bound(cc) if self.opt.use_bounds else 0.0
+            if math.isfinite(lb):
+                bounded.append((lb, cfg, cc))
+            if progress and i % 16 == 0:
+                progress(0.3 * (i + 1) / len(configs), f"bounded {i + 1}/{len(configs)} pipeline configurations")
+        bounded.sort(key=lambda x: (x[0], x[1].pp, x[1].micro_batches))
+        best_v = math.inf
+        best: tuple[stage_costs.ConfigCosts, tuple[int, ...]] | None = None
+        ranking: list[ConfigOutcome] = []
+        solved = pruned = 0
+        for j, (lb, cfg, cc) in enumerate(bounded):
+            if lb >= best_v * (1 - 1e-12):
+                pruned = len(bounded) - j
+                break
+            if self.opt.time_limit_s is not None and time.perf_counter() - t0 > self.opt.time_limit_s and best:
+                pruned = len(bounded) - j
+                break
+            v, parts = self.solve_config(cc)
+            solved += 1
+            ranking.append(ConfigOutcome(cfg, v, parts, lb))
+            if v < best_v:
+                best_v, best = v, (cc, parts)
+            if progress and (j % 4 == 0):
+                progress(0.3 + 0.7 * (j + 1) / len(bounded),
+                         f"pp={cfg.pp} m={cfg.micro_batches} {cfg.schedule}: best {best_v:.4g} s/step")
+        if best is None:
+            raise LookupError("no pipeline configuration fits in memory")
+        ranking.sort(key=lambda o: o.step_time_s)
+        plan = self.build_plan(*best)
+        return PlanResult(plan, best_v, len(configs), solved, pruned, self.dp_runs, time.perf_counter() - t0, ranking)

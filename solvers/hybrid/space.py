@@ -1,0 +1,176 @@
+"""The hybrid planner's search space: which degrees, schedules and per-layer strategies are legal.
+
+Any GPU count works: degrees are divisors (of the GPU count, of the heads, of the batch), never assumed to be
+powers of two. Tensor parallelism stays inside a node unless the request allows otherwise, because TP
+all-reduces on every layer and would otherwise cross the (10x slower) network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from solvers.request import HybridRequest
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, Recompute, Schedule, SpKind
+
+ALL_SP: tuple[SpKind, ...] = (None, "megatron", "ulysses")
+ALL_RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """One point of the outer search: everything a stage context needs besides the stage index."""
+
+    pp: int
+    micro_batches: int
+    schedule: Schedule = "1f1b"
+    virtual_stages: int = 1
+    embedding: EmbeddingStrategy | None = None  # None: the cost model's default
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    num_gpus: int
+    gpus_per_node: int
+    num_layers: int
+    global_batch_size: int
+    seq_length: int
+    heads: int
+    kv_heads: int
+    max_tp: int
+    max_pp: int
+    max_cp: int
+    tp_across_nodes: bool = False
+    sp_kinds: tuple[SpKind, ...] = ALL_SP
+    zero_levels: tuple[int, ...] = (0, 1, 2, 3)
+    recomputes: tuple[Recompute, ...] = ALL_RECOMPUTE
+    schedules: tuple[Schedule, ...] = ("1f1b", "interleaved")
+    micro_batches: tuple[int, ...] | None = None  # None: every divisor of the batch that makes sense
+    virtual_stage_options: tuple[int, ...] = (2,)
+    pipeline_parallel: bool = True
+    notes: list[str] = field(default_factory=list, compare=False)
+
+    # ------------------------------------------------------------------ outer space
+    def pp_options(self) -> list[int]:
+        if not self.pipeline_parallel:
+            return [1]
+        return [p for p in divisors(self.num_gpus) if p <= self.max_pp and p <= self.num_layers]
+
+    def micro_batch_options(self, pp: int) -> list[int]:
+        if self.micro_batches is not None:
+            return [m for m in self.micro_batches if self.global_batch_size % m == 0]
+        # Fewer micro-batches than stages leaves stages idle by construction; keep pp=1 free to accumulate.
+        lo = pp if pp > 1 else 1
+        return [m for m in divisors(self.global_batch_size) if m >= lo]
+
+    def pipeline_configs(self) -> list[PipelineConfig]:
+        out: list[PipelineConfig] = []
+        for pp in self.pp_options():
+            for m in self.micro_batch_options(pp):
+                for sched in self.schedules:
+                    if sched == "interleaved":
+                        # Megatron's interleaving needs pp > 1, m a multiple of pp and equal model chunks.
+                        if pp == 1 or m % pp:
+                            continue
+                        for v in self.virtual_stage_options:
+                            if self.num_layers >= pp * v:
+                                out.append(PipelineConfig(pp, m, sched, v))
+                    elif pp > 1 or sched == self.schedules[0]:
+                        # with one stage every schedule is the same: keep one
+                        out.append(PipelineConfig(pp, m, sched, 1))
+        return out
+
+    # ------------------------------------------------------------------ per-layer space
+    def tp_options(self, stage_gpus: int) -> list[int]:
+        cap = self.max_tp if self.tp_across_nodes else min(self.max_tp, self.gpus_per_node)
+        # A TP group must sit inside one node's contiguous ranks: it must also divide gpus_per_node.
+        return [
+            t for t in divisors(stage_gpus)
+            if t <= cap and self.heads % t == 0
+            and (self.tp_across_nodes or self.gpus_per_node % t == 0 or t == 1)
+        ]
+
+    def layer_candidates(self, stage_gpus: int, micro_batch_samples: int) -> list[LayerStrategy]:
+        """Every legal layer strategy on a stage of ``stage_gpus`` GPUs for micro-batches of that many samples."""
+        out: list[LayerStrategy] = []
+        for tp in self.tp_options(stage_gpus):
+            for cp in divisors(stage_gpus // tp):
+                if cp > self.max_cp or self.seq_length % (2 * cp if cp > 1 else 1):
+                    continue
+                dp = stage_gpus // (tp * cp)
+                if micro_batch_samples % dp:
+                    continue  # every data-parallel rank gets whole samples
+                for sp in self._sp_options(tp):
+                    for zero in self._zero_options(dp):
+                        for rc in self.recomputes:
+                            out.append(LayerStrategy(tp=tp, dp=dp, cp=cp, sp=sp, zero=zero, recompute=rc))
+        return out
+
+    def embedding_options(self, stage_gpus: int) -> list[EmbeddingStrategy]:
+        """Vocabulary-parallel embedding / LM head: TP inside a node, data parallel over the rest."""
+        cap = self.max_tp if self.tp_across_nodes else min(self.max_tp, self.gpus_per_node)
+        tps = [t for t in divisors(stage_gpus) if t <= cap]
+        return [EmbeddingStrategy(tp=t, dp=stage_gpus // t, zero=z)
+                for t in tps for z in self._zero_options(stage_gpus // t)]
+
+    def _sp_options(self, tp: int) -> list[SpKind]:
+        if tp == 1:
+            return [None]
+        opts = [s for s in self.sp_kinds if s != "ulysses" or self.heads % tp == 0]
+        return opts or [None]
+
+    def _zero_options(self, dp: int) -> list[int]:
+        if dp == 1:
+            return [min(self.zero_levels)]  # nothing to shard: all levels are the same plan
+        return list(self.zero_levels)
+
+
+SpaceMode = Literal["full", "galvatron"]
+
+
+def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:
+    """The search space of a request; ``mode="galvatron"`` restricts it to what Galvatron 2.4 searches."""
+    c, m, t = req.constraints, req.model, req.training
+    n = req.cluster.num_gpus
+    notes: list[str] = []
+    schedules: tuple[Schedule, ...]
+    if c.schedule is not None:
+        schedules = (c.schedule,)
+    elif mode == "galvatron":
+        schedules = ("1f1b",)
+    else:
+        schedules = ("1f1b", "interleaved")
+    zero_levels = (c.zero,) if c.zero is not None else (0, 1, 2, 3)
+    micro = (c.micro_batches,) if c.micro_batches is not None else None
+    if c.micro_batches is not None and t.global_batch_size % c.micro_batches:
+        from solvers.errors import SpecError
+
+        raise SpecError.at(
+            ("constraints", "micro_batches"),
+            f"{c.micro_batches} micro-batches do not divide global_batch_size {t.global_batch_size}",
+        )
+    space = SearchSpace(
+        num_gpus=n,
+        gpus_per_node=req.cluster.gpus_per_node,
+        num_layers=m.num_layers,
+        global_batch_size=t.global_batch_size,
+        seq_length=t.seq_length,
+        heads=m.num_attention_heads,
+        kv_heads=m.kv_heads,
+        max_tp=c.max_tp or n,
+        max_pp=c.max_pp or n,
+        max_cp=(c.max_cp or n) if mode == "full" else 1,
+        tp_across_nodes=c.tp_across_nodes,
+        sp_kinds=ALL_SP if mode == "full" else ("megatron",),
+        zero_levels=zero_levels,
+        recomputes=ALL_RECOMPUTE if mode == "full" else ("none", "full"),
+        schedules=schedules,
+        micro_batches=micro,
+        notes=notes,
+    )
+    return space

@@ -1,0 +1,155 @@
+"""Cost-model answers for one pipeline configuration, cached so the outer search never asks twice.
+
+Layers of the same *kind* (dense / MoE, as the model spec says) cost the same, so the cost model is asked
+once per (kind, stage context), not once per layer. Everything here is keyed by the stage context, which is
+what a layer's cost depends on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from solvers.cost_model.base import CostModel, LayerCosts, StageContext, StageFixed
+from solvers.hybrid import layer_dp
+from solvers.hybrid.space import PipelineConfig
+from solvers.strategy import LayerStrategy
+
+
+@dataclass
+class StageInputs:
+    """One stage's view: its context, fixed terms and the per-kind candidate costs."""
+
+    ctx: StageContext
+    fixed: StageFixed
+    in_flight: float
+    costs: dict[Hashable, LayerCosts]
+    classes: np.ndarray
+    class_trans: np.ndarray
+    trans: np.ndarray | None
+
+    def memory(self, kind: Hashable) -> np.ndarray:
+        """Per-candidate resident memory (state + in-flight activations), bytes; transient extra excluded."""
+        c = self.costs[kind]
+        return c.state_bytes + self.in_flight * c.activation_bytes
+
+    def fixed_memory(self) -> float:
+        f = self.fixed
+        return f.state_bytes + f.other_bytes + self.in_flight * f.activation_bytes
+
+
+@dataclass
+class ConfigCosts:
+    """Candidates and per-stage costs of one PipelineConfig."""
+
+    config: PipelineConfig
+    candidates: list[LayerStrategy]
+    stages: list[StageInputs]
+    kinds: Sequence[Hashable]
+    time_weight: float  # the DP objective is time_weight * per-micro-batch time + per-step time
+    dp_cache: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = field(default_factory=dict)
+
+    @property
+    def uniform(self) -> bool:
+        return len(set(self.kinds)) <= 1
+
+
+def stage_context(cfg: PipelineConfig, stage: int, global_batch: int) -> StageContext:
+    return StageContext(
+        pp=cfg.pp, stage=stage, micro_batches=cfg.micro_batches,
+        micro_batch_samples=global_batch / cfg.micro_batches, schedule=cfg.schedule,
+        virtual_stages=cfg.virtual_stages, embedding=cfg.embedding,
+    )
+
+
+def _finite_mask(c: LayerCosts) -> np.ndarray:
+    return (np.isfinite(c.time_s) & np.isfinite(c.step_time_s) & np.isfinite(c.state_bytes)
+            & np.isfinite(c.activation_bytes) & np.isfinite(c.peak_extra_bytes))
+
+
+def _subset(c: LayerCosts, keep: np.ndarray) -> LayerCosts:
+    return LayerCosts(c.time_s[keep], c.step_time_s[keep], c.state_bytes[keep], c.activation_bytes[keep],
+                      c.peak_extra_bytes[keep])
+
+
+def build(cm: CostModel, cfg: PipelineConfig, candidates: list[LayerStrategy], kinds: Sequence[Hashable],
+          global_batch: int, memo: dict[tuple[object, ...], object] | None = None) -> ConfigCosts:
+    """Ask the cost model about ``candidates`` on every stage of ``cfg`` (once per layer kind).
+
+    ``memo`` shares layer costs and transitions between configurations that differ only in the embedding
+    strategy (which changes the first/last stage's fixed terms, not the layers)."""
+    memo = {} if memo is None else memo
+    first_of: dict[Hashable, int] = {}
+    for i, k in enumerate(kinds):
+        first_of.setdefault(k, i)
+    stages: list[StageInputs] = []
+    keep = np.ones(len(candidates), dtype=bool)
+    raw: list[tuple[StageContext, dict[Hashable, LayerCosts]]] = []
+    for s in range(cfg.pp):
+        ctx = stage_context(cfg, s, global_batch)
+        base = (cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages, s)
+        costs = {}
+        for k, i in first_of.items():
+            hit = memo.get((*base, "layer", k))
+            if hit is None:
+                hit = memo[(*base, "layer", k)] = cm.layer_costs(i, candidates, ctx)
+            costs[k] = hit  # type: ignore[assignment]
+        for c in costs.values():
+            keep &= _finite_mask(c)  # a cost model marks what it cannot model with inf/nan
+        raw.append((ctx, costs))
+    cands = [c for c, k in zip(candidates, keep, strict=True) if k]
+    for ctx, costs in raw:
+        sub = {k: _subset(c, keep) for k, c in costs.items()}
+        tkey = (cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages, ctx.stage, "trans", len(cands))
+        trans = memo.get(tkey)  # type: ignore[assignment]
+        if trans is None:
+            trans = memo[tkey] = layout_transitions(cm, cands, ctx)
+        classes, class_trans = layer_dp.transition_classes(trans, len(cands))
+        stages.append(StageInputs(ctx, cm.stage_fixed(ctx), float(cm.in_flight_micro_batches(ctx)), sub,
+                                  classes, class_trans, trans if np.any(trans) else None))
+    return ConfigCosts(cfg, cands, stages, kinds, time_weight=float(cfg.micro_batches))
+
+
+def _layout(x: LayerStrategy) -> tuple[object, ...]:
+    return (x.tp, x.dp, x.cp, x.sp, x.ep)
+
+
+def layout_transitions(cm: CostModel, cands: list[LayerStrategy], ctx: StageContext) -> np.ndarray:
+    """``transition_s`` for all candidate pairs, asked once per pair of *layouts* (tp, dp, cp, sp, ep).
+
+    Re-layout moves activations between differently split layers; ZeRO and recompute do not change where
+    activations live, so candidates sharing a layout share their rows (tests check this per cost model)."""
+    if not cands:
+        return np.zeros((0, 0))
+    keys = [_layout(c) for c in cands]
+    uniq = list(dict.fromkeys(keys))
+    reps = [cands[keys.index(k)] for k in uniq]
+    small = np.asarray(cm.transition_s(reps, reps, ctx), dtype=float)
+    idx = np.array([uniq.index(k) for k in keys])
+    return small[np.ix_(idx, idx)]
+
+
+def peak_thresholds(extra: np.ndarray, limit: int = 4, unit: float = 1.0) -> np.ndarray:
+    """Levels of transient memory to enumerate, rounded up to whole memory bins (finer is below the DP's
+    resolution anyway): exact when ≤ ``limit`` distinct, else rounded *up* to ``limit`` levels."""
+    vals = np.unique(np.ceil(extra[np.isfinite(extra)] / unit - 1e-9)) * unit
+    if vals.size <= limit:
+        return vals
+    picks = np.quantile(vals, np.linspace(0, 1, limit + 1)[1:], method="higher")
+    return np.unique(picks)
+
+
+def memory_unit(limit_bytes: float, bins: int) -> float:
+    return max(limit_bytes / bins, 1.0)
+
+
+def units_of(mem: np.ndarray, unit: float) -> np.ndarray:
+    # Round up (minus a hair for float noise) so an accepted plan always fits.
+    return np.ceil(mem / unit - 1e-9).astype(np.int64)
+
+
+def cap_units(avail: float, unit: float) -> int:
+    return math.floor(avail / unit + 1e-9)

@@ -1,0 +1,96 @@
+"""Best strategies of one stage for every layer count: the layer DP run once per transient-memory level.
+
+A stage's peak memory is its resident memory plus the *largest* transient buffer of its layers (e.g. a
+ZeRO-3 layer's gathered weights). The max is handled exactly by enumerating its level P: only candidates
+with transient memory ≤ P, budget reduced by P; the best over levels is the stage's optimum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.hybrid import layer_dp, prune
+from solvers.hybrid.stage_costs import StageInputs, cap_units, peak_thresholds, units_of
+
+INF = np.inf
+
+
+@dataclass
+class _Run:
+    table: layer_dp.PrefixTable
+    local: np.ndarray  # DP-local candidate index -> stage candidate index
+    classes: np.ndarray
+    units: list[np.ndarray]
+
+
+@dataclass
+class StageTable:
+    """Optimum of the first n layers of ``layers`` (index n-1): objective, time, step time, memory."""
+
+    layers: list[int]
+    obj: np.ndarray
+    time_s: np.ndarray
+    step_s: np.ndarray
+    runs: list[_Run]
+    which: np.ndarray  # run that achieves the optimum per n (-1: infeasible)
+
+    def feasible(self, n: int) -> bool:
+        return 0 < n <= len(self.obj) and bool(np.isfinite(self.obj[n - 1]))
+
+    def choice(self, n: int) -> list[int]:
+        """Stage-candidate indices of the optimal n-layer prefix."""
+        run = self.runs[int(self.which[n - 1])]
+        path = run.table.path(n, run.classes, run.units)
+        return [int(run.local[c]) for c in path]
+
+
+def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], time_weight: float,
+          unit: float, limit_bytes: float, peak_levels: int = 6) -> StageTable:
+    """Run the DP over ``layers`` (global indices in execution order) for one stage."""
+    n = len(layers)
+    seq = [kinds[i] for i in layers]
+    kind_set = list(dict.fromkeys(seq))
+    extra_all = np.concatenate([st.costs[k].peak_extra_bytes for k in kind_set])
+    avail = limit_bytes - st.fixed_memory()
+    obj_best = np.full(n, INF)
+    t_best = np.full(n, INF)
+    u_best = np.full(n, INF)
+    which = np.full(n, -1, dtype=np.int64)
+    runs: list[_Run] = []
+    for level in peak_thresholds(extra_all, peak_levels, unit):
+        cap = cap_units(avail - float(level), unit)
+        if cap < 0:
+            continue
+        per_kind: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
+        keep = np.zeros(len(st.classes), dtype=bool)
+        for k in kind_set:
+            c = st.costs[k]
+            obj = np.where(c.peak_extra_bytes <= level, time_weight * c.time_s + c.step_time_s, INF)
+            units = units_of(st.memory(k), unit)
+            obj = np.where(units <= cap, obj, INF)
+            per_kind[k] = (obj, units)
+            keep |= prune.pareto_mask(obj, units, st.classes)
+        local = np.flatnonzero(keep)
+        if local.size == 0:
+            continue
+        local = local[np.argsort(st.classes[local], kind="stable")]  # the DP wants classes contiguous
+        uniq, classes = np.unique(st.classes[local], return_inverse=True)
+        class_trans = st.class_trans[np.ix_(uniq, uniq)]
+        terms: dict[Hashable, layer_dp.LayerTerms] = {}
+        for k in kind_set:
+            obj, units = per_kind[k]
+            c = st.costs[k]
+            terms[k] = layer_dp.LayerTerms(obj[local], units[local], c.time_s[local], c.step_time_s[local])
+        lt = [terms[k] for k in seq]
+        table = layer_dp.run(lt, classes.reshape(-1), class_trans, cap, trans_weight=time_weight)
+        better = table.obj < obj_best
+        obj_best = np.where(better, table.obj, obj_best)
+        t_best = np.where(better, table.time_s, t_best)
+        u_best = np.where(better, table.step_s, u_best)
+        which = np.where(better, len(runs), which)
+        runs.append(_Run(table, local, classes.reshape(-1), [x.units for x in lt]))
+    f = st.fixed
+    return StageTable(list(layers), obj_best, t_best + f.time_s, u_best + f.step_time_s, runs, which)

@@ -1,0 +1,54 @@
+"""The planner is exact on small cases: its plan's throughput equals exhaustive enumeration's."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solvers.hybrid.planner import Planner, PlannerOptions
+from solvers.hybrid.space import SearchSpace
+from tests.hybrid.brute_force import best_step_time
+from tests.hybrid.synthetic import MIB, SyntheticCostModel
+
+
+@st.composite
+def small_case(draw: st.DrawFn) -> tuple[SyntheticCostModel, SearchSpace]:
+    gpus = draw(st.sampled_from([1, 2, 3, 4, 6]))
+    layers = draw(st.integers(2, 4 if gpus <= 4 else 3))
+    batch = draw(st.sampled_from([4, 6, 8, 12]))
+    uniform = draw(st.booleans())
+    scale = [] if uniform else [draw(st.sampled_from([0.5, 1.0, 1.5, 2.0])) for _ in range(layers)]
+    limit = draw(st.integers(60, 1500))
+    sched = draw(st.sampled_from([("1f1b",), ("1f1b", "interleaved"), ("gpipe",)]))
+    cm = SyntheticCostModel(
+        num_layers=layers, num_gpus=gpus, memory_limit_bytes=limit * MIB, global_batch=batch,
+        layer_scale=scale, gpus_per_node=draw(st.sampled_from([2, 4, 8])),
+        dp_sync_s=draw(st.sampled_from([0.0, 0.02, 0.2])),
+        act_mib_per_sample=draw(st.sampled_from([4.0, 16.0, 64.0])),
+        param_mib=draw(st.sampled_from([5.0, 20.0, 60.0])),
+    )
+    space = SearchSpace(
+        num_gpus=gpus, gpus_per_node=cm.gpus_per_node, num_layers=layers, global_batch_size=batch,
+        seq_length=1024, heads=12, kv_heads=12, max_tp=4, max_pp=4, max_cp=draw(st.sampled_from([1, 2])),
+        sp_kinds=(None, "megatron"), zero_levels=(0, 3), recomputes=("none", "full"), schedules=sched,
+    )
+    return cm, space
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_case())
+def test_planner_matches_exhaustive_enumeration(case: tuple[SyntheticCostModel, SearchSpace]) -> None:
+    cm, space = case
+    truth = best_step_time(cm, space)
+    planner = Planner(cm, space, kinds=None, options=PlannerOptions(memory_unit_bytes=MIB, peak_levels=64))
+    try:
+        result = planner.search()
+    except LookupError:
+        assert truth == math.inf, f"planner found nothing, enumeration found {truth}"
+        return
+    est = cm.evaluate(result.plan)
+    assert est.fits
+    assert math.isclose(est.step_time_s, result.step_time_s, rel_tol=1e-9)
+    assert math.isclose(result.step_time_s, truth, rel_tol=1e-9), (result.step_time_s, truth, result.plan)
