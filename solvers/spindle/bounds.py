@@ -5,18 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solvers.errors import InfeasibleError
-from solvers.spindle.cost import state_bytes_per_param
+from solvers.spindle.cost import slice_memory_bytes
 from solvers.spindle.schedule import RESERVE_BYTES, Problem
 from solvers.spindle.workload import MetaOp
 
 
-def slice_memory_bytes(op: MetaOp, layers: int, n: int) -> float:
-    """Bytes per device of ``layers`` layers of ``op`` alone on ``n`` devices (states + activations)."""
-    local = -(-op.batch // n)
-    act = layers * local * op.act_bytes_per_sample_layer
-    if op.mode == "forward":
-        act /= layers
-    return layers * op.params_per_layer * state_bytes_per_param(op.mode, n) + act + RESERVE_BYTES
+def one_layer_bytes(op: MetaOp, n: int) -> float:
+    """Bytes per device of one layer of ``op`` alone on ``n`` devices: the least it can ever need."""
+    return sum(slice_memory_bytes(op, 1, n)) + RESERVE_BYTES
 
 
 @dataclass(frozen=True)
@@ -32,10 +28,10 @@ def device_ranges(problem: Problem) -> list[DeviceRange]:
         hi = min(n_max, op.max_devices)
         lo = 1
         if not problem.workload.explicit:
-            while lo <= n_max and slice_memory_bytes(op, 1, lo) > problem.memory_limit_bytes:
+            while lo <= n_max and one_layer_bytes(op, lo) > problem.memory_limit_bytes:
                 lo += 1
             if lo > n_max:
-                need = slice_memory_bytes(op, 1, n_max) / 2**30
+                need = one_layer_bytes(op, n_max) / 2**30
                 raise InfeasibleError.at(
                     ("workload", "metaops", i),
                     f"one layer of {op.name} needs {need:.1f} GiB per device even on all {n_max} devices; "

@@ -22,6 +22,8 @@ from solvers.spindle.workload import MetaOp, MetaOpSpec, Mode
 
 _BF16 = 2.0
 _LINK_LATENCY_S = 20e-6
+_NARROW = 256.0
+_ACHIEVED = 0.7  # fraction of nominal link bandwidth NCCL collectives reach
 
 
 def _flops_fwd_per_sample(model: ModelSpec, seq: int, layer: int) -> float:
@@ -55,19 +57,22 @@ def module_metaop(spec: MetaOpSpec, task: str, dev: DeviceModel) -> MetaOp:
     layers = range(spec.layer_offset, spec.layer_offset + spec.layers)
     params = sum(model.layer_params(i) for i in layers) / len(layers)
     fwd = sum(_flops_fwd_per_sample(model, seq, i) for i in layers) / len(layers)
-    compute_s = 1.0 / (dev.peak_flops * dev.efficiency)
+    # narrow layers leave tensor cores idle: achieved efficiency grows with the width (h / (h + 256))
+    compute_s = 1.0 / (dev.peak_flops * dev.efficiency * model.hidden_size / (model.hidden_size + _NARROW))
     weights_read_s = params * _BF16 / dev.memory_bandwidth_Bps
     kv_per_token = 2.0 * model.kv_heads * model.head_size * _BF16
     mode: Mode = spec.mode
+    work = 34.0 * seq * model.hidden_size  # one layer's forward activations (flash attention)
     if mode == "train":
-        # backward = 2x forward; weights are read once in forward and twice in backward.
-        slope = 3.0 * fwd * compute_s
+        # backward = 2x forward (+1 forward when recomputing); weights read once forward, twice backward
+        slope = (4.0 if spec.recompute else 3.0) * fwd * compute_s
         intercept = 3.0 * weights_read_s + dev.kernel_overhead_ms / 1e3
-        act = 34.0 * seq * model.hidden_size
+        act = 2.0 * seq * model.hidden_size if spec.recompute else work
     elif mode == "forward":
         slope = spec.steps * fwd * compute_s
         intercept = spec.steps * (weights_read_s + dev.kernel_overhead_ms / 3e3)
-        act = 4.0 * seq * model.hidden_size  # transient working set only
+        act = 0.0
+        work = 8.0 * seq * model.hidden_size  # nothing kept for a backward
     else:
         tokens = spec.decode_tokens
         ctx = seq + tokens / 2.0  # mean context length while decoding
@@ -77,11 +82,12 @@ def module_metaop(spec: MetaOpSpec, task: str, dev: DeviceModel) -> MetaOp:
         # each decode step reads the layer's weights once for the whole local batch: poor scaling.
         intercept = tokens * (weights_read_s + dev.kernel_overhead_ms / 3e3)
         act = (seq + tokens) * kv_per_token
+        work = 8.0 * model.hidden_size
     return MetaOp(
         name=spec.name, task=task, batch=spec.batch_size, layers=spec.layers,
         slope_ms=slope * 1e3, intercept_ms=intercept * 1e3, mode=mode,
         module=shape.name or spec.name, layer_offset=spec.layer_offset, params_per_layer=params,
-        act_bytes_per_sample_layer=act,
+        act_bytes_per_sample_layer=act, work_bytes_per_sample=work,
         out_bytes_per_sample=seq * model.hidden_size * _BF16,
     )
 
@@ -125,6 +131,13 @@ def state_bytes_per_param(mode: Mode, dp: int) -> float:
     return _BF16
 
 
+def slice_memory_bytes(op: MetaOp, layers: int, n: int) -> tuple[float, float, float]:
+    """(states, held activations, transient working set) per device of ``layers`` layers on ``n`` devices."""
+    local = -(-op.batch // n)
+    states = layers * op.params_per_layer * state_bytes_per_param(op.mode, n)
+    return states, layers * local * op.act_bytes_per_sample_layer, local * op.work_bytes_per_sample
+
+
 def transfer_s(op: MetaOp, src: tuple[int, int], dst: tuple[int, int], topo: Topology) -> float:
     """Hand a metaop's output from one device block (lo, n) to another; zero on the same block."""
     if src == dst or op.out_bytes_per_sample == 0:
@@ -136,7 +149,15 @@ def transfer_s(op: MetaOp, src: tuple[int, int], dst: tuple[int, int], topo: Top
 
 
 def allreduce_s(nbytes: float, devices: frozenset[int], topo: Topology) -> float:
+    """Hierarchical all-reduce (NCCL-like): reduce-scatter / all-gather over NVLink inside each node, and
+    across nodes each GPU carries 1/g of the data over its share of the node's NICs."""
     n = len(devices)
     if n <= 1 or nbytes == 0:
         return 0.0
-    return _LINK_LATENCY_S * (n - 1) + 2.0 * (n - 1) / n * nbytes / topo.bandwidth(devices)
+    per_node: dict[int, int] = {}
+    for d in devices:
+        per_node[d // topo.gpus_per_node] = per_node.get(d // topo.gpus_per_node, 0) + 1
+    g, k = max(per_node.values()), len(per_node)
+    intra = 2.0 * (g - 1) / g * nbytes / (_ACHIEVED * topo.intra_Bps) if g > 1 else 0.0
+    inter = 2.0 * (k - 1) / k * (nbytes / g) / (_ACHIEVED * topo.inter_Bps_per_gpu) if k > 1 else 0.0
+    return _LINK_LATENCY_S * (g + k) + intra + inter

@@ -11,11 +11,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from solvers.spindle.cost import Topology, allreduce_s, state_bytes_per_param, transfer_s
+from solvers.spindle.cost import Topology, allreduce_s, slice_memory_bytes, state_bytes_per_param, transfer_s
 from solvers.spindle.workload import Workload
 
 _EPS = 1e-9
 RESERVE_BYTES = 1.5 * 2**30  # CUDA context, NCCL buffers, allocator fragmentation
+_BACKWARD_SHARE = 2.0 / 3.0
 
 
 @dataclass(frozen=True)
@@ -140,31 +141,29 @@ def memory_per_device(problem: Problem, slices: Sequence[Slice]) -> list[float]:
     transient = [0.0] * problem.num_devices
     for s in slices:
         op = wl.ops[s.op]
-        local = -(-op.batch // s.n)
+        _, act, work = slice_memory_bytes(op, s.layers, s.n)
         per_param = state_bytes_per_param(op.mode, s.n)
-        act = s.layers * local * op.act_bytes_per_sample_layer
         for d in s.devices:
             for layer in range(op.layer_offset + s.layer_start, op.layer_offset + s.layer_start + s.layers):
                 key = (op.module, layer)
                 states[d][key] = max(states[d].get(key, 0.0), per_param * op.params_per_layer)
-            if op.mode == "forward":
-                transient[d] = max(transient[d], act / s.layers)
-            else:
-                held[d] += act
+            held[d] += act
+            transient[d] = max(transient[d], work)
     return [sum(states[d].values()) + held[d] + transient[d] + RESERVE_BYTES for d in range(problem.num_devices)]
 
 
 def grad_sync(problem: Problem, slices: Sequence[Slice]) -> tuple[dict[str, float], dict[str, float]]:
-    """Per trained module: all-reduce time over the devices hosting each layer, and its last slice's end."""
+    """Per trained module: all-reduce time over the devices hosting each layer, and when it may start."""
     wl = problem.workload
     hosts: dict[tuple[str, int], set[int]] = defaultdict(set)
     params: dict[tuple[str, int], float] = {}
-    last_end: dict[str, float] = defaultdict(float)
+    last: dict[str, Slice] = {}
     for s in slices:
         op = wl.ops[s.op]
         if op.mode != "train" or op.params_per_layer == 0:
             continue
-        last_end[op.module] = max(last_end[op.module], s.end_s)
+        if op.module not in last or s.end_s > last[op.module].end_s:
+            last[op.module] = s
         for layer in range(op.layer_offset + s.layer_start, op.layer_offset + s.layer_start + s.layers):
             hosts[(op.module, layer)].update(s.devices)
             params[(op.module, layer)] = op.params_per_layer
@@ -175,7 +174,9 @@ def grad_sync(problem: Problem, slices: Sequence[Slice]) -> tuple[dict[str, floa
     sync: dict[str, float] = defaultdict(float)
     for (module, devs), nbytes in buckets.items():
         sync[module] += allreduce_s(nbytes, devs, problem.topo)
-    return dict(sync), dict(last_end)
+    # DDP overlaps the all-reduce with the backward of the module's last slice (2/3 of its time)
+    ready = {m: s.end_s - _BACKWARD_SHARE * (s.end_s - s.start_s) for m, s in last.items()}
+    return dict(sync), ready
 
 
 def evaluate(problem: Problem, slices: Sequence[Slice]) -> Evaluation:
@@ -184,8 +185,8 @@ def evaluate(problem: Problem, slices: Sequence[Slice]) -> Evaluation:
     sync: dict[str, float] = {}
     finish = makespan
     if problem.costs_comm:
-        sync, last_end = grad_sync(problem, slices)
-        finish = max([makespan, *(last_end[m] + t for m, t in sync.items())])
+        sync, ready = grad_sync(problem, slices)
+        finish = max([makespan, *(ready[m] + t for m, t in sync.items())])
     mem = memory_per_device(problem, slices)
     fits = problem.workload.explicit or max(mem) <= problem.memory_limit_bytes
     return Evaluation(finish, makespan, finish - makespan, mem, fits, compute, sync)

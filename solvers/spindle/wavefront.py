@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from solvers.spindle.bounds import DeviceRange, bottom_levels_s
+from solvers.spindle.cost import slice_memory_bytes
 from solvers.spindle.schedule import Evaluation, Placement, Problem, Slice, evaluate, timeline
 from solvers.spindle.workload import MetaOp
 
@@ -192,6 +193,8 @@ def plan_waves(problem: Problem, ranges: list[DeviceRange], order: Order) -> lis
         intervals = lay_out(seq, share, [ranges[i].lo for i in ready], n_dev)
         for (a, b), j, phases in zip(intervals, seq, column_phases(intervals), strict=True):
             op_i = ready[j]
+            if not phases:  # squeezed out by whole blocks: waits for the next wave
+                continue
             counts = split_layers(wl.ops[op_i], remaining[op_i], phases, t_ms)
             for p, layers in zip(phases, counts, strict=True):
                 if layers:
@@ -218,14 +221,41 @@ def better(a: Planned | None, b: Planned) -> bool:
     return (b.evaluation.fits, -b.evaluation.iteration_time_s) > (a.evaluation.fits, -a.evaluation.iteration_time_s)
 
 
-def plan(problem: Problem, ranges: list[DeviceRange]) -> Planned:
-    """The best of the wavefront orderings by full evaluation."""
+def _widen_for_memory(problem: Problem, plan_: Planned, ranges: list[DeviceRange]) -> list[DeviceRange] | None:
+    """Raise the minimum width of the metaops holding the most memory on the fullest device, or None."""
+    ev = plan_.evaluation
+    worst = max(range(len(ev.memory_bytes)), key=lambda d: ev.memory_bytes[d])
+    held: dict[int, float] = {}
+    for s in plan_.slices:
+        if s.lo <= worst < s.lo + s.n:
+            op = problem.workload.ops[s.op]
+            held[s.op] = held.get(s.op, 0.0) + sum(slice_memory_bytes(op, s.layers, s.n))
+    out = list(ranges)
+    for i in sorted(held, key=lambda i: -held[i]):
+        r = ranges[i]
+        if r.lo < r.hi:
+            out[i] = DeviceRange(min(r.hi, 2 * r.lo), r.hi)
+            return out
+    return None
+
+
+def plan(problem: Problem, ranges: list[DeviceRange], memory_rounds: int = 12) -> Planned:
+    """The best of the wavefront orderings by full evaluation; when no plan fits in memory, the metaops
+    crowding the fullest device are given wider minimum blocks (less state and activation per device)."""
     best: Planned | None = None
-    for name, order in ORDERS.items():
-        placements = plan_waves(problem, ranges, order)
-        slices = timeline(problem, placements)
-        cand = Planned(f"wavefront/{name}", placements, slices, evaluate(problem, slices))
-        if better(best, cand):
-            best = cand
+    for _ in range(memory_rounds):
+        for name, order in ORDERS.items():
+            placements = plan_waves(problem, ranges, order)
+            slices = timeline(problem, placements)
+            cand = Planned(f"wavefront/{name}", placements, slices, evaluate(problem, slices))
+            if better(best, cand):
+                best = cand
+        assert best is not None
+        if best.evaluation.fits:
+            break
+        wider = _widen_for_memory(problem, best, ranges)
+        if wider is None:
+            break
+        ranges = wider
     assert best is not None
     return best

@@ -83,6 +83,7 @@ class MetaOpSpec(_Spec):
     layer_offset: int = Field(default=0, ge=0)  # first layer of module this metaop runs (split stacks)
     decode_tokens: int = Field(default=1, gt=0)
     steps: int = Field(default=1, gt=0)  # repeated forward passes (diffusion denoising steps)
+    recompute: bool = False  # full activation recomputation: keep layer inputs only, redo the forward
 
     @model_validator(mode="after")
     def _shape(self) -> MetaOpSpec:
@@ -126,7 +127,8 @@ class SpindleOptions(_Spec):
     exact_deterministic_time: float = Field(default=4.0, gt=0)
     exact_workers: int = Field(default=2, ge=1, le=64)
     efficiency: float = Field(default=0.5, gt=0, le=1)  # achieved fraction of GPU peak on matmuls
-    kernel_overhead_ms: float = Field(default=0.05, ge=0)  # per layer fwd+bwd launch/sync floor
+    # per layer forward+backward floor: ~40 kernel launches, framework and NCCL hook overhead (eager PyTorch)
+    kernel_overhead_ms: float = Field(default=0.3, ge=0)
 
 
 class SpindleRequest(PlanRequestBase):
@@ -151,6 +153,7 @@ class MetaOp:
     layer_offset: int = 0
     params_per_layer: float = 0.0
     act_bytes_per_sample_layer: float = 0.0  # kept from forward to backward (train), KV cache (decode)
+    work_bytes_per_sample: float = 0.0  # transient working set of the layer being computed
     out_bytes_per_sample: float = 0.0  # activation handed to a successor (and its gradient back in training)
 
     def layer_ms(self, n: int) -> float:
