@@ -1,0 +1,105 @@
+"""Properties of whole plans, the API's errors, estimates and determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solvers.api import estimate, solve
+from solvers.errors import SpecError
+from solvers.flexsp.workloads import gpt7b_request
+
+
+def _check_result(result: dict, lengths: list[int], num_gpus: int, gpus_per_node: int, cap_per_gpu: int) -> None:
+    placed = []
+    for mb in result["micro_batches"]:
+        ranks = []
+        for g in mb["groups"]:
+            first, last = g["ranks"]
+            assert last - first + 1 == g["sp"]
+            ranks += list(range(first, last + 1))
+            # Node-aligned: a group within a node stays in one node; a larger one spans whole nodes.
+            if g["sp"] <= gpus_per_node:
+                assert first // gpus_per_node == last // gpus_per_node
+            else:
+                assert first % gpus_per_node == 0 and g["sp"] % gpus_per_node == 0
+            assert sum(lengths[i] for i in g["sequences"]) <= g["sp"] * cap_per_gpu  # memory
+            placed += g["sequences"]
+        assert sorted(ranks) == list(range(num_gpus))  # every GPU exactly once per micro-batch
+        assert mb["time_s"] == pytest.approx(max(g["time_s"] for g in mb["groups"]))
+    assert sorted(placed) == list(range(len(lengths)))  # every sequence exactly once
+    est = result["estimate"]
+    assert est["step_time_s"] == pytest.approx(sum(mb["time_s"] for mb in result["micro_batches"]))
+    assert est["step_time_s"] == pytest.approx(sum(est["breakdown_s"].values()))
+    assert est["step_time_s"] >= result["lower_bound_s"] - 1e-9
+    if result["baselines"]["static_sp"]:
+        assert est["step_time_s"] <= min(result["baselines"]["static_sp"].values()) + 1e-9
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(1, 28_000), min_size=1, max_size=60),  # 8 GPUs hold 28,824
+    shape=st.sampled_from([(1, 8), (2, 4), (2, 8), (4, 2)]),
+)
+def test_plans_respect_memory_tile_the_cluster_and_place_everything(lengths: list[int], shape: tuple) -> None:
+    nodes, gpn = shape
+    result = solve(gpt7b_request(lengths, nodes=nodes, gpus_per_node=gpn, memory_gib=30))
+    cap = result["cost_model"]["token_capacity_per_gpu"]
+    _check_result(result, lengths, nodes * gpn, gpn, cap)
+
+
+def test_derived_constants_plan_for_another_model_and_cluster() -> None:
+    rng = np.random.default_rng(5)
+    lengths = [int(x) for x in np.minimum(rng.lognormal(np.log(3000), 1.3, 80), 60_000) + 1]
+    req = {"kind": "flexsp", "model": {"preset": "llama3-8b"},
+           "cluster": {"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 8},
+           "batch": {"sequence_lengths": lengths}, "constraints": {"memory_limit_gib": 70}}
+    result = solve(req)
+    assert result["cost_model"]["source"] == "derived"
+    _check_result(result, lengths, 16, 8, result["cost_model"]["token_capacity_per_gpu"])
+
+
+def test_same_input_same_plan() -> None:
+    rng = np.random.default_rng(9)
+    lengths = [int(x) for x in np.clip(rng.lognormal(np.log(4096), 1.6, 160), 1, 150_000)]
+    a, b = solve(gpt7b_request(lengths)), solve(gpt7b_request(lengths))
+    assert a["micro_batches"] == b["micro_batches"]
+
+
+def test_too_long_sequence_is_named() -> None:
+    lengths = [1000, 500_000, 2000, 700_000]
+    with pytest.raises(SpecError) as err:
+        solve(gpt7b_request(lengths))
+    locs = [p.loc for p in err.value.problems]
+    assert locs == [("batch", "sequence_lengths", 1), ("batch", "sequence_lengths", 3)]
+    assert "412736 tokens" in str(err.value)  # 64 GPUs × 6449 tokens
+
+
+@pytest.mark.parametrize("patch,loc", [
+    ({"batch": {"sequence_lengths": [100, -3]}}, ("batch", "sequence_lengths")),
+    ({"cost_model": {"kind": "flexsp", "alpha1_ms_per_token2": 1e-6}}, ("cost_model", "alpha2_ms_per_token")),
+    ({"constraints": {"memory_limit_gib": 1}}, ("constraints", "memory_limit_gib")),
+    ({"solver": {"milp": "gurobi"}}, ("solver", "milp")),
+])
+def test_bad_input_names_the_field(patch: dict, loc: tuple) -> None:
+    req = {**gpt7b_request([1000, 2000]), **patch}
+    with pytest.raises(SpecError) as err:
+        solve(req)
+    assert any(tuple(p.loc[: len(loc)]) == loc for p in err.value.problems), err.value
+
+
+def test_estimate_of_a_returned_plan_reproduces_its_time() -> None:
+    rng = np.random.default_rng(2)
+    lengths = [int(x) for x in np.clip(rng.lognormal(np.log(4096), 1.6, 100), 1, 190_000)]
+    plan = solve(gpt7b_request(lengths))
+    est = estimate({**gpt7b_request(lengths), "micro_batches": plan["micro_batches"]})
+    assert est["step_time_s"] == pytest.approx(plan["estimate"]["step_time_s"])
+    static = estimate({**gpt7b_request(lengths), "strategy": {"sp": 64}})
+    assert static["step_time_s"] == pytest.approx(plan["baselines"]["static_sp"]["64"])
+    broken = [dict(mb) for mb in plan["micro_batches"]]
+    broken[0] = {"groups": broken[0]["groups"][1:] or [{"sp": 8, "sequences": []}]}
+    with pytest.raises(SpecError) as err:
+        estimate({**gpt7b_request(lengths), "micro_batches": broken})
+    assert err.value.problems[0].loc == ("micro_batches",)
