@@ -1,0 +1,122 @@
+"""The kind = "spindle" contract: request parsing, result fields, estimate, errors naming fields."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from solvers import api
+from solvers.errors import SpecError
+from solvers.spindle.gantt import gantt_svg
+
+CONTRACT = {"kind": "spindle", "cluster": {"nodes": 2, "gpus_per_node": 8},
+            "workload": {"metaops": [
+                {"name": "cap-vision", "task": "cap", "batch_size": 64, "num_layers": 48,
+                 "time_ms_per_layer": {"slope_ms_per_sample": 0.2908, "intercept_ms": 0.944}},
+                {"name": "cap-llm", "task": "cap", "batch_size": 64, "num_layers": 32,
+                 "time_ms_per_layer": {"slope_ms_per_sample": 0.6, "intercept_ms": 1.2}},
+                {"name": "vqa-vision", "task": "vqa", "batch_size": 32, "num_layers": 48,
+                 "time_ms_per_layer": {"slope_ms_per_sample": 0.2908, "intercept_ms": 0.944}},
+                {"name": "vqa-llm", "task": "vqa", "batch_size": 32, "num_layers": 32,
+                 "time_ms_per_layer": {"slope_ms_per_sample": 0.6, "intercept_ms": 1.2}},
+                {"name": "text", "task": "text", "batch_size": 128, "num_layers": 32,
+                 "time_ms_per_layer": {"slope_ms_per_sample": 0.6, "intercept_ms": 1.2}}],
+                "edges": [["cap-vision", "cap-llm"], ["vqa-vision", "vqa-llm"]]},
+            "options": {"exact": True, "exact_time_limit_s": 2.0, "exact_workers": 1}}
+
+
+def solve(req: dict[str, Any]) -> dict[str, Any]:
+    return api.solve(req)
+
+
+def test_contract_fields_and_explicit_time_model() -> None:
+    out = solve(CONTRACT)
+    assert {"estimate", "slices", "lower_bound_s", "baselines", "search", "waves"} <= set(out)
+    assert set(out["baselines"]) == {"sequential_full_cluster_s", "task_uniform_s", "task_optimus_s"}
+    assert out["search"]["time_s"] > 0
+    est = out["estimate"]["iteration_time_s"]
+    # explicit times are the whole cost: iteration = last slice end, each slice = layers * (slope*ceil(b/n)+c)
+    assert est == pytest.approx(max(s["end_s"] for s in out["slices"]))
+    ops = {m["name"]: m for m in CONTRACT["workload"]["metaops"]}
+    for s in out["slices"]:
+        m, n = ops[s["metaop"]], len(s["devices"])
+        t = m["time_ms_per_layer"]
+        per_layer = t["slope_ms_per_sample"] * -(-m["batch_size"] // n) + t["intercept_ms"]
+        assert s["end_s"] - s["start_s"] == pytest.approx(s["layers"] * per_layer / 1e3)
+    assert out["lower_bound_s"] <= est <= min(out["baselines"].values()) + 1e-12
+    # the exact model was warm-started from the wavefront plan and never does worse
+    assert est <= out["search"]["wavefront_iteration_time_s"] + 1e-9
+
+
+def test_estimate_of_a_returned_plan_reproduces_it() -> None:
+    out = solve({**CONTRACT, "options": {"exact": False}})
+    est = api.estimate({**CONTRACT, "slices": out["slices"]})
+    assert est["iteration_time_s"] == pytest.approx(out["estimate"]["iteration_time_s"])
+    assert est["lower_bound_s"] == pytest.approx(out["lower_bound_s"])
+
+
+def _problems(req: dict[str, Any], fn: Any = solve) -> list[tuple[Any, ...]]:
+    with pytest.raises(SpecError) as err:
+        fn(req)
+    return [tuple(p.loc) for p in err.value.problems]
+
+
+def test_bad_input_names_the_field() -> None:
+    bad = copy.deepcopy(CONTRACT)
+    bad["workload"]["edges"].append(["cap-llm", "nowhere"])
+    assert ("workload", "edges", 2, 1) in _problems(bad)
+    cyc = copy.deepcopy(CONTRACT)
+    cyc["workload"]["edges"].append(["cap-llm", "cap-vision"])
+    assert ("workload", "edges") in _problems(cyc)
+    neg = copy.deepcopy(CONTRACT)
+    neg["workload"]["metaops"][0]["batch_size"] = 0
+    assert ("workload", "metaops", 0, "batch_size") in _problems(neg)
+    none = copy.deepcopy(CONTRACT)
+    del none["workload"]["metaops"][1]["time_ms_per_layer"]
+    assert any(loc[:3] == ("workload", "metaops", 1) for loc in _problems(none))
+    dup = copy.deepcopy(CONTRACT)
+    dup["workload"]["metaops"][1]["name"] = "cap-vision"
+    assert ("workload", "metaops", 1, "name") in _problems(dup)
+    typo = copy.deepcopy(CONTRACT)
+    typo["workload"]["metaops"][0]["num_layer"] = 3
+    assert any("num_layer" in loc for loc in _problems(typo))
+    preset = {**CONTRACT, "workload": {"preset": "nope"}}
+    assert any(loc[0] == "workload" for loc in _problems(preset))
+    assert ("slices",) in _problems(CONTRACT, api.estimate)
+    est = {**CONTRACT, "slices": [{"metaop": "cap-vision", "devices": [0, 2], "layers": 48}]}
+    assert ("slices", 0, "devices") in _problems(est, api.estimate)
+
+
+def test_cli_reports_bad_spindle_input_cleanly(tmp_path: Path) -> None:
+    bad = copy.deepcopy(CONTRACT)
+    bad["workload"]["edges"].append(["cap-llm", "nowhere"])
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps(bad))
+    out = subprocess.run([sys.executable, "-m", "paraplan_cli.main", "estimate", "-f", str(f), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "workload.edges" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_gantt_svg_draws_every_slice_coloured_by_task() -> None:
+    import xml.etree.ElementTree as ET
+
+    out = solve({**CONTRACT, "options": {"exact": False}})
+    svg = gantt_svg(out)
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    titles = [t.text or "" for t in root.iter(f"{ns}title")]
+    assert len(titles) == len(out["slices"])
+    boxes = [g.find(f"{ns}rect") for g in root.iter(f"{ns}g")]
+    by_task: dict[str, set[str]] = {}
+    for s, box in zip(out["slices"], boxes, strict=True):
+        assert box is not None
+        by_task.setdefault(s["task"], set()).add(box.get("fill", ""))
+        assert float(box.get("height", 0)) == pytest.approx(len(s["devices"]) * 18 - 2)
+    assert all(len(c) == 1 for c in by_task.values())  # one colour per task
+    assert len({c for cs in by_task.values() for c in cs}) == len(by_task)  # distinct tasks, distinct colours

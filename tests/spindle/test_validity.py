@@ -1,0 +1,81 @@
+"""Validity properties of every planner's schedules on random DAG workloads."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from solvers.spindle import baselines, wavefront
+from solvers.spindle.api import solve
+from solvers.spindle.bounds import device_ranges, lower_bound_s
+from solvers.spindle.schedule import evaluate, violations
+from tests.spindle.helpers import explicit_request, problem_of, random_workload
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_every_planner_gives_a_valid_schedule_above_the_lower_bound(seed: int) -> None:
+    rng = random.Random(seed)
+    ops, edges = random_workload(rng, rng.randint(1, 9))
+    gpus = rng.choice([1, 2, 3, 5, 8, 16])
+    problem = problem_of(explicit_request(ops, edges, gpus, per_node=rng.choice([1, 2, 8])))
+    ranges = device_ranges(problem)
+    lb = lower_bound_s(problem, ranges)
+    plans = [wavefront.plan(problem, ranges), *(p for p in baselines.all_baselines(problem, ranges).values() if p)]
+    for p in plans:
+        assert violations(problem, p.slices) == [], p.name
+        assert p.evaluation.iteration_time_s >= lb * (1 - 1e-9), p.name
+        for op_i, op in enumerate(problem.workload.ops):
+            assert sum(s.layers for s in p.slices if s.op == op_i) == op.layers
+
+
+def test_violations_catch_broken_schedules() -> None:
+    ops, edges = random_workload(random.Random(3), 4)
+    edges = [["m0", "m1"]]
+    problem = problem_of(explicit_request(ops, edges, 4))
+    good = wavefront.plan(problem, device_ranges(problem)).slices
+    assert violations(problem, good) == []
+    from dataclasses import replace
+
+    # same device at the same time
+    a, b = good[0], replace(good[0], op=next(s.op for s in good if s.op != good[0].op))
+    assert any("double-booked" in v for v in violations(problem, [*good, b]))
+    # a metaop missing layers
+    assert any("layers scheduled" in v for v in violations(problem, [s for s in good if s is not a]))
+    # successor before its predecessor
+    first_m1 = next(s for s in good if s.op == 1)
+    moved = replace(first_m1, start_s=-10.0, end_s=-10.0 + (first_m1.end_s - first_m1.start_s), lo=0, n=first_m1.n)
+    shifted = [moved if s is first_m1 else s for s in good]
+    assert any("edge m0 -> m1" in v for v in violations(problem, shifted))
+
+
+@pytest.mark.parametrize("preset", ["clip-imagebind", "qwen-vl", "seedance", "omni", "unigrpo"])
+def test_preset_plans_fit_memory_and_beat_baselines(preset: str) -> None:
+    req = {"kind": "spindle", "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
+           "workload": {"preset": preset}, "options": {"exact": False}}
+    out = solve(req)
+    problem = problem_of(req)
+    assert out["estimate"]["fits"] and out["estimate"]["peak_memory_gib"] <= 80.0
+    assert max(out["estimate"]["memory_gib_per_device"]) <= 80.0
+    assert out["estimate"]["iteration_time_s"] >= out["lower_bound_s"]
+    best_base = min(v for v in out["baselines"].values() if v is not None)
+    assert out["estimate"]["iteration_time_s"] <= best_base + 1e-12
+    assert out["search"]["wavefront_s"] < 1.0
+    # the returned slices are a valid schedule of the workload
+    index = problem.workload.index
+    from solvers.spindle.schedule import Slice
+
+    slices = [Slice(index[s["metaop"]], s["layer_start"], s["layers"], s["devices"][0], len(s["devices"]),
+                    s["start_s"], s["end_s"]) for s in out["slices"]]
+    assert violations(problem, slices) == []
+    assert evaluate(problem, slices).fits
+
+
+def test_memory_limit_too_small_is_reported_on_the_field() -> None:
+    from solvers.errors import InfeasibleError
+
+    req = {"kind": "spindle", "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
+           "constraints": {"memory_limit_gib": 4}, "workload": {"preset": "qwen-vl"}, "options": {"exact": False}}
+    with pytest.raises(InfeasibleError) as err:
+        solve(req)
+    assert err.value.problems[0].loc[0] in ("workload", "constraints")
