@@ -70,7 +70,7 @@ def solve(request: dict[str, Any], progress: Callable[[float, str], None] | None
     settings = None if opts.milp == "none" else MilpSettings(
         backend=opts.milp, max_deterministic_time_s=opts.max_deterministic_time_s, max_nodes=opts.max_nodes,
         seed=req.constraints.seed, exact_up_to=opts.exact_up_to, max_buckets=opts.max_buckets,
-        max_sequences=opts.max_sequences)
+        max_sequences=opts.max_sequences, max_runs=opts.max_runs)
     static_plans = _static_plans(table, n)
     extra = {f"static-sp{d}": p for d, p in static_plans.items()}
     plan, report = plan_batch(PackingContext(table, n), settings, progress, extra)

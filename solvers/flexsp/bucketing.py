@@ -41,11 +41,11 @@ def bucket_sequences(rows: list[int], lengths: np.ndarray, max_buckets: int) -> 
         best[0, 0] = 0.0
         for b in range(1, k + 1):
             for j in range(b, u + 1):
-                a = np.arange(b - 1, j)
-                # Units a..j-1 share boundary head[a]: padding = boundary·count − their tokens.
-                v = best[b - 1, a] + head[a] * (st[j] - st[a]) - (prefix[st[j]] - prefix[st[a]])
+                first = np.arange(b - 1, j)
+                # Units first..j-1 share boundary head[first]: padding = boundary·count − their tokens.
+                v = best[b - 1, first] + head[first] * (st[j] - st[first]) - (prefix[st[j]] - prefix[st[first]])
                 q = int(np.argmin(v))
-                best[b, j], arg[b, j] = v[q], a[q]
+                best[b, j], arg[b, j] = v[q], first[q]
         cut = [u]
         for b in range(k, 0, -1):
             cut.append(int(arg[b, cut[-1]]))

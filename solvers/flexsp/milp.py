@@ -34,7 +34,8 @@ class MilpSettings:
     seed: int = 0
     exact_up_to: int = 24  # sequences; larger micro-batches are bucketed
     max_buckets: int = 16
-    max_sequences: int = 48  # larger micro-batches keep the greedy packing (the planner's choice)
+    max_sequences: int = 24  # larger micro-batches keep the greedy packing (the planner's choice)
+    max_runs: int = 2  # micro-batches per step that get the MILP, furthest above their bound first
 
 
 @dataclass

@@ -55,25 +55,30 @@ def _repack(ctx: PackingContext, plan: list[MicroBatch]) -> list[MicroBatch]:
 
 def _polish(ctx: PackingContext, plan: list[MicroBatch], settings: MilpSettings, report: SearchReport,
             progress: Progress | None) -> list[MicroBatch]:
+    """MILP on the micro-batches furthest above their own lower bound (at most ``settings.max_runs``)."""
     t = ctx.table
-    out = []
+    gaps = []
     for m, mb in enumerate(plan):
         rows = as_rows(mb)
+        bound = lower_bound_ms(t, np.asarray(rows), ctx.num_gpus)
+        gap = max_load_ms(t, mb) / bound - 1 if bound > 0 else 0.0
+        if gap > MILP_GAP and len(rows) <= settings.max_sequences:
+            gaps.append((-gap, m))
+    out = list(plan)
+    chosen = sorted(gaps)[: settings.max_runs]
+    for n, (_, m) in enumerate(chosen):
+        mb = out[m]
+        rows = as_rows(mb)
         load = max_load_ms(t, mb)
-        near_bound = load <= lower_bound_ms(t, np.asarray(rows), ctx.num_gpus) * (1 + MILP_GAP)
-        if near_bound or len(rows) > settings.max_sequences:
-            out.append(mb)
-            continue
         report.milp_runs += 1
         report.milp_models.append(model_size(ctx, rows, settings))
         better = solve_micro_batch(ctx, rows, settings, warm=mb)
         if better is not None and max_load_ms(t, better) < load - 1e-6:
             report.milp_improved += 1
             report.milp_gain_s += (load - max_load_ms(t, better)) / 1e3
-            mb = better
-        out.append(mb)
+            out[m] = better
         if progress:
-            progress(0.5 + 0.5 * (m + 1) / len(plan), f"MILP {m + 1}/{len(plan)}")
+            progress(0.5 + 0.5 * (n + 1) / len(chosen), f"MILP {n + 1}/{len(chosen)}")
     return out
 
 

@@ -55,7 +55,8 @@ class SolverOptions(BaseModel):
     max_nodes: int = Field(default=2000, gt=0)
     max_buckets: int = Field(default=16, ge=2, le=256)
     exact_up_to: int = Field(default=24, ge=1, le=512)
-    max_sequences: int = Field(default=48, ge=1)
+    max_sequences: int = Field(default=24, ge=1)
+    max_runs: int = Field(default=2, ge=0)
 
 
 class FlexSPRequest(PlanRequestBase):

@@ -46,7 +46,7 @@ def wikipedia_batches(path: Path, count: int, batch: int = 512, start: int = 0) 
     out: list[int] = []
     with path.open() as f:
         for line in f:
-            s = int(pad_up(np.int64(int(line))))
+            s = (int(line) - 1) // PAD * PAD + PAD
             if s <= CONTEXT_TOKENS - PAD:
                 out.append(s)
                 if len(out) >= need:
