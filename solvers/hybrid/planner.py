@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from solvers.cost_model.base import CostModel
-from solvers.hybrid import partition, stage_costs, stage_table
+from solvers.hybrid import bounds, partition, stage_costs, stage_table
 from solvers.hybrid.space import PipelineConfig, SearchSpace
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
@@ -122,20 +122,34 @@ class Planner:
 
     # ------------------------------------------------------------------ bounds
     def lower_bound(self, cc: stage_costs.ConfigCosts) -> float:
-        """Step time if every layer ran its fastest candidate with unlimited memory (a relaxation)."""
+        """A lower bound on the configuration's step time: per stage, identical layers get the LP relaxation
+        of the memory-constrained choice (``bounds``); other layer mixes their fastest candidates."""
         n = len(self.kinds)
+        counts = np.arange(n + 1, dtype=float)
         per_stage = []
         for st in cc.stages:
-            t_min = {k: float(np.min(c.time_s)) for k, c in st.costs.items()}
-            u_min = {k: float(np.min(c.step_time_s)) for k, c in st.costs.items()}
-            ct = np.concatenate([[0.0], np.cumsum([t_min[k] for k in self.kinds])])
-            cu = np.concatenate([[0.0], np.cumsum([u_min[k] for k in self.kinds])])
-            per_stage.append((ct, cu, st.fixed))
+            f = st.fixed
+            if cc.uniform:
+                (c,) = st.costs.values()
+                mem = st.memory(self.kinds[0])
+                budget = self.limit - st.fixed_memory() - float(np.min(c.peak_extra_bytes))
+                per_layer = budget / np.maximum(counts, 1)
+                t = np.maximum(counts, 1) * bounds.relaxed_cost(mem, c.time_s, per_layer)
+                u = np.maximum(counts, 1) * bounds.relaxed_cost(mem, c.step_time_s, per_layer)
+                per_stage.append((t, u, f, True))
+            else:
+                t_min = {k: float(np.min(c.time_s)) for k, c in st.costs.items()}
+                u_min = {k: float(np.min(c.step_time_s)) for k, c in st.costs.items()}
+                ct = np.concatenate([[0.0], np.cumsum([t_min[k] for k in self.kinds])])
+                cu = np.concatenate([[0.0], np.cumsum([u_min[k] for k in self.kinds])])
+                per_stage.append((ct, cu, f, False))
 
         def look(stage: int, start: int, count: int) -> tuple[float, float]:
             if count < cc.config.virtual_stages:
                 return math.inf, math.inf
-            ct, cu, f = per_stage[stage]
+            ct, cu, f, uniform = per_stage[stage]
+            if uniform:
+                return float(ct[count]) + f.time_s, float(cu[count]) + f.step_time_s
             end = start + count
             return float(ct[end] - ct[start]) + f.time_s, float(cu[end] - cu[start]) + f.step_time_s
 
@@ -239,3 +253,32 @@ class Planner:
         ranking.sort(key=lambda o: o.step_time_s)
         plan = self.build_plan(*best)
         return PlanResult(plan, best_v, len(configs), solved, pruned, self.dp_runs, time.perf_counter() - t0, ranking)
+
+    # ------------------------------------------------------------------ infeasibility
+    def min_memory_bytes(self) -> float:
+        """A lower bound on the per-GPU memory any plan in the space needs (for the infeasibility message):
+        every layer at its smallest candidate, the smallest transient, the best partition, the embedding
+        variant with the least memory."""
+        best = math.inf
+        n = len(self.kinds)
+        for base in self.space.pipeline_configs():
+            for cfg in self.embedding_variants(base) or [base]:
+                cc = self.config_costs(cfg)
+                if cc is None:
+                    continue
+                per_stage = []
+                for st in cc.stages:
+                    per_kind = {k: float(np.min(st.memory(k))) for k in st.costs}
+                    low_extra = min(float(np.min(c.peak_extra_bytes)) for c in st.costs.values())
+                    cum = np.concatenate([[0.0], np.cumsum([per_kind[k] for k in self.kinds])])
+                    per_stage.append((cum, st.fixed_memory() + low_extra))
+
+                def look(stage: int, start: int, count: int, per_stage: list = per_stage) -> tuple[float, float]:
+                    cum, fixed = per_stage[stage]
+                    return fixed + float(cum[start + count] - cum[start]), 0.0
+
+                parts = partition.min_max_partition(n, cfg.pp, look)
+                if parts is not None:
+                    starts = np.cumsum((0, *parts))
+                    best = min(best, max(look(s, int(starts[s]), c)[0] for s, c in enumerate(parts)))
+        return best

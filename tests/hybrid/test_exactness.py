@@ -42,7 +42,8 @@ def small_case(draw: st.DrawFn) -> tuple[SyntheticCostModel, SearchSpace]:
 def test_planner_matches_exhaustive_enumeration(case: tuple[SyntheticCostModel, SearchSpace]) -> None:
     cm, space = case
     truth = best_step_time(cm, space)
-    planner = Planner(cm, space, kinds=None, options=PlannerOptions(memory_unit_bytes=MIB, peak_levels=64))
+    kinds = None if cm.layer_scale else [0] * cm.num_layers  # identical layers take the shared-table path
+    planner = Planner(cm, space, kinds=kinds, options=PlannerOptions(memory_unit_bytes=MIB, peak_levels=64))
     try:
         result = planner.search()
     except LookupError:
@@ -52,3 +53,17 @@ def test_planner_matches_exhaustive_enumeration(case: tuple[SyntheticCostModel, 
     assert est.fits
     assert math.isclose(est.step_time_s, result.step_time_s, rel_tol=1e-9)
     assert math.isclose(result.step_time_s, truth, rel_tol=1e-9), (result.step_time_s, truth, result.plan)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_case())
+def test_lower_bound_never_exceeds_the_solved_configuration(case: tuple[SyntheticCostModel, SearchSpace]) -> None:
+    cm, space = case
+    kinds = None if cm.layer_scale else [0] * cm.num_layers
+    planner = Planner(cm, space, kinds=kinds, options=PlannerOptions(memory_unit_bytes=MIB, peak_levels=64))
+    for cfg in space.pipeline_configs():
+        cc = planner.config_costs(cfg)
+        if cc is None:
+            continue
+        step, _ = planner.solve_config(cc)
+        assert planner.lower_bound(cc) <= step * (1 + 1e-12)

@@ -1,0 +1,148 @@
+"""Baselines solved in the same call as the plan, under the same cost model.
+
+- ``megatron``: the best uniform Megatron-LM style plan — one strategy for every layer, grid over
+  tp (× Megatron SP) × pp (even split) × dp × micro-batches × ZeRO-0/1 (distributed optimizer) ×
+  recompute, 1F1B or interleaved, vocabulary-parallel embedding on the layers' TP group.
+- ``zero3_dp``: ZeRO-3 data parallelism over all GPUs (FSDP), best micro-batching and recompute.
+- ``pure_dp``: plain data parallelism (DDP), no recompute, best micro-batching — when it fits.
+
+Each uniform plan is costed by the contract's aggregation, vectorised over the candidate strategies of a
+pipeline configuration; only the winner is passed through ``evaluate`` for its full estimate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from solvers.cost_model.base import CostModel, Estimate
+from solvers.hybrid.space import PipelineConfig, SearchSpace
+from solvers.hybrid.stage_costs import layout_transitions, stage_context
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute
+
+
+@dataclass
+class Baseline:
+    name: str
+    plan: PlanStrategy
+    step_time_s: float
+
+
+def even_split(layers: int, pp: int) -> tuple[int, ...]:
+    """Megatron's split: as even as possible, extra layers to the middle stages (away from embedding/head)."""
+    base, extra = divmod(layers, pp)
+    counts = [base] * pp
+    order = sorted(range(pp), key=lambda s: (s in (0, pp - 1), abs(s - (pp - 1) / 2)))
+    for s in order[:extra]:
+        counts[s] += 1
+    return tuple(counts)
+
+
+def megatron_embedding(x: LayerStrategy) -> EmbeddingStrategy:
+    return EmbeddingStrategy(tp=x.tp, dp=x.dp * x.cp, zero=x.zero)
+
+
+def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], configs: Iterable[PipelineConfig],
+                 strategies: Iterable[LayerStrategy], name: str) -> Baseline | None:
+    """Fastest fitting plan that uses one of ``strategies`` for every layer, over ``configs``."""
+    strategies = list(strategies)
+    first_of: dict[Hashable, int] = {}
+    for i, k in enumerate(kinds):
+        first_of.setdefault(k, i)
+    best: Baseline | None = None
+    n_layers, batch = space.num_layers, space.global_batch_size
+    for cfg in configs:
+        g, mbs = space.num_gpus // cfg.pp, batch // cfg.micro_batches
+        cands = [x for x in strategies if x.world == g and mbs % x.dp == 0]
+        if not cands:
+            continue
+        parts = even_split(n_layers, cfg.pp)
+        if min(parts) < cfg.virtual_stages:
+            continue
+        groups: dict[EmbeddingStrategy, list[int]] = {}
+        for i, x in enumerate(cands):
+            groups.setdefault(megatron_embedding(x), []).append(i)
+        for emb, idx in groups.items():
+            c_cfg = replace(cfg, embedding=emb)
+            sub = [cands[i] for i in idx]
+            t = np.zeros((cfg.pp, len(sub)))
+            u = np.zeros_like(t)
+            mem = np.zeros_like(t)
+            start = 0
+            for s, n in enumerate(parts):
+                ctx = stage_context(c_cfg, s, batch)
+                fx = cm.stage_fixed(ctx)
+                infl = float(cm.in_flight_micro_batches(ctx))
+                diag = np.diag(layout_transitions(cm, sub, ctx))
+                t[s] = (n - 1) * diag + fx.time_s
+                u[s] = fx.step_time_s
+                mem[s] = fx.state_bytes + fx.other_bytes + infl * fx.activation_bytes
+                extra = np.zeros(len(sub))
+                for k, count in Counter(kinds[start:start + n]).items():
+                    lc = cm.layer_costs(first_of[k], sub, ctx)  # layers of one kind cost the same
+                    t[s] += count * lc.time_s
+                    u[s] += count * lc.step_time_s
+                    mem[s] += count * (lc.state_bytes + infl * lc.activation_bytes)
+                    extra = np.maximum(extra, lc.peak_extra_bytes)
+                mem[s] += extra
+                start += n
+            ctx0 = stage_context(c_cfg, 0, batch)
+            for j, x in enumerate(sub):
+                if not (np.all(np.isfinite(t[:, j])) and np.max(mem[:, j]) <= cm.memory_limit_bytes):
+                    continue
+                step = float(cm.pipeline_step_time(list(t[:, j]), list(u[:, j]), ctx0))
+                if math.isfinite(step) and (best is None or step < best.step_time_s):
+                    plan = PlanStrategy(pp=cfg.pp, micro_batches=cfg.micro_batches, layers=(x,) * n_layers,
+                                        stage_layers=parts, schedule=cfg.schedule,
+                                        virtual_stages=cfg.virtual_stages, embedding=emb)
+                    best = Baseline(name, plan, step)
+    return best
+
+
+def _dp_strategies(n: int, zero: int, recomputes: Iterable[Recompute]) -> list[LayerStrategy]:
+    return [LayerStrategy(tp=1, dp=n, zero=zero if n > 1 else 0, recompute=r) for r in recomputes]
+
+
+def _single_stage(space: SearchSpace) -> list[PipelineConfig]:
+    return [PipelineConfig(1, m) for m in space.micro_batch_options(1)]
+
+
+def megatron(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> Baseline | None:
+    configs = [c for c in space.pipeline_configs() if c.schedule in ("1f1b", "interleaved")]
+    strategies = []
+    for pp in space.pp_options():
+        g = space.num_gpus // pp
+        for tp in space.tp_options(g):
+            for zero in (0, 1):
+                for rc in ("none", "selective", "full"):
+                    strategies.append(LayerStrategy(tp=tp, dp=g // tp, sp="megatron" if tp > 1 else None,
+                                                    zero=zero if g // tp > 1 else 0, recompute=rc))  # type: ignore[arg-type]
+    return best_uniform(cm, space, kinds, configs, dict.fromkeys(strategies), "megatron")
+
+
+def zero3_dp(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> Baseline | None:
+    strategies = _dp_strategies(space.num_gpus, 3, ("none", "selective", "full"))
+    return best_uniform(cm, space, kinds, _single_stage(space), strategies, "zero3_dp")
+
+
+def pure_dp(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> Baseline | None:
+    strategies = _dp_strategies(space.num_gpus, 0, ("none",))
+    return best_uniform(cm, space, kinds, _single_stage(space), strategies, "pure_dp")
+
+
+def report(b: Baseline | None, est: Estimate | None, plan_throughput: float, why_missing: str) -> dict[str, object]:
+    """A baseline's entry in the result: its strategy, estimate and the plan's gain over it."""
+    if b is None or est is None:
+        return {"fits": False, "note": why_missing}
+    thr = est.throughput_samples_per_s
+    return {
+        "fits": est.fits,
+        "strategy": b.plan.to_dict(),
+        "estimate": est.to_dict(),
+        "throughput_samples_per_s": thr,
+        "gain": plan_throughput / thr - 1.0 if thr > 0 else None,
+    }
