@@ -9,11 +9,12 @@ from typing import Any
 from solvers.errors import InfeasibleError, SpecError
 from solvers.request import parse
 from solvers.specs import memory_limit_bytes
-from solvers.spindle import baselines, exact, wavefront
+from solvers.spindle import baselines, exact, planner
 from solvers.spindle.bounds import device_ranges, lower_bound_s
 from solvers.spindle.cost import Topology, device_model, explicit_metaop, module_metaop
+from solvers.spindle.planner import Planned, better
+from solvers.spindle.polish import polish
 from solvers.spindle.schedule import Evaluation, Placement, Problem, Slice, evaluate, timeline, violations
-from solvers.spindle.wavefront import Planned, better
 from solvers.spindle.workload import SpindleRequest, build_graph
 
 Progress = Callable[[float, str], None]
@@ -80,15 +81,16 @@ def solve(request: dict[str, Any], progress: Progress | None = None) -> dict[str
     ranges = device_ranges(problem)
     lb = lower_bound_s(problem, ranges)
     report(0.05, "wavefront planner")
-    heur = wavefront.plan(problem, ranges)
+    opt = req.options
+    heur = polish(problem, ranges, planner.plan(problem, ranges), opt.polish_time_s)
     t_heur = time.perf_counter() - t0
     best = heur
     search: dict[str, Any] = {"wavefront_s": t_heur, "wavefront_iteration_time_s": heur.evaluation.iteration_time_s,
                               "wavefront_ordering": heur.name}
     if req.options.exact:
         report(0.2, "exact model (CP-SAT)")
-        opt = req.options
-        res = exact.solve(problem, ranges, hint=heur.placements, time_limit_s=opt.exact_time_limit_s,
+        t_exact = time.perf_counter()
+        res = exact.solve(problem, ranges, hint=heur.placements, time_limit_s=0.9 * opt.exact_time_limit_s,
                           deterministic_time=opt.exact_deterministic_time, workers=opt.exact_workers,
                           seed=req.constraints.seed)
         search["exact"] = {"status": res.status, "wall_s": res.wall_s, "model_makespan_s": res.makespan_s,
@@ -96,6 +98,8 @@ def solve(request: dict[str, Any], progress: Progress | None = None) -> dict[str
         if res.placements is not None:
             slices = timeline(problem, res.placements)
             cand = Planned("cp-sat", res.placements, slices, evaluate(problem, slices))
+            left = opt.exact_time_limit_s - (time.perf_counter() - t_exact)
+            cand = polish(problem, ranges, cand, min(opt.polish_time_s, max(0.0, left)))
             search["exact"]["iteration_time_s"] = cand.evaluation.iteration_time_s
             if better(best, cand):
                 best = cand

@@ -13,8 +13,8 @@ import heapq
 from collections.abc import Callable
 
 from solvers.spindle.bounds import DeviceRange, op_time_s
+from solvers.spindle.planner import Planned
 from solvers.spindle.schedule import Placement, Problem, evaluate, timeline
-from solvers.spindle.wavefront import Planned
 
 
 def _task_order(problem: Problem, rank: Callable[[int], int]) -> list[int]:

@@ -11,6 +11,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from solvers.spindle.cost import Topology, allreduce_s, slice_memory_bytes, state_bytes_per_param, transfer_s
 from solvers.spindle.workload import Workload
 
@@ -131,32 +133,43 @@ class Evaluation:
         return self.compute_s / denom if denom > 0 else 0.0
 
 
+def _module_grid(problem: Problem, module: str) -> int:
+    """Layers of a module (the highest layer any metaop of it runs)."""
+    return max(op.layer_offset + op.layers for op in problem.workload.ops if op.module == module)
+
+
 def memory_per_device(problem: Problem, slices: Sequence[Slice]) -> list[float]:
     """Resident bytes per device: states of every hosted layer (once) + activations held at the turn."""
     wl = problem.workload
+    n_dev = problem.num_devices
     if wl.explicit:
-        return [0.0] * problem.num_devices
-    states: list[dict[tuple[str, int], float]] = [{} for _ in range(problem.num_devices)]
-    held = [0.0] * problem.num_devices
-    transient = [0.0] * problem.num_devices
+        return [0.0] * n_dev
+    # per module, bytes of state per (device, layer): a layer hosted twice on a device is stored once
+    states: dict[str, np.ndarray] = {}
+    held = np.zeros(n_dev)
+    transient = np.zeros(n_dev)
     for s in slices:
         op = wl.ops[s.op]
         _, act, work = slice_memory_bytes(op, s.layers, s.n)
-        per_param = state_bytes_per_param(op.mode, s.n)
-        for d in s.devices:
-            for layer in range(op.layer_offset + s.layer_start, op.layer_offset + s.layer_start + s.layers):
-                key = (op.module, layer)
-                states[d][key] = max(states[d].get(key, 0.0), per_param * op.params_per_layer)
-            held[d] += act
-            transient[d] = max(transient[d], work)
-    return [sum(states[d].values()) + held[d] + transient[d] + RESERVE_BYTES for d in range(problem.num_devices)]
+        grid = states.get(op.module)
+        if grid is None:
+            grid = states[op.module] = np.zeros((n_dev, _module_grid(problem, op.module)))
+        l0 = op.layer_offset + s.layer_start
+        block = grid[s.lo:s.lo + s.n, l0:l0 + s.layers]
+        np.maximum(block, state_bytes_per_param(op.mode, s.n) * op.params_per_layer, out=block)
+        held[s.lo:s.lo + s.n] += act
+        transient[s.lo:s.lo + s.n] = np.maximum(transient[s.lo:s.lo + s.n], work)
+    total = held + transient + RESERVE_BYTES
+    for grid in states.values():
+        total += grid.sum(axis=1)
+    return [float(x) for x in total]
 
 
 def grad_sync(problem: Problem, slices: Sequence[Slice]) -> tuple[dict[str, float], dict[str, float]]:
     """Per trained module: all-reduce time over the devices hosting each layer, and when it may start."""
     wl = problem.workload
-    hosts: dict[tuple[str, int], set[int]] = defaultdict(set)
-    params: dict[tuple[str, int], float] = {}
+    hosts: dict[str, np.ndarray] = {}  # module -> [layer, device] hosted
+    params: dict[str, np.ndarray] = {}
     last: dict[str, Slice] = {}
     for s in slices:
         op = wl.ops[s.op]
@@ -164,19 +177,27 @@ def grad_sync(problem: Problem, slices: Sequence[Slice]) -> tuple[dict[str, floa
             continue
         if op.module not in last or s.end_s > last[op.module].end_s:
             last[op.module] = s
-        for layer in range(op.layer_offset + s.layer_start, op.layer_offset + s.layer_start + s.layers):
-            hosts[(op.module, layer)].update(s.devices)
-            params[(op.module, layer)] = op.params_per_layer
-    # layers hosted on the same device set go in one bucketed all-reduce
-    buckets: dict[tuple[str, frozenset[int]], float] = defaultdict(float)
-    for key, devs in hosts.items():
-        buckets[(key[0], frozenset(devs))] += params[key] * 2.0
-    sync: dict[str, float] = defaultdict(float)
-    for (module, devs), nbytes in buckets.items():
-        sync[module] += allreduce_s(nbytes, devs, problem.topo)
+        if op.module not in hosts:
+            n_layers = _module_grid(problem, op.module)
+            hosts[op.module] = np.zeros((n_layers, problem.num_devices), dtype=bool)
+            params[op.module] = np.zeros(n_layers)
+        l0 = op.layer_offset + s.layer_start
+        hosts[op.module][l0:l0 + s.layers, s.lo:s.lo + s.n] = True
+        params[op.module][l0:l0 + s.layers] = op.params_per_layer
+    sync: dict[str, float] = {}
+    for module, grid in hosts.items():
+        # layers hosted on the same device set go in one bucketed all-reduce
+        buckets: dict[bytes, tuple[np.ndarray, float]] = {}
+        packed = np.packbits(grid, axis=1)
+        for layer in np.flatnonzero(grid.any(axis=1)):
+            key = packed[layer].tobytes()
+            row, nbytes = buckets.get(key, (grid[layer], 0.0))
+            buckets[key] = (row, nbytes + 2.0 * params[module][layer])
+        sync[module] = sum(allreduce_s(b, frozenset(np.flatnonzero(r).tolist()), problem.topo)
+                           for r, b in buckets.values())
     # DDP overlaps the all-reduce with the backward of the module's last slice (2/3 of its time)
     ready = {m: s.end_s - _BACKWARD_SHARE * (s.end_s - s.start_s) for m, s in last.items()}
-    return dict(sync), ready
+    return sync, ready
 
 
 def evaluate(problem: Problem, slices: Sequence[Slice]) -> Evaluation:

@@ -21,33 +21,42 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from solvers.spindle.bounds import DeviceRange, bottom_levels_s
-from solvers.spindle.cost import slice_memory_bytes
-from solvers.spindle.schedule import Evaluation, Placement, Problem, Slice, evaluate, timeline
+from solvers.spindle.schedule import Placement, Problem
 from solvers.spindle.workload import MetaOp
 
 _BISECT_STEPS = 60
 
 
-def _share(op: MetaOp, layers: int, t_ms: float, r: DeviceRange) -> float:
-    """Continuous device share that runs ``layers`` layers of ``op`` in ``t_ms`` (clamped to its range)."""
+def _share(op: MetaOp, layers: int, t_ms: float, r: DeviceRange, discrete: bool) -> float:
+    """Device share that runs ``layers`` layers of ``op`` in ``t_ms`` (clamped to its range).
+
+    Continuous: the share of the fluid relaxation (per-layer time slope*batch/f + intercept). Discrete: the
+    fewest whole devices that make it, which is always an efficient width (no other width has the same
+    per-device batch with fewer devices)."""
     on_lo = layers * op.layer_ms(r.lo)
     if on_lo <= t_ms:
         # time-share: a lone device (or the memory-minimum block) is enough; use only the needed fraction
         return r.lo * on_lo / t_ms if r.lo == 1 else float(r.lo)
+    if discrete:
+        return float(next((n for n in range(r.lo, r.hi + 1) if layers * op.layer_ms(n) <= t_ms), r.hi))
     budget = t_ms / layers - op.intercept_ms
     if budget <= 0:
         return float(r.hi)
     return min(float(r.hi), max(float(r.lo), op.slope_ms * op.batch / budget))
 
 
-def allocate(ops: Sequence[MetaOp], layers: Sequence[int], ranges: Sequence[DeviceRange], devices: int) -> tuple[
-        float, list[float]]:
-    """Bisection on the common finish time T (ms) so that the shares fill ``devices``."""
-    lo_t = max(k * op.layer_ms(r.hi) for op, k, r in zip(ops, layers, ranges, strict=True))
-    hi_t = max(lo_t, sum(k * op.layer_ms(r.lo) * r.lo for op, k, r in zip(ops, layers, ranges, strict=True)))
+def allocate(ops: Sequence[MetaOp], layers: Sequence[int], ranges: Sequence[DeviceRange], devices: int,
+             discrete: bool = False) -> tuple[float, list[float]]:
+    """Bisection on the common finish time T (ms) so that the shares fill ``devices``.
+
+    Discrete shares leave devices over; they go, one efficient width step at a time, to the metaop that
+    finishes last (stage extension within the wave)."""
+    rows = list(zip(ops, layers, ranges, strict=True))
+    lo_t = max(k * op.layer_ms(r.hi) for op, k, r in rows)
+    hi_t = max(lo_t, sum(k * op.layer_ms(r.lo) * r.lo for op, k, r in rows))
 
     def total(t: float) -> float:
-        return sum(_share(op, k, t, r) for op, k, r in zip(ops, layers, ranges, strict=True))
+        return sum(_share(op, k, t, r, discrete) for op, k, r in rows)
 
     if total(lo_t) <= devices:
         t = lo_t
@@ -59,7 +68,29 @@ def allocate(ops: Sequence[MetaOp], layers: Sequence[int], ranges: Sequence[Devi
             else:
                 hi_t = mid
         t = hi_t
-    return t, [_share(op, k, t, r) for op, k, r in zip(ops, layers, ranges, strict=True)]
+    share = [_share(op, k, t, r, discrete) for op, k, r in rows]
+    if discrete:
+        spare = devices - sum(share)
+        while spare >= 1:
+            finish = [k * op.layer_ms(max(1, int(f))) if f >= 1 else 0.0 for f, (op, k, _) in zip(share, rows,
+                                                                                                  strict=True)]
+            grown = False
+            for j in sorted(range(len(rows)), key=lambda j: -finish[j]):
+                op, _, r = rows[j]
+                n = int(share[j])
+                if n < 1:
+                    continue
+                step = next((m for m in range(n + 1, min(r.hi, n + int(spare)) + 1)
+                             if op.layer_ms(m) < op.layer_ms(n)), None)
+                if step is not None:
+                    spare -= step - n
+                    share[j] = float(step)
+                    grown = True
+                    break
+            if not grown:
+                break
+        t = max([t, *(k * op.layer_ms(int(f)) for f, (op, k, _) in zip(share, rows, strict=True) if f >= 1)])
+    return t, share
 
 
 @dataclass(frozen=True)
@@ -169,7 +200,8 @@ def _by_module(problem: Problem, ready: list[int], share: list[float], centre: d
 ORDERS: dict[str, Order] = {"locality": _by_locality, "size": _by_size, "module": _by_module}
 
 
-def plan_waves(problem: Problem, ranges: list[DeviceRange], order: Order) -> list[Placement]:
+def plan_waves(problem: Problem, ranges: list[DeviceRange], order: Order, discrete: bool = False) -> list[
+        Placement]:
     wl = problem.workload
     n_dev = problem.num_devices
     remaining = [op.layers for op in wl.ops]
@@ -188,7 +220,7 @@ def plan_waves(problem: Problem, ranges: list[DeviceRange], order: Order) -> lis
                 used += ranges[i].lo if ranges[i].lo > 1 else 0
         ready = chosen
         t_ms, share = allocate([wl.ops[i] for i in ready], [remaining[i] for i in ready],
-                               [ranges[i] for i in ready], n_dev)
+                               [ranges[i] for i in ready], n_dev, discrete)
         seq = order(problem, ready, share, centre)
         intervals = lay_out(seq, share, [ranges[i].lo for i in ready], n_dev)
         for (a, b), j, phases in zip(intervals, seq, column_phases(intervals), strict=True):
@@ -204,58 +236,3 @@ def plan_waves(problem: Problem, ranges: list[DeviceRange], order: Order) -> lis
         wave += 1
     placements.sort(key=lambda x: (x[0], x[1], x[2]))
     return [p for *_, p in placements]
-
-
-@dataclass
-class Planned:
-    name: str
-    placements: list[Placement]
-    slices: list[Slice]
-    evaluation: Evaluation
-
-
-def better(a: Planned | None, b: Planned) -> bool:
-    """Is ``b`` better than ``a``: plans that fit beat plans that do not, then the shorter iteration."""
-    if a is None:
-        return True
-    return (b.evaluation.fits, -b.evaluation.iteration_time_s) > (a.evaluation.fits, -a.evaluation.iteration_time_s)
-
-
-def _widen_for_memory(problem: Problem, plan_: Planned, ranges: list[DeviceRange]) -> list[DeviceRange] | None:
-    """Raise the minimum width of the metaops holding the most memory on the fullest device, or None."""
-    ev = plan_.evaluation
-    worst = max(range(len(ev.memory_bytes)), key=lambda d: ev.memory_bytes[d])
-    held: dict[int, float] = {}
-    for s in plan_.slices:
-        if s.lo <= worst < s.lo + s.n:
-            op = problem.workload.ops[s.op]
-            held[s.op] = held.get(s.op, 0.0) + sum(slice_memory_bytes(op, s.layers, s.n))
-    out = list(ranges)
-    for i in sorted(held, key=lambda i: -held[i]):
-        r = ranges[i]
-        if r.lo < r.hi:
-            out[i] = DeviceRange(min(r.hi, 2 * r.lo), r.hi)
-            return out
-    return None
-
-
-def plan(problem: Problem, ranges: list[DeviceRange], memory_rounds: int = 12) -> Planned:
-    """The best of the wavefront orderings by full evaluation; when no plan fits in memory, the metaops
-    crowding the fullest device are given wider minimum blocks (less state and activation per device)."""
-    best: Planned | None = None
-    for _ in range(memory_rounds):
-        for name, order in ORDERS.items():
-            placements = plan_waves(problem, ranges, order)
-            slices = timeline(problem, placements)
-            cand = Planned(f"wavefront/{name}", placements, slices, evaluate(problem, slices))
-            if better(best, cand):
-                best = cand
-        assert best is not None
-        if best.evaluation.fits:
-            break
-        wider = _widen_for_memory(problem, best, ranges)
-        if wider is None:
-            break
-        ranges = wider
-    assert best is not None
-    return best

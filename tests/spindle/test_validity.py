@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from solvers.spindle import baselines, wavefront
+from solvers.spindle import baselines, planner
 from solvers.spindle.api import solve
 from solvers.spindle.bounds import device_ranges, lower_bound_s
 from solvers.spindle.schedule import evaluate, violations
@@ -21,7 +21,7 @@ def test_every_planner_gives_a_valid_schedule_above_the_lower_bound(seed: int) -
     problem = problem_of(explicit_request(ops, edges, gpus, per_node=rng.choice([1, 2, 8])))
     ranges = device_ranges(problem)
     lb = lower_bound_s(problem, ranges)
-    plans = [wavefront.plan(problem, ranges), *(p for p in baselines.all_baselines(problem, ranges).values() if p)]
+    plans = [planner.plan(problem, ranges), *(p for p in baselines.all_baselines(problem, ranges).values() if p)]
     for p in plans:
         assert violations(problem, p.slices) == [], p.name
         assert p.evaluation.iteration_time_s >= lb * (1 - 1e-9), p.name
@@ -33,7 +33,7 @@ def test_violations_catch_broken_schedules() -> None:
     ops, edges = random_workload(random.Random(3), 4)
     edges = [["m0", "m1"]]
     problem = problem_of(explicit_request(ops, edges, 4))
-    good = wavefront.plan(problem, device_ranges(problem)).slices
+    good = planner.plan(problem, device_ranges(problem)).slices
     assert violations(problem, good) == []
     from dataclasses import replace
 

@@ -1,0 +1,78 @@
+"""The heuristic planner: a portfolio of wavefront and list schedules, the best by full evaluation.
+
+Every candidate is timed by ``schedule.timeline`` and costed by ``schedule.evaluate`` (transfers, gradient
+sync, memory), so they compare on one cost model. When no candidate fits in memory, the metaops crowding
+the fullest device get wider minimum blocks (less state and activation per device) and the portfolio reruns.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from solvers.spindle.bounds import DeviceRange
+from solvers.spindle.cost import slice_memory_bytes
+from solvers.spindle.listsched import EFFICIENCIES, plan_list
+from solvers.spindle.schedule import Evaluation, Placement, Problem, Slice, evaluate, timeline
+from solvers.spindle.wavefront import ORDERS, plan_waves
+
+
+@dataclass
+class Planned:
+    name: str
+    placements: list[Placement]
+    slices: list[Slice]
+    evaluation: Evaluation
+
+
+def better(a: Planned | None, b: Planned) -> bool:
+    """Is ``b`` better than ``a``: plans that fit beat plans that do not, then the shorter iteration."""
+    if a is None:
+        return True
+    return (b.evaluation.fits, -b.evaluation.iteration_time_s) > (a.evaluation.fits, -a.evaluation.iteration_time_s)
+
+
+def _widen_for_memory(problem: Problem, plan_: Planned, ranges: list[DeviceRange]) -> list[DeviceRange] | None:
+    """Raise the minimum width of the metaops holding the most memory on the fullest device, or None."""
+    ev = plan_.evaluation
+    worst = max(range(len(ev.memory_bytes)), key=lambda d: ev.memory_bytes[d])
+    held: dict[int, float] = {}
+    for s in plan_.slices:
+        if s.lo <= worst < s.lo + s.n:
+            op = problem.workload.ops[s.op]
+            held[s.op] = held.get(s.op, 0.0) + sum(slice_memory_bytes(op, s.layers, s.n))
+    out = list(ranges)
+    for i in sorted(held, key=lambda i: -held[i]):
+        r = ranges[i]
+        if r.lo < r.hi:
+            out[i] = DeviceRange(min(r.hi, 2 * r.lo), r.hi)
+            return out
+    return None
+
+
+def plan(problem: Problem, ranges: list[DeviceRange], memory_rounds: int = 12) -> Planned:
+    """The best candidate that fits; widen the crowding metaops' minimum blocks while none does."""
+    best: Planned | None = None
+    for _ in range(memory_rounds):
+        for (name, order), discrete in itertools.product(ORDERS.items(), (False, True)):
+            placements = plan_waves(problem, ranges, order, discrete)
+            slices = timeline(problem, placements)
+            kind = "whole" if discrete else "fluid"
+            cand = Planned(f"wavefront/{kind}/{name}", placements, slices, evaluate(problem, slices))
+            if better(best, cand):
+                best = cand
+        for eff in EFFICIENCIES:
+            placements = plan_list(problem, ranges, eff)
+            slices = timeline(problem, placements)
+            cand = Planned(f"list/eff{eff:g}", placements, slices, evaluate(problem, slices))
+            if better(best, cand):
+                best = cand
+        assert best is not None
+        if best.evaluation.fits:
+            break
+        wider = _widen_for_memory(problem, best, ranges)
+        if wider is None:
+            break
+        ranges = wider
+    assert best is not None
+    return best

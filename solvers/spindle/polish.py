@@ -1,0 +1,72 @@
+"""Local search on a plan's placements under the full cost model (transfers, gradient sync, memory).
+
+The wavefront planner and the exact model both decide on a proxy (continuous shares; the time model alone);
+this hill climb fixes what their rounding leaves: a layer moved between two stages of a metaop, a block
+widened, narrowed or shifted by one device. Every candidate is re-timed by ``timeline``, so each one is a
+valid schedule; a move is kept only if the evaluated plan is strictly better.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from solvers.spindle.bounds import DeviceRange
+from solvers.spindle.planner import Planned, better
+from solvers.spindle.schedule import Placement, Problem, evaluate, timeline
+
+_MIN_GAIN = 1e-9
+
+
+def _moves(problem: Problem, ranges: list[DeviceRange], pl: list[Placement], k: int) -> Iterator[list[Placement]]:
+    p = pl[k]
+    r = ranges[p.op]
+    n_dev = problem.num_devices
+
+    def with_(q: Placement) -> list[Placement]:
+        return [*pl[:k], q, *pl[k + 1:]]
+
+    nxt = next((j for j in range(k + 1, len(pl)) if pl[j].op == p.op), None)
+    if nxt is not None:
+        q = pl[nxt]
+        for d in (1, -1):  # one layer from this stage to the next one, or back
+            if p.layers - d >= 1 and q.layers + d >= 1:
+                out = with_(Placement(p.op, p.layers - d, p.lo, p.n, p.wave))
+                out[nxt] = Placement(q.op, q.layers + d, q.lo, q.n, q.wave)
+                yield out
+        merged = with_(Placement(p.op, p.layers + q.layers, p.lo, p.n, p.wave))  # drop the next stage
+        yield merged[:nxt] + merged[nxt + 1:]
+    for lo, n in ((p.lo, p.n + 1), (p.lo - 1, p.n + 1), (p.lo, p.n - 1), (p.lo + 1, p.n - 1),
+                  (p.lo - 1, p.n), (p.lo + 1, p.n)):
+        if r.lo <= n <= r.hi and lo >= 0 and lo + n <= n_dev:
+            yield with_(Placement(p.op, p.layers, lo, n, p.wave))
+
+
+def polish(problem: Problem, ranges: list[DeviceRange], start: Planned, budget_s: float) -> Planned:
+    """First-improvement hill climbing over single-slice moves until no move helps or the budget is spent."""
+    deadline = time.perf_counter() + budget_s
+    best = start
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        # slices ending last are where the iteration time is decided: try them first
+        order = sorted(range(len(best.slices)), key=lambda i: -best.slices[i].end_s)
+        pl = list(best.placements)
+        for k in order:  # timeline keeps placement order: slice k is placement k
+            for cand in _moves(problem, ranges, pl, k):
+                if time.perf_counter() >= deadline:
+                    return best
+                try:
+                    slices = timeline(problem, cand)
+                except ValueError:
+                    continue
+                plan = Planned(start.name + "+polish", cand, slices, evaluate(problem, slices))
+                if better(best, plan) and (plan.evaluation.fits != best.evaluation.fits or
+                                           plan.evaluation.iteration_time_s < best.evaluation.iteration_time_s
+                                           - _MIN_GAIN):
+                    best = plan
+                    improved = True
+                    break
+            if improved:
+                break
+    return best
