@@ -338,9 +338,11 @@ class GalvatronCostModel:
             return f"vocabulary tp must be a power of two within [{batching.min_tp}, {self.max_tp}]"
         if e.zero == 1:
             return "Galvatron has no ZeRO-1 for the embedding (use 0, 2 or 3)"
+        if e.sp == "megatron":
+            return "the vocabulary layers are tensor parallel (sp null) or sequence parallel (sp 'ulysses')"
         p = self.profile
-        if not all(k in o.model_states and k in o.activation for o in (p.other_pp_off, p.other_pp_first,
-                                                                        p.other_pp_last)):
+        if not all(k in o.model_states and k in o.activation and 1 in o.model_states
+                   for o in (p.other_pp_off, p.other_pp_first, p.other_pp_last)):
             return f"the memory profile has no embedding/head sizes for vocabulary tp={k}"
         return None
 
@@ -397,16 +399,23 @@ class GalvatronCostModel:
         """Galvatron's OtherTimeCostModel (no-gradient-sync variant, the one its pipeline formula uses)."""
         hw, k, n = self.hardware, e.tp, self.num_gpus
         mbsz, min_tp = batching.mbsz, batching.min_tp
+        vsp = e.sp == "ulysses"
         dpk = n // pp // k
-        if self.options.sp_space == "tp+sp":
+        if vsp:  # sequence-split vocabulary: no vocabulary collectives, gradients synced over the whole stage
+            one = 0.0
+        elif self.options.sp_space == "tp+sp":
             msg = mbsz * self.seq_length * self.hidden_size * self.elem_bytes
             one = 0.0 if k == 1 else hw.sp_allreduce[k].fit(msg / MB)
         else:
             coe = hw.coe(k) if (k == 1 or dpk == 1) else hw.coe(k, consecutive=0)
             one = (k - 1) / k * (mbsz * self.seq_length * self.hidden_size / MB) * self.elem_bytes * coe
         fct = self.profile.other_time.batch_ms(mbsz / min_tp)
-        dp_coe = (hw.coe(dpk) if (k == 1 or dpk == 1) else hw.coe(dpk, consecutive=0)) * (dpk - 1) / dpk
-        states = (self.profile.other_pp_off if pp == 1 else self.profile.other_pp_first).model_states[k]
+        if vsp:
+            dp_coe = hw.coe(n // pp) * (n // pp - 1) / (n // pp)
+            states = (self.profile.other_pp_off if pp == 1 else self.profile.other_pp_last).model_states[1]
+        else:
+            dp_coe = (hw.coe(dpk) if (k == 1 or dpk == 1) else hw.coe(dpk, consecutive=0)) * (dpk - 1) / dpk
+            states = (self.profile.other_pp_off if pp == 1 else self.profile.other_pp_first).model_states[k]
         grad = states / 4 * dp_coe
         fwd_f, bwd_f = (0.5, 1.0) if e.zero == 3 else (0.0, 0.5)
 
@@ -457,20 +466,22 @@ class GalvatronCostModel:
         p, k, pp, stage = self.profile, e.tp, ctx.pp, ctx.stage
         n_stage = self.num_gpus // pp
         samples = self.global_batch_size * k / n_stage / batching.chunks
+        # sequence-split vocabulary (vsp): weights as with vocabulary TP 1, ZeRO over the whole stage
+        model_tp, shards = (1, n_stage) if e.sp == "ulysses" else (k, n_stage // k)
         if e.zero in (2, 3):
-            ratio = zero_ratio(e.zero, n_stage // k, batching.chunks, mixed=self.mixed,
+            ratio = zero_ratio(e.zero, shards, batching.chunks, mixed=self.mixed,
                                async_grad_reduce=self.options.async_grad_reduce)
         else:
             ratio = 1.0
         if pp == 1:
-            return p.other_pp_off.model_states[k] * ratio, p.other_pp_off.activation[k] * samples
+            return p.other_pp_off.model_states[model_tp] * ratio, p.other_pp_off.activation[k] * samples
         states = act = 0.0
         if stage == 0:
             held = pp if ctx.schedule == "1f1b" else 1
-            states += p.other_pp_first.model_states[k] * ratio
+            states += p.other_pp_first.model_states[model_tp] * ratio
             act += p.other_pp_first.activation[k] * samples * held
         if stage == pp - 1:
-            states += p.other_pp_last.model_states[k] * ratio
+            states += p.other_pp_last.model_states[model_tp] * ratio
             act += p.other_pp_last.activation[k] * samples
         return states, act
 
@@ -607,11 +618,16 @@ class GalvatronCostModel:
         return out
 
     def for_plan(self, plan: PlanStrategy) -> GalvatronCostModel:
-        """The model ``evaluate(plan)`` aggregates: ``max_tp`` bound to the plan's TP degrees unless fixed."""
-        if self.options.max_tp is not None:
-            return self
-        widest = max([s.tp for s in plan.layers] + [plan.embedding.tp])
-        return self.with_options(max_tp=min(_next_pow2(widest), self.num_gpus))
+        """The model ``evaluate(plan)`` aggregates: ``max_tp`` bound to the plan's TP degrees unless fixed;
+        no Megatron-SP buffer when Galvatron would find the plan in its "Ulysses only" search (sequence-split
+        vocabulary, no Megatron-TP layer)."""
+        changes: dict[str, Any] = {}
+        if self.options.max_tp is None:
+            widest = max([s.tp for s in plan.layers] + [plan.embedding.tp])
+            changes["max_tp"] = min(_next_pow2(widest), self.num_gpus)
+        if plan.embedding.sp == "ulysses" and all(s.tp == 1 or s.sp == "ulysses" for s in plan.layers):
+            changes["global_memory_buffer"] = False
+        return self.with_options(**changes) if changes else self
 
     def evaluate(self, plan: PlanStrategy) -> Estimate:
         model = self.for_plan(plan)

@@ -5,7 +5,8 @@ Galvatron writes one comma-separated entry per layer: ``tp_sizes_enc`` (TP degre
 sequence parallelism on the TP group), ``checkpoint`` (1 = full recomputation), ``tp_consecutive_flags``;
 and per plan ``pp_deg``, ``pp_division`` (layers per stage), ``chunks`` (micro-batches), ``global_bsz``,
 ``pipeline_type`` (``pipedream_flush`` = 1F1B, ``gpipe``), ``vtp`` (vocabulary TP of the embedding and
-LM head), ``embed_sdp`` (ZeRO-3 for them), ``vsp``. Data-parallel degrees are implied: the stage's GPUs
+LM head), ``embed_sdp`` (ZeRO-3 for them), ``vsp`` (1: those vtp GPUs split the sequence instead of the
+vocabulary, ``EmbeddingStrategy.sp = "ulysses"``). Data-parallel degrees are implied: the stage's GPUs
 divided by TP, so reading a file needs the GPU count.
 
 Megatron sequence parallelism is a training flag in Galvatron, not part of the file; ``sequence_parallel``
@@ -119,17 +120,17 @@ def plan_from_galvatron_config(config: Mapping[str, Any], num_gpus: int | None =
         problems.append(FieldProblem((*loc, "vtp"), f"vtp {vtp} does not divide the {stage_gpus} GPUs of a stage"))
     if problems:
         raise SpecError(problems)
-    # vsp (sequence-parallel vocabulary layers) has no field in EmbeddingStrategy; the vocabulary is read
-    # as tensor parallel over vtp GPUs. Galvatron applies its ZeRO ratio to the embedding even when vtp
-    # fills the stage (dp 1), so the zero stage is kept as the file implies.
+    # Galvatron applies its ZeRO ratio to the embedding even when vtp fills the stage (dp 1), so the zero
+    # stage is kept as the file implies.
     embed_zero = 3 if _int(config, "embed_sdp", loc, 0) else default_zero
+    embed_sp: SpKind = "ulysses" if _int(config, "vsp", loc, 0) else None
     return PlanStrategy(
         pp=pp,
         micro_batches=max(1, _int(config, "chunks", loc, 1)),
         layers=tuple(layers),
         stage_layers=tuple(division),
         schedule=_PIPELINES[pipeline],
-        embedding=EmbeddingStrategy(tp=vtp, dp=stage_gpus // vtp, zero=embed_zero),
+        embedding=EmbeddingStrategy(tp=vtp, dp=stage_gpus // vtp, zero=embed_zero, sp=embed_sp),
     )
 
 
@@ -170,7 +171,7 @@ def plan_to_galvatron_config(plan: PlanStrategy, *, global_batch_size: int | Non
         "pipeline_type": "gpipe" if plan.schedule == "gpipe" else "pipedream_flush",
         "default_dp_type": "zero2" if zero2 else "ddp",
         "vtp": plan.embedding.tp,
-        "vsp": 0,
+        "vsp": 1 if plan.embedding.sp == "ulysses" else 0,
         "embed_sdp": 1 if plan.embedding.zero == 3 else 0,
         "sequence_parallel": any(mp_sp) if mp_sp else True,
     }

@@ -1,0 +1,329 @@
+"""The Galvatron-compatible cost model against hand-derived values, Galvatron's own outputs (cached from
+the peer runner in bench/data/galvatron), the aggregation contract, and bad input."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import random
+from typing import Any
+
+import pytest
+
+from solvers.cost_model.aggregate import stage_context, stage_memory_bytes
+from solvers.cost_model.galvatron import GalvatronCostModel
+from solvers.errors import SpecError
+from solvers.formats.galvatron import plan_from_galvatron_config, read_galvatron_config
+from solvers.request import HybridRequest, parse
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = os.path.join(ROOT, "bench", "data", "galvatron")
+PROFILES, HARDWARE = os.path.join(DATA, "profiles"), os.path.join(DATA, "hardware")
+REFERENCE = os.path.normpath(os.path.join(ROOT, "..", "shared", "reference", "galvatron"))
+MB = 2.0**20
+
+
+def request(nodes: int = 1, memory_gib: float = 36, batch: int = 64, seq: int = 2048, **cost: Any) -> dict[str, Any]:
+    return {"kind": "hybrid", "model": {"preset": "llama2-7b"},
+            "cluster": {"gpu": "A100-80GB", "nodes": nodes, "gpus_per_node": 8},
+            "training": {"global_batch_size": batch, "seq_length": seq},
+            "constraints": {"memory_limit_gib": memory_gib},
+            "cost_model": {"kind": "galvatron", "profiles_dir": PROFILES, "hardware_dir": HARDWARE, **cost}}
+
+
+def model(**kw: Any) -> GalvatronCostModel:
+    return GalvatronCostModel.from_request(parse(HybridRequest, request(**kw)))
+
+
+def uniform(layer: LayerStrategy, pp: int, micro_batches: int, embedding: EmbeddingStrategy,
+            layers: int = 32) -> PlanStrategy:
+    return PlanStrategy(pp=pp, micro_batches=micro_batches, layers=(layer,) * layers,
+                        stage_layers=(layers // pp,) * pp, schedule="1f1b", embedding=embedding)
+
+
+def load(path: str) -> dict[str, Any]:
+    with open(path) as f:
+        data: dict[str, Any] = json.load(f)
+    return data
+
+
+# Numbers of the cached profile / hardware files, written out so the hand derivations below read them.
+FWD_MS, OTHER_MS = 5.299896764755249, 3.065276908874509  # per sample, layer / embedding+head (bsz 8)
+PARAM_MB = 773.0166015625  # one layer (SP profile)
+ACT_MB = {1: 430.2666015625, 2: 223.13330078125}  # per sample by tp (SP profile); checkpoint: 16
+OVERLAP = 1.125552573612729
+BW = {"8": 154.203, "2_1": 138.156, "2_0": 151.344}  # all-reduce bus bandwidth, 1x8
+P2P_2 = 163.671
+
+
+def files_say_what_the_test_assumes() -> None:
+    mem = load(os.path.join(PROFILES, "memory_profiling_bf16_hidden4096_head32_seqlen2048.json"))
+    assert mem["layertype_0_sp"]["2048"]["parameter_size"] == PARAM_MB
+    ar = load(os.path.join(HARDWARE, "allreduce_bandwidth_1nodes_8gpus_per_node.json"))
+    assert ar["allreduce_size_2_consec_0"] == BW["2_0"]
+
+
+def test_dp8_hand_derived() -> None:
+    """pp1, tp1 x dp8, ZeRO-2, 8 micro-batches of 8 samples: one sample per GPU per micro-batch."""
+    files_say_what_the_test_assumes()
+    plan = uniform(LayerStrategy(tp=1, dp=8, zero=2), 1, 8, EmbeddingStrategy(tp=1, dp=8, zero=2))
+    est = model(memory_gib=80).evaluate(plan)
+    L = 32
+    fct = FWD_MS * 1 * L  # ms, the dummy "whole model" Galvatron scales by the layer count
+    bct = 2 * fct
+    quiet_layer = (fct + bct) / L  # no gradient sync
+    grad_mb = 2 * 7 / 8 * PARAM_MB * L / 2  # bf16 gradients, ring all-reduce volume
+    sync = grad_mb / BW["8"]  # ms at the measured bus bandwidth
+    # the overlapped part runs OVERLAP times slower: the backward is longer, so it absorbs the sync
+    loud_layer = (fct + bct + sync * (OVERLAP - 1)) / L
+    other = OTHER_MS * 1 * 3  # embedding + head, forward and backward, no vocabulary TP
+    c0 = L * quiet_layer + other
+    b0 = L * loud_layer
+    expected = (8 * c0 + max(0.0, b0 - c0)) / 1000
+    assert est.step_time_s == pytest.approx(expected, rel=1e-12)
+    # memory: 4x params x ZeRO-2 ratio (several micro-batches, async reduce) + one sample of activations
+    states = 4 * PARAM_MB * (6 / 8 * (1 / 8 + 0.003) + 2 / 8)
+    layer_mb = math.ceil(states + ACT_MB[1])
+    assert layer_mb == 1501
+    assert est.memory_gib_per_stage[0] * 1024 >= 32 * layer_mb
+    assert not model(memory_gib=36).evaluate(plan).fits
+
+
+def test_pp2_tp2_zero3_recompute_hand_derived() -> None:
+    """pp2 x tp2 x dp2, ZeRO-3, full recomputation, 8 micro-batches, vocabulary TP 2 with ZeRO-2."""
+    plan = uniform(LayerStrategy(tp=2, dp=2, sp="megatron", zero=3, recompute="full"), 2, 8,
+                   EmbeddingStrategy(tp=2, dp=2, zero=2))
+    est = model().evaluate(plan)
+    L, b = 32, 64 / 8 / 2  # samples per data-parallel rank per micro-batch
+    fct = FWD_MS * b / 2 * L
+    bct = 3 * fct  # backward + recomputed forward
+    tp_mb = 2 * (1 / 2) * (b * 2048 * 4096 * 4 * 4 / MB) * L * 1.5 / 2  # 4 all-reduces/layer, x1.5 recompute
+    tp = tp_mb / BW["2_1"]  # TP groups are contiguous ranks
+    gather = 2 * (1 / 2) * (PARAM_MB / 2) * L / 2 * 0.5 / BW["2_0"]  # ZeRO-3 all-gather over strided DP ranks
+    p2p = 2 * 2 * b * 2048 * 4096 * 2 / MB / P2P_2
+    quiet = fct + bct + tp + gather + p2p
+    one_vocab = (1 / 2) * (2 * 2048 * 4096 / MB) * 2 / BW["2_0"]  # micro-batch of 2 per group, TP 2
+    other = 3 * OTHER_MS * 2 / 2 + one_vocab  # half of the embedding+head work on each end stage
+    c = 16 * quiet / L + other
+    # dp == 2: the gradient sync overlaps half the backward, which is longer, so it only adds the slow-down
+    grad_mb = 2 * (1 / 2) * (PARAM_MB / 2) * L / 2
+    loud = quiet + grad_mb / BW["2_0"] * (OVERLAP - 1)
+    with_sync = [16 * loud / L, 16 * loud / L]
+    pipeline = max(2 * c + 7 * c, max(c / 3, c / 3) + max(2 * c / 3, 2 * c / 3) + 7 * c)
+    reduce = max(with_sync[0] - c, with_sync[1] - 2 * c, 0.0)
+    expected = (pipeline + reduce) / 1000
+    assert est.step_time_s == pytest.approx(expected, rel=1e-12)
+
+    zero3 = 7 / 8 * (1 / 2 + 0.003) + 1 / 8
+    states = 4 * PARAM_MB / 2 * zero3
+    first_layers = 16 * math.ceil(states + 16 * 8 / 2)  # 1F1B: stage 0 holds 2 micro-batches of 4 samples
+    last_layers = 16 * math.ceil(states + 16 * 4 / 2)
+    mem = load(os.path.join(PROFILES, "memory_profiling_bf16_hidden4096_head32_seqlen2048.json"))
+    first, last = mem["other_memory_pp_on_first_sp"]["2048"], mem["other_memory_pp_on_last_sp"]["2048"]
+    zero2 = 6 / 8 * (1 / 2 + 0.003) + 2 / 8
+    vocab_samples = 64 * 2 / 4 / 8
+    first_other = math.ceil(first["model_states"]["2"] * zero2 + first["activation"]["2"] * vocab_samples * 2 + 1024)
+    last_other = math.ceil(last["model_states"]["2"] * zero2 + last["activation"]["2"] * vocab_samples + 1024)
+    buffer = int(2 / 1 * 2 * 4096 * 2048 * 4 / MB / 2)  # Megatron-SP buffer for max_tp 2
+    cache = int(36 * 1024 * 0.2)
+    got = [g * 1024 for g in est.memory_gib_per_stage]
+    assert got == pytest.approx([first_layers + first_other + buffer + cache,
+                                 last_layers + last_other + buffer + cache], abs=1e-6)
+    assert est.fits
+
+
+CASES = sorted(f[:-5] for f in os.listdir(os.path.join(DATA, "cases")))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_galvatron_returned_plans_reproduced(name: str) -> None:
+    """Our estimate of each plan Galvatron returned equals the time and per-stage memory it reported."""
+    case = load(os.path.join(DATA, "cases", name + ".json"))
+    inp = case["inputs"]
+    m = model(nodes=inp["nodes"], memory_gib=inp["memory_gb"])
+    plan = plan_from_galvatron_config(case["plan"]["galvatron_config"], inp["gpus"])
+    est = m.evaluate(plan)
+    assert est.step_time_s == pytest.approx(case["est_iter_s"], rel=1e-9)  # the goal is 1%
+    assert est.throughput_samples_per_s == pytest.approx(case["throughput"], rel=1e-9)
+    assert [g * 1024 for g in est.memory_gib_per_stage] == pytest.approx(case["mem_cost_mb_per_stage"], abs=1e-6)
+    assert est.fits
+    assert f"min_tp={case['min_tp']}, max_tp={case['max_tp']}" in est.notes[-1]
+
+
+@pytest.mark.parametrize("name", ["1x8_16GB_mb8", "2x8_36GB_mb8"])
+def test_rejected_exactly_when_over_budget(name: str) -> None:
+    """A plan that needs M MB fits the smallest budget leaving M MB after Galvatron's cache, not 1 MB less."""
+    case = load(os.path.join(DATA, "cases", name + ".json"))
+    inp = case["inputs"]
+    plan = plan_from_galvatron_config(case["plan"]["galvatron_config"], inp["gpus"])
+    def cache(budget: int) -> int:  # Galvatron keeps 20% of budgets above 20 GB for the allocator
+        return int(budget * 0.2) if budget // 1024 > 20 else 0
+
+    plan_mb = max(case["mem_cost_mb_per_stage"]) - cache(inp["memory_gb"] * 1024)
+    budget = plan_mb
+    while budget - cache(budget) < plan_mb:
+        budget += 1
+    fits = model(nodes=inp["nodes"], memory_gib=budget / 1024).evaluate(plan)
+    tight = model(nodes=inp["nodes"], memory_gib=(budget - 1) / 1024).evaluate(plan)
+    assert fits.fits
+    assert not tight.fits
+
+
+def _probe_rows() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    rows = []
+    for f in sorted(os.listdir(os.path.join(DATA, "probe"))):
+        probe = load(os.path.join(DATA, "probe", f))
+        rows += [(f, probe, dict(zip(probe["columns"], r, strict=True))) for r in probe["rows"]]
+    return rows
+
+
+def test_every_uniform_strategy_matches_galvatrons_own_cost_model() -> None:
+    """All uniform plans of Galvatron's search space (1x8 / 2x8 GPUs, 1-8 micro-batches, vocabulary TP or
+    sequence-split vocabulary, embedding ZeRO-2 / 3): time and memory as Galvatron's classes compute them."""
+    models: dict[str, GalvatronCostModel] = {}
+    rows = _probe_rows()
+    assert len(rows) == 736 + 1184
+    for fname, probe, r in rows:
+        if fname not in models:
+            models[fname] = model(nodes=probe["nodes"], memory_gib=probe["memory_gb"], max_tp=8)
+        n = probe["nodes"] * 8
+        layer = LayerStrategy(tp=r["tp"], dp=r["dp"], sp="megatron" if r["tp"] > 1 else None,
+                              zero=(3 if r["fsdp"] else 2) if r["dp"] > 1 else 0,
+                              recompute="full" if r["ckpt"] else "none")
+        plan = uniform(layer, r["pp"], r["chunks"],
+                       EmbeddingStrategy(tp=r["vtp"], dp=n // r["pp"] // r["vtp"], zero=3 if r["embed_sdp"] else 2,
+                                         sp="ulysses" if r["vsp"] else None))
+        est = models[fname].evaluate(plan)
+        assert est.step_time_s == pytest.approx(r["time_s"], rel=1e-9), r
+        assert [round(g * 1024, 6) for g in est.memory_gib_per_stage] == r["mem_mb_per_stage"], r
+        assert est.fits == (max(r["mem_mb_per_stage"]) <= probe["memory_gb"] * 1024)
+
+
+def _mixed_plan(rng: random.Random, n: int, layers: int) -> PlanStrategy:
+    pp = rng.choice([p for p in (1, 2, 4) if n % p == 0])
+    per = n // pp
+    options = [LayerStrategy(tp=t, dp=per // t, sp="megatron" if t > 1 else None, zero=z, recompute=r)
+               for t in (2, 4) if per % t == 0 for z in (0, 2, 3) for r in ("none", "full")]
+    cuts = sorted(rng.sample(range(1, layers), pp - 1))
+    stage_layers = tuple(b - a for a, b in zip([0, *cuts], [*cuts, layers], strict=True))
+    return PlanStrategy(pp=pp, micro_batches=rng.choice([4, 8]),
+                        layers=tuple(rng.choice(options) for _ in range(layers)), stage_layers=stage_layers,
+                        schedule=rng.choice(["1f1b", "gpipe"]),
+                        embedding=EmbeddingStrategy(tp=rng.choice([2, 4]), dp=1, zero=rng.choice([0, 2, 3])))
+
+
+def test_evaluate_equals_aggregation_of_layer_arrays() -> None:
+    """evaluate(plan) == the planner's view: layer_costs over many candidates at once, picked per layer and
+    summed per stage, + stage_fixed, through pipeline_step_time and stage memory (mixed per-layer plans,
+    uneven stages, both schedules)."""
+    rng = random.Random(7)
+    models = [model(nodes=2, memory_gib=80, max_tp=4), model(nodes=2, memory_gib=80, max_tp=4, layer_transitions=True)]
+    for trial in range(30):
+        base = models[trial % 2]
+        plan = _mixed_plan(rng, 16, 12)
+        m = base.for_plan(plan)
+        assert m is base  # max_tp fixed: evaluate aggregates this very model
+        est = base.evaluate(plan)
+        candidates = sorted(set(plan.layers), key=str)
+        times, steps, mems = [], [], []
+        first = 0
+        for s in range(plan.pp):
+            ctx = stage_context(plan, s, 64)
+            idx = [candidates.index(x) for x in plan.layers[first:first + plan.stage_layers[s]]]
+            costs = [m.layer_costs(first + i, candidates, ctx) for i in range(len(idx))]
+            fixed = m.stage_fixed(ctx)
+            t = sum(c.time_s[j] for c, j in zip(costs, idx, strict=True)) + fixed.time_s
+            trans = m.transition_s(candidates, candidates, ctx)
+            t += sum(trans[a, b] for a, b in itertools.pairwise(idx))
+            times.append(t)
+            steps.append(sum(c.step_time_s[j] for c, j in zip(costs, idx, strict=True)) + fixed.step_time_s)
+            mems.append(stage_memory_bytes(
+                sum(c.state_bytes[j] for c, j in zip(costs, idx, strict=True)) + fixed.state_bytes,
+                sum(c.activation_bytes[j] for c, j in zip(costs, idx, strict=True)) + fixed.activation_bytes,
+                m.in_flight_micro_batches(ctx), 0.0, fixed.other_bytes))
+            first += plan.stage_layers[s]
+        step = m.pipeline_step_time(times, steps, stage_context(plan, 0, 64))
+        assert est.step_time_s == pytest.approx(step, rel=1e-12)
+        assert [g * 2**30 for g in est.memory_gib_per_stage] == pytest.approx(mems, rel=1e-12)
+        # memory is Galvatron's whole-MB figure
+        assert all(abs(x / MB - round(x / MB)) < 1e-6 for x in mems)
+
+
+def test_pipeline_step_time_is_monotone() -> None:
+    m = model(nodes=2)
+    ctx = stage_context(uniform(LayerStrategy(tp=2, dp=2, sp="megatron"), 4, 8, EmbeddingStrategy(tp=2, dp=2)),
+                        0, 64)
+    rng = random.Random(3)
+    for _ in range(200):
+        t = [rng.uniform(0.1, 1) for _ in range(4)]
+        s = [rng.uniform(0, 0.5) for _ in range(4)]
+        base = m.pipeline_step_time(t, s, ctx)
+        i = rng.randrange(4)
+        more_t = [x + (0.05 if j == i else 0) for j, x in enumerate(t)]
+        more_s = [x + (0.05 if j == i else 0) for j, x in enumerate(s)]
+        assert m.pipeline_step_time(more_t, s, ctx) >= base - 1e-12
+        assert m.pipeline_step_time(t, more_s, ctx) >= base - 1e-12
+
+
+def test_planner_candidates_outside_galvatron_are_infinite() -> None:
+    m = model(nodes=2)
+    plan = uniform(LayerStrategy(tp=4, dp=4, sp="megatron"), 1, 8, EmbeddingStrategy(tp=8, dp=2))
+    ctx = stage_context(plan, 0, 64)
+    cands = [LayerStrategy(tp=4, dp=4, zero=2), LayerStrategy(tp=4, dp=4, zero=1),
+             LayerStrategy(tp=4, dp=4, recompute="selective"), LayerStrategy(tp=2, dp=4, cp=2),
+             LayerStrategy(tp=1, dp=16)]  # tp1: 4 samples per GPU cannot make 8 micro-batches (min_tp is 2)
+    c = m.layer_costs(0, cands, ctx)
+    assert math.isfinite(c.time_s[0]) and math.isfinite(c.state_bytes[0])
+    assert all(math.isinf(x) for x in c.time_s[1:])
+
+
+def test_shipped_config_evaluates() -> None:
+    """Galvatron's shipped plan for llama2-7b on 1x8 at 36 GB, on the reference profiles, with its batch."""
+    profiles = os.path.join(REFERENCE, "profiles")
+    cfg = read_galvatron_config("galvatron_config_llama2-7b_1nodes_8gpus_per_node_36GB_bf16.json", [profiles])
+    req = request(batch=cfg["global_bsz"])
+    req["cost_model"].update(profiles_dir=profiles, hardware_dir=os.path.join(REFERENCE, "hardware"))
+    m = GalvatronCostModel.from_request(parse(HybridRequest, req))
+    est = m.evaluate(plan_from_galvatron_config(cfg, 8))
+    assert est.step_time_s > 0 and est.fits
+    assert sum(est.breakdown_s.values()) == pytest.approx(est.step_time_s, rel=1e-9)
+    # the reference time file lists batch sizes 1..12; Galvatron (static mode) takes the first, bsz 1
+    assert m.profile.layer_time.ms_per_sample == 4.396252679824831
+
+
+@pytest.mark.parametrize(("change", "loc"), [
+    ({"cost_model": {"kind": "galvatron", "hardware_dir": HARDWARE}}, ("cost_model", "profiles_dir")),
+    ({"cost_model": {"kind": "galvatron", "profiles_dir": PROFILES, "hardware_dir": HARDWARE, "tp_max": 4}},
+     ("cost_model", "tp_max")),
+    ({"cost_model": {"kind": "galvatron", "profiles_dir": PROFILES, "hardware_dir": "/nonexistent"}},
+     ("cost_model", "hardware_dir")),
+    ({"cost_model": {"kind": "galvatron", "profiles_dir": PROFILES, "hardware_dir": HARDWARE, "max_tp": 3}},
+     ("cost_model", "max_tp")),
+    ({"training": {"global_batch_size": 64, "seq_length": 4096}}, ("training", "seq_length")),
+    ({"cost_model": {"kind": "galvatron", "profiles_dir": PROFILES, "hardware_dir": HARDWARE,
+                     "time_profile_mode": "batch"}}, ("cost_model", "time_profile_mode")),
+])
+def test_bad_cost_model_specs_name_the_field(change: dict[str, Any], loc: tuple[str, ...]) -> None:
+    req = request()
+    req.update(change)
+    with pytest.raises(SpecError) as err:
+        GalvatronCostModel.from_request(parse(HybridRequest, req))
+    assert loc in [p.loc for p in err.value.problems]
+
+
+def test_plans_galvatron_cannot_express_name_the_field() -> None:
+    m = model()
+    emb = EmbeddingStrategy(tp=1, dp=8, zero=2)
+    bad_layer = uniform(LayerStrategy(tp=1, dp=8, zero=1), 1, 8, emb)
+    with pytest.raises(SpecError) as err:
+        m.evaluate(bad_layer)
+    assert ("strategy", "layers", 0) in [p.loc for p in err.value.problems]
+    with pytest.raises(SpecError) as err:
+        m.evaluate(uniform(LayerStrategy(tp=1, dp=8, zero=2), 1, 7, emb))
+    assert [p.loc for p in err.value.problems] == [("strategy", "micro_batches")]
+    with pytest.raises(SpecError) as err:
+        m.evaluate(uniform(LayerStrategy(tp=1, dp=8, zero=2), 1, 16, emb))  # 8 per GPU: 16 cannot split
+    assert [p.loc for p in err.value.problems] == [("strategy", "micro_batches")]

@@ -1,0 +1,112 @@
+"""Galvatron's plan file <-> PlanStrategy."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+from solvers.errors import SpecError
+from solvers.formats.galvatron import plan_from_galvatron_config, plan_to_galvatron_config, read_galvatron_config
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CASES = os.path.join(ROOT, "bench", "data", "galvatron", "cases")
+REFERENCE_PROFILES = os.path.normpath(os.path.join(ROOT, "..", "shared", "reference", "galvatron", "profiles"))
+SHIPPED = "galvatron_config_llama2-7b_1nodes_8gpus_per_node_36GB_bf16.json"
+
+
+def configs() -> list[tuple[str, dict[str, Any], int]]:
+    out = []
+    for f in sorted(os.listdir(CASES)):
+        with open(os.path.join(CASES, f)) as fh:
+            case = json.load(fh)
+        out.append((f, case["plan"]["galvatron_config"], case["inputs"]["gpus"]))
+    return out
+
+
+def test_shipped_config_reads() -> None:
+    cfg = read_galvatron_config(SHIPPED, [REFERENCE_PROFILES])
+    plan = plan_from_galvatron_config(cfg, 8)
+    assert plan.pp == 1 and plan.micro_batches == 1 and plan.stage_layers == (32,)
+    assert plan.layers[0] == LayerStrategy(tp=1, dp=8, zero=3, recompute="full")
+    assert plan.layers[31] == LayerStrategy(tp=1, dp=8, zero=3, recompute="none")
+    assert sum(x.recompute == "full" for x in plan.layers) == 20
+    assert plan.embedding == EmbeddingStrategy(tp=2, dp=4, zero=3, sp="ulysses")  # vtp 2, embed_sdp 1, vsp 1
+    assert plan.schedule == "1f1b"
+
+
+@pytest.mark.parametrize(("name", "cfg", "gpus"), configs())
+def test_galvatron_plans_round_trip(name: str, cfg: dict[str, Any], gpus: int) -> None:
+    plan = plan_from_galvatron_config(cfg, gpus)
+    out = plan_to_galvatron_config(plan, global_batch_size=cfg["global_bsz"])
+    for key in ("pp_deg", "tp_sizes_enc", "tp_consecutive_flags", "dp_types_enc", "use_sp", "checkpoint",
+                "global_bsz", "chunks", "pp_division", "pipeline_type", "vtp", "embed_sdp"):
+        assert out[key] == cfg[key], key
+    # default_dp_type only matters where some layer (or the embedding) is not ZeRO-3
+    if any(x.zero != 3 and x.dp > 1 for x in plan.layers) or not cfg["embed_sdp"]:
+        assert out["default_dp_type"] == cfg["default_dp_type"]
+    assert plan_from_galvatron_config(out, gpus) == plan
+
+
+def test_layer_fields() -> None:
+    cfg = {"pp_deg": 2, "tp_sizes_enc": "1,2,4,8", "dp_types_enc": "1,0,1,0", "use_sp": "0,1,0,0",
+           "checkpoint": "0,0,1,1", "pp_division": "1,3", "chunks": 4, "default_dp_type": "ddp", "vtp": 4,
+           "pipeline_type": "gpipe"}
+    plan = plan_from_galvatron_config(cfg, 16)
+    assert plan.layers == (
+        LayerStrategy(tp=1, dp=8, sp=None, zero=3),
+        LayerStrategy(tp=2, dp=4, sp="ulysses", zero=0),
+        LayerStrategy(tp=4, dp=2, sp="megatron", zero=3, recompute="full"),
+        LayerStrategy(tp=8, dp=1, sp="megatron", zero=0, recompute="full"),
+    )
+    assert plan.stage_layers == (1, 3) and plan.schedule == "gpipe" and plan.micro_batches == 4
+    assert plan.embedding == EmbeddingStrategy(tp=4, dp=2, zero=0)
+    no_sp = plan_from_galvatron_config(cfg, 16, sequence_parallel=False)
+    assert no_sp.layers[2].sp is None and no_sp.layers[1].sp == "ulysses"
+    even = {k: v for k, v in cfg.items() if k != "pp_division"}
+    assert plan_from_galvatron_config(even, 16).stage_layers == (2, 2)
+
+
+def test_lossy_export_rules() -> None:
+    layers = (LayerStrategy(tp=2, dp=4, sp="megatron", zero=1, recompute="selective"),
+              LayerStrategy(tp=2, dp=4, sp="megatron", zero=3))
+    plan = PlanStrategy(pp=1, micro_batches=2, layers=layers, stage_layers=(2,),
+                        embedding=EmbeddingStrategy(tp=2, dp=4, zero=0))
+    out = plan_to_galvatron_config(plan, num_gpus=8)
+    assert out["checkpoint"] == "1,0"  # selective -> full: still fits
+    assert out["dp_types_enc"] == "0,1" and out["default_dp_type"] == "zero2"  # ZeRO-1 -> Galvatron's ZeRO-2
+    back = plan_from_galvatron_config(out)  # num_gpus travels in the file
+    assert back.layers[0].zero == 2 and back.layers[0].recompute == "full"
+    with pytest.raises(SpecError) as err:
+        plan_to_galvatron_config(PlanStrategy(pp=1, micro_batches=1, layers=(LayerStrategy(tp=2, cp=2, dp=2),),
+                                              stage_layers=(1,)))
+    assert ("strategy", "layers", 0) in [p.loc for p in err.value.problems]
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"tp_sizes_enc": "1,3"}, "tp_sizes_enc"),
+    ({"dp_types_enc": "1"}, "dp_types_enc"),
+    ({"pp_division": "1,1"}, "pp_division"),
+    ({"pp_deg": 3}, "pp_deg"),
+    ({"pipeline_type": "zb"}, "pipeline_type"),
+    ({"tp_consecutive_flags": "1,0"}, "tp_consecutive_flags"),
+    ({"checkpoint": "x,1"}, "checkpoint"),
+])
+def test_bad_configs_name_the_field(change: dict[str, Any], field: str) -> None:
+    cfg = {"pp_deg": 1, "tp_sizes_enc": "2,2", "dp_types_enc": "0,0", "pp_division": "2"}
+    cfg.update(change)
+    with pytest.raises(SpecError) as err:
+        plan_from_galvatron_config(cfg, 8)
+    assert ("strategy", field) in [p.loc for p in err.value.problems]
+
+
+def test_gpu_count_is_required_and_files_must_exist() -> None:
+    with pytest.raises(SpecError) as err:
+        plan_from_galvatron_config({"pp_deg": 1, "tp_sizes_enc": "1", "dp_types_enc": "0"})
+    assert err.value.problems[0].loc == ("strategy", "num_gpus")
+    with pytest.raises(SpecError) as err:
+        read_galvatron_config("no_such_config.json", [REFERENCE_PROFILES])
+    assert err.value.problems[0].loc == ("strategy", "path")
