@@ -50,14 +50,22 @@ class LayerStrategy:
 
 @dataclass(frozen=True, slots=True)
 class EmbeddingStrategy:
-    """Strategy of the embedding and LM head (vocabulary-parallel over tp, replicated over dp)."""
+    """Strategy of the embedding and LM head (vocabulary-parallel over tp, replicated over dp).
+
+    ``sp = "ulysses"``: the tp group splits the sequence instead of the vocabulary (weights replicated in
+    it), as Galvatron's vocabulary sequence parallelism (``vsp``).
+    """
 
     tp: int = 1
     dp: int = 1
     zero: int = 0
+    sp: SpKind = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.sp is None:
+            d.pop("sp")
+        return d
 
 
 @dataclass(frozen=True)
