@@ -35,7 +35,7 @@ def _galvatron_plan(strategy: dict[str, Any], req: HybridRequest) -> PlanStrateg
         formats = importlib.import_module("solvers.formats.galvatron")
     except ModuleNotFoundError:
         raise SpecError.at(("strategy", "format"), "the Galvatron plan format is not available") from None
-    plan: PlanStrategy = formats.plan_from_galvatron_config(config)
+    plan: PlanStrategy = formats.plan_from_galvatron_config(config, req.cluster.num_gpus)
     problems = check_plan(plan, req.model, req.cluster, req.training)
     if problems:
         raise SpecError(problems)
