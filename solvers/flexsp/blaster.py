@@ -76,7 +76,7 @@ def pack_chunks(ctx: PackingContext, chunks: list[list[int]]) -> list[MicroBatch
     return plan
 
 
-def blast(ctx: PackingContext, extra: int = 2) -> dict[int, list[MicroBatch]]:
+def blast(ctx: PackingContext, extra: int = 1) -> dict[int, list[MicroBatch]]:
     """Plans from the sorted partition for micro-batch counts from the minimum to ``extra`` more."""
     t = ctx.table
     order = longest_first(t, list(range(len(t.lengths))))

@@ -59,7 +59,9 @@ def fill_micro_batches(
             if bound(target) <= best_score:
                 break
             p = pack(ctx, remaining, target, select=True)
-            if p is not None and p.taken and score(p) > best_score:
+            # The longest sequence must be in: a micro-batch of only shorter ones would leave it to a
+            # later micro-batch of its own, paying the fixed cost for one sequence.
+            if p is not None and p.taken and p.taken[0] == first and score(p) > best_score:
                 best, best_score = p, score(p)
         if best is None:  # the longest sequence fits no group: the caller validated this cannot happen
             raise ValueError(f"sequence of {ctx.lengths[first]} tokens fits no SP group")

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from solvers.flexsp.blaster import blast
+from solvers.flexsp.dissolve import dissolve_light_micro_batches
 from solvers.flexsp.filling import fill_micro_batches
 from solvers.flexsp.milp import MilpSettings, as_rows, model_size, solve_micro_batch
-from solvers.flexsp.packing import PackingContext, best_greedy, lower_bound_ms, max_load_ms
+from solvers.flexsp.packing import PackingContext, best_greedy, lower_bound_ms, peak_ms
 from solvers.flexsp.plan import MicroBatch, step_time_ms
 
 Progress = Callable[[float, str], None]
@@ -48,7 +49,7 @@ def _repack(ctx: PackingContext, plan: list[MicroBatch]) -> list[MicroBatch]:
     out = []
     for mb in plan:
         again = best_greedy(ctx, as_rows(mb))
-        better = again is not None and max_load_ms(ctx.table, again) < max_load_ms(ctx.table, mb)
+        better = again is not None and peak_ms(ctx, again) < peak_ms(ctx, mb)
         out.append(again if better and again is not None else mb)
     return out
 
@@ -61,7 +62,7 @@ def _polish(ctx: PackingContext, plan: list[MicroBatch], settings: MilpSettings,
     for m, mb in enumerate(plan):
         rows = as_rows(mb)
         bound = lower_bound_ms(t, np.asarray(rows), ctx.num_gpus)
-        gap = max_load_ms(t, mb) / bound - 1 if bound > 0 else 0.0
+        gap = peak_ms(ctx, mb) / bound - 1 if bound > 0 else 0.0
         if gap > MILP_GAP and len(rows) <= settings.max_sequences:
             gaps.append((-gap, m))
     out = list(plan)
@@ -69,13 +70,13 @@ def _polish(ctx: PackingContext, plan: list[MicroBatch], settings: MilpSettings,
     for n, (_, m) in enumerate(chosen):
         mb = out[m]
         rows = as_rows(mb)
-        load = max_load_ms(t, mb)
+        load = peak_ms(ctx, mb)
         report.milp_runs += 1
         report.milp_models.append(model_size(ctx, rows, settings))
         better = solve_micro_batch(ctx, rows, settings, warm=mb)
-        if better is not None and max_load_ms(t, better) < load - 1e-6:
+        if better is not None and peak_ms(ctx, better) < load - 1e-6:
             report.milp_improved += 1
-            report.milp_gain_s += (load - max_load_ms(t, better)) / 1e3
+            report.milp_gain_s += (load - peak_ms(ctx, better)) / 1e3
             out[m] = better
         if progress:
             progress(0.5 + 0.5 * (n + 1) / len(chosen), f"MILP {n + 1}/{len(chosen)}")
@@ -95,6 +96,7 @@ def plan_batch(ctx: PackingContext, settings: MilpSettings | None, progress: Pro
     candidates.update(extra or {})
     if progress:
         progress(0.4, "sequence blaster")
+    candidates = {name: dissolve_light_micro_batches(ctx, plan) for name, plan in candidates.items()}
     totals = {name: step_time_ms(t, plan) for name, plan in candidates.items()}
     report.candidates = {name: v / 1e3 for name, v in totals.items()}
     # Re-packing each micro-batch rarely reorders the candidates; only the two best get it.
@@ -108,5 +110,5 @@ def plan_batch(ctx: PackingContext, settings: MilpSettings | None, progress: Pro
     if settings is not None:
         best_plan = _polish(ctx, best_plan, settings, report, progress)
     # Longest micro-batches first: a stable, readable order (the step time does not depend on it).
-    best_plan.sort(key=lambda mb: (-max_load_ms(t, mb), as_rows(mb)))
+    best_plan.sort(key=lambda mb: (-peak_ms(ctx, mb), as_rows(mb)))
     return best_plan, report
