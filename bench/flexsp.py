@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ def synthetic(milp: str) -> None:
     a, b = solve(req), solve(req)
     same = fingerprint(a) == fingerprint(b)
     print("## synthetic batch: 512 lognormal(log 4096, 1.6) lengths, GPT-7B, 8x8 GPUs, 30 GB")
-    print(f"{'':28}{'estimate_s':>11}{'solve_s':>9}")
+    print(f"{'':28}{'estimate_s':>11}{'solve_s':>9}{'cpu_s':>7}")
     print(f"{'reference FlexSP':28}{'83.4-84.7':>11}{'16.5':>9}")
     for d, v in sorted(a["baselines"]["static_sp"].items(), key=lambda kv: int(kv[0])):
         print(f"{'static SP' + d:28}{v:>11.2f}")
@@ -34,33 +35,39 @@ def synthetic(milp: str) -> None:
           f"{a['baselines']['static_sp'][str(a['baselines']['best_static_sp'])]:>11.2f}")
     print(f"{'lower bound':28}{a['lower_bound_s']:>11.2f}")
     e = a["estimate"]
-    print(f"{'paraplan FlexSP (run 1)':28}{e['step_time_s']:>11.2f}{a['search']['time_s']:>9.2f}")
-    print(f"{'paraplan FlexSP (run 2)':28}{b['estimate']['step_time_s']:>11.2f}{b['search']['time_s']:>9.2f}")
+    for run, r in (("1", a), ("2", b)):
+        print(f"{'paraplan FlexSP (run ' + run + ')':28}{r['estimate']['step_time_s']:>11.2f}"
+              f"{r['search']['time_s']:>9.2f}{r['search']['cpu_s']:>7.2f}")
     br = e["breakdown_s"]
     print(f"micro-batches {e['micro_batch_count']}; breakdown compute {br['compute']:.2f} s, all-to-all "
           f"{br['alltoall']:.2f} s, fixed {br['fixed']:.2f} s; chosen {a['search']['chosen']}; "
           f"MILP runs {a['search']['milp']['runs']}, improved {a['search']['milp']['improved']}; "
-          f"identical plan on two runs: {same}")
+          f"identical plan on two runs: {same}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 
 def wikipedia(batches: int, milp: str) -> None:
     print(f"\n## Wikipedia: first {batches} global batches of 512, 192K context, same model and cluster")
-    print(f"{'batch':>5}{'flexsp_s':>10}{'static64_s':>11}{'best_static_s':>14}{'lower_s':>9}{'solve_s':>9}")
+    print(f"{'batch':>5}{'flexsp_s':>10}{'static64_s':>11}{'best_static_s':>14}{'lower_s':>9}{'solve_s':>9}"
+          f"{'cpu_s':>7}")
     tot = {"flexsp": 0.0, "s64": 0.0, "best": 0.0, "lb": 0.0}
-    worst = 0.0
+    worst = worst_cpu = 0.0
     for b, lengths in enumerate(wikipedia_batches(WIKI, batches)):
         t0 = time.perf_counter()
         r = solve(gpt7b_request(lengths, solver={"milp": milp}))
         wall = time.perf_counter() - t0
         worst = max(worst, wall)
+        worst_cpu = max(worst_cpu, r["search"]["cpu_s"])
         static = r["baselines"]["static_sp"]
         row = {"flexsp": r["estimate"]["step_time_s"], "s64": static.get("64", float("nan")),
                "best": min(static.values()), "lb": r["lower_bound_s"]}
         for k in tot:
             tot[k] += row[k]
-        print(f"{b:>5}{row['flexsp']:>10.2f}{row['s64']:>11.2f}{row['best']:>14.2f}{row['lb']:>9.2f}{wall:>9.2f}")
+        print(f"{b:>5}{row['flexsp']:>10.2f}{row['s64']:>11.2f}{row['best']:>14.2f}{row['lb']:>9.2f}{wall:>9.2f}"
+              f"{r['search']['cpu_s']:>7.2f}")
     print(f"{'sum':>5}{tot['flexsp']:>10.2f}{tot['s64']:>11.2f}{tot['best']:>14.2f}{tot['lb']:>9.2f}"
-          f"   (worst solve {worst:.2f} s; reference: 167.3 s total, static SP64 272.9 s, ~11.5 s solve/batch)")
+          f"   (worst solve {worst:.2f} s wall, {worst_cpu:.2f} s CPU; "
+          f"reference: 167.3 s total, static SP64 272.9 s, ~11.5 s solve/batch)")
+    print(f"load average while running: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 
 def main() -> None:
