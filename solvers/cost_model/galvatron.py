@@ -19,7 +19,10 @@ layers' times with it; Galvatron's pipeline formula is
             max(min(p-1, m-1) C_0 / 3, sum_{s>0} C_s / 3) + max(2/3 (same)) + max(0, m + 1 - p) C_0)
         + max(0, max_s (B_s - sum_{j<=s} C_j))
 
-(``m`` micro-batches, ``p`` stages); throughput = global batch / T.
+(``m`` micro-batches, ``p`` stages); throughput = global batch / T. The formula presumes stage times that
+do not grow along the pipeline (Galvatron partitions evenly); with a slow middle stage it charges less than
+``m`` times that stage, which a planner free to partition unevenly will exploit. ``pipeline_formula =
+"bounded"`` takes at least ``sum(C) + (m - 1) max(C)`` (the 1F1B time); the default is Galvatron's formula.
 
 Memory (MB, per GPU). A layer: 4 x its parameters (/ tp unless Ulysses) times Galvatron's ZeRO-2 / ZeRO-3
 ratio over its data-parallel group (which depends on whether there are several micro-batches and on
@@ -100,6 +103,8 @@ class GalvatronCostModelSpec(BaseModel):
     min_tp: int | None = Field(default=None, gt=0)
     max_tp: int | None = Field(default=None, gt=0)
     layer_transitions: bool = False
+    # "galvatron": its formula as is (parity); "bounded": never below the 1F1B time of the slowest stage
+    pipeline_formula: Literal["galvatron", "bounded"] = "galvatron"
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,7 @@ class GalvatronOptions:
     min_tp: int | None = None
     max_tp: int | None = None
     layer_transitions: bool = False
+    pipeline_formula: Literal["galvatron", "bounded"] = "galvatron"
 
 
 @dataclass(frozen=True)
@@ -192,13 +198,21 @@ def zero_ratio(stage: int, d: int, chunks: int, *, mixed: bool, async_grad_reduc
     return (7 / 8 * shard + 1 / 8) * 5 / 4 if mixed else 3 / 4 * shard + 1 / 4
 
 
-def galvatron_pipeline_time(compute: Sequence[float], with_sync: Sequence[float], chunks: int) -> float:
-    """Galvatron's pipeline formula (see the module docstring): ``compute`` = C_s, ``with_sync`` = B_s."""
+def galvatron_pipeline_time(compute: Sequence[float], with_sync: Sequence[float], chunks: int,
+                            bounded: bool = False) -> float:
+    """Galvatron's pipeline formula (see the module docstring): ``compute`` = C_s, ``with_sync`` = B_s.
+
+    The formula assumes stage times that do not grow along the pipeline; when a middle stage is the
+    slowest it charges less than ``m`` times that stage. ``bounded`` takes at least the 1F1B time
+    ``sum(C) + (m - 1) max(C)``, which no schedule beats.
+    """
     p, m = len(compute), chunks
     c0, rest = compute[0], float(sum(compute[1:]))
     t = float(sum(compute)) + compute[-1] * (m - 1)
     warm = min(p - 1, m - 1) * c0
     t = max(t, max(warm / 3, rest / 3) + max(warm * 2 / 3, rest * 2 / 3) + c0 * max(0, m + 1 - p))
+    if bounded:
+        t = max(t, float(sum(compute)) + (m - 1) * max(compute))
     reduce = max(b - float(sum(compute[: s + 1])) for s, b in enumerate(with_sync))
     return t + max(0.0, reduce)
 
@@ -231,6 +245,7 @@ class GalvatronCostModel:
         self.peak_flops_per_gpu = peak_flops_per_gpu
         self._layer_cache: dict[tuple[Any, ...], LayerCosts] = {}
         self._batching_cache: dict[tuple[int, int], Batching | None] = {}
+        self._fixed_cache: dict[tuple[Any, ...], StageFixed] = {}
 
     # ----------------------------------------------------------------------------------- construction
     @classmethod
@@ -494,8 +509,8 @@ class GalvatronCostModel:
 
     # ----------------------------------------------------------------------------------- CostModel
     def layer_costs(self, layer: int, candidates: Sequence[LayerStrategy], ctx: StageContext) -> LayerCosts:
-        # Galvatron profiles one layer type: every layer of a stage costs the same.
-        key = (tuple(candidates), ctx)
+        # Galvatron profiles one layer type: every layer of a stage costs the same, whatever the embedding.
+        key = (tuple(candidates), ctx.pp, ctx.stage, ctx.micro_batches, ctx.schedule, ctx.virtual_stages)
         if key not in self._layer_cache:
             self._layer_cache[key] = self._layer_costs(candidates, ctx)
         return self._layer_cache[key]
@@ -556,6 +571,12 @@ class GalvatronCostModel:
         return out
 
     def stage_fixed(self, ctx: StageContext) -> StageFixed:
+        key = (ctx.pp, ctx.stage, ctx.micro_batches, ctx.schedule, ctx.embedding)
+        if key not in self._fixed_cache:
+            self._fixed_cache[key] = self._stage_fixed(ctx)
+        return self._fixed_cache[key]
+
+    def _stage_fixed(self, ctx: StageContext) -> StageFixed:
         batching = self.batching(ctx.pp, ctx.micro_batches)
         e = ctx.embedding or self.default_embedding(ctx.pp)
         if batching is None or self.embedding_problem(e, ctx.pp, batching) is not None:
@@ -585,7 +606,8 @@ class GalvatronCostModel:
         fixed = [self.stage_fixed(replace(ctx, stage=s)).time_s for s in range(len(stage_time_s))]
         # B_s (with gradient sync, without the embedding/head) from the two aggregated sums.
         with_sync = [c + st - f for c, st, f in zip(stage_time_s, stage_step_time_s, fixed, strict=True)]
-        return galvatron_pipeline_time(list(stage_time_s), with_sync, batching.real_chunks)
+        return galvatron_pipeline_time(list(stage_time_s), with_sync, batching.real_chunks,
+                                       bounded=self.options.pipeline_formula == "bounded")
 
     # ----------------------------------------------------------------------------------- whole plans
     def plan_problems(self, plan: PlanStrategy) -> list[FieldProblem]:
@@ -639,7 +661,24 @@ class GalvatronCostModel:
                             peak_flops_per_gpu=self.peak_flops_per_gpu)
         batching = model.batching(plan.pp, plan.micro_batches)
         assert batching is not None
+        _fit_breakdown(est)
         est.notes.append(f"Galvatron 2.4.0 model: min_tp={batching.min_tp}, max_tp={model.max_tp}, "
                          f"micro-batch {batching.mbsz} per min_tp group, {batching.real_chunks} micro-batches, "
                          f"memory budget {self.memory_limit_mb:.0f} MB incl. {self.cache_mb:.0f} MB cache")
         return est
+
+
+def _fit_breakdown(est: Estimate) -> None:
+    """Make the time breakdown sum to the step time where Galvatron's formula charges the pipeline less
+    than ``m`` times its slowest stage (the shared breakdown counts that much busy time)."""
+    b = est.breakdown_s
+    step_parts = b.get("dp_comm_exposed", 0.0)
+    pipe_parts = sum(b.values()) - step_parts
+    target = est.step_time_s - step_parts
+    if pipe_parts > target * (1 + 1e-12) and pipe_parts > 0:
+        for k in b:
+            if k != "dp_comm_exposed":
+                b[k] *= target / pipe_parts
+        est.notes.append("Galvatron's pipeline formula assumes stage times that do not grow along the "
+                         "pipeline; here it charges less than micro-batches x the slowest stage "
+                         "(cost_model.pipeline_formula = 'bounded' does not)")

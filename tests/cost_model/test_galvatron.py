@@ -247,6 +247,7 @@ def test_evaluate_equals_aggregation_of_layer_arrays() -> None:
             first += plan.stage_layers[s]
         step = m.pipeline_step_time(times, steps, stage_context(plan, 0, 64))
         assert est.step_time_s == pytest.approx(step, rel=1e-12)
+        assert sum(est.breakdown_s.values()) == pytest.approx(est.step_time_s, rel=1e-9)
         assert [g * 2**30 for g in est.memory_gib_per_stage] == pytest.approx(mems, rel=1e-12)
         # memory is Galvatron's whole-MB figure
         assert all(abs(x / MB - round(x / MB)) < 1e-6 for x in mems)
@@ -327,3 +328,19 @@ def test_plans_galvatron_cannot_express_name_the_field() -> None:
     with pytest.raises(SpecError) as err:
         m.evaluate(uniform(LayerStrategy(tp=1, dp=8, zero=2), 1, 16, emb))  # 8 per GPU: 16 cannot split
     assert [p.loc for p in err.value.problems] == [("strategy", "micro_batches")]
+
+
+def test_bounded_pipeline_formula() -> None:
+    """Galvatron's formula charges an uneven pipeline less than m x its slowest stage; 'bounded' does not,
+    and both agree on Galvatron's even partitions."""
+    layer = LayerStrategy(tp=2, dp=1, sp="megatron", recompute="full")
+    emb = EmbeddingStrategy(tp=2, dp=1, zero=0)
+    uneven = PlanStrategy(pp=4, micro_batches=8, layers=(layer,) * 32, stage_layers=(2, 14, 14, 2), embedding=emb)
+    even = uniform(layer, 4, 8, emb)
+    galv, bounded = model(memory_gib=80), model(memory_gib=80, pipeline_formula="bounded")
+    g, b = galv.evaluate(uneven), bounded.evaluate(uneven)
+    slowest = max(g.stage_time_s)
+    assert g.step_time_s < 8 * slowest  # the formula's blind spot
+    assert b.step_time_s >= sum(b.stage_time_s) + 7 * slowest - 1e-12
+    assert sum(g.breakdown_s.values()) == pytest.approx(g.step_time_s, rel=1e-9)
+    assert galv.evaluate(even).step_time_s == pytest.approx(bounded.evaluate(even).step_time_s, rel=1e-12)
