@@ -136,7 +136,7 @@ class AnalyticCostModel:
         kept_sel, _ = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, mem.RC_SELECTIVE, e, cal.flash_attention)
         core_elem = self._hbm(cal.elementwise_traffic * (kept_none - kept_sel))
         elem = self._hbm(cal.elementwise_traffic * kept_sel) + core_elem
-        fwd = qkv + out + mlp + core + elem + cal.kernel_overhead_s
+        fwd = qkv + out + mlp + core + elem
         compute = 3.0 * fwd
         bwd = 2.0 * fwd
 
@@ -184,7 +184,11 @@ class AnalyticCostModel:
         opt_params = local_params / np.where(c.zero >= 1, dp_group, 1.0)
         optimizer = self._hbm(opt_params * cal.optimizer_traffic_bytes)
 
-        time = compute + recompute + tp_comm + cp_comm + ep_comm + dp_mb
+        gpu = compute + recompute + tp_comm + cp_comm + ep_comm + dp_mb
+        # the host issues ~a forward's worth of kernels per pass; small layers wait for it, not for the GPU
+        passes = 3.0 + (c.rc == mem.RC_FULL)
+        launch = np.maximum(0.0, cal.kernel_overhead_s * passes - gpu)
+        time = gpu + launch
         w, g, o = mem.model_state_bytes(local_params, dp_group, c.zero, self.state_per_param)
         kept, transient = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, c.rc, e, cal.flash_attention)
         frag = 1.0 + cal.fragmentation
@@ -196,7 +200,7 @@ class AnalyticCostModel:
             activation_bytes=kept * frag,
             peak_extra_bytes=transient * frag + gathered,
             parts_s={"compute": compute, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,
-                     "ep_comm": ep_comm, "dp_comm_exposed": dp_mb},
+                     "ep_comm": ep_comm, "dp_comm_exposed": dp_mb, "launch_overhead": launch},
             step_parts_s={"dp_comm_exposed": dp_step, "optimizer": optimizer},
             memory_parts_bytes={"parameters": w, "gradients": g, "optimizer": o},
         )
@@ -274,6 +278,8 @@ class AnalyticCostModel:
             msg = ctx.micro_batch_samples * s * h * e / n_stage
             across = n_stage >= self.cluster.gpus_per_node
             parts["pp_comm"] = sends * float(comm.p2p_s(msg, across, self.links))
+        if cal.microbatch_overhead_s:
+            parts["other"] = cal.microbatch_overhead_s
         if cal.step_overhead_s:
             step_parts["other"] = cal.step_overhead_s
         state = sum(mparts.values())

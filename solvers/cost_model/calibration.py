@@ -22,7 +22,8 @@ class AnalyticCalibration:
     gemm_d_half: float = 96.0  # GEMM dimension at which that axis alone halves efficiency
     hbm_efficiency: float = 0.80  # achievable fraction of HBM bandwidth for memory-bound kernels
     elementwise_traffic: float = 3.0  # HBM bytes moved by non-GEMM kernels per byte of stored activation
-    kernel_overhead_s: float = 1.5e-4  # launch/sync overhead per layer forward (backward: twice)
+    kernel_overhead_s: float = 6e-4  # host time to issue one layer's forward kernels (backward: twice)
+    microbatch_overhead_s: float = 2e-3  # per micro-batch and stage: batch broadcast, loss, schedule bookkeeping
     intra_efficiency: float = 0.75  # NVLink: achieved / nominal bus bandwidth of large collectives
     inter_efficiency: float = 0.80  # network: achieved / nominal
     intra_latency_s: float = 8e-6  # per ring step

@@ -1,0 +1,227 @@
+"""How well the analytic cost model predicts measured training steps.
+
+    .venv/bin/python bench/fidelity.py            # one table per data set (< 1 min)
+    .venv/bin/python bench/fidelity.py --rows     # also every row of the smaller sets
+    .venv/bin/python bench/fidelity.py --fit      # re-fit the calibration constants (slow; see below)
+
+Data (``../shared/calibration/``, see its README):
+- vTrain (MICRO'24) ground truth, A100 nodes of 8, NVLink 150 GB/s per GPU, 800 Gb/s network per node,
+  GPT models (vocabulary 51,200, GeLU MLP 4h), Megatron-LM, full recomputation, 1F1B, no sequence
+  parallelism, no distributed optimizer: predicted vs measured iteration time.
+- Megatron SC21 Table 1, DGX A100-80GB (NVLink 300 GB/s, 8x200 Gb/s IB), seq 2048, vocabulary 51,200,
+  full recomputation, interleaved 1F1B. Micro-batch size and layers per virtual stage are those of the
+  paper's reproduction script (Megatron-LM ``examples/sc21/run_table_1.sh``). Predicted TFLOP/s per GPU =
+  the paper's FLOP count / (GPUs x predicted step time), against the measured TFLOP/s.
+
+The calibration constants (``solvers/cost_model/calibration.py``) are global (no per-row terms); ``--fit``
+searches them on the vTrain sets only, so SC21 is a held-out check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from solvers.cost_model.analytic import AnalyticCostModel  # noqa: E402
+from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration  # noqa: E402
+from solvers.cost_model.factory import plan_from_shorthand  # noqa: E402
+from solvers.cost_model.flops import megatron_sc21_flops  # noqa: E402
+from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "calibration"
+VOCAB = 51200
+
+# examples/sc21/run_table_1.sh: micro-batch size and layers per virtual pipeline stage (None = plain 1F1B)
+SC21_SCRIPT = {24: (16, None), 30: (16, None), 36: (16, None), 40: (8, None), 48: (4, None), 60: (2, 5),
+               80: (2, 5), 96: (1, 3), 105: (1, 1), 128: (1, None)}
+
+
+@dataclass(frozen=True)
+class Row:
+    group: str  # model size, for per-group rank correlation
+    label: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    strategy: dict[str, object]
+    measured: float  # what the data set reports (ms, or TFLOP/s for SC21)
+
+
+def _gpt(hidden: int, heads: int, layers: int) -> ModelSpec:
+    return ModelSpec(name=f"gpt-h{hidden}-l{layers}", num_layers=layers, hidden_size=hidden,
+                     num_attention_heads=heads, vocab_size=VOCAB, mlp="gelu")
+
+
+def vtrain_rows(path: Path) -> list[Row]:
+    rows = []
+    for r in csv.DictReader(path.open()):
+        gpus = int(r["# GPUs"])
+        tp, dp, pp = int(r["tensor parallelism"]), int(r["data parallelism"]), int(r["pipeline parallelism"])
+        mbs = int(r["micro batch"])
+        model = _gpt(int(r["hidden size"]), int(r["attention heads"]), int(r["# layers"]))
+        cluster = ClusterSpec(gpu="A100-80GB", nodes=max(1, gpus // 8), gpus_per_node=min(8, gpus),
+                              intra_node_bandwidth_GBps=150, inter_node_bandwidth_Gbps=800)
+        training = TrainingSpec(global_batch_size=int(r["global batch"]), seq_length=int(r["sequence length"]))
+        group = r.get("Parameters (billion)") or f"h{r['hidden size']}"
+        rows.append(Row(group=f"{group}", label=f"{gpus}gpu tp{tp} dp{dp} pp{pp} mbs{mbs} b{training.global_batch_size}"
+                        f" h{model.hidden_size} l{model.num_layers}",
+                        model=model, cluster=cluster, training=training,
+                        strategy={"tp": tp, "dp": dp, "pp": pp, "recompute": "full", "micro_batch_size": mbs},
+                        measured=float(r["iteration time (ms)"])))
+    return rows
+
+
+def sc21_rows(path: Path) -> list[Row]:
+    rows = []
+    for r in csv.DictReader(path.open()):
+        layers, tp, pp, gpus = int(r["num_layers"]), int(r["tp"]), int(r["pp"]), int(r["gpus"])
+        mbs, per_virtual = SC21_SCRIPT[layers]
+        v = layers // pp // per_virtual if per_virtual else 1
+        model = _gpt(int(r["hidden_size"]), int(r["heads"]), layers)
+        cluster = ClusterSpec(gpu="A100-80GB", nodes=gpus // 8, gpus_per_node=8)
+        training = TrainingSpec(global_batch_size=int(r["global_batch_size"]), seq_length=2048)
+        strategy: dict[str, object] = {"tp": tp, "pp": pp, "recompute": "full", "micro_batch_size": mbs}
+        if v > 1:
+            strategy.update(schedule="interleaved", virtual_stages=v)
+        rows.append(Row(group="sc21", label=f"{r['params_billion']}B {gpus}gpu tp{tp} pp{pp} v{v} mbs{mbs}",
+                        model=model, cluster=cluster, training=training, strategy=strategy,
+                        measured=float(r["tflops_per_gpu"])))
+    return rows
+
+
+def predict_ms(row: Row, cal: AnalyticCalibration) -> float:
+    plan = plan_from_shorthand(row.strategy, row.model, row.cluster, row.training)
+    return 1e3 * AnalyticCostModel(row.model, row.cluster, row.training, calibration=cal).evaluate(plan).step_time_s
+
+
+def predict_sc21_tflops(row: Row, cal: AnalyticCalibration) -> float:
+    flops = megatron_sc21_flops(row.training.global_batch_size, row.training.seq_length, row.model.num_layers,
+                                row.model.hidden_size, VOCAB)
+    return flops / (row.cluster.num_gpus * predict_ms(row, cal) / 1e3) / 1e12
+
+
+def spearman(a: Iterable[float], b: Iterable[float]) -> float:
+    def ranks(x: np.ndarray) -> np.ndarray:
+        order = np.argsort(x, kind="mergesort")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x), dtype=float)
+        for v in np.unique(x):  # ties share their mean rank
+            same = x == v
+            r[same] = r[same].mean()
+        return r
+
+    x, y = np.asarray(list(a), dtype=float), np.asarray(list(b), dtype=float)
+    if len(x) < 3:
+        return float("nan")
+    rx, ry = ranks(x), ranks(y)
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+@dataclass
+class Report:
+    name: str
+    rows: list[Row]
+    predicted: list[float]
+
+    @property
+    def ape(self) -> np.ndarray:
+        m = np.array([r.measured for r in self.rows])
+        return np.abs(np.array(self.predicted) - m) / m
+
+    def summary(self, show_rows: bool = False) -> str:
+        ape = self.ape
+        lines = [f"== {self.name}: {len(self.rows)} rows, MAPE {100 * ape.mean():.1f}%, "
+                 f"median APE {100 * np.median(ape):.1f}%, max APE {100 * ape.max():.1f}%"]
+        groups = sorted({r.group for r in self.rows}, key=lambda g: (len(g), g))
+        lines.append(f"  {'group':>8} {'rows':>5} {'MAPE':>7} {'Spearman':>9}  worst row")
+        for g in groups:
+            idx = [i for i, r in enumerate(self.rows) if r.group == g]
+            rho = spearman([self.rows[i].measured for i in idx], [self.predicted[i] for i in idx])
+            w = max(idx, key=lambda i: ape[i])
+            lines.append(f"  {g:>8} {len(idx):>5} {100 * ape[idx].mean():>6.1f}% {rho:>9.3f}  {self.rows[w].label}: "
+                         f"measured {self.rows[w].measured:.1f}, predicted {self.predicted[w]:.1f} "
+                         f"({100 * ape[w]:+.1f}%)")
+        if show_rows:
+            for r, p, e in zip(self.rows, self.predicted, ape, strict=True):
+                lines.append(f"    {r.label:<55} measured {r.measured:>10.1f} predicted {p:>10.1f} {100 * e:5.1f}%")
+        return "\n".join(lines)
+
+
+def run(cal: AnalyticCalibration, sets: dict[str, tuple[list[Row], Callable[[Row, AnalyticCalibration], float]]]
+        ) -> list[Report]:
+    return [Report(name, rows, [fn(r, cal) for r in rows]) for name, (rows, fn) in sets.items()]
+
+
+def data_sets() -> dict[str, tuple[list[Row], Callable[[Row, AnalyticCalibration], float]]]:
+    return {
+        "vTrain multi-node (iteration ms)": (vtrain_rows(DATA / "vtrain_ground_truth_multi.csv"), predict_ms),
+        "vTrain single-node (iteration ms)": (vtrain_rows(DATA / "vtrain_ground_truth_single.csv"), predict_ms),
+        "Megatron SC21 Table 1 (TFLOP/s per GPU)": (sc21_rows(DATA / "megatron_sc21_table1.csv"),
+                                                    predict_sc21_tflops),
+    }
+
+
+FIT_KEYS = ("gemm_eta_max", "gemm_d_half", "elementwise_traffic", "kernel_overhead_s", "microbatch_overhead_s",
+            "intra_efficiency", "inter_efficiency", "intra_latency_s", "inter_latency_s")
+
+
+def fit(sets: dict[str, tuple[list[Row], Callable[[Row, AnalyticCalibration], float]]], max_sweeps: int = 12
+        ) -> AnalyticCalibration:
+    """Coordinate search of the global constants on the vTrain sets (mean of the two MAPEs)."""
+    train = {k: v for k, v in sets.items() if k.startswith("vTrain")}
+    thin = {k: (rows[:: max(1, len(rows) // 300)], fn) for k, (rows, fn) in train.items()}
+
+    def loss(c: AnalyticCalibration) -> float:
+        return float(np.mean([r.ape.mean() for r in run(c, thin)]))
+
+    best = DEFAULT_CALIBRATION
+    best_loss = loss(best)
+    step = 0.2
+    for _ in range(max_sweeps):
+        if step <= 0.02:
+            break
+        improved = False
+        for key in FIT_KEYS:
+            for factor in (1 - step, 1 + step):
+                value = getattr(best, key) * factor
+                if key.endswith("efficiency") or key == "gemm_eta_max":
+                    value = min(value, 1.0)
+                cand = replace(best, **{key: value})
+                cand_loss = loss(cand)
+                if cand_loss < best_loss:
+                    best, best_loss, improved = cand, cand_loss, True
+        if not improved:
+            step /= 2
+        print(f"  fit: step {step:.3f} loss {100 * best_loss:.2f}% "
+              f"{ {k: float(f'{getattr(best, k):.4g}') for k in FIT_KEYS} }", file=sys.stderr)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", action="store_true", help="print every row of the multi-node and SC21 sets")
+    ap.add_argument("--fit", action="store_true", help="re-fit the calibration constants on vTrain")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    sets = data_sets()
+    cal = DEFAULT_CALIBRATION
+    if args.fit:
+        cal = fit(sets)
+        print("fitted:", {f.name: getattr(cal, f.name) for f in fields(cal) if f.name in FIT_KEYS})
+    for rep in run(cal, sets):
+        print(rep.summary(show_rows=args.rows and len(rep.rows) < 200))
+    print(f"({time.perf_counter() - t0:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The estimate API: the three strategy forms, and bad input raising SpecError that names the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from solvers.api import estimate
+from solvers.errors import SpecError
+
+from .conftest import request
+
+SHORT = {"tp": 2, "pp": 2, "dp": 4, "zero": 1, "recompute": "selective", "sp": "megatron", "micro_batch_size": 2}
+
+
+def _locs(req: dict[str, Any]) -> list[tuple[str | int, ...]]:
+    with pytest.raises(SpecError) as err:
+        estimate(req)
+    return [p.loc for p in err.value.problems]
+
+
+def test_shorthand_and_equivalent_full_strategy_agree() -> None:
+    short = estimate(request(strategy=SHORT))
+    assert short["step_time_s"] > 0 and short["fits"] is True
+    assert set(short["breakdown_s"]) >= {"compute", "tp_comm", "dp_comm_exposed", "pp_bubble", "recompute",
+                                         "optimizer"}
+    assert set(short["memory_breakdown_gib_per_stage"][0]) >= {"parameters", "gradients", "optimizer",
+                                                               "activations", "reserve"}
+    full = estimate(request(strategy=short["strategy"]))
+    assert full["step_time_s"] == pytest.approx(short["step_time_s"], rel=1e-12)
+    assert full["memory_gib_per_stage"] == pytest.approx(short["memory_gib_per_stage"], rel=1e-12)
+    assert short["throughput_samples_per_s"] * short["step_time_s"] == pytest.approx(64)
+
+
+def test_heads_not_divisible_by_tp() -> None:
+    req = request(cluster={"gpu": "A100-80GB", "nodes": 3, "gpus_per_node": 8},
+                  strategy={"tp": 3, "pp": 1, "dp": 8, "micro_batch_size": 1})
+    req["training"]["global_batch_size"] = 48
+    assert ("strategy", "tp") in _locs(req)
+
+
+def test_strategy_gpu_count_must_match_cluster() -> None:
+    assert _locs(request(strategy={**SHORT, "dp": 8})) == [("strategy",)]
+
+
+def test_unknown_preset_and_unknown_fields() -> None:
+    assert _locs(request(model={"preset": "gpt-5-mega"}, strategy=SHORT))[0][0] == "model"
+    assert ("strategy", "tpp") in _locs(request(strategy={**SHORT, "tpp": 2}))
+    assert ("strategy", "micro_batch_size") in _locs(request(strategy={**SHORT, "micro_batch_size": 3}))
+    assert _locs(request(strategy=None)) == [("strategy",)]
+
+
+def test_full_strategy_problems_name_the_layer() -> None:
+    good = estimate(request(strategy=SHORT))["strategy"]
+    bad = {**good, "layers": [dict(x) for x in good["layers"]]}
+    bad["layers"][5]["tp"] = 3
+    bad["layers"][7]["recompute"] = "sometimes"
+    locs = _locs(request(strategy=bad))
+    assert ("strategy", "layers", 5, "tp") in locs
+    assert ("strategy", "layers", 7, "recompute") in locs
+    assert _locs(request(strategy={**good, "stage_layers": [10, 10]}))[0][0] == "strategy"
+
+
+def test_calibration_overrides_are_checked_and_used() -> None:
+    base = estimate(request(strategy=SHORT))
+    slower = estimate(request(strategy=SHORT, cost_model={"kind": "analytic", "calibration": {"gemm_eta_max": 0.4}}))
+    assert slower["step_time_s"] > base["step_time_s"] * 1.3
+    assert _locs(request(strategy=SHORT, cost_model={"calibration": {"gemm_speed": 1}})) == [
+        ("cost_model", "calibration", "gemm_speed")]
+
+
+def test_over_memory_plan_is_estimated_and_flagged() -> None:
+    req = request(strategy={"tp": 1, "pp": 1, "zero": 0, "micro_batch_size": 4},
+                  constraints={"memory_limit_gib": 40})
+    out = estimate(req)
+    assert out["fits"] is False and out["peak_memory_gib"] > 40 and "limit" in out["notes"][0]

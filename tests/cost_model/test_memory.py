@@ -1,0 +1,100 @@
+"""Model states and activations against the closed forms (ZeRO paper; Korthikanti et al. 2022)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solvers.cost_model import memory as mem
+from solvers.cost_model.analytic import AnalyticCostModel
+from solvers.cost_model.base import StageContext
+from solvers.cost_model.shapes import layer_shape
+from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
+from solvers.strategy import LayerStrategy
+
+GPT = ModelSpec(num_layers=4, hidden_size=4096, num_attention_heads=32, vocab_size=51200, mlp="gelu")
+S, B, H, A = 2048, 2, 4096, 32
+
+
+@pytest.mark.parametrize(("zero", "expected"), [
+    (0, (2e9, 2e9, 12e9)),
+    (1, (2e9, 2e9, 3e9)),
+    (2, (2e9, 0.5e9, 3e9)),
+    (3, (0.5e9, 0.5e9, 3e9)),
+])
+def test_model_states_by_zero_stage(zero: int, expected: tuple[float, float, float]) -> None:
+    w, g, o = mem.model_state_bytes(1e9, 4, zero, mem.state_bytes_per_param("bf16"))
+    assert (float(w), float(g), float(o)) == expected
+
+
+def test_fp32_states_are_16_bytes_per_parameter() -> None:
+    per = mem.state_bytes_per_param("fp32")
+    assert (per.params, per.grads, per.optimizer) == (4.0, 4.0, 8.0)
+
+
+def _act(tp: int, sp: int, rc: int) -> tuple[float, float]:
+    kept, transient = mem.activation_bytes(layer_shape(GPT, 0), S, B, tp, 1, sp, rc)
+    return float(kept), float(transient)
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_korthikanti_no_recompute(t: int) -> None:
+    # s b h (10 + 24/t + 5 a s / (h t)); t=8: 2048*2*4096*(10 + 3 + 5*32*2048/(4096*8)) = 16777216 * 23
+    expected = S * B * H * (10 + 24 / t + 5 * A * S / (H * t))
+    assert _act(t, mem.SP_NONE, mem.RC_NONE)[0] == pytest.approx(expected, rel=1e-12)
+    if t == 8:
+        assert expected == 16777216 * 23
+
+
+@pytest.mark.parametrize("t", [1, 4, 8])
+def test_korthikanti_sequence_parallel(t: int) -> None:
+    expected = S * B * H / t * (34 + 5 * A * S / H)
+    assert _act(t, mem.SP_MEGATRON, mem.RC_NONE)[0] == pytest.approx(expected, rel=1e-12)
+
+
+def test_korthikanti_selective_and_full() -> None:
+    t = 8
+    assert _act(t, mem.SP_NONE, mem.RC_SELECTIVE)[0] == pytest.approx(S * B * H * (10 + 24 / t))
+    assert _act(t, mem.SP_MEGATRON, mem.RC_SELECTIVE)[0] == pytest.approx(34 * S * B * H / t)
+    assert _act(t, mem.SP_NONE, mem.RC_FULL)[0] == pytest.approx(2 * S * B * H)
+    assert _act(t, mem.SP_MEGATRON, mem.RC_FULL)[0] == pytest.approx(2 * S * B * H / t)
+    # a fully recomputed layer rebuilds its no-recompute activations while its backward runs
+    assert _act(t, mem.SP_NONE, mem.RC_FULL)[1] == pytest.approx(_act(t, mem.SP_NONE, mem.RC_NONE)[0])
+    # selective keeps the 5 a s^2 b attention core only transiently
+    assert _act(t, mem.SP_NONE, mem.RC_SELECTIVE)[1] == pytest.approx(5 * A * S * S * B / t)
+
+
+def test_gqa_and_swiglu_change_only_their_tensors() -> None:
+    gqa = GPT.model_copy(update={"num_kv_heads": 8})
+    dense = layer_shape(GPT, 0)
+    grouped = layer_shape(gqa, 0)
+    # K and V shrink from 2 s b h each to 2 s b h / 4 each: 4 s b h * (1 - 1/4) fewer bytes, split over t
+    diff = float(mem.activation_bytes(dense, S, B, 1, 1, 0, 0)[0] - mem.activation_bytes(grouped, S, B, 1, 1, 0, 0)[0])
+    assert diff == pytest.approx(4 * S * B * H * 0.75)
+    swiglu = GPT.model_copy(update={"mlp": "swiglu", "ffn_hidden_size": 4 * H})
+    # SwiGLU keeps gate, up and their product (6 s b f) instead of GeLU's input and output (4 s b f)
+    extra = float(mem.activation_bytes(layer_shape(swiglu, 0), S, B, 1, 1, 0, 0)[0]
+                  - mem.activation_bytes(dense, S, B, 1, 1, 0, 0)[0])
+    assert extra == pytest.approx(2 * S * B * 4 * H)
+
+
+def test_context_parallel_splits_everything() -> None:
+    one = mem.activation_bytes(layer_shape(GPT, 0), S, B, 2, 1, mem.SP_MEGATRON, mem.RC_NONE)[0]
+    four = mem.activation_bytes(layer_shape(GPT, 0), S, B, 2, 4, mem.SP_MEGATRON, mem.RC_NONE)[0]
+    assert float(four) == pytest.approx(float(one) / 4)
+
+
+def test_layer_costs_states_match_closed_form() -> None:
+    cluster = ClusterSpec(gpu="A100-80GB", nodes=1, gpus_per_node=8)
+    model = AnalyticCostModel(GPT, cluster, TrainingSpec(global_batch_size=32, seq_length=S))
+    ctx = StageContext(pp=1, stage=0, micro_batches=4, micro_batch_samples=8)
+    cands = [LayerStrategy(tp=2, dp=4, zero=z) for z in range(4)]
+    c = model.layer_costs(0, cands, ctx)
+    p = GPT.layer_params(0) / 2  # parameters this tensor-parallel rank holds
+    expected = np.array([16 * p, 2 * p + 2 * p + 12 * p / 4, 2 * p + (2 + 12) * p / 4, 16 * p / 4])
+    np.testing.assert_allclose(c.state_bytes, expected, rtol=1e-12)
+    np.testing.assert_allclose(c.memory_parts_bytes["parameters"] + c.memory_parts_bytes["gradients"]
+                               + c.memory_parts_bytes["optimizer"], c.state_bytes)
+    # activations: micro-batch of 8 over dp=4 -> b=2 samples per rank, plain TP, no recompute, + fragmentation
+    kept = S * 2 * H * (10 + 24 / 2 + 5 * A * S / (H * 2))
+    np.testing.assert_allclose(c.activation_bytes, kept * (1 + model.cal.fragmentation), rtol=1e-12)
