@@ -1,10 +1,11 @@
-"""FlexSP planning of one global batch: candidate micro-batchings, per-micro-batch MILP polish, the best.
+"""FlexSP planning of one global batch: candidate micro-batchings, moves between them, MILP polish.
 
-Candidates: the micro-batch filler, the sorted blaster for a few micro-batch counts, and whatever the
-caller adds (the static-SP plans: FlexSP must never lose to them). The two best candidates have every
-micro-batch re-packed by the bisecting greedy (kept if faster); the winner's micro-batches whose load
-is above their own lower bound then go to the MILP, warm-started
-from the greedy packing, under deterministic limits.
+Candidates: the micro-batch filler (two ladders of target slack), the sorted blaster for a few
+micro-batch counts, and whatever the caller adds (the static-SP plans: FlexSP must never lose to them).
+Light micro-batches are dissolved into the others; the two best candidates then get sequences moved off
+their slowest groups and every micro-batch re-packed by the bisecting greedy (kept if faster). The
+winner's micro-batches furthest above their own lower bound go to the MILP, warm-started from the greedy
+packing, under deterministic limits.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from typing import Any
 import numpy as np
 
 from solvers.flexsp.blaster import blast
-from solvers.flexsp.dissolve import dissolve_light_micro_batches
 from solvers.flexsp.filling import fill_micro_batches
 from solvers.flexsp.milp import MilpSettings, as_rows, model_size, solve_micro_batch
 from solvers.flexsp.packing import PackingContext, best_greedy, lower_bound_ms, peak_ms
 from solvers.flexsp.plan import MicroBatch, step_time_ms
+from solvers.flexsp.rebalance import dissolve_light_micro_batches, move_off_slowest_groups
 
 Progress = Callable[[float, str], None]
 REPACKED = 2
+FINE_SLACK = (0.0, 0.01, 0.03, 0.06, 0.1, 0.2, 0.3, 0.5)
 MILP_GAP = 0.01  # polish micro-batches whose load is > 1 % above their own lower bound
 
 
@@ -88,7 +90,10 @@ def plan_batch(ctx: PackingContext, settings: MilpSettings | None, progress: Pro
     """The best plan over the candidates (plus ``extra`` ones, e.g. the static-SP plans), MILP-polished."""
     report = SearchReport()
     t = ctx.table
-    candidates: dict[str, list[MicroBatch]] = {"fill": fill_micro_batches(ctx)}
+    candidates: dict[str, list[MicroBatch]] = {
+        "fill": fill_micro_batches(ctx),
+        "fill-fine": fill_micro_batches(ctx, slack=FINE_SLACK),
+    }
     if progress:
         progress(0.2, "micro-batch filling")
     for k, plan in blast(ctx).items():
@@ -99,10 +104,10 @@ def plan_batch(ctx: PackingContext, settings: MilpSettings | None, progress: Pro
     candidates = {name: dissolve_light_micro_batches(ctx, plan) for name, plan in candidates.items()}
     totals = {name: step_time_ms(t, plan) for name, plan in candidates.items()}
     report.candidates = {name: v / 1e3 for name, v in totals.items()}
-    # Re-packing each micro-batch rarely reorders the candidates; only the two best get it.
+    # Re-packing and moving between micro-batches rarely reorders the candidates; only the best two get it.
     best_name, best_plan, best_time = "", [], np.inf
     for name in sorted(totals, key=lambda k: (totals[k], k))[:REPACKED]:
-        plan = _repack(ctx, candidates[name])
+        plan = _repack(ctx, move_off_slowest_groups(ctx, candidates[name]))
         total = step_time_ms(t, plan)
         if total < best_time - 1e-9:
             best_name, best_plan, best_time = name, plan, total
