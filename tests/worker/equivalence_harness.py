@@ -1,0 +1,32 @@
+"""Run by torchrun from test_equivalence.py: train every plan of a JSON list in one process group (one
+start-up for many plans) and write {name: losses} from rank 0."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from worker.runtime.plan import from_document
+from worker.runtime.train import run_plan
+
+
+def main() -> None:
+    plans, steps, out = json.loads(Path(sys.argv[1]).read_text()), int(sys.argv[2]), Path(sys.argv[3])
+    dist.init_process_group("gloo")
+    results: dict[str, object] = {}
+    for name, doc in plans.items():
+        # No per-plan try/except: an exception on some ranks only would leave the others waiting in a
+        # collective. A crash ends the whole launch (torchrun stops every rank) and the test shows stderr.
+        metrics = run_plan(from_document(doc, world_size=dist.get_world_size()), steps, torch.device("cpu"))
+        results[name] = {"loss": metrics["loss"], "notes": metrics["notes"]}
+    if dist.get_rank() == 0:
+        out.write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""The worker daemon: ``paraplan worker --server URL --token T``.
+
+Loop: register -> long-poll ``/runs/claim`` (with jitter) -> run the plan with ``torch.distributed.run``
+on this node -> report progress, complete or fail -> poll again. A worker-liveness heartbeat runs in its
+own thread for the daemon's life; a run-lease heartbeat runs in another while a run executes. The daemon
+stops on 401/403 (a revoked token cannot be fixed by retrying), on SIGTERM/SIGINT (the current run is
+handed back as a retryable failure), and aborts a run when the server answers 409 (lease lost: the run
+was reassigned or cancelled).
+
+It only ever starts ``worker.runtime.train`` with arguments derived from the plan (see ``worker.launch``);
+nothing the server sends is executed as a command. A failed launch is relaunched by the daemon itself
+(``max_launches``) before the run is failed as retryable (the server may give it to another worker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import platform
+import random
+import signal
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from solvers.errors import SpecError
+from worker.api import LeaseLost, Unauthorized, WorkerApi, WorkerApiError
+from worker.launch import Attempt, ProgressTail
+
+log = logging.getLogger("paraplan.worker")
+EXIT_UNAUTHORIZED = 3
+
+
+@dataclass
+class DaemonConfig:
+    server: str
+    token: str
+    name: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    workdir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "paraplan-worker")
+    claim_wait_s: float = 10.0
+    poll_jitter_s: float = 1.0
+    max_launches: int = 2
+    max_runs: int | None = None  # stop after this many runs (tests, one-shot nodes)
+    idle_exit_s: float | None = None  # stop after this long without work (tests)
+
+
+def host_info(name: str) -> dict[str, Any]:
+    """What the server records about this node at registration."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        props = torch.cuda.get_device_properties(0)
+        gpus, gpu_name, memory = torch.cuda.device_count(), props.name, props.total_memory / 2**30
+    else:
+        gpus, gpu_name = max(4, os.cpu_count() or 1), "cpu"  # CPU hosts run gloo ranks, oversubscribed if need be
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {
+        "name": name, "host": socket.gethostname(), "gpus": gpus, "gpu_name": gpu_name,
+        "memory_gib": round(memory, 2), "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
+        "capabilities": {
+            "backend": "nccl" if cuda else "gloo", "platform": platform.platform(),
+            "parallelisms": ["ddp", "fsdp2", "tp", "megatron-sp", "ulysses", "pp", "recompute"],
+            "schedules": ["gpipe", "1f1b", "interleaved"],
+        },
+    }
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig, api: WorkerApi | None = None) -> None:
+        self.config = config
+        self.api = api or WorkerApi(config.server, config.token)
+        self.stop = threading.Event()
+        self.unauthorized = threading.Event()
+        self.worker_id = ""
+        self.heartbeat_s = 5.0
+        self.runs_done = 0
+
+    # --- life cycle --------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Serve until stopped; returns the process exit code."""
+        try:
+            info = host_info(self.config.name)
+            reg = self.api.register(info)
+            self.worker_id, self.heartbeat_s = reg["id"], float(reg.get("heartbeat_interval_s", 5.0))
+            log.info("registered as %s (%s x %s)", self.worker_id, info["gpus"], info["gpu_name"])
+            threading.Thread(target=self._liveness, name="worker-heartbeat", daemon=True).start()
+            self._serve()
+        except Unauthorized as err:
+            log.error("stopping: the server refused the token (%s)", err)
+            return EXIT_UNAUTHORIZED
+        finally:
+            self.stop.set()
+            self.api.close()
+        return EXIT_UNAUTHORIZED if self.unauthorized.is_set() else 0
+
+    def _serve(self) -> None:
+        idle_since = time.monotonic()
+        while not self.stop.is_set():
+            if self.unauthorized.is_set():
+                raise Unauthorized(401, "refused during heartbeat")
+            try:
+                run = self.api.claim(self.worker_id, self.config.claim_wait_s)
+            except WorkerApiError as err:
+                log.warning("claim failed (%s); backing off", err)
+                self.stop.wait(random.uniform(1.0, 5.0))
+                continue
+            if run is None:
+                if self.config.idle_exit_s and time.monotonic() - idle_since > self.config.idle_exit_s:
+                    return
+                # Jitter spreads the next long-polls of many idle workers.
+                self.stop.wait(random.uniform(0.0, self.config.poll_jitter_s))
+                continue
+            self.execute(run)
+            self.runs_done += 1
+            idle_since = time.monotonic()
+            if self.config.max_runs is not None and self.runs_done >= self.config.max_runs:
+                return
+
+    def _liveness(self) -> None:
+        while not self.stop.wait(self.heartbeat_s):
+            try:
+                self.api.worker_heartbeat(self.worker_id)
+            except Unauthorized:
+                self.unauthorized.set()
+                self.stop.set()
+            except (WorkerApiError, OSError) as err:
+                log.debug("worker heartbeat failed: %s", err)
+            except Exception as err:  # the liveness thread must outlive any transport surprise
+                log.debug("worker heartbeat failed: %s", err)
+
+    # --- one run -----------------------------------------------------------------------------------
+    def execute(self, run: dict[str, Any]) -> None:
+        run_id, plan_doc = run["id"], run["plan"]
+        log.info("claimed run %s (plan %s, attempt %s, %s steps)", run_id, run["plan_id"], run.get("attempt"),
+                 run["steps"])
+        try:
+            nproc = self._world_size(plan_doc)
+        except SpecError as err:
+            self._fail(run_id, f"invalid plan: {err}", retryable=False)
+            return
+        lost = threading.Event()
+        lease = threading.Thread(target=self._hold_lease, args=(run_id, lost), name="run-lease", daemon=True)
+        lease.start()
+        try:
+            self._launch_until_done(run, plan_doc, nproc, lost)
+        finally:
+            lost.set()  # ends the lease thread
+            lease.join(timeout=2 * self.heartbeat_s)
+
+    def _world_size(self, plan_doc: dict[str, Any]) -> int:
+        from worker.runtime.plan import from_document
+
+        plan = from_document(plan_doc)  # SpecError names the bad field; nothing is launched then
+        return plan.world_size
+
+    def _hold_lease(self, run_id: str, lost: threading.Event) -> None:
+        while not lost.wait(self.heartbeat_s):
+            try:
+                self.api.run_heartbeat(run_id, self.worker_id)
+            except LeaseLost:
+                log.warning("run %s: lease lost; aborting it", run_id)
+                lost.set()
+            except Unauthorized:
+                self.unauthorized.set()
+                self.stop.set()
+            except Exception as err:  # transient: the next beat retries; an expired lease answers 409 then
+                log.debug("run %s: heartbeat failed: %s", run_id, err)
+
+    def _launch_until_done(self, run: dict[str, Any], plan_doc: dict[str, Any], nproc: int,
+                           lost: threading.Event) -> None:
+        run_id = run["id"]
+        base = self.config.workdir / f"run-{run_id}-attempt-{run.get('attempt', 0)}"
+        last_error = ""
+        for launch in range(1, self.config.max_launches + 1):
+            attempt = Attempt(base / f"launch-{launch}", nproc, int(run["steps"]))
+            attempt.start(plan_doc)
+            tail = ProgressTail(attempt.progress)
+            while attempt.poll() is None and not lost.is_set() and not self.stop.is_set():
+                self._relay_progress(run_id, tail, lost)
+                time.sleep(0.2)
+            if lost.is_set() or self.stop.is_set():
+                attempt.stop()
+                if not lost.is_set():
+                    self._fail(run_id, "worker shut down during the run", retryable=True)
+                return
+            self._relay_progress(run_id, tail, lost)
+            result = attempt.result()
+            if attempt.poll() == 0 and result is not None and "error" not in result:
+                result.update({"launches": launch, "worker_id": self.worker_id, "host": socket.gethostname()})
+                try:
+                    self.api.complete(run_id, self.worker_id, result)
+                    log.info("run %s succeeded: %.4g s/step", run_id, result.get("step_time_s", float("nan")))
+                except LeaseLost:
+                    log.warning("run %s finished after its lease was lost; result dropped", run_id)
+                return
+            if result is not None and "error" in result:
+                self._fail(run_id, f"invalid plan: {result['error']}", retryable=False)
+                return
+            last_error = f"launch {launch} exited with {attempt.poll()}:\n{attempt.log_tail()}"
+            log.warning("run %s: launch %d failed (exit %s)", run_id, launch, attempt.poll())
+        self._fail(run_id, last_error, retryable=True)
+
+    def _relay_progress(self, run_id: str, tail: ProgressTail, lost: threading.Event) -> None:
+        for step in tail.new_lines():
+            try:
+                self.api.report_step(run_id, self.worker_id, step)
+            except LeaseLost:
+                lost.set()
+                return
+            except WorkerApiError as err:
+                log.debug("run %s: progress report failed: %s", run_id, err)
+
+    def _fail(self, run_id: str, error: str, retryable: bool) -> None:
+        with contextlib.suppress(LeaseLost):
+            self.api.fail(run_id, self.worker_id, error, retryable)
+        log.warning("run %s failed (%s): %s", run_id, "retryable" if retryable else "final", error[:300])
+
+
+def main(server: str, token: str, **options: Any) -> int:
+    """Entry point of ``paraplan worker``; SIGTERM / SIGINT stop it gracefully."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    daemon = Daemon(DaemonConfig(server=server, token=token, **options))
+
+    def request_stop(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        daemon.stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    code = daemon.run()
+    if code:
+        raise SystemExit(code)
+    return code
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="paraplan worker daemon")
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--token", default=os.environ.get("PARAPLAN_WORKER_TOKEN"))
+    ap.add_argument("--name")
+    ap.add_argument("--workdir", type=Path)
+    ap.add_argument("--max-runs", type=int)
+    ap.add_argument("--idle-exit-s", type=float)
+    ap.add_argument("--claim-wait-s", type=float, default=10.0)
+    a = ap.parse_args()
+    opts = {k: v for k, v in {"name": a.name, "workdir": a.workdir, "max_runs": a.max_runs,
+                              "idle_exit_s": a.idle_exit_s, "claim_wait_s": a.claim_wait_s}.items() if v is not None}
+    main(a.server, a.token, **opts)

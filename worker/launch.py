@@ -1,0 +1,140 @@
+"""Launch paraplan's own training entrypoint with ``torch.distributed.run`` on this node.
+
+Only ``worker.runtime.train`` is ever started, with arguments built here from the plan: a server can send
+a plan, never a command. The launcher, not torchrun's ``--max-restarts`` (flaky with gloo), relaunches a
+failed attempt.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TRAIN_MODULE = "worker.runtime.train"
+
+
+try:  # loaded here, not in the forked child: dlopen after fork in a threaded parent can deadlock
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:
+    _LIBC = None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL me when the process that launched me dies (Linux), so a killed
+    daemon leaves no training behind. The ranks notice their launcher's death themselves (train.py)."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def train_command(nproc: int, plan_path: Path, steps: int, out: Path, progress: Path, seed: int = 0) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={int(nproc)}",
+            "-m", TRAIN_MODULE, "--plan", str(plan_path), "--steps", str(int(steps)), "--out", str(out),
+            "--progress", str(progress), "--seed", str(int(seed))]
+
+
+@dataclass
+class Attempt:
+    """One launch of the training: its files and, while it runs, its process."""
+
+    workdir: Path
+    nproc: int
+    steps: int
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def out(self) -> Path:
+        return self.workdir / "metrics.json"
+
+    @property
+    def progress(self) -> Path:
+        return self.workdir / "progress.jsonl"
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "train.log"
+
+    def start(self, plan_doc: dict[str, Any], env: dict[str, str] | None = None) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        plan_path = self.workdir / "plan.json"
+        plan_path.write_text(json.dumps(plan_doc))
+        for f in (self.out, self.progress):
+            f.unlink(missing_ok=True)
+        cmd = train_command(self.nproc, plan_path, self.steps, self.out, self.progress)
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                         cwd=self.workdir, preexec_fn=_die_with_parent)
+
+    def poll(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM torchrun (it stops its ranks), SIGKILL after ``grace_s``."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def result(self) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads(self.out.read_text())
+            return data
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+class ProgressTail:
+    """Reads the progress lines rank 0 appends, each once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+
+    def new_lines(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open() as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return []
+        complete = chunk[: chunk.rfind("\n") + 1]  # a line being written is read next time
+        self.offset += len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
+def run_locally(plan_doc: dict[str, Any], nproc: int, steps: int, workdir: Path, timeout_s: float = 600.0,
+                max_launches: int = 2) -> dict[str, Any]:
+    """Run a plan on this machine without a server (benchmarks, tests); relaunches a failed attempt."""
+    last = ""
+    for launch in range(1, max_launches + 1):
+        attempt = Attempt(workdir / f"launch-{launch}", nproc, steps)
+        attempt.start(plan_doc)
+        deadline = time.monotonic() + timeout_s
+        while attempt.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        attempt.stop()
+        result = attempt.result()
+        if attempt.poll() == 0 and result is not None:
+            result["launches"] = launch
+            return result
+        if result is not None and "error" in result:  # invalid plan: relaunching cannot help
+            raise RuntimeError(result["error"])
+        last = attempt.log_tail()
+    raise RuntimeError(f"training failed after {max_launches} launches:\n{last}")

@@ -1,0 +1,9 @@
+"""The training runtime: a Llama-style decoder and one public function per parallelism.
+
+- ``apply_ddp`` / ``apply_fsdp`` (``data_parallel``): DDP for ZeRO-0, FSDP2 ``fully_shard`` for ZeRO-1/2/3
+- ``apply_tensor_parallel`` (``tensor_parallel``): Megatron TP (+ sequence parallel) with DTensor
+- ``apply_ulysses`` (``ulysses``): DeepSpeed-Ulysses all-to-all sequence parallelism
+- ``build_schedule`` / ``cut_stage`` (``pipeline``): pipeline stages and GPipe / 1F1B / interleaved schedules
+- ``apply_checkpointing`` (``checkpointing``): per-layer full or selective activation recompute
+- ``parallelize`` (``parallelize``): all of the above for a plan; ``train.run_plan`` trains and measures
+"""

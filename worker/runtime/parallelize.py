@@ -1,0 +1,151 @@
+"""Apply a RuntimePlan to the model on this rank: mesh, then TP / Ulysses, recompute, data parallelism and
+pipeline stages, in torchtitan's order (TP -> activation checkpointing -> FSDP/DDP -> pipeline schedule).
+
+``ParallelModel.train_step`` runs one optimizer step over the global batch (all micro-batches) and returns
+the global mean loss, identical on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from worker.runtime.checkpointing import apply_checkpointing
+from worker.runtime.data import local_batch
+from worker.runtime.data_parallel import apply_ddp, apply_fsdp, set_gradient_sync
+from worker.runtime.model import Decoder, build_model, lm_loss
+from worker.runtime.pipeline import Schedule, build_schedule, cut_stage, stage_ids
+from worker.runtime.plan import RuntimePlan
+from worker.runtime.tensor_parallel import apply_tensor_parallel
+from worker.runtime.ulysses import apply_ulysses
+
+
+def build_mesh(plan: RuntimePlan, device_type: str) -> DeviceMesh:
+    """pp x dp x tp over the world, tp varying fastest (neighbouring ranks share a tensor group)."""
+    return init_device_mesh(device_type, (plan.pp, plan.dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
+
+
+def data_parallel_mesh(mesh: DeviceMesh, plan: RuntimePlan) -> DeviceMesh:
+    """The ranks that average gradients: dp, and with Ulysses also the sequence ranks (replicated weights)."""
+    if plan.sp == "ulysses":
+        return mesh["dp", "tp"]._flatten("dp_sp")
+    return mesh["dp"]
+
+
+def parallelize_module_for(plan: RuntimePlan, model: nn.Module, mesh: DeviceMesh,
+                           param_dtype: torch.dtype | None, notes: list[str]) -> nn.Module:
+    """Every parallelism except the pipeline, applied to ``model`` (the whole model or one stage)."""
+    if plan.tensor_parallel > 1:
+        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=plan.sp == "megatron")
+    if plan.sequence_parallel > 1:
+        apply_ulysses(model, mesh["tp"].get_group())
+    apply_checkpointing(model, plan.recompute)
+    dp_mesh = data_parallel_mesh(mesh, plan)
+    if dp_mesh.size() == 1 and plan.tensor_parallel == 1:
+        return model
+    zero = plan.zero
+    if zero == 0 and dp_mesh.size() > 1 and (plan.tensor_parallel > 1 or plan.pp > 1):
+        # DDP takes no DTensor parameters, and its bucket rebuilding breaks on the first step when a pipeline
+        # runs several backward passes under no_sync; FSDP2 without resharding is the closest equivalent.
+        why = "TP" if plan.tensor_parallel > 1 else "pipeline micro-batching"
+        notes.append(f"zero=0 ran as FSDP2 reshard_after_forward=False (DDP does not compose with {why})")
+        zero = 2
+    if zero == 0:
+        return apply_ddp(model, dp_mesh) if dp_mesh.size() > 1 else model
+    if dp_mesh.size() == 1:
+        return model
+    return apply_fsdp(model, dp_mesh, zero, param_dtype)
+
+
+@dataclass
+class ParallelModel:
+    plan: RuntimePlan
+    mesh: DeviceMesh
+    device: torch.device
+    modules: list[nn.Module]  # what this rank trains: the model, or its pipeline stages
+    schedule: Schedule | None = None
+    has_first: bool = True
+    has_last: bool = True
+    optimizer: torch.optim.Optimizer | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        for m in self.modules:
+            yield from m.parameters()
+
+    @property
+    def dp_rank(self) -> int:
+        return self.mesh["dp"].get_local_rank()
+
+    @property
+    def sp_rank(self) -> int:
+        return self.mesh["tp"].get_local_rank() if self.plan.sp == "ulysses" else 0
+
+    def _autocast(self) -> torch.autocast:
+        enabled = self.device.type == "cuda" and self.plan.precision in ("bf16", "fp16")
+        dtype = torch.float16 if self.plan.precision == "fp16" else torch.bfloat16
+        return torch.autocast(self.device.type, dtype=dtype, enabled=enabled)
+
+    def train_step(self, tokens: torch.Tensor) -> float:
+        """One optimizer step on the global batch ``tokens`` (batch, seq + 1); returns the global mean loss."""
+        assert self.optimizer is not None
+        plan = self.plan
+        inputs, labels = local_batch(tokens, self.dp_rank, plan.dp, self.sp_rank, plan.sequence_parallel)
+        inputs, labels = inputs.to(self.device), labels.to(self.device)
+        loss_sum, count = 0.0, 0
+        with self._autocast():
+            if self.schedule is not None:
+                losses: list[torch.Tensor] = []
+                target: dict[str, Any] = {"target": labels, "losses": losses} if self.has_last else {}
+                if self.has_first:
+                    self.schedule.step(inputs, **target)
+                else:
+                    self.schedule.step(**target)
+                if self.has_last:
+                    loss_sum, count = float(torch.stack(losses).detach().mean()), 1
+            else:
+                model = self.modules[0]
+                micro = plan.micro_batches
+                for i, (x, y) in enumerate(zip(inputs.chunk(micro), labels.chunk(micro), strict=True)):
+                    set_gradient_sync(model, i == micro - 1)
+                    loss = lm_loss(model(x), y) / micro
+                    loss.backward()
+                    loss_sum += float(loss.detach())
+                count = 1
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        # Every rank that computed a loss holds the mean over its tokens, and every such rank has as many
+        # tokens as the others: the global mean is the mean of those.
+        agg = torch.tensor([loss_sum, float(count)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(agg)
+        return float(agg[0] / agg[1])
+
+
+def parallelize(plan: RuntimePlan, seed: int, device: torch.device, lr: float = 1e-3) -> ParallelModel:
+    """Build the model of ``plan`` on this rank and apply the plan. Needs an initialised process group."""
+    mesh = build_mesh(plan, device.type)
+    notes: list[str] = []
+    param_dtype = torch.bfloat16 if device.type == "cuda" and plan.precision == "bf16" else None
+    model: Decoder = build_model(plan.model, seed, device)
+    if plan.pp == 1:
+        modules = [parallelize_module_for(plan, model, mesh, param_dtype, notes)]
+        pm = ParallelModel(plan, mesh, device, modules, notes=notes)
+    else:
+        pp_rank = mesh["pp"].get_local_rank()
+        ids = stage_ids(pp_rank, plan.pp, plan.virtual_stages)
+        num_stages = plan.pp * plan.virtual_stages
+        stages = [parallelize_module_for(plan, cut_stage(model, i, plan.stage_layers), mesh, param_dtype, notes)
+                  for i in ids]
+        del model
+        schedule = build_schedule(stages, ids, num_stages, mesh["pp"].get_group(), device, plan.micro_batches,
+                                  plan.schedule, lm_loss)
+        pm = ParallelModel(plan, mesh, device, stages, schedule, has_first=0 in ids,
+                           has_last=num_stages - 1 in ids, notes=notes)
+    pm.optimizer = torch.optim.AdamW(list(pm.parameters()), lr=lr, weight_decay=0.0)
+    return pm

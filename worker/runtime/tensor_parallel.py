@@ -1,0 +1,53 @@
+"""Megatron tensor parallelism (+ sequence parallelism) with DTensor's ``parallelize_module``.
+
+Attention projections and the MLP's first matrices are split by columns, ``wo`` / ``w2`` by rows, so a block
+needs one all-reduce (or, with sequence parallelism, one all-gather + one reduce-scatter) per sub-layer.
+With ``sequence_parallel`` the norms and residual stream hold 1/tp of the sequence between sub-layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from worker.runtime.model import blocks
+
+
+def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Shard ``model`` (a Decoder or a pipeline stage of one) over the 1-D ``mesh`` in place."""
+    residual = Shard(1) if sequence_parallel else Replicate()
+    top: dict[str, Any] = {}
+    if getattr(model, "tok_embeddings", None) is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
+    if getattr(model, "norm", None) is not None and sequence_parallel:
+        top["norm"] = SequenceParallel()
+    if getattr(model, "output", None) is not None:
+        top["output"] = ColwiseParallel(input_layouts=residual, output_layouts=Replicate())
+    if top:
+        parallelize_module(model, mesh, top)
+    for block in blocks(model).values():
+        plan: dict[str, Any] = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=residual),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=residual),
+        }
+        if getattr(block.get_submodule("feed_forward"), "w3", None) is not None:
+            plan["feed_forward.w3"] = ColwiseParallel()
+        if sequence_parallel:
+            gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+                         "attention": gather, "feed_forward": gather})
+        parallelize_module(block, mesh, plan)

@@ -1,0 +1,133 @@
+"""The training entrypoint the worker launches with ``torch.distributed.run`` (one process per rank).
+
+    python -m torch.distributed.run --standalone --nproc-per-node N -m worker.runtime.train \
+        --plan plan.json --steps 20 --out metrics.json [--progress progress.jsonl]
+
+``plan.json`` is a plan document (``{"request": ..., "result": ...}`` as ``GET /v1/plans/{id}`` returns it).
+Rank 0 appends one JSON line per step to ``--progress`` and writes the metrics to ``--out``. An invalid plan
+writes ``{"error": ..., "problems": [...]}`` and exits with status 2 (not worth retrying).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from solvers.errors import SpecError
+from worker.runtime.data import global_batch
+from worker.runtime.metrics import peak_memory_gib, summarize
+from worker.runtime.parallelize import parallelize
+from worker.runtime.plan import RuntimePlan, from_document
+
+EXIT_INVALID_PLAN = 2
+StepCallback = Callable[[int, float, float], None]
+
+
+def pick_device(plan_doc: dict[str, Any]) -> torch.device:
+    cluster = (plan_doc.get("request") or {}).get("cluster") or {}
+    gpu = cluster.get("gpu")
+    name = gpu.get("name") if isinstance(gpu, dict) else gpu
+    if str(name).lower() != "cpu" and torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device) -> None:
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+
+def run_plan(plan: RuntimePlan, steps: int, device: torch.device, seed: int = 0, warmup: int = 1,
+             on_step: StepCallback | None = None) -> dict[str, object]:
+    """Train ``steps`` steps of ``plan`` in the current process group; every rank returns the metrics."""
+    pm = parallelize(plan, seed, device)
+    losses: list[float] = []
+    times: list[float] = []
+    dist.barrier()
+    for step in range(steps):
+        tokens = global_batch(plan.model.vocab_size, plan.global_batch_size, plan.seq_length, seed, step)
+        start = time.perf_counter()
+        loss = pm.train_step(tokens)  # ends in an all-reduce: every rank has finished the step
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+        losses.append(loss)
+        if on_step is not None:
+            on_step(step, loss, times[-1])
+    memory = [0.0] * dist.get_world_size()
+    dist.all_gather_object(memory, peak_memory_gib(device))
+    return summarize(plan, times, min(warmup, steps - 1), losses, memory, [*plan.notes, *pm.notes])
+
+
+def exit_with_launcher(poll_s: float = 1.0) -> None:
+    """Exit this rank when the process that started it (torchrun) is gone, so that a worker killed with
+    SIGKILL leaves no orphaned ranks spinning on the node."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+def _progress_writer(path: Path | None) -> StepCallback | None:
+    if path is None:
+        return None
+
+    def write(step: int, loss: float, step_time: float) -> None:
+        with path.open("a") as f:
+            f.write(json.dumps({"step": step, "loss": loss, "step_time_s": step_time}) + "\n")
+
+    return write
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plan", type=Path, required=True)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--progress", type=Path)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warmup", type=int, default=2)
+    args = ap.parse_args(argv)
+    exit_with_launcher()
+    doc = json.loads(args.plan.read_text())
+    device = pick_device(doc)
+    init_distributed(device)
+    rank = dist.get_rank()
+    try:
+        plan = from_document(doc, world_size=dist.get_world_size())
+    except SpecError as err:
+        if rank == 0:
+            args.out.write_text(json.dumps({"error": str(err), "problems": err.as_detail()}))
+        dist.destroy_process_group()
+        return EXIT_INVALID_PLAN
+    metrics = run_plan(plan, args.steps, device, seed=args.seed, warmup=args.warmup,
+                       on_step=_progress_writer(args.progress) if rank == 0 else None)
+    if rank == 0:
+        metrics["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        metrics["torch_version"] = torch.__version__
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(metrics))
+        tmp.replace(args.out)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
