@@ -4,9 +4,10 @@ Layering: pydantic schemas (``service.schemas``) → service functions that take
 errors (``service.plans``, ``runs``, ``workers``, ``profiles``, ``tokens``) → thin routes
 (``service.routes``). ``service.errors.HTTP_STATUS`` is the one table from errors to HTTP statuses.
 
-The dashboard lives in ``service.ui`` (owned separately): when that package is importable, its ``mount(app)``
-is called, or else its ``router`` is included. It reaches the database through ``app.state.ctx``
-(a ``ServiceContext``) and may reuse the service functions.
+The dashboard lives in ``service.ui`` (owned separately): when that package is importable, its
+``mount_ui(app)`` is called, or else its ``router`` is included. It reaches the database through
+``app.state.ctx`` (a ``ServiceContext``; also ``app.state.db``, ``.settings``, ``.token_cache``) and reuses the
+service functions.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ def _mount_ui(app: FastAPI) -> None:
         if err.name not in ("service.ui", "service"):
             raise
         return
-    if callable(getattr(ui, "mount", None)):
-        ui.mount(app)
+    mount = getattr(ui, "mount_ui", None) or getattr(ui, "mount", None)
+    if callable(mount):
+        mount(app)
     elif getattr(ui, "router", None) is not None:
         app.include_router(ui.router)
 
@@ -88,7 +90,8 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
                               "hybrid / FlexSP / Spindle plan; have workers execute it. Authorization: "
                               "`Bearer <token>` (see `paraplan token create`).")
     app.state.ctx = ctx
-    app.state.settings = settings
+    # Also exposed one by one for the dashboard (service.ui).
+    app.state.settings, app.state.db, app.state.token_cache = settings, db, ctx.tokens
     for cls, _status in HTTP_STATUS:
         app.add_exception_handler(cls, _domain_error)
     for router in (ops.router, plans.router, runs.router, profiles.router):

@@ -9,15 +9,18 @@ a fork, not an interpreter start, and forking never happens from a multi-threade
 
 from __future__ import annotations
 
+import ast
 import logging
 import multiprocessing
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from multiprocessing.context import ForkServerContext
+from pathlib import Path
 from typing import Any
 
 from service import jobs, solve_child
@@ -39,9 +42,43 @@ def _context() -> ForkServerContext:
             for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
                 os.environ.setdefault(var, "1")
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["service.solve_child", "solvers.api", *KINDS.values()])
+            # Preload what solves import, so that a child costs a fork; missing modules are skipped.
+            ctx.set_forkserver_preload([*_main_imports(), "service.solve_child", "solvers.api", *KINDS.values(),
+                                        "ortools.sat.python.cp_model", "highspy", "scipy.optimize"])
             _CTX = ctx
         return _CTX
+
+
+def warm_up() -> None:
+    """Start the forkserver and wait for its preloading (one no-op child), before the dispatcher threads exist
+    and before any claim: a claimed job must not spend its lease waiting for imports."""
+    proc = _context().Process(target=time.sleep, args=(0,), daemon=True)
+    proc.start()
+    proc.join(300)
+
+
+def _main_imports() -> list[str]:
+    """Modules the parent's main module imports at top level.
+
+    Each forkserver child re-runs the parent's main module (multiprocessing's "safe importing of main");
+    unless its imports are already loaded in the forkserver, every child pays for them again (seconds for a
+    CLI or a test runner). Python 3.11's ``"__main__"`` preload does not work for this, hence the list."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    names = [spec.name] if spec is not None and spec.name else []
+    path = getattr(main, "__file__", None)
+    if not path:
+        return names
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return names
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    return names
 
 
 def new_owner(name: str = "dispatcher") -> str:
@@ -199,7 +236,7 @@ class Dispatcher:
     def run(self, concurrency: int | None = None, max_jobs: int | None = None, exit_when_idle: bool = False) -> None:
         """Run the loops in threads (each drives one child at a time) and wait for them."""
         n = concurrency or self.settings.dispatcher_concurrency
-        _context()  # start the forkserver before the threads exist
+        warm_up()
         threads = [threading.Thread(target=self.loop, args=(max_jobs, exit_when_idle), daemon=True,
                                     name=f"dispatcher-{i}") for i in range(n)]
         for t in threads:

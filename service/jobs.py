@@ -103,8 +103,9 @@ def complete_job(db: Database, job_id: str, owner: str, result: dict[str, Any]) 
         job = session.execute(select(Job).where(_held(job_id, owner)).with_for_update()).scalar_one_or_none()
         if job is None:
             return False
+        # lease_owner stays: the record of which dispatcher solved it
         job.status, job.finished_at, job.progress, job.progress_message = "succeeded", now, 1.0, "done"
-        job.lease_owner = job.lease_expires_at = None
+        job.lease_expires_at = None
         estimate = result.get("estimate")
         session.execute(update(Plan).where(Plan.id == job.plan_id).values(
             status="succeeded", result=result, finished_at=now,

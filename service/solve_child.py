@@ -36,14 +36,15 @@ def run(conn: Connection, request: dict[str, Any], memory_mib: int, time_limit_s
     from solvers.api import solve
     from solvers.errors import SpecError
 
-    last = 0.0
+    last_time, last_message = 0.0, ""
 
     def progress(fraction: float, message: str) -> None:
-        nonlocal last
-        now = time.monotonic()
-        if now - last >= 0.1 or fraction >= 1.0:
-            last = now
-            conn.send(("progress", float(fraction), str(message)[:256]))
+        # Solvers may report in tight loops: pass on phase changes at once, plain fractions 10 times a second.
+        nonlocal last_time, last_message
+        now, text = time.monotonic(), str(message)[:256]
+        if text != last_message or now - last_time >= 0.1 or fraction >= 1.0:
+            last_time, last_message = now, text
+            conn.send(("progress", float(fraction), text))
 
     try:
         result = solve(request, progress=progress)
