@@ -139,10 +139,16 @@ def slice_memory_bytes(op: MetaOp, layers: int, n: int) -> tuple[float, float, f
 
 
 def transfer_s(op: MetaOp, src: tuple[int, int], dst: tuple[int, int], topo: Topology) -> float:
-    """Hand a metaop's output from one device block (lo, n) to another; zero on the same block."""
+    """Hand a metaop's output from one device block (lo, n) to another; zero on the same block.
+
+    Samples stay where they are when their device is in both blocks: only the share of the batch that
+    changes device moves (re-sharding n -> m data-parallel devices keeps min(n, m) shares in place when the
+    blocks overlap that much)."""
     if src == dst or op.out_bytes_per_sample == 0:
         return 0.0
-    size = op.out_bytes_per_sample * op.batch * (2.0 if op.mode == "train" else 1.0)
+    shared = max(0, min(src[0] + src[1], dst[0] + dst[1]) - max(src[0], dst[0]))
+    moved = 1.0 - shared / max(src[1], dst[1])
+    size = moved * op.out_bytes_per_sample * op.batch * (2.0 if op.mode == "train" else 1.0)
     devices = set(range(src[0], src[0] + src[1])) | set(range(dst[0], dst[0] + dst[1]))
     links = min(src[1], dst[1])  # every device of the smaller block sends/receives its share in parallel
     return _LINK_LATENCY_S + size / (links * topo.bandwidth(devices))
