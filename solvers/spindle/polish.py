@@ -9,11 +9,11 @@ valid schedule; a move is kept only if the evaluated plan is strictly better.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from solvers.spindle.bounds import DeviceRange
 from solvers.spindle.planner import Planned, better
-from solvers.spindle.schedule import Placement, Problem, evaluate, timeline
+from solvers.spindle.schedule import Placement, Problem, Slice, evaluate, timeline
 
 _MIN_GAIN = 1e-9
 
@@ -42,6 +42,26 @@ def _moves(problem: Problem, ranges: list[DeviceRange], pl: list[Placement], k: 
             yield with_(Placement(p.op, p.layers, lo, n, p.wave))
 
 
+def critical_chain(slices: Sequence[Slice], tol: float = 1e-9) -> list[int]:
+    """Indices of the slices on the longest chain, last first: from the slice that ends last, step back to
+    whatever it waited for (the slice that freed one of its devices, or its own previous stage, or a
+    predecessor metaop's last slice, which end at or before its start)."""
+    if not slices:
+        return []
+    k = max(range(len(slices)), key=lambda i: slices[i].end_s)
+    out = [k]
+    while slices[k].start_s > tol:
+        s = slices[k]
+        # the latest-ending earlier slice that shares a device or is an earlier stage / metaop it follows
+        cands = [j for j in range(k) if slices[j].end_s <= s.start_s + tol and
+                 (slices[j].op == s.op or (slices[j].lo < s.lo + s.n and s.lo < slices[j].lo + slices[j].n))]
+        if not cands:
+            break
+        k = max(cands, key=lambda j: slices[j].end_s)
+        out.append(k)
+    return out
+
+
 def polish(problem: Problem, ranges: list[DeviceRange], start: Planned, budget_s: float) -> Planned:
     """First-improvement hill climbing over single-slice moves until no move helps or the budget is spent."""
     deadline = time.perf_counter() + budget_s
@@ -49,8 +69,9 @@ def polish(problem: Problem, ranges: list[DeviceRange], start: Planned, budget_s
     improved = True
     while improved and time.perf_counter() < deadline:
         improved = False
-        # slices ending last are where the iteration time is decided: try them first
-        order = sorted(range(len(best.slices)), key=lambda i: -best.slices[i].end_s)
+        # the chain that decides the iteration time first, then the other slices ending last
+        chain = critical_chain(best.slices)
+        order = chain + sorted(set(range(len(best.slices))) - set(chain), key=lambda i: -best.slices[i].end_s)
         pl = list(best.placements)
         for k in order:  # timeline keeps placement order: slice k is placement k
             for cand in _moves(problem, ranges, pl, k):
