@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.metrics import Metrics
-
-
-class _BodyTooLarge(Exception):
-    pass
 
 
 async def _send_413(send: Send, limit: int) -> None:
@@ -38,28 +36,34 @@ class BodyLimit:
                 await _send_413(send, self.max_bytes)
                 return
         seen = 0
-        started = False
+        started = rejected = False
 
         async def limited_receive() -> Message:
-            nonlocal seen
+            # Past the limit: answer 413 ourselves and tell the app the client left (an exception here would
+            # be turned into a 400 by the framework's body parsing).
+            nonlocal seen, rejected
+            if rejected:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _BodyTooLarge
+                    rejected = True
+                    if not started:
+                        await _send_413(send, self.max_bytes)
+                    return {"type": "http.disconnect"}
             return message
 
-        async def tracking_send(message: Message) -> None:
+        async def guarded_send(message: Message) -> None:
             nonlocal started
+            if rejected:
+                return  # the 413 is the response
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _BodyTooLarge:
-            if not started:
-                await _send_413(send, self.max_bytes)
+        with contextlib.suppress(ClientDisconnect):
+            await self.app(scope, limited_receive, guarded_send)
 
 
 class RequestMetrics:

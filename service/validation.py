@@ -49,9 +49,11 @@ def validate_plan_request(request: Any, settings: Settings) -> str:
     kind = kind_of(request)
     check_limits(request, settings)
     module = solver_module(kind)
-    validate = getattr(module, "validate", None)
-    if callable(validate):
-        validate(request)
+    # The kind's own cheap check when it has one (``validate``, else its request parser), so that a bad
+    # request is a 422 now rather than a failed job later.
+    check = getattr(module, "validate", None) or getattr(module, "parse_request", None)
+    if callable(check):
+        check(request)
     elif kind == "hybrid":
         parse(HybridRequest, request)
     return kind

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import select
+
 from service import jobs, plans
 from service.db.engine import Database
+from service.db.models import Job
 
 HYBRID = {"kind": "hybrid", "model": {"preset": "llama2-7b"},
           "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
@@ -24,9 +27,10 @@ def variant(i: int, base: dict[str, Any] = HYBRID) -> dict[str, Any]:
 
 def store_plan(db: Database, request: dict[str, Any] | None = None, result: dict[str, Any] | None = None,
                kind: str = "hybrid") -> str:
-    """A succeeded plan, written through the queue as a dispatcher would (claim, then complete)."""
+    """A succeeded plan, completed through the queue as a dispatcher would."""
     view, _ = plans.submit_plan(db, request or HYBRID, kind, 3)
-    claimed = jobs.claim_job(db, "test-dispatcher", 30.0)
-    assert claimed is not None and claimed.plan_id == view["id"]
-    assert jobs.complete_job(db, claimed.id, "test-dispatcher", result or RESULT)
+    with db.writing() as s:  # lease this plan's job (claim_job would take the oldest queued one)
+        job = s.execute(select(Job).where(Job.plan_id == view["id"])).scalar_one()
+        job.status, job.lease_owner, job.attempts = "running", "test-dispatcher", 1
+    assert jobs.complete_job(db, job.id, "test-dispatcher", result or RESULT)
     return str(view["id"])
