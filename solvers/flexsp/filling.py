@@ -12,6 +12,7 @@ of the reference's sorted chunks where every micro-batch is uniform.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -27,42 +28,65 @@ def _min_work(ctx: PackingContext) -> list[float]:
 
 
 def fill_micro_batches(
-    ctx: PackingContext, rows: Sequence[int] | None = None, slack: Sequence[float] = DEFAULT_SLACK
+    ctx: PackingContext,
+    rows: Sequence[int] | None = None,
+    slack: Sequence[float] = DEFAULT_SLACK,
+    objective: Literal["ratio", "lookahead"] = "ratio",
 ) -> list[MicroBatch]:
+    """Fill micro-batches one by one (see the module docstring).
+
+    ``objective`` picks each micro-batch: ``"ratio"`` maximises work done per second of it;
+    ``"lookahead"`` minimises its time plus a lower bound of the rest (the fixed cost of the micro-batches
+    the remaining tokens need at least, and their least work spread over the cluster), which favours
+    filling memory when the batch is tight on it.
+    """
     table = ctx.table
     remaining = longest_first(table, list(range(len(table.lengths))) if rows is None else list(rows))
     min_work = _min_work(ctx)
     beta = table.beta_ms
+    n = ctx.num_gpus
+    cluster_tokens = n * ctx.capacity[0] // ctx.sizes[0]
     plan: list[MicroBatch] = []
-
-    def score(p: Packing) -> float:
-        return sum(min_work[i] for i in p.taken) / (beta + max(p.loads))
 
     while remaining:
         first = remaining[0]
-        best: Packing | None = None
-        best_score = -1.0
+        total_work = sum(min_work[i] for i in remaining)
+        total_tokens = sum(ctx.lengths[i] for i in remaining)
+
+        def value(p: Packing, work: float = total_work, tokens: int = total_tokens) -> float:
+            """Higher is better."""
+            done = sum(min_work[i] for i in p.taken)
+            if objective == "ratio":
+                return done / (beta + max(p.loads))
+            left = tokens - sum(ctx.lengths[i] for i in p.taken)
+            rest = (-(-left // cluster_tokens)) * beta + (work - done) / n
+            return -(beta + max(p.loads) + rest)
+
+        def bound(target: float, work: float = total_work, tokens: int = total_tokens) -> float:
+            """No packing under ``target`` does better: it does at most min(all work, N·target) of work."""
+            done = min(work, n * target)
+            if objective == "ratio":
+                return done / (beta + target)
+            rest = (-(-max(0, tokens - cluster_tokens) // cluster_tokens)) * beta + (work - done) / n
+            return -(beta + rest)
+
         # Paces: the longest sequence on each degree it fits, and the remaining work spread over
         # k micro-batches (short sequences alone would otherwise pay beta once per tiny target).
-        total_work = sum(min_work[i] for i in remaining)
-        spread = total_work / ctx.num_gpus
+        spread = total_work / n
         paces = [ctx.time[first][j] for j in range(len(ctx.sizes)) if ctx.fits[first][j]]
         paces += [spread / k for k in (1, 2, 3, 4)]
         targets = sorted({pace * (1 + eps) for pace in paces for eps in slack})
-
-        # No packing under target T does more than min(all work, N·T) of work: try the most promising
-        # targets first and skip those whose bound cannot beat the best packing found.
-        def bound(target: float, work: float = total_work) -> float:
-            return min(work, ctx.num_gpus * target) / (beta + target)
-
-        for target in sorted(targets, key=lambda x: -bound(x)):
-            if bound(target) <= best_score:
+        best: Packing | None = None
+        best_value = -np.inf
+        # Most promising targets first; stop once a target's bound cannot beat the best packing found.
+        for target in sorted(targets, key=lambda x: (-bound(x), x)):
+            if bound(target) <= best_value:
                 break
             p = pack(ctx, remaining, target, select=True)
             # The longest sequence must be in: a micro-batch of only shorter ones would leave it to a
             # later micro-batch of its own, paying the fixed cost for one sequence.
-            if p is not None and p.taken and p.taken[0] == first and score(p) > best_score:
-                best, best_score = p, score(p)
+            if p is not None and p.taken and p.taken[0] == first and value(p) > best_value:
+                best, best_value = p, value(p)
         if best is None:  # the longest sequence fits no group: the caller validated this cannot happen
             raise ValueError(f"sequence of {ctx.lengths[first]} tokens fits no SP group")
         plan.append(finish(ctx, best))

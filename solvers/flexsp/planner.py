@@ -93,6 +93,7 @@ def plan_batch(ctx: PackingContext, settings: MilpSettings | None, progress: Pro
     candidates: dict[str, list[MicroBatch]] = {
         "fill": fill_micro_batches(ctx),
         "fill-fine": fill_micro_batches(ctx, slack=FINE_SLACK),
+        "fill-lookahead": fill_micro_batches(ctx, objective="lookahead"),
     }
     if progress:
         progress(0.2, "micro-batch filling")
