@@ -29,6 +29,7 @@ from solvers.cost_model.aggregate import GIB, evaluate_plan
 from solvers.cost_model.base import Estimate, LayerCosts, StageContext, StageFixed
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration
 from solvers.cost_model.flops import head_forward_flops, model_flops_per_step
+from solvers.cost_model.profile import CollectiveOp, Profile
 from solvers.cost_model.shapes import LayerShape, layer_shape
 from solvers.specs import ClusterSpec, Constraints, ModelSpec, TrainingSpec, memory_limit_bytes
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
@@ -66,8 +67,10 @@ class AnalyticCostModel:
     """Implements ``solvers.cost_model.base.CostModel`` from first principles plus a few calibrated constants."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                 constraints: Constraints | None = None, calibration: AnalyticCalibration = DEFAULT_CALIBRATION):
+                 constraints: Constraints | None = None, calibration: AnalyticCalibration = DEFAULT_CALIBRATION,
+                 profile: Profile | None = None):
         self.model, self.cluster, self.training, self.cal = model, cluster, training, calibration
+        self.profile = profile
         self.num_layers = model.num_layers
         self.num_gpus = cluster.num_gpus
         self.memory_limit_bytes = memory_limit_bytes(cluster, constraints)
@@ -95,6 +98,30 @@ class AnalyticCostModel:
     def _mlp(self, tokens: np.ndarray, split: np.ndarray, shape: LayerShape) -> np.ndarray:
         h = shape.hidden
         return self._gemm(tokens, shape.mlp_in_width / split, h) + self._gemm(tokens, h, shape.ffn / split)
+
+    def _collective(self, op: CollectiveOp, nbytes: np.ndarray, size: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """A collective's time: measured where the profile has this (op, group, placement), else analytic."""
+        fn = {"allreduce": comm.allreduce_s, "allgather": comm.allgather_s, "reduce_scatter": comm.allgather_s,
+              "alltoall": comm.alltoall_s}[op]
+        analytic = fn(nbytes, size, k, self.links)
+        if self.profile is None or not self.profile.collectives:
+            return analytic
+        across = np.ceil(np.asarray(size, dtype=float) / np.maximum(np.asarray(k, dtype=float), 1.0)) > 1
+        measured = self.profile.collective_s(op, nbytes, size, across)
+        return np.where(np.isfinite(measured) & (np.asarray(size) > 1), measured, analytic)
+
+    def _measured_layer(self, shape: LayerShape, b: np.ndarray, c: Candidates, fwd: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
+        """(forward, backward) seconds: profiled where this layout was measured, else the analytic forward
+        and twice it. Profiles hold Megatron-TP layers, so CP and Ulysses layouts stay analytic."""
+        if self.profile is None or not self.profile.layer_times:
+            return fwd, 2.0 * fwd
+        kind = "moe" if shape.is_moe else "dense"
+        seq = self.training.seq_length
+        f = self.profile.layer_s(b, seq, c.tp, kind)
+        bw = self.profile.layer_s(b, seq, c.tp, kind, backward=True)
+        use = (c.cp == 1) & (c.sp != mem.SP_ULYSSES) & np.isfinite(f)
+        return np.where(use, f, fwd), np.where(use, bw, 2.0 * fwd)
 
     def _hbm(self, nbytes: np.ndarray | float) -> np.ndarray:
         return np.asarray(nbytes, dtype=float) / self.hbm_Bps
@@ -136,15 +163,14 @@ class AnalyticCostModel:
         kept_sel, _ = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, mem.RC_SELECTIVE, e, cal.flash_attention)
         core_elem = self._hbm(cal.elementwise_traffic * (kept_none - kept_sel))
         elem = self._hbm(cal.elementwise_traffic * kept_sel) + core_elem
-        fwd = qkv + out + mlp + core + elem
-        compute = 3.0 * fwd
-        bwd = 2.0 * fwd
+        fwd, bwd = self._measured_layer(shape, np.broadcast_to(b, c.tp.shape), c, qkv + out + mlp + core + elem)
+        compute = fwd + bwd
 
         # tensor / sequence parallel collectives (one direction = forward)
         k_tp = comm.members_per_node(c.tp, 1.0, gpn)
         act = tok * np.where(uly, c.tp, 1.0) * h * e  # the b s h activation of this rank's cp slice
-        megatron_fwd = 2.0 * comm.allreduce_s(act, c.tp, k_tp, self.links)
-        ulysses_fwd = comm.alltoall_s(tok * (2 * shape.q_width + 2 * shape.kv_width) * e, c.tp, k_tp, self.links)
+        megatron_fwd = 2.0 * self._collective("allreduce", act, c.tp, k_tp)
+        ulysses_fwd = self._collective("alltoall", tok * (2 * shape.q_width + 2 * shape.kv_width) * e, c.tp, k_tp)
         tp_fwd = np.where(uly, ulysses_fwd, megatron_fwd)
         tp_comm = 2.0 * tp_fwd
 
@@ -174,9 +200,9 @@ class AnalyticCostModel:
         local_params = dense_params / split + shape.expert_params / (split * c.ep)
         grad_bytes = local_params * cal.grad_comm_bytes
         weight_bytes = local_params * self.state_per_param.params
-        sync = comm.allreduce_s(grad_bytes, dp_group, k_dp, self.links)
-        gather_w = comm.allgather_s(weight_bytes, dp_group, k_dp, self.links)
-        scatter_g = comm.allgather_s(grad_bytes, dp_group, k_dp, self.links)
+        sync = self._collective("allreduce", grad_bytes, dp_group, k_dp)
+        gather_w = self._collective("allgather", weight_bytes, dp_group, k_dp)
+        scatter_g = self._collective("reduce_scatter", grad_bytes, dp_group, k_dp)
         per_mb = np.where(c.zero == 3, 2 * gather_w + scatter_g, np.where(c.zero == 2, scatter_g, 0.0))
         dp_mb = np.maximum(0.0, per_mb - cal.zero_overlap * (compute + recompute))
         per_step = np.where(c.zero <= 1, sync, np.where(c.zero == 2, gather_w, 0.0))

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, get_args
 
 from solvers.cost_model.analytic import AnalyticCostModel
 from solvers.cost_model.base import CostModel
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION
+from solvers.cost_model.profile import profile_from_request
 from solvers.cost_model.validate import check_plan
 from solvers.errors import FieldProblem, SpecError
 from solvers.request import HybridRequest
 from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
-from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule
 
 SHORTHAND_KEYS = {"tp", "pp", "dp", "cp", "sp", "zero", "recompute", "micro_batch_size", "micro_batches",
                   "schedule", "virtual_stages", "ep", "stage_layers", "embedding"}
@@ -30,12 +31,8 @@ def make_cost_model(req: HybridRequest) -> CostModel:
     if spec.kind not in ("analytic", "profile"):
         raise SpecError.at(("cost_model", "kind"), f"cost model {spec.kind!r} does not apply to hybrid plans")
     calibration = DEFAULT_CALIBRATION.with_overrides(extras.get("calibration"), ("cost_model", "calibration"))
-    analytic = AnalyticCostModel(req.model, req.cluster, req.training, req.constraints, calibration)
-    if spec.kind == "profile" or extras.get("profile") is not None:
-        from solvers.cost_model.profile import ProfiledCostModel, profile_from_request
-
-        return ProfiledCostModel(analytic, profile_from_request(req))
-    return analytic
+    return AnalyticCostModel(req.model, req.cluster, req.training, req.constraints, calibration,
+                             profile=profile_from_request(req))
 
 
 def balanced_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
@@ -96,7 +93,9 @@ def plan_from_shorthand(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpe
     if problems:
         raise SpecError(problems)
     assert m
-    schedule = d.get("schedule") or ("interleaved" if v > 1 else "1f1b")
+    schedule: Schedule = d.get("schedule") or ("interleaved" if v > 1 else "1f1b")
+    if schedule not in get_args(Schedule):
+        raise SpecError.at(("strategy", "schedule"), f"must be one of {', '.join(get_args(Schedule))}")
     if pp > model.num_layers:
         raise SpecError.at(("strategy", "pp"), f"pp ({pp}) exceeds the model's {model.num_layers} layers")
     stage_layers = d.get("stage_layers") or balanced_stage_layers(model.num_layers, pp)

@@ -1,0 +1,140 @@
+"""Measured calibration profiles: per-layer forward/backward times and collective times that override the
+analytic model's parts where they were measured.
+
+JSON form (what the worker uploads; ``cost_model.profile`` inline or ``cost_model.profile_path``)::
+
+    {"name": "llama2-7b on 8xA100 (worker w-3, 2026-11-30)",
+     "gpu": "A100-80GB",
+     "layer_times": [                      # one transformer layer, Megatron TP layout, on its tp ranks
+        {"batch": 1, "seq": 2048, "tp": 1, "forward_ms": 11.9, "backward_ms": 24.1},
+        {"batch": 4, "seq": 2048, "tp": 1, "forward_ms": 45.0},          # backward defaults to 2x forward
+        {"batch": 2, "seq": 2048, "tp": 2, "forward_ms": 12.4, "layer_type": "moe"}],
+     "collectives": [                      # one collective, time per call
+        {"op": "allreduce", "group_size": 8, "across_nodes": false, "message_bytes": 67108864, "time_ms": 0.61},
+        {"op": "allreduce", "group_size": 8, "across_nodes": false, "message_bytes": 4194304, "time_ms": 0.07}]}
+
+Rules: ``batch`` is samples per data-parallel rank; layer times exclude the layer's communication (that
+comes from ``collectives``). For a (seq, tp, layer type) with two or more batch sizes the time is the
+least-squares line in batch; with one, it scales in proportion to the batch. Collective times are fitted as
+``latency + bytes / bandwidth`` per (op, group size, across nodes). Where nothing was measured, the
+analytic formula stands; ``cost_model.kind = "profile"`` requires a profile.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from solvers.errors import SpecError
+from solvers.request import HybridRequest, problems_from_validation
+
+CollectiveOp = Literal["allreduce", "allgather", "reduce_scatter", "alltoall", "p2p"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LayerTime(_Strict):
+    batch: float = Field(gt=0)
+    seq: int = Field(gt=0)
+    tp: int = Field(default=1, gt=0)
+    forward_ms: float = Field(gt=0)
+    backward_ms: float | None = Field(default=None, gt=0)
+    layer_type: Literal["dense", "moe"] = "dense"
+
+
+class CollectiveTime(_Strict):
+    op: CollectiveOp
+    group_size: int = Field(gt=1)
+    across_nodes: bool = False
+    message_bytes: float = Field(gt=0)
+    time_ms: float = Field(gt=0)
+
+
+class Profile(_Strict):
+    name: str = "profile"
+    gpu: str | None = None
+    layer_times: list[LayerTime] = Field(default_factory=list)
+    collectives: list[CollectiveTime] = Field(default_factory=list)
+
+    def _layer_fit(self, seq: int, tp: int, layer_type: str, backward: bool) -> tuple[float, float] | None:
+        pts = [x for x in self.layer_times if x.seq == seq and x.tp == tp and x.layer_type == layer_type]
+        if not pts:
+            return None
+        xs = np.array([x.batch for x in pts])
+        ys = np.array([(x.backward_ms if (backward and x.backward_ms) else (2 if backward else 1) * x.forward_ms)
+                       for x in pts]) / 1e3
+        if len(set(xs.tolist())) < 2:
+            return 0.0, float(ys.mean() / xs.mean())
+        slope, intercept = np.polyfit(xs, ys, 1)
+        return float(intercept), float(slope)
+
+    def layer_s(self, batch: np.ndarray, seq: int, tp: np.ndarray, layer_type: str = "dense",
+                backward: bool = False) -> np.ndarray:
+        """Measured forward (or backward) seconds per candidate; NaN where this (seq, tp) was not profiled."""
+        batch, tp = np.asarray(batch, dtype=float), np.asarray(tp, dtype=float)
+        out = np.full(np.broadcast(batch, tp).shape, np.nan)
+        for t in np.unique(tp):
+            fit = self._layer_fit(seq, int(t), layer_type, backward)
+            if fit is not None:
+                sel = np.broadcast_to(tp == t, out.shape)
+                out = np.where(sel, np.maximum(0.0, fit[0] + fit[1] * batch), out)
+        return out
+
+    def _collective_fit(self, op: str, size: int, across: bool) -> tuple[float, float] | None:
+        pts = [x for x in self.collectives if x.op == op and x.group_size == size and x.across_nodes == across]
+        if not pts:
+            return None
+        xs = np.array([x.message_bytes for x in pts])
+        ys = np.array([x.time_ms for x in pts]) / 1e3
+        if len(set(xs.tolist())) < 2:
+            return 0.0, float(ys.mean() / xs.mean())
+        per_byte, latency = np.polyfit(xs, ys, 1)
+        return max(0.0, float(latency)), max(0.0, float(per_byte))
+
+    def collective_s(self, op: CollectiveOp, nbytes: np.ndarray, size: np.ndarray, across: np.ndarray) -> np.ndarray:
+        """Measured seconds per call; NaN where this (op, group size, across nodes) was not profiled."""
+        nbytes, size, across = (np.asarray(x, dtype=float) for x in (nbytes, size, across))
+        shape = np.broadcast(nbytes, size, across).shape
+        out = np.full(shape, np.nan)
+        pairs = {(int(n), bool(a)) for n, a in zip(np.broadcast_to(size, shape).ravel(),
+                                                   np.broadcast_to(across, shape).ravel(), strict=True)}
+        for n, a in pairs:
+            fit = self._collective_fit(op, n, a)
+            if fit is not None:
+                sel = (size == n) & ((across > 0) == a)
+                out = np.where(sel, fit[0] + fit[1] * nbytes, out)
+        return out
+
+
+def load_profile(data: object, loc: tuple[str | int, ...] = ("cost_model", "profile")) -> Profile:
+    if not isinstance(data, dict):
+        raise SpecError.at(loc, "a profile must be a JSON object")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as err:
+        raise problems_from_validation(err, loc) from None
+
+
+def profile_from_request(req: HybridRequest) -> Profile | None:
+    """The request's profile (``cost_model.profile`` inline, or ``cost_model.profile_path``), if any."""
+    extras = req.cost_model.model_extra or {}
+    if extras.get("profile") is not None:
+        return load_profile(extras["profile"])
+    path = extras.get("profile_path")
+    if path is None:
+        if req.cost_model.kind == "profile":
+            raise SpecError.at(("cost_model", "profile"), "cost_model.kind 'profile' needs a profile or profile_path")
+        return None
+    loc = ("cost_model", "profile_path")
+    try:
+        return load_profile(json.loads(Path(str(path)).read_text()), loc)
+    except OSError as err:
+        raise SpecError.at(loc, f"cannot read {path}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise SpecError.at(loc, f"{path} is not valid JSON: {err.msg}") from None

@@ -1,0 +1,71 @@
+"""A measured profile overrides the analytic layer and collective times exactly where it has data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solvers.cost_model.aggregate import stage_context
+from solvers.cost_model.factory import make_cost_model
+from solvers.errors import SpecError
+from solvers.request import HybridRequest, parse
+from solvers.strategy import LayerStrategy, PlanStrategy
+
+from .conftest import request
+
+PROFILE = {
+    "name": "test",
+    "layer_times": [
+        {"batch": 1, "seq": 2048, "tp": 1, "forward_ms": 10.0, "backward_ms": 21.0},
+        {"batch": 3, "seq": 2048, "tp": 1, "forward_ms": 26.0, "backward_ms": 53.0},
+        {"batch": 2, "seq": 2048, "tp": 2, "forward_ms": 9.0},
+    ],
+    "collectives": [
+        {"op": "allreduce", "group_size": 2, "message_bytes": 1e6, "time_ms": 0.11},
+        {"op": "allreduce", "group_size": 2, "message_bytes": 3e6, "time_ms": 0.31},
+    ],
+}
+
+
+def _models(profile: dict[str, object]) -> tuple[object, object]:
+    base = request(model={"preset": "llama2-7b", "num_layers": 4},
+                   cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})
+    plain = make_cost_model(parse(HybridRequest, base))
+    prof = make_cost_model(parse(HybridRequest, {**base, "cost_model": {"kind": "profile", "profile": profile}}))
+    return plain, prof
+
+
+def _ctx(samples_per_mb: int) -> object:
+    plan = PlanStrategy(pp=1, micro_batches=64 // samples_per_mb, layers=(LayerStrategy(),) * 4, stage_layers=(4,))
+    return stage_context(plan, 0, 64)
+
+
+def test_profiled_layer_times_replace_the_analytic_compute() -> None:
+    plain, prof = _models(PROFILE)
+    ctx = _ctx(16)  # 16 samples per micro-batch
+    cands = [LayerStrategy(tp=1, dp=8), LayerStrategy(tp=2, dp=4), LayerStrategy(tp=4, dp=2),
+             LayerStrategy(tp=2, dp=4, sp="ulysses")]
+    got = prof.layer_costs(0, cands, ctx)  # type: ignore[attr-defined]
+    ref = plain.layer_costs(0, cands, ctx)  # type: ignore[attr-defined]
+    # tp=1, 2 samples per rank: forward on the line through (1, 10 ms), (3, 26 ms) -> 18 ms; backward 37 ms
+    assert got.parts_s["compute"][0] == pytest.approx(0.018 + 0.037)
+    # tp=2, 4 samples per rank, one point at batch 2: proportional -> 18 ms forward, 36 ms backward
+    assert got.parts_s["compute"][1] == pytest.approx(0.018 + 0.036)
+    # tp=4 was not profiled, Ulysses is not a Megatron-TP layout: both stay analytic
+    assert got.parts_s["compute"][2] == pytest.approx(ref.parts_s["compute"][2])
+    assert got.parts_s["compute"][3] == pytest.approx(ref.parts_s["compute"][3])
+    # TP all-reduce on 2 GPUs: 0.01 ms + 1e-7 ms/byte; 2 forward + 2 backward of a 4 x 2048 x 4096 x 2 B message
+    msg = 4 * 2048 * 4096 * 2
+    assert got.parts_s["tp_comm"][1] == pytest.approx(4 * (0.01 + 1e-7 * msg) / 1e3, rel=1e-6)
+    assert got.parts_s["tp_comm"][2] == pytest.approx(ref.parts_s["tp_comm"][2])
+    np.testing.assert_allclose(got.state_bytes, ref.state_bytes)  # memory is not what a profile measures
+
+
+def test_bad_profiles_name_the_field() -> None:
+    bad = {**PROFILE, "layer_times": [{"batch": 1, "seq": 2048, "forward_ms": -1}]}
+    with pytest.raises(SpecError) as err:
+        _models(bad)
+    assert err.value.problems[0].loc == ("cost_model", "profile", "layer_times", 0, "forward_ms")
+    with pytest.raises(SpecError) as err:
+        make_cost_model(parse(HybridRequest, request(cost_model={"kind": "profile"})))
+    assert err.value.problems[0].loc == ("cost_model", "profile")
