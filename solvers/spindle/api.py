@@ -82,11 +82,16 @@ def solve(request: dict[str, Any], progress: Progress | None = None) -> dict[str
     lb = lower_bound_s(problem, ranges)
     report(0.05, "wavefront planner")
     opt = req.options
-    heur = polish(problem, ranges, planner.plan(problem, ranges), opt.polish_time_s)
+    scores: dict[str, float] = {}
+    heur = polish(problem, ranges, planner.plan(problem, ranges, seed=req.constraints.seed, scores=scores),
+                  opt.polish_time_s)
     t_heur = time.perf_counter() - t0
     best = heur
     search: dict[str, Any] = {"wavefront_s": t_heur, "wavefront_iteration_time_s": heur.evaluation.iteration_time_s,
-                              "wavefront_ordering": heur.name}
+                              "wavefront_ordering": heur.name,
+                              # the reference algorithm alone: fluid shares, locality line-up, no polish
+                              "reference_iteration_time_s": scores.get("wavefront/fluid/locality"),
+                              "candidates_iteration_time_s": scores}
     if req.options.exact:
         report(0.2, "exact model (CP-SAT)")
         t_exact = time.perf_counter()

@@ -102,45 +102,45 @@ def solve(problem: Problem, ranges: list[DeviceRange], hint: Sequence[Placement]
     starts, ends, xs, choice = [], [], [], []
     t_ivs, d_ivs, demands = [], [], []
     for k, seg in enumerate(segs):
-        s = m.NewIntVar(0, horizon, f"s{k}")
-        e = m.NewIntVar(0, horizon, f"e{k}")
-        x = m.NewIntVar(0, n_dev - min(options[k]), f"x{k}")
+        s = m.new_int_var(0, horizon, f"s{k}")
+        e = m.new_int_var(0, horizon, f"e{k}")
+        x = m.new_int_var(0, n_dev - min(options[k]), f"x{k}")
         lits = []
         for n in options[k]:
-            p = m.NewBoolVar(f"p{k}_{n}")
-            t_ivs.append(m.NewOptionalIntervalVar(s, _duration_us(problem, seg, n), e, p, f"t{k}_{n}"))
-            d_ivs.append(m.NewOptionalFixedSizeIntervalVar(x, n, p, f"d{k}_{n}"))
+            p = m.new_bool_var(f"p{k}_{n}")
+            t_ivs.append(m.new_optional_interval_var(s, _duration_us(problem, seg, n), e, p, f"t{k}_{n}"))
+            d_ivs.append(m.new_optional_fixed_size_interval_var(x, n, p, f"d{k}_{n}"))
             demands.append(n)
-            m.Add(x <= n_dev - n).OnlyEnforceIf(p)
+            m.add(x <= n_dev - n).only_enforce_if(p)
             lits.append((n, p))
-        m.AddExactlyOne(p for _, p in lits)
+        m.add_exactly_one(p for _, p in lits)
         starts.append(s)
         ends.append(e)
         xs.append(x)
         choice.append(lits)
-    m.AddNoOverlap2D(t_ivs, d_ivs)
-    m.AddCumulative(t_ivs, demands, n_dev)
+    m.add_no_overlap_2d(t_ivs, d_ivs)
+    m.add_cumulative(t_ivs, demands, n_dev)
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for k, seg in enumerate(segs):
         if seg.op in last:
-            m.Add(starts[k] >= ends[last[seg.op]])
+            m.add(starts[k] >= ends[last[seg.op]])
         first.setdefault(seg.op, k)
         last[seg.op] = k
     for v, ps in enumerate(wl.preds):
         for u in ps:
-            m.Add(starts[first[v]] >= ends[last[u]])
-    makespan = m.NewIntVar(0, horizon, "makespan")
-    m.AddMaxEquality(makespan, ends)
-    m.Minimize(makespan)
+            m.add(starts[first[v]] >= ends[last[u]])
+    makespan = m.new_int_var(0, horizon, "makespan")
+    m.add_max_equality(makespan, ends)
+    m.minimize(makespan)
     if hint is not None and hint_times is not None:
-        for k, p in enumerate(hint):
-            m.AddHint(starts[k], hint_times[k][0])
-            m.AddHint(ends[k], hint_times[k][1])
-            m.AddHint(xs[k], p.lo)
+        for k, placed in enumerate(hint):
+            m.add_hint(starts[k], hint_times[k][0])
+            m.add_hint(ends[k], hint_times[k][1])
+            m.add_hint(xs[k], placed.lo)
             for n, lit in choice[k]:
-                m.AddHint(lit, n == p.n)
-        m.AddHint(makespan, max(e for _, e in hint_times))
+                m.add_hint(lit, n == placed.n)
+        m.add_hint(makespan, max(e for _, e in hint_times))
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
@@ -148,15 +148,15 @@ def solve(problem: Problem, ranges: list[DeviceRange], hint: Sequence[Placement]
         solver.parameters.max_deterministic_time = deterministic_time
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
-    code = solver.Solve(m)
-    status = solver.StatusName(code)
+    code = solver.solve(m)
+    status = solver.status_name(code)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return ExactResult(None, status, None, None, solver.WallTime())
+        return ExactResult(None, status, None, None, solver.wall_time)
     chosen = []
     for k, seg in enumerate(segs):
-        n = next(n for n, lit in choice[k] if solver.Value(lit))
-        chosen.append((solver.Value(starts[k]), solver.Value(xs[k]), k, Placement(seg.op, seg.layers,
-                                                                              solver.Value(xs[k]), n, seg.wave)))
+        n = next(n for n, lit in choice[k] if solver.value(lit))
+        chosen.append((solver.value(starts[k]), solver.value(xs[k]), k, Placement(seg.op, seg.layers,
+                                                                              solver.value(xs[k]), n, seg.wave)))
     chosen.sort(key=lambda c: (c[0], c[1], c[2]))
-    return ExactResult([c[3] for c in chosen], status, solver.ObjectiveValue() / _US,
-                       solver.BestObjectiveBound() / _US, solver.WallTime())
+    return ExactResult([c[3] for c in chosen], status, solver.objective_value / _US,
+                       solver.best_objective_bound / _US, solver.wall_time)

@@ -72,10 +72,10 @@ def gantt_svg(result: Mapping[str, Any], width: int = 960, title: str | None = N
             parts.append(f'<text x="{(x0 + x1) / 2:.2f}" y="{y0 + h / 2 + 4:.1f}" fill="white" '
                          f'text-anchor="middle">{escape(label)}</text>')
         parts.append("</g>")
-    for i, t in enumerate(tasks):
+    for i, task in enumerate(tasks):
         lx = _LEFT + (i % 4) * (plot_w / 4)
         ly = axis_y + 30 + (i // 4) * 18
-        parts.append(f'<rect x="{lx:.1f}" y="{ly - 10}" width="12" height="12" fill="{colour[t]}"/>')
-        parts.append(f'<text x="{lx + 16:.1f}" y="{ly}">{escape(t)}</text>')
+        parts.append(f'<rect x="{lx:.1f}" y="{ly - 10}" width="12" height="12" fill="{colour[task]}"/>')
+        parts.append(f'<text x="{lx + 16:.1f}" y="{ly}">{escape(task)}</text>')
     parts.append("</svg>")
     return "\n".join(parts)

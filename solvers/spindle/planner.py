@@ -8,6 +8,8 @@ the fullest device get wider minimum blocks (less state and activation per devic
 from __future__ import annotations
 
 import itertools
+import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from solvers.spindle.bounds import DeviceRange
@@ -50,21 +52,35 @@ def _widen_for_memory(problem: Problem, plan_: Planned, ranges: list[DeviceRange
     return None
 
 
-def plan(problem: Problem, ranges: list[DeviceRange], memory_rounds: int = 12) -> Planned:
-    """The best candidate that fits; widen the crowding metaops' minimum blocks while none does."""
+def _candidates(problem: Problem, ranges: list[DeviceRange], shuffles: int, seed: int) -> Iterator[
+        tuple[str, list[Placement]]]:
+    for (name, order), discrete in itertools.product(ORDERS.items(), (False, True)):
+        yield f"wavefront/{'whole' if discrete else 'fluid'}/{name}", plan_waves(problem, ranges, order, discrete)
+    for eff in EFFICIENCIES:
+        yield f"list/eff{eff:g}", plan_list(problem, ranges, eff)
+    # which shares sit next to each other decides who waits for whom on a shared device: a few seeded
+    # random line-ups of the fluid wavefront are cheap insurance against a bad fixed ordering
+    rng = random.Random(seed)
+    for k in range(shuffles):
+        def shuffled(problem: Problem, ready: list[int], share: list[float], centre: dict[int, float]) -> list[int]:
+            idx = list(range(len(ready)))
+            rng.shuffle(idx)
+            return idx
+        yield f"wavefront/fluid/shuffle{k}", plan_waves(problem, ranges, shuffled)
+
+
+def plan(problem: Problem, ranges: list[DeviceRange], memory_rounds: int = 12, shuffles: int = 8, seed: int = 0,
+         scores: dict[str, float] | None = None) -> Planned:
+    """The best candidate that fits; widen the crowding metaops' minimum blocks while none does.
+
+    ``scores`` (if given) receives every candidate's iteration time, for reports."""
     best: Planned | None = None
     for _ in range(memory_rounds):
-        for (name, order), discrete in itertools.product(ORDERS.items(), (False, True)):
-            placements = plan_waves(problem, ranges, order, discrete)
+        for name, placements in _candidates(problem, ranges, shuffles, seed):
             slices = timeline(problem, placements)
-            kind = "whole" if discrete else "fluid"
-            cand = Planned(f"wavefront/{kind}/{name}", placements, slices, evaluate(problem, slices))
-            if better(best, cand):
-                best = cand
-        for eff in EFFICIENCIES:
-            placements = plan_list(problem, ranges, eff)
-            slices = timeline(problem, placements)
-            cand = Planned(f"list/eff{eff:g}", placements, slices, evaluate(problem, slices))
+            cand = Planned(name, placements, slices, evaluate(problem, slices))
+            if scores is not None:
+                scores[name] = cand.evaluation.iteration_time_s if cand.evaluation.fits else float("inf")
             if better(best, cand):
                 best = cand
         assert best is not None

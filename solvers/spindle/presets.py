@@ -29,9 +29,10 @@ WHISPER_ENC = {"name": "whisper-large-enc", "num_layers": 32, "hidden_size": 128
                "ffn_hidden_size": 5120, "seq_length": 1500}
 QWEN_7B = {"name": "qwen-7b", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
            "ffn_hidden_size": 11008, "mlp": "swiglu", "causal": True, "seq_length": 2048}
-VIDEO_DIT = {"name": "video-dit", "num_layers": 32, "hidden_size": 3072, "num_attention_heads": 24,
+DIT_LAYERS = 32
+VIDEO_DIT = {"name": "video-dit", "num_layers": DIT_LAYERS, "hidden_size": 3072, "num_attention_heads": 24,
              "ffn_hidden_size": 12288, "seq_length": 8192}  # 121 frames 480p latents, 2x2 patches
-AUDIO_DIT = {"name": "audio-dit", "num_layers": 32, "hidden_size": 1536, "num_attention_heads": 12,
+AUDIO_DIT = {"name": "audio-dit", "num_layers": DIT_LAYERS, "hidden_size": 1536, "num_attention_heads": 12,
              "ffn_hidden_size": 6144, "seq_length": 1024}
 JOINT_DIT = {"name": "joint-dit", "num_layers": 4, "hidden_size": 3072, "num_attention_heads": 24,
              "ffn_hidden_size": 12288, "seq_length": 9216}  # joint attention over video + audio tokens
@@ -80,7 +81,7 @@ def qwen_vl() -> dict[str, Any]:
 
 def seedance(couple_every: int = 8) -> dict[str, Any]:
     """Dual-branch video/audio diffusion transformer: the stacks meet in a joint block every k layers."""
-    stacks = VIDEO_DIT["num_layers"]
+    stacks = DIT_LAYERS
     ops: list[dict[str, Any]] = []
     edges: list[list[str]] = []
     batch = 32

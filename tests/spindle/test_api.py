@@ -15,7 +15,7 @@ from solvers import api
 from solvers.errors import SpecError
 from solvers.spindle.gantt import gantt_svg
 
-CONTRACT = {"kind": "spindle", "cluster": {"nodes": 2, "gpus_per_node": 8},
+CONTRACT: dict[str, Any] = {"kind": "spindle", "cluster": {"nodes": 2, "gpus_per_node": 8},
             "workload": {"metaops": [
                 {"name": "cap-vision", "task": "cap", "batch_size": 64, "num_layers": 48,
                  "time_ms_per_layer": {"slope_ms_per_sample": 0.2908, "intercept_ms": 0.944}},

@@ -6,16 +6,18 @@ import pytest
 
 from solvers.spindle.api import build_problem, parse_request
 from solvers.spindle.cost import Topology, allreduce_s, transfer_s
+from solvers.spindle.workload import MetaOp
 
 VIT_L = {"name": "vit", "num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16, "ffn_hidden_size": 4096,
          "seq_length": 257}
 
 
-def _op(**kw: object) -> object:
+def _op(**kw: object) -> MetaOp:
     req = {"kind": "spindle", "cluster": {"gpu": "A100-80GB", "nodes": 2, "gpus_per_node": 8},
            "workload": {"metaops": [{"name": "m", "batch_size": 64, "module": VIT_L, **kw}]},
            "options": {"efficiency": 0.5, "kernel_overhead_ms": 0.0}}
-    return build_problem(parse_request(req)).workload.ops[0]
+    op: MetaOp = build_problem(parse_request(req)).workload.ops[0]
+    return op
 
 
 def test_train_slope_is_three_forward_passes_of_the_layer_flops() -> None:
