@@ -11,6 +11,7 @@ layers differ). Output: the layer counts per stage that minimise the pipeline st
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,9 @@ INF = math.inf
 StageLookup = Callable[[int, int, int], tuple[float, float]]
 # (stage times, stage step times) -> step time
 PipelineTime = Callable[[Sequence[float], Sequence[float]], float]
+# (stage, start, count) -> alternative (time, step time, variant id) of the stage, e.g. optimised with other
+# weights between per-micro-batch and per-step time: a stage off the critical path wants less step time
+StageVariants = Callable[[int, int, int], list[tuple[float, float, int]]]
 
 
 @dataclass
@@ -30,6 +34,37 @@ class PartitionResult:
     step_time_s: float
     parts: tuple[int, ...]
     evaluated: int
+    variant: tuple[int, ...] = ()
+
+
+def best_variants(parts: tuple[int, ...], variants: StageVariants, pipe: PipelineTime,
+                  exhaustive_limit: int = 256) -> tuple[float, tuple[int, ...]]:
+    """Best combination of per-stage variants for ``parts``: all combinations when few, else coordinate
+    descent from the first variant of every stage."""
+    opts, start = [], 0
+    for s, n in enumerate(parts):
+        o = [x for x in variants(s, start, n) if math.isfinite(x[0])]
+        if not o:
+            return INF, ()
+        opts.append(list({(t, u): (t, u, v) for t, u, v in o}.values()))
+        start += n
+
+    def value(pick: Sequence[int]) -> float:
+        return float(pipe([opts[s][i][0] for s, i in enumerate(pick)], [opts[s][i][1] for s, i in enumerate(pick)]))
+
+    if math.prod(len(o) for o in opts) <= exhaustive_limit:
+        best = min(itertools.product(*(range(len(o)) for o in opts)), key=value)
+    else:
+        best = tuple(0 for _ in opts)
+        improved = True
+        while improved:
+            improved = False
+            for s, o in enumerate(opts):
+                for i in range(len(o)):
+                    trial = (*best[:s], i, *best[s + 1:])
+                    if value(trial) < value(best) - 1e-15:
+                        best, improved = trial, True
+    return value(best), tuple(opts[s][i][2] for s, i in enumerate(best))
 
 
 def compositions(total: int, k: int) -> int:
@@ -82,8 +117,39 @@ def balanced(total: int, weights: Sequence[float]) -> tuple[int, ...]:
     return tuple(int(x) + 1 for x in base)
 
 
-def min_max_partition(total: int, k: int, lookup: StageLookup) -> tuple[int, ...] | None:
+def _min_max_tables(total: int, tables: Sequence[np.ndarray]) -> tuple[int, ...] | None:
+    """``min_max_partition`` when stage times do not depend on the start layer (identical layers):
+    ``tables[s][n - 1]`` is stage s's time with n layers. Vectorised over (layers used, stage size)."""
+    k = len(tables)
+    j, n = np.meshgrid(np.arange(total + 1), np.arange(total + 1), indexing="ij")
+    valid = (n >= 1) & (n <= j)
+    prev_idx = np.where(valid, j - n, 0)
+    best = np.full(total + 1, INF)
+    best[0] = 0.0
+    args = []
+    for s in range(k):
+        t = np.full(total + 1, INF)
+        m = min(len(tables[s]), total)
+        t[1:m + 1] = tables[s][:m]
+        cand = np.where(valid, np.maximum(best[prev_idx], t[n]), INF)
+        arg = np.argmin(cand, axis=1)
+        best = cand[np.arange(total + 1), arg]
+        args.append(arg)
+    if not math.isfinite(best[total]):
+        return None
+    parts, rest = [], total
+    for s in range(k - 1, -1, -1):
+        c = int(args[s][rest])
+        parts.append(c)
+        rest -= c
+    return tuple(reversed(parts))
+
+
+def min_max_partition(total: int, k: int, lookup: StageLookup,
+                      tables: Sequence[np.ndarray] | None = None) -> tuple[int, ...] | None:
     """Partition minimising the slowest stage's per-micro-batch time (exact DP over boundaries)."""
+    if tables is not None:
+        return _min_max_tables(total, tables)
     best = np.full((k + 1, total + 1), INF)
     arg = np.zeros((k + 1, total + 1), dtype=np.int64)
     best[0, 0] = 0.0
@@ -129,19 +195,25 @@ def _hill_climb(start: tuple[int, ...], score: _Scorer, max_rounds: int = 200) -
 
 
 def search(total: int, k: int, lookup: StageLookup, pipe: PipelineTime,
-           memory_weights: Sequence[float] | None = None, exhaustive_limit: int = 4000,
-           fixed: tuple[int, ...] | None = None) -> PartitionResult:
-    """Best partition of ``total`` layers into ``k`` stages (see module doc)."""
+           memory_weights: Sequence[float] | None = None, exhaustive_limit: int = 1000,
+           fixed: tuple[int, ...] | None = None, tables: Sequence[np.ndarray] | None = None,
+           variants: StageVariants | None = None) -> PartitionResult:
+    """Best partition of ``total`` layers into ``k`` stages (see module doc). ``tables`` (stage time by
+    layer count, when it does not depend on the start layer) makes the min-max DP vectorised."""
     score = _Scorer(lookup, pipe)
     if fixed is not None:
-        return PartitionResult(score(fixed), fixed, score.count)
+        return _refined(PartitionResult(score(fixed), fixed, score.count), variants, pipe)
     if compositions(total, k) <= exhaustive_limit:
+        if variants is not None:  # small: every partition with its best variant combination (exact)
+            found = [(best_variants(p, variants, pipe), p) for p in _all_compositions(total, k)]
+            (v, pick), p = min(found, key=lambda x: x[0][0])
+            return PartitionResult(v, p, len(found), pick)
         best = min(_all_compositions(total, k), key=score)
         return PartitionResult(score(best), best, score.count)
     starts = [balanced(total, [1.0] * k)]
     if memory_weights is not None:
         starts.insert(0, balanced(total, memory_weights))
-    mm = min_max_partition(total, k, lookup)
+    mm = min_max_partition(total, k, lookup, tables)
     if mm is not None:
         starts.append(mm)
     best_v, best_p = INF, starts[0]
@@ -149,4 +221,13 @@ def search(total: int, k: int, lookup: StageLookup, pipe: PipelineTime,
         v, p = _hill_climb(s, score)
         if v < best_v:
             best_v, best_p = v, p
-    return PartitionResult(best_v, best_p, score.count)
+    return _refined(PartitionResult(best_v, best_p, score.count), variants, pipe)
+
+
+def _refined(res: PartitionResult, variants: StageVariants | None, pipe: PipelineTime) -> PartitionResult:
+    if variants is None or not math.isfinite(res.step_time_s):
+        return res
+    v, pick = best_variants(res.parts, variants, pipe)
+    if v < res.step_time_s:
+        return PartitionResult(v, res.parts, res.evaluated, pick)
+    return PartitionResult(res.step_time_s, res.parts, res.evaluated, tuple(0 for _ in res.parts))

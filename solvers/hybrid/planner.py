@@ -27,11 +27,12 @@ Progress = Callable[[float, str], None]
 class PlannerOptions:
     memory_bins: int = 512  # resolution of the DP's memory axis (bins across the whole budget)
     memory_unit_bytes: float | None = None  # fixed bin size instead (exact when memory is a multiple)
-    exhaustive_partition_limit: int = 4000
+    exhaustive_partition_limit: int = 1000
     time_limit_s: float | None = None
     use_bounds: bool = True
     peak_levels: int = 4  # transient-memory levels enumerated exactly per stage (more are rounded up)
     embedding_variants: int = 4  # Pareto-optimal embedding/LM-head strategies tried per configuration
+    dp_work_limit: float = 3e7  # skip the memory-axis DP of identical-layer stages beyond this much work
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Planner:
         self._costs: dict[PipelineConfig, stage_costs.ConfigCosts | None] = {}
         self._tables: dict[tuple[object, ...], stage_table.StageTable] = {}
         self._memo: dict[tuple[object, ...], object] = {}
+        self._picks: dict[tuple[PipelineConfig, tuple[int, ...]], tuple[int, ...]] = {}
         self.dp_runs = 0
 
     # ------------------------------------------------------------------ caches
@@ -80,7 +82,8 @@ class Planner:
             self._costs[cfg] = cc if cc is not None and cc.candidates else None
         return self._costs[cfg]
 
-    def table(self, cc: stage_costs.ConfigCosts, stage: int, layers: Sequence[int]) -> stage_table.StageTable:
+    def table(self, cc: stage_costs.ConfigCosts, stage: int, layers: Sequence[int],
+              weight: float | None = None) -> stage_table.StageTable:
         """DP table for ``layers`` on ``stage``; identical-kind sequences share one table (prefixes).
 
         The key is what the table depends on: the configuration without its embedding (which only enters
@@ -88,13 +91,14 @@ class Planner:
         st = cc.stages[stage]
         cfg = cc.config
         f = st.fixed
+        w = cc.time_weight if weight is None else weight
         key = (cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages, stage, f.time_s, f.step_time_s,
-               st.fixed_memory(), tuple(self.kinds[i] for i in layers))
+               st.fixed_memory(), w, tuple(self.kinds[i] for i in layers))
         hit = self._tables.get(key)
         if hit is None:
             self.dp_runs += 1
-            hit = stage_table.solve(st, layers, self.kinds, cc.time_weight, self.unit, self.limit,
-                                    self.opt.peak_levels)
+            hit = stage_table.solve(st, layers, self.kinds, w, self.unit, self.limit,
+                                    self.opt.peak_levels, self.opt.dp_work_limit)
             self._tables[key] = hit
         return hit
 
@@ -115,6 +119,21 @@ class Planner:
             return float(tab.time_s[count - 1]), float(tab.step_s[count - 1])
 
         return look
+
+    def _variants(self, cc: stage_costs.ConfigCosts) -> partition.StageVariants:
+        uniform, v = cc.uniform, cc.config.virtual_stages
+
+        def options(stage: int, start: int, count: int) -> list[tuple[float, float, int]]:
+            if count < v:
+                return []
+            out = []
+            for i, w in enumerate(cc.time_weights):
+                tab = self.table(cc, stage, self._max_len(cc, stage, 0 if uniform else start), w)
+                if tab.feasible(count):
+                    out.append((float(tab.time_s[count - 1]), float(tab.step_s[count - 1]), i))
+            return out
+
+        return options
 
     def _pipe(self, cc: stage_costs.ConfigCosts) -> partition.PipelineTime:
         ctx0 = cc.stages[0].ctx
@@ -153,15 +172,28 @@ class Planner:
             end = start + count
             return float(ct[end] - ct[start]) + f.time_s, float(cu[end] - cu[start]) + f.step_time_s
 
+        tables = None
+        if cc.uniform:
+            tables = [np.where(np.arange(1, n + 1) < cc.config.virtual_stages, math.inf, t[1:] + f.time_s)
+                      for t, _, f, _ in per_stage]
         res = partition.search(n, cc.config.pp, look, self._pipe(cc),
-                               exhaustive_limit=self.opt.exhaustive_partition_limit)
+                               exhaustive_limit=self.opt.exhaustive_partition_limit, tables=tables)
         return res.step_time_s
 
     # ------------------------------------------------------------------ one configuration
     def solve_config(self, cc: stage_costs.ConfigCosts) -> tuple[float, tuple[int, ...]]:
-        res = partition.search(len(self.kinds), cc.config.pp, self._lookup(cc), self._pipe(cc),
+        n, v = len(self.kinds), cc.config.virtual_stages
+        tables = None
+        if cc.uniform:
+            tables = []
+            for s in range(cc.config.pp):
+                t = self.table(cc, s, self._max_len(cc, s, 0)).time_s
+                tables.append(np.where(np.arange(1, len(t) + 1) < v, math.inf, t))
+        res = partition.search(n, cc.config.pp, self._lookup(cc), self._pipe(cc),
                                memory_weights=self._memory_weights(cc),
-                               exhaustive_limit=self.opt.exhaustive_partition_limit)
+                               exhaustive_limit=self.opt.exhaustive_partition_limit, tables=tables,
+                               variants=self._variants(cc))
+        self._picks[(cc.config, res.parts)] = res.variant
         return res.step_time_s, res.parts
 
     def _memory_weights(self, cc: stage_costs.ConfigCosts) -> list[float]:
@@ -177,8 +209,9 @@ class Planner:
     def build_plan(self, cc: stage_costs.ConfigCosts, parts: tuple[int, ...]) -> PlanStrategy:
         layers: list[LayerStrategy] = []
         start = 0
+        pick = self._picks.get((cc.config, parts)) or (0,) * len(parts)
         for s, n in enumerate(parts):
-            tab = self.table(cc, s, self._max_len(cc, s, 0 if cc.uniform else start))
+            tab = self.table(cc, s, self._max_len(cc, s, 0 if cc.uniform else start), cc.time_weights[pick[s]])
             layers.extend(cc.candidates[c] for c in tab.choice(n))
             start += n
         cfg = cc.config

@@ -14,22 +14,24 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from solvers.cost_model.base import CostModel, LayerCosts, StageContext, StageFixed
-from solvers.hybrid import layer_dp
 from solvers.hybrid.space import PipelineConfig
 from solvers.strategy import LayerStrategy
 
 
 @dataclass
 class StageInputs:
-    """One stage's view: its context, fixed terms and the per-kind candidate costs."""
+    """One stage's view: its context, fixed terms and the per-kind candidate costs.
+
+    Transitions are asked lazily (only stages that reach the DP need them), once per pair of layouts."""
 
     ctx: StageContext
     fixed: StageFixed
     in_flight: float
     costs: dict[Hashable, LayerCosts]
-    classes: np.ndarray
-    class_trans: np.ndarray
-    trans: np.ndarray | None
+    candidates: list[LayerStrategy]
+    cm: CostModel
+    memo: dict[tuple[object, ...], object]
+    _trans: tuple[np.ndarray, np.ndarray] | None = None
 
     def memory(self, kind: Hashable) -> np.ndarray:
         """Per-candidate resident memory (state + in-flight activations), bytes; transient extra excluded."""
@@ -39,6 +41,18 @@ class StageInputs:
     def fixed_memory(self) -> float:
         f = self.fixed
         return f.state_bytes + f.other_bytes + self.in_flight * f.activation_bytes
+
+    def transitions(self) -> tuple[np.ndarray, np.ndarray]:
+        """(layout class of each candidate, class-to-class transition seconds per micro-batch)."""
+        if self._trans is None:
+            c = self.ctx
+            key = (c.pp, c.micro_batches, c.schedule, c.virtual_stages, c.stage, "trans", len(self.candidates))
+            hit = self.memo.get(key)
+            if hit is None:
+                hit = self.memo[key] = layout_classes(self.cm, self.candidates, c)
+            self._trans = hit  # type: ignore[assignment]
+        assert self._trans is not None
+        return self._trans
 
 
 @dataclass
@@ -50,6 +64,9 @@ class ConfigCosts:
     stages: list[StageInputs]
     kinds: Sequence[Hashable]
     time_weight: float  # the DP objective is time_weight * per-micro-batch time + per-step time
+    # other weights tried per stage: 1 (a stage off the critical path: its step time counts as much as its
+    # time) and a huge one (step time only breaks ties)
+    time_weights: tuple[float, ...] = ()
     dp_cache: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = field(default_factory=dict)
 
     @property
@@ -103,33 +120,38 @@ def build(cm: CostModel, cfg: PipelineConfig, candidates: list[LayerStrategy], k
     cands = [c for c, k in zip(candidates, keep, strict=True) if k]
     for ctx, costs in raw:
         sub = {k: _subset(c, keep) for k, c in costs.items()}
-        tkey = (cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages, ctx.stage, "trans", len(cands))
-        trans = memo.get(tkey)  # type: ignore[assignment]
-        if trans is None:
-            trans = memo[tkey] = layout_transitions(cm, cands, ctx)
-        classes, class_trans = layer_dp.transition_classes(trans, len(cands))
         stages.append(StageInputs(ctx, cm.stage_fixed(ctx), float(cm.in_flight_micro_batches(ctx)), sub,
-                                  classes, class_trans, trans if np.any(trans) else None))
-    return ConfigCosts(cfg, cands, stages, kinds, time_weight=float(cfg.micro_batches))
+                                  cands, cm, memo))
+    m = float(cfg.micro_batches)
+    return ConfigCosts(cfg, cands, stages, kinds, time_weight=m, time_weights=tuple(dict.fromkeys((m, 1.0, 1e6 * m))))
 
 
 def _layout(x: LayerStrategy) -> tuple[object, ...]:
     return (x.tp, x.dp, x.cp, x.sp, x.ep)
 
 
-def layout_transitions(cm: CostModel, cands: list[LayerStrategy], ctx: StageContext) -> np.ndarray:
-    """``transition_s`` for all candidate pairs, asked once per pair of *layouts* (tp, dp, cp, sp, ep).
+def layout_classes(cm: CostModel, cands: list[LayerStrategy], ctx: StageContext) -> tuple[np.ndarray, np.ndarray]:
+    """Candidates grouped by layout (tp, dp, cp, sp, ep), and ``transition_s`` between layouts.
 
     Re-layout moves activations between differently split layers; ZeRO and recompute do not change where
-    activations live, so candidates sharing a layout share their rows (tests check this per cost model)."""
+    activations live, so candidates sharing a layout share their transitions (tests check this per cost
+    model). Without any transition cost all candidates form one class."""
     if not cands:
-        return np.zeros((0, 0))
+        return np.zeros(0, dtype=np.int64), np.zeros((1, 1))
     keys = [_layout(c) for c in cands]
     uniq = list(dict.fromkeys(keys))
     reps = [cands[keys.index(k)] for k in uniq]
     small = np.asarray(cm.transition_s(reps, reps, ctx), dtype=float)
-    idx = np.array([uniq.index(k) for k in keys])
-    return small[np.ix_(idx, idx)]
+    if not np.any(small):
+        return np.zeros(len(cands), dtype=np.int64), np.zeros((1, 1))
+    where = {k: i for i, k in enumerate(uniq)}
+    return np.array([where[k] for k in keys], dtype=np.int64), small
+
+
+def layout_transitions(cm: CostModel, cands: list[LayerStrategy], ctx: StageContext) -> np.ndarray:
+    """``transition_s`` for all candidate pairs (expanded from the per-layout matrix)."""
+    cls, small = layout_classes(cm, cands, ctx)
+    return small[np.ix_(cls, cls)]
 
 
 def peak_thresholds(extra: np.ndarray, limit: int = 4, unit: float = 1.0) -> np.ndarray:

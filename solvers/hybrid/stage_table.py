@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.hybrid import layer_dp, prune
+from solvers.hybrid import layer_dp, prune, two_type
 from solvers.hybrid.stage_costs import StageInputs, cap_units, peak_thresholds, units_of
 
 INF = np.inf
@@ -35,21 +35,55 @@ class StageTable:
     time_s: np.ndarray
     step_s: np.ndarray
     runs: list[_Run]
-    which: np.ndarray  # run that achieves the optimum per n (-1: infeasible)
+    which: np.ndarray  # DP run that achieves the optimum per n; -2: the two-strategy table; -1: infeasible
+    pairs: two_type.TwoTypeTable | None = None
+    pair_local: np.ndarray | None = None
 
     def feasible(self, n: int) -> bool:
         return 0 < n <= len(self.obj) and bool(np.isfinite(self.obj[n - 1]))
 
     def choice(self, n: int) -> list[int]:
         """Stage-candidate indices of the optimal n-layer prefix."""
-        run = self.runs[int(self.which[n - 1])]
+        w = int(self.which[n - 1])
+        if w == -2:
+            assert self.pairs is not None and self.pair_local is not None
+            return [int(self.pair_local[c]) for c in self.pairs.choice(n)]
+        run = self.runs[w]
         path = run.table.path(n, run.classes, run.units)
         return [int(run.local[c]) for c in path]
 
 
+def _undominated(cols: list[np.ndarray]) -> np.ndarray:
+    """Indices not dominated in every column at once (ties keep the first)."""
+    x = np.stack(cols, axis=1)
+    ok = np.all(np.isfinite(x), axis=1)
+    idx = np.flatnonzero(ok)
+    x = x[idx]
+    le = np.all(x[:, None, :] <= x[None, :, :], axis=2)  # le[i, j]: i no worse than j everywhere
+    lt = np.any(x[:, None, :] < x[None, :, :], axis=2)
+    earlier = np.arange(len(idx))[:, None] < np.arange(len(idx))[None, :]
+    dominated = np.any(le & (lt | earlier), axis=0)
+    return idx[~dominated]
+
+
+def _two_type(st: StageInputs, kind: Hashable, n: int, time_weight: float, limit_bytes: float,
+              classes: np.ndarray, class_trans: np.ndarray) -> tuple[two_type.TwoTypeTable, np.ndarray]:
+    c = st.costs[kind]
+    obj = time_weight * c.time_s + c.step_time_s
+    mem = st.memory(kind)
+    local = _undominated([obj, mem, c.peak_extra_bytes])
+    trans = class_trans[np.ix_(classes[local], classes[local])]
+    table = two_type.solve(obj[local], c.time_s[local], c.step_time_s[local], mem[local],
+                           c.peak_extra_bytes[local], trans, limit_bytes - st.fixed_memory(), n, time_weight)
+    return table, local
+
+
 def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], time_weight: float,
-          unit: float, limit_bytes: float, peak_levels: int = 6) -> StageTable:
-    """Run the DP over ``layers`` (global indices in execution order) for one stage."""
+          unit: float, limit_bytes: float, peak_levels: int = 6, dp_work_limit: float = np.inf) -> StageTable:
+    """Best strategies of every prefix of ``layers`` (global indices in execution order) on one stage.
+
+    Identical layers also get the exact-memory two-strategy table; the DP then runs only while its work
+    (layers x bins x candidates) stays under ``dp_work_limit``."""
     n = len(layers)
     seq = [kinds[i] for i in layers]
     kind_set = list(dict.fromkeys(seq))
@@ -60,31 +94,34 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
     u_best = np.full(n, INF)
     which = np.full(n, -1, dtype=np.int64)
     runs: list[_Run] = []
+    all_classes, all_trans = st.transitions()
     for level in peak_thresholds(extra_all, peak_levels, unit):
         cap = cap_units(avail - float(level), unit)
         if cap < 0:
             continue
         per_kind: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
-        keep = np.zeros(len(st.classes), dtype=bool)
+        keep = np.zeros(len(all_classes), dtype=bool)
         for k in kind_set:
             c = st.costs[k]
             obj = np.where(c.peak_extra_bytes <= level, time_weight * c.time_s + c.step_time_s, INF)
             units = units_of(st.memory(k), unit)
             obj = np.where(units <= cap, obj, INF)
             per_kind[k] = (obj, units)
-            keep |= prune.pareto_mask(obj, units, st.classes)
+            keep |= prune.pareto_mask(obj, units, all_classes)
         local = np.flatnonzero(keep)
         if local.size == 0:
             continue
-        local = local[np.argsort(st.classes[local], kind="stable")]  # the DP wants classes contiguous
-        uniq, classes = np.unique(st.classes[local], return_inverse=True)
-        class_trans = st.class_trans[np.ix_(uniq, uniq)]
+        local = local[np.argsort(all_classes[local], kind="stable")]  # the DP wants classes contiguous
+        uniq, classes = np.unique(all_classes[local], return_inverse=True)
+        class_trans = all_trans[np.ix_(uniq, uniq)]
         terms: dict[Hashable, layer_dp.LayerTerms] = {}
         for k in kind_set:
             obj, units = per_kind[k]
             c = st.costs[k]
             terms[k] = layer_dp.LayerTerms(obj[local], units[local], c.time_s[local], c.step_time_s[local])
         lt = [terms[k] for k in seq]
+        if n * (cap + 1) * (local.size + class_trans.size) > dp_work_limit and len(kind_set) == 1:
+            continue
         table = layer_dp.run(lt, classes.reshape(-1), class_trans, cap, trans_weight=time_weight)
         better = table.obj < obj_best
         obj_best = np.where(better, table.obj, obj_best)
@@ -92,5 +129,14 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
         u_best = np.where(better, table.step_s, u_best)
         which = np.where(better, len(runs), which)
         runs.append(_Run(table, local, classes.reshape(-1), [x.units for x in lt]))
+    pairs = pair_local = None
+    if len(kind_set) == 1:
+        pairs, pair_local = _two_type(st, kind_set[0], n, time_weight, limit_bytes, all_classes, all_trans)
+        better = pairs.obj < obj_best
+        obj_best = np.where(better, pairs.obj, obj_best)
+        t_best = np.where(better, pairs.time_s, t_best)
+        u_best = np.where(better, pairs.step_s, u_best)
+        which = np.where(better, -2, which)
     f = st.fixed
-    return StageTable(list(layers), obj_best, t_best + f.time_s, u_best + f.step_time_s, runs, which)
+    return StageTable(list(layers), obj_best, t_best + f.time_s, u_best + f.step_time_s, runs, which, pairs,
+                      pair_local)
