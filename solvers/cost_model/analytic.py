@@ -90,6 +90,9 @@ class AnalyticCostModel:
                 self._shapes.append(shape)
             self._shape_of_layer.append(self._shapes.index(shape))
         self._cache: dict[tuple[object, ...], LayerCosts] = {}
+        self._token_of: dict[tuple[LayerStrategy, ...], int] = {}
+        self._arrays_of: dict[int, Candidates] = {}
+        self._by_identity: dict[int, tuple[tuple[LayerStrategy, ...], int, Candidates]] = {}
 
     # --- building blocks --------------------------------------------------------------------------
     def _gemm(self, m: np.ndarray | float, n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
@@ -130,14 +133,34 @@ class AnalyticCostModel:
         return model_flops_per_step(self.model, self.training, self.causal_fraction)
 
     # --- CostModel protocol -----------------------------------------------------------------------
+    def _candidate_set(self, candidates: Sequence[LayerStrategy]) -> tuple[int, Candidates]:
+        """A small integer naming this candidate set, and its arrays. Tuples are recognised by identity
+        (hashing hundreds of strategies per call would cost more than the arithmetic); other sequences,
+        which may change in place, by content."""
+        if isinstance(candidates, tuple):
+            hit = self._by_identity.get(id(candidates))
+            if hit is not None and hit[0] is candidates:
+                return hit[1], hit[2]
+        key = tuple(candidates)
+        token = self._token_of.get(key)
+        if token is None:
+            token = self._token_of[key] = len(self._token_of)
+            self._arrays_of[token] = Candidates.of(key)
+        if isinstance(candidates, tuple):
+            self._by_identity[id(candidates)] = (candidates, token, self._arrays_of[token])
+        return token, self._arrays_of[token]
+
     def layer_costs(self, layer: int, candidates: Sequence[LayerStrategy], ctx: StageContext) -> LayerCosts:
-        key = (self._shape_of_layer[layer], tuple(candidates), ctx.micro_batch_samples, ctx.micro_batches)
+        if len(self._cache) >= _CACHE_LIMIT or len(self._token_of) >= _CACHE_LIMIT:
+            self._cache.clear()
+            self._token_of.clear()
+            self._arrays_of.clear()
+            self._by_identity.clear()
+        token, arrays = self._candidate_set(candidates)
+        key = (self._shape_of_layer[layer], token, ctx.micro_batch_samples, ctx.micro_batches)
         hit = self._cache.get(key)
         if hit is None:
-            if len(self._cache) >= _CACHE_LIMIT:
-                self._cache.clear()
-            hit = self._cache[key] = self._layer_costs(self._shapes[self._shape_of_layer[layer]],
-                                                       Candidates.of(candidates), ctx)
+            hit = self._cache[key] = self._layer_costs(self._shapes[self._shape_of_layer[layer]], arrays, ctx)
         return hit
 
     def _layer_costs(self, shape: LayerShape, c: Candidates, ctx: StageContext) -> LayerCosts:
