@@ -192,8 +192,11 @@ class Daemon:
                 return
             self._relay_progress(run_id, tail, lost)
             result = attempt.result()
-            if attempt.poll() == 0 and result is not None and "error" not in result:
-                result.update({"launches": launch, "worker_id": self.worker_id, "host": socket.gethostname()})
+            if result is not None and "error" not in result:
+                # The metrics file is written atomically after the last step: a crash in teardown after it
+                # does not undo the training, so the run counts (the exit code is recorded).
+                result.update({"launches": launch, "worker_id": self.worker_id, "host": socket.gethostname(),
+                               "exit_code": attempt.poll()})
                 try:
                     self.api.complete(run_id, self.worker_id, result)
                     log.info("run %s succeeded: %.4g s/step", run_id, result.get("step_time_s", float("nan")))

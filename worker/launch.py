@@ -131,10 +131,10 @@ def run_locally(plan_doc: dict[str, Any], nproc: int, steps: int, workdir: Path,
             time.sleep(0.2)
         attempt.stop()
         result = attempt.result()
-        if attempt.poll() == 0 and result is not None:
+        if result is not None and "error" not in result:  # written after the last step (see daemon)
             result["launches"] = launch
             return result
-        if result is not None and "error" in result:  # invalid plan: relaunching cannot help
+        if result is not None:  # invalid plan: relaunching cannot help
             raise RuntimeError(result["error"])
         last = attempt.log_tail()
     raise RuntimeError(f"training failed after {max_launches} launches:\n{last}")

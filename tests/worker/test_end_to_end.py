@@ -1,0 +1,165 @@
+"""Service + worker subprocesses: plans are requested and solved by the service, claimed and executed by
+the worker daemon with 4 gloo ranks, and their measured metrics appear on the run. Killing a worker with
+SIGKILL mid-run: the lease expires, a second worker completes the run, once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, LiveServer
+
+MODEL = {"name": "tiny-llama", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 4,
+         "ffn_hidden_size": 128, "vocab_size": 128, "mlp": "swiglu"}
+
+
+def request(gbs: int, **constraints: Any) -> dict[str, Any]:
+    return {"kind": "hybrid", "model": MODEL, "cluster": {"gpu": "cpu", "nodes": 1, "gpus_per_node": 4},
+            "training": {"global_batch_size": gbs, "seq_length": 32, "precision": "fp32"},
+            "constraints": {"max_cp": 1, **constraints}}
+
+
+# The solver chooses the strategy; these constraints leave it one layout of each kind on 4 ranks
+# (e.g. one sample per micro-batch forbids data parallelism).
+CASES: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], bool]]] = {
+    "dp": (request(8, max_tp=1, max_pp=1, zero=0), lambda s: s["pp"] == 1 and s["layers"][0]["dp"] == 4),
+    "fsdp": (request(8, max_tp=1, max_pp=1, zero=3),
+             lambda s: s["layers"][0]["dp"] == 4 and s["layers"][0]["zero"] == 3),
+    "tp": (request(1, micro_batches=1, max_pp=1), lambda s: s["pp"] == 1 and s["layers"][0]["tp"] == 4),
+    "pp-1f1b": (request(4, micro_batches=4, max_tp=1, schedule="1f1b"),
+                lambda s: s["pp"] == 4 and s["schedule"] == "1f1b"),
+    "pp2-tp2": (request(2, micro_batches=2, max_pp=2, schedule="1f1b"),
+                lambda s: s["pp"] == 2 and s["layers"][0]["tp"] == 2),
+}
+
+
+class Worker:
+    """``python -m worker.daemon`` in its own session (so SIGKILL takes the whole node down)."""
+
+    def __init__(self, server: LiveServer, token: str, workdir: Path, name: str) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.log = workdir / "daemon.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "worker.daemon", "--server", server.url, "--token", token, "--name", name,
+                 "--workdir", str(workdir), "--claim-wait-s", "2", "--idle-exit-s", "120"],
+                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                start_new_session=True)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def database_url(tmp_path: Path, _sqlite_template: Path) -> str:
+    """SQLite only: what is under test here is the worker, and the runs API is tested on PostgreSQL by the
+    service's own tests; running these multi-process tests twice would double the suite's slowest part."""
+    path = tmp_path / "paraplan.db"
+    shutil.copy(_sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for w in started:
+        w.stop()
+
+
+def submit_run(http: httpx.Client, req: dict[str, Any], steps: int) -> tuple[dict[str, Any], str]:
+    plan = http.post("/v1/plans", params={"wait": 60}, json=req, timeout=90).json()
+    assert plan["status"] == "succeeded", plan
+    plan = http.get(f"/v1/plans/{plan['id']}").json()
+    run = http.post(f"/v1/plans/{plan['id']}/runs", json={"steps": steps})
+    assert run.status_code == 201, run.text
+    return plan, run.json()["id"]
+
+
+def wait_run(http: httpx.Client, run_id: str, timeout_s: float, done: Callable[[dict[str, Any]], bool]
+             ) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        run: dict[str, Any] = http.get(f"/v1/runs/{run_id}").json()
+        if done(run) or time.monotonic() > deadline:
+            return run
+        time.sleep(0.3)
+
+
+def terminal(run: dict[str, Any]) -> bool:
+    return run["status"] in ("succeeded", "failed", "cancelled")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_service_solves_and_worker_executes_each_layout(live_server_factory: Callable[..., LiveServer],
+                                                        workers: list[Worker], tmp_path: Path) -> None:
+    server = live_server_factory()
+    http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token('admin')}"})
+    runs = {}
+    for name, (req, expected) in CASES.items():
+        plan, run_id = submit_run(http, req, steps=3)
+        assert expected(plan["result"]["strategy"]), (name, plan["result"]["strategy"])
+        runs[name] = run_id
+    workers.append(Worker(server, server.token("worker"), tmp_path / "w1", "w1"))
+    for name, run_id in runs.items():
+        run = wait_run(http, run_id, 150, terminal)
+        log = workers[0].log.read_text(errors="replace")[-3000:]
+        assert run["status"] == "succeeded", (name, run.get("error"), log)
+        m = run["metrics"]
+        assert m["world_size"] == 4 and len(m["peak_memory_gib_per_rank"]) == 4, name
+        assert len(m["loss"]) == 3 and all(3.0 < x < 6.0 for x in m["loss"]), name  # ~ln(128) untrained
+        assert m["step_time_s"] > 0 and m["tokens_per_s"] > 0 and 0 < m["mfu"] < 1, name
+        assert [p["step"] for p in run["progress"]] == [0, 1, 2], name  # relayed while it ran
+        assert run["worker"] and run["attempts"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigkilled_worker_run_is_completed_once_by_another(live_server_factory: Callable[..., LiveServer],
+                                                           workers: list[Worker], tmp_path: Path) -> None:
+    server = live_server_factory(run_lease_s=3)
+    http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token('admin')}"})
+    _, run_id = submit_run(http, request(8, max_tp=1, max_pp=1, zero=0), steps=40)
+    first = Worker(server, server.token("worker"), tmp_path / "a", "a")
+    workers.append(first)
+    running = wait_run(http, run_id, 120, lambda r: len(r["progress"]) >= 2 or terminal(r))
+    assert running["status"] == "running", running
+    holder = running["worker"]
+    first.kill()  # the daemon, torchrun and the ranks: a node lost mid-run
+    second = Worker(server, server.token("worker"), tmp_path / "b", "b")
+    workers.append(second)
+    run = wait_run(http, run_id, 180, terminal)
+    assert run["status"] == "succeeded", (run.get("error"), second.log.read_text(errors="replace")[-3000:])
+    assert run["attempts"] == 2 and run["worker"] != holder
+    assert len(run["metrics"]["loss"]) == 40
+    # Completed exactly once: the second worker reported success once; a repeat completion is refused.
+    assert second.log.read_text().count(f"run {run_id} succeeded") == 1
+    wtoken = server.token("worker")
+    again = httpx.post(f"{server.url}/v1/runs/{run_id}/complete", json={"worker_id": run["worker"], "metrics": {}},
+                       headers={"Authorization": f"Bearer {wtoken}"})
+    assert again.status_code in (403, 409)
+    # No orphaned ranks of the killed worker keep running.
+    time.sleep(2)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(tmp_path / "a") not in ps
