@@ -1,0 +1,58 @@
+"""MoE, context parallelism and Ulysses: the terms they add move the way their mechanics say."""
+
+from __future__ import annotations
+
+import pytest
+
+from solvers.cost_model.aggregate import stage_context
+from solvers.cost_model.factory import make_cost_model
+from solvers.errors import SpecError
+from solvers.request import HybridRequest, parse
+from solvers.strategy import LayerStrategy, PlanStrategy
+
+from .conftest import request
+
+
+def _ctx(layers: int, samples: int = 64, micro_batches: int = 4) -> object:
+    plan = PlanStrategy(pp=1, micro_batches=micro_batches, layers=(LayerStrategy(),) * layers, stage_layers=(layers,))
+    return stage_context(plan, 0, samples)
+
+
+def test_expert_parallelism_shards_experts_and_pays_all_to_all() -> None:
+    req = parse(HybridRequest, request(model={"preset": "mixtral-8x7b", "num_layers": 2}))
+    model = make_cost_model(req)
+    c = model.layer_costs(0, (LayerStrategy(tp=2, dp=8, ep=1), LayerStrategy(tp=2, dp=8, ep=8)), _ctx(2))
+    shape_params = req.model.layer_params(0)
+    expert_params = 8 * req.model.mlp_params(req.model.expert_ffn_size)
+    per_rank = [(shape_params - expert_params) / 2 + expert_params / (2 * ep) for ep in (1, 8)]
+    assert list(c.memory_parts_bytes["parameters"]) == pytest.approx([2 * p for p in per_rank])
+    assert c.parts_s["ep_comm"][0] == 0 and c.parts_s["ep_comm"][1] > 0
+
+
+def test_ep_must_divide_dp_and_experts() -> None:
+    strat = {"tp": 2, "pp": 1, "ep": 3, "micro_batch_size": 1}
+    with pytest.raises(SpecError) as err:
+        from solvers.api import estimate
+
+        estimate(request(model={"preset": "mixtral-8x7b", "num_layers": 2}, strategy=strat))
+    assert ("strategy", "ep") in [p.loc for p in err.value.problems]
+
+
+def test_context_parallel_and_ulysses_split_activations_and_add_their_traffic() -> None:
+    req = parse(HybridRequest, request(training={"global_batch_size": 16, "seq_length": 16384}))
+    model = make_cost_model(req)
+    cands = (LayerStrategy(tp=4, dp=4, sp="megatron"), LayerStrategy(tp=4, dp=2, cp=2, sp="megatron"),
+             LayerStrategy(tp=4, dp=4, sp="ulysses"), LayerStrategy(tp=1, dp=16))
+    c = model.layer_costs(0, cands, _ctx(32, samples=16, micro_batches=1))
+    # cp=2 halves the tokens per rank but doubles the samples per rank: same activation bytes per rank
+    assert c.activation_bytes[1] == pytest.approx(c.activation_bytes[0])
+    assert c.parts_s["cp_comm"][0] == 0
+    # the ring's K/V exchange is hidden behind the attention core as far as cp_overlap says
+    exposed = parse(HybridRequest, request(training={"global_batch_size": 16, "seq_length": 16384},
+                                           cost_model={"calibration": {"cp_overlap": 0.0}}))
+    raw = make_cost_model(exposed).layer_costs(0, cands, _ctx(32, samples=16, micro_batches=1))
+    assert raw.parts_s["cp_comm"][1] > c.parts_s["cp_comm"][1] >= 0
+    # Ulysses keeps whole weights on every rank of its group: 4x the states of Megatron TP on 4 ranks
+    assert c.state_bytes[2] == pytest.approx(4 * c.state_bytes[0], rel=1e-6)
+    assert c.parts_s["tp_comm"][2] < c.parts_s["tp_comm"][0]  # all-to-all moves less than all-reduce
+    assert c.parts_s["tp_comm"][3] == 0
