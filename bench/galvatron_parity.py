@@ -47,7 +47,15 @@ CASES: dict[str, list[str]] = {
     "2x8_16GB_sweep": ["--nodes", "2", "--memory-gb", "16", "--chunks", "0"],
     "1x8_36GB_coarse": ["--nodes", "1", "--memory-gb", "36", "--chunks", "8", "--coarse"],
     "2x8_36GB_coarse": ["--nodes", "2", "--memory-gb", "36", "--chunks", "8", "--coarse"],
+    # other formula branches: batch-fitted layer times, Ulysses (all-to-all) + sequence-split vocabulary,
+    # no Megatron SP, GPipe memory, plain DDP
+    "1x8_36GB_batch": ["--nodes", "1", "--memory-gb", "36", "--chunks", "8", "--time-mode", "batch"],
+    "1x8_36GB_ulysses": ["--nodes", "1", "--memory-gb", "36", "--chunks", "8", "--sp-space", "tp+sp"],
+    "1x8_36GB_nosp": ["--nodes", "1", "--memory-gb", "36", "--chunks", "8", "--no-sp"],
+    "2x8_36GB_gpipe": ["--nodes", "2", "--memory-gb", "36", "--chunks", "8", "--pipeline-type", "gpipe"],
+    "2x8_36GB_ddp": ["--nodes", "2", "--memory-gb", "36", "--chunks", "8", "--default-dp-type", "ddp"],
 }
+SP_SPACES = ("tp", "tp+sp")
 
 
 # ------------------------------------------------------------------------------------------ refresh
@@ -72,11 +80,16 @@ def _run_case(name: str, flags: list[str], work: str, reuse: bool) -> dict[str, 
     keep = {k: r[k] for k in ("engine", "inputs", "notes", "feasible", "est_iter_s", "throughput", "search_s",
                               "mem_cost_mb_per_stage", "mem_budget_mb") if k in r}
     keep["min_tp"], keep["max_tp"] = (int(window[-1][0]), int(window[-1][1])) if window else (None, None)
+    inp = r["inputs"]
+    # how paraplan's model must be configured to see what Galvatron saw
+    profiles = "profiles" if inp["time_mode"] == "static" else f"profiles-{inp['time_mode']}"
+    keep["paraplan_cost_model"] = {"profiles": profiles, "time_profile_mode": inp["time_mode"],
+                                   "sp_space": inp["sp_space"], "sequence_parallel": inp["sequence_parallel"]}
     if r.get("plan"):
         plan = r["plan"]
         keep["plan"] = {k: plan[k] for k in ("pp_deg", "summary", "chunks", "global_bsz", "vocab_tp",
                                              "embed_sdp", "galvatron_config")}
-    _copy_json_files(r["profiles_dir"], os.path.join(DATA, "profiles"))
+    _copy_json_files(r["profiles_dir"], os.path.join(DATA, profiles))
     _copy_json_files(r["hardware_dir"], os.path.join(DATA, "hardware"))
     return keep
 
@@ -91,17 +104,21 @@ def refresh(work: str, reuse: bool) -> None:
         with open(os.path.join(DATA, "cases", name + ".json"), "w") as f:
             json.dump(keep, f, indent=1)
         print(f"ran {name}: {keep.get('est_iter_s')} s/iter ({time.time() - t0:.0f} s)", flush=True)
-    for nodes in (1, 2):
-        for mem in (36,):  # other budgets change only Galvatron's cache reserve (pinned by the cases)
-            out = os.path.join(DATA, "probe", f"{nodes}x8_{mem}GB.json")
-            os.makedirs(os.path.dirname(out), exist_ok=True)
-            subprocess.run([GALV_PY, os.path.abspath(__file__), "--probe", str(nodes), str(mem), out], check=True,
-                           timeout=1800)
-            print(f"probed {nodes}x8 {mem} GB", flush=True)
+    # other budgets change only Galvatron's cache reserve, which the cases pin
+    for nodes, sp_space in ((1, "tp"), (2, "tp"), (1, "tp+sp")):
+        out = os.path.join(DATA, "probe", probe_name(nodes, sp_space))
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        subprocess.run([GALV_PY, os.path.abspath(__file__), "--probe", str(nodes), "36", sp_space, out], check=True,
+                       timeout=1800)
+        print(f"probed {nodes}x8 36 GB, sp_space {sp_space}", flush=True)
+
+
+def probe_name(nodes: int, sp_space: str) -> str:
+    return f"{nodes}x8_36GB_{sp_space.replace('+', '_')}.json"
 
 
 # ------------------------------------------------------------------------------------------ probe (Galvatron's venv)
-def probe(nodes: int, memory_gb: int, out: str) -> None:
+def probe(nodes: int, memory_gb: int, sp_space: str, out: str) -> None:
     """Galvatron's own time and memory of every uniform strategy of its space (runs in .venv-galvatron)."""
     import contextlib
     import io
@@ -129,7 +146,7 @@ def probe(nodes: int, memory_gb: int, out: str) -> None:
     prof = os.path.join(DATA, "profiles")
     n = nodes * 8
     argv = ["--num_nodes", str(nodes), "--num_gpus_per_node", "8", "--memory_constraint", str(memory_gb),
-            "--settle_bsz", str(GLOBAL_BATCH), "--sp_space", "tp", "--mixed_precision", "bf16",
+            "--settle_bsz", str(GLOBAL_BATCH), "--sp_space", sp_space, "--mixed_precision", "bf16",
             "--pipeline_type", "pipedream_flush", "--default_dp_type", "zero2", "--disable_tp_consec", "1",
             "--memory_profiling_path", prof, "--time_profiling_path", prof, "--allreduce_bandwidth_config_path", hw,
             "--p2p_bandwidth_config_path", hw, "--overlap_coe_path", hw, "--sp_time_path", hw,
@@ -178,7 +195,8 @@ def probe(nodes: int, memory_gb: int, out: str) -> None:
                         continue
                     # with a sequence-split vocabulary and no Megatron-TP layer, Galvatron's "SP only" search
                     # (sp_search 2) finds the plan first, and it reserves no Megatron-SP buffer
-                    sp_only = vsp and tp == 1
+                    ulysses = int(info.get("sp", 0))
+                    sp_only = vsp and (tp == 1 or ulysses)
                     buffer = 0 if sp_only else int(mbsz / min_tp * max_tp * 4096 * 2048 * 4 / 1024 / 1024 / 2)
                     mem = []
                     for stage in range(pp):
@@ -190,11 +208,13 @@ def probe(nodes: int, memory_gb: int, out: str) -> None:
                                        + buffer + cache))
                     rows.append({"pp": int(pp), "tp": int(tp), "dp": int(dp), "fsdp": int(info.get("fsdp", 0)),
                                  "ckpt": int(info.get("cpt", 0)), "chunks": chunk, "vtp": vtp,
-                                 "embed_sdp": embed_sdp, "vsp": vsp, "min_tp": min_tp, "max_tp": max_tp,
+                                 "embed_sdp": embed_sdp, "vsp": vsp, "ulysses": ulysses, "min_tp": min_tp,
+                                 "max_tp": max_tp,
                                  "time_s": float(t), "mem_mb_per_stage": mem})
     columns = list(rows[0])
     with open(out, "w") as f:
         json.dump({"nodes": nodes, "gpus_per_node": 8, "memory_gb": memory_gb, "global_batch": GLOBAL_BATCH,
+                   "sp_space": sp_space,
                    "columns": columns, "rows": [[r[c] for c in columns] for r in rows]}, f, separators=(",", ":"))
 
 
@@ -230,9 +250,11 @@ def compare_cases() -> float:
         with open(path) as f:
             case = json.load(f)
         inp = case["inputs"]
-        model = _model(inp["nodes"], inp["memory_gb"], os.path.join(DATA, "profiles"), os.path.join(DATA, "hardware"))
+        opts = dict(case["paraplan_cost_model"])
+        profiles = os.path.join(DATA, opts.pop("profiles"))
+        model = _model(inp["nodes"], inp["memory_gb"], profiles, os.path.join(DATA, "hardware"), **opts)
         cfg = case["plan"]["galvatron_config"]
-        plan = plan_from_galvatron_config(cfg, inp["gpus"])
+        plan = plan_from_galvatron_config(cfg, inp["gpus"], sequence_parallel=inp["sequence_parallel"])
         est = model.evaluate(plan)
         rel = est.step_time_s / case["est_iter_s"] - 1
         worst = max(worst, abs(rel))
@@ -252,7 +274,7 @@ def compare_probe() -> None:
     from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
     print("\nUniform strategies of Galvatron's space: Galvatron's own classes vs paraplan")
-    print(f"{'cluster':14} {'plans':>6} {'max |rel time diff|':>20} {'memory MB mismatches':>21} "
+    print(f"{'cluster':22} {'plans':>6} {'max |rel time diff|':>20} {'memory MB mismatches':>21} "
           f"{'fit verdict mismatches':>23}")
     for fname in sorted(os.listdir(os.path.join(DATA, "probe"))) if os.path.isdir(os.path.join(DATA, "probe")) else []:
         with open(os.path.join(DATA, "probe", fname)) as f:
@@ -260,10 +282,11 @@ def compare_probe() -> None:
         n = probe_data["nodes"] * 8
         budget = probe_data["memory_gb"] * 1024
         base = _model(probe_data["nodes"], probe_data["memory_gb"], os.path.join(DATA, "profiles"),
-                      os.path.join(DATA, "hardware"), max_tp=8)
+                      os.path.join(DATA, "hardware"), max_tp=8, sp_space=probe_data["sp_space"])
         worst, mem_bad, fit_bad = 0.0, 0, 0
         for r in probe_rows(probe_data):
-            layer = LayerStrategy(tp=r["tp"], dp=r["dp"], sp="megatron" if r["tp"] > 1 else None,
+            sp = "ulysses" if r["ulysses"] else ("megatron" if r["tp"] > 1 else None)
+            layer = LayerStrategy(tp=r["tp"], dp=r["dp"], sp=sp,
                                   zero=(3 if r["fsdp"] else 2) if r["dp"] > 1 else 0,
                                   recompute="full" if r["ckpt"] else "none")
             per = 32 // r["pp"]
@@ -277,7 +300,7 @@ def compare_probe() -> None:
             ours = [round(g * 1024) for g in est.memory_gib_per_stage]
             mem_bad += ours != r["mem_mb_per_stage"]
             fit_bad += est.fits != (max(r["mem_mb_per_stage"]) <= budget)
-        print(f"{fname[:-5]:14} {len(probe_data['rows']):6d} {worst:20.1e} {mem_bad:21d} {fit_bad:23d}")
+        print(f"{fname[:-5]:22} {len(probe_data['rows']):6d} {worst:20.1e} {mem_bad:21d} {fit_bad:23d}")
 
 
 def shipped_config() -> None:
@@ -297,10 +320,10 @@ def main() -> None:
     p.add_argument("--refresh", action="store_true", help="re-run Galvatron and refresh bench/data/galvatron")
     p.add_argument("--workdir", default="/tmp/galvatron_parity", help="runner work directories (with --refresh)")
     p.add_argument("--reuse", action="store_true", help="with --refresh: keep runner outputs already in --workdir")
-    p.add_argument("--probe", nargs=3, metavar=("NODES", "MEMORY_GB", "OUT"), help=argparse.SUPPRESS)
+    p.add_argument("--probe", nargs=4, metavar=("NODES", "MEMORY_GB", "SP_SPACE", "OUT"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.probe:
-        probe(int(a.probe[0]), int(a.probe[1]), a.probe[2])
+        probe(int(a.probe[0]), int(a.probe[1]), a.probe[2], a.probe[3])
         return
     sys.path.insert(0, ROOT)
     if a.refresh:

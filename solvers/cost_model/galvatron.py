@@ -6,7 +6,7 @@ What Galvatron reports for a plan, and what ``evaluate`` reproduces:
 
 Time. A layer's forward time is its profiled per-sample time times the samples it sees (``b / tp`` for a
 micro-batch of ``b`` samples per data-parallel rank); backward is twice that, recomputation adds one more
-forward. TP collectives: 4 all-reduces of the layer's activations per layer (x1.5 with recomputation), at
+forward. TP collectives: 4 all-reduces of the layer's activations per layer (6 with recomputation), at
 the measured all-reduce bandwidth of the TP group (``sp_space = "tp"``), or 4 all-gather/reduce-scatter or
 all-to-all collectives timed from ``sp_time`` (``"tp+sp"``; Ulysses uses all-to-all). The data-parallel
 gradient all-reduce overlaps the backward pass: the overlapped part runs ``overlap_coe`` times slower;
@@ -28,10 +28,11 @@ Memory (MB, per GPU). A layer: 4 x its parameters (/ tp unless Ulysses) times Ga
 ratio over its data-parallel group (which depends on whether there are several micro-batches and on
 asynchronous gradient reduction), plus the profiled activation per sample for its TP degree (checkpoint
 size with recomputation, / tp under Megatron SP) times the samples held under 1F1B: the first
-``min(p - stage, m)`` micro-batches. Each layer's total is rounded up to whole MB. The embedding / head adds
-its profiled model states (with ZeRO) and activations, a 1 GB PyTorch context, and under Megatron SP the
-global communication buffer. Galvatron keeps 20% of a budget above 20 GB for the allocator cache. A plan
-fits when every stage's total, cache included, is within the budget.
+``min(p - stage, m)`` micro-batches (under GPipe Galvatron counts a single micro-batch). Each layer's total
+is rounded up to whole MB. The embedding / head adds its profiled model states (with ZeRO) and activations,
+a 1 GB PyTorch context, and under Megatron SP the global communication buffer. Galvatron keeps 20% of a
+budget above 20 GB for the allocator cache. A plan fits when every stage's total, cache included, is within
+the budget.
 
 How the non-separable parts map onto the ``CostModel`` interface (``evaluate`` == the shared aggregation,
 ``solvers.cost_model.aggregate``): a layer's ``time_s`` is its time without gradient sync (its share of
@@ -243,6 +244,7 @@ class GalvatronCostModel:
         self.cache_mb = float(int(budget * 0.2)) if options.memory_cache and budget // 1024 > 20 else 0.0
         self.model_flops_per_step = model_flops_per_step
         self.peak_flops_per_gpu = peak_flops_per_gpu
+        self.warnings: list[str] = []
         self._layer_cache: dict[tuple[Any, ...], LayerCosts] = {}
         self._batching_cache: dict[tuple[int, int], Batching | None] = {}
         self._fixed_cache: dict[tuple[Any, ...], StageFixed] = {}
@@ -269,22 +271,31 @@ class GalvatronCostModel:
         hardware = read_hardware(spec.hardware_dir, nodes=req.cluster.nodes,
                                  gpus_per_node=req.cluster.gpus_per_node, need_sp_time=spec.sp_space == "tp+sp")
         options = GalvatronOptions(**{f: getattr(spec, f) for f in GalvatronOptions.__dataclass_fields__})
-        return cls(profile, hardware, num_layers=req.model.num_layers, hidden_size=req.model.hidden_size,
+        model = cls(profile, hardware, num_layers=req.model.num_layers, hidden_size=req.model.hidden_size,
                    seq_length=req.training.seq_length, global_batch_size=req.training.global_batch_size,
                    precision=req.training.precision,
                    memory_limit_mb=memory_limit_bytes(req.cluster, req.constraints) / MB, options=options,
                    search_max_tp=spec.max_tp or req.constraints.max_tp or 8,
                    model_flops_per_step=model_flops_per_step(req.model, req.training),
                    peak_flops_per_gpu=req.cluster.gpu.peak_flops(req.training.precision))
+        # Galvatron takes the model's shape from its arguments and the costs from the profiles; say so when
+        # they visibly describe different models (profiled parameter size = 4 bytes per parameter).
+        expected_mb = req.model.layer_params(0) * 4 / MB
+        if abs(profile.parameter_mb / expected_mb - 1) > 0.1:
+            model.warnings.append(f"profile {profile.name} has {profile.parameter_mb:.0f} MB of parameters per layer; "
+                                  f"{req.model.name} has {expected_mb:.0f} MB: the profiles describe another model")
+        return model
 
     def with_options(self, **changes: Any) -> GalvatronCostModel:
         """A copy with some options changed (e.g. ``max_tp``), sharing the parsed files."""
-        return GalvatronCostModel(
+        copy = GalvatronCostModel(
             self.profile, self.hardware, num_layers=self.num_layers, hidden_size=self.hidden_size,
             seq_length=self.seq_length, global_batch_size=self.global_batch_size, precision=self.precision,
             memory_limit_mb=self.memory_limit_mb, options=replace(self.options, **changes),
             search_max_tp=self.search_max_tp, model_flops_per_step=self.model_flops_per_step,
             peak_flops_per_gpu=self.peak_flops_per_gpu)
+        copy.warnings = list(self.warnings)
+        return copy
 
     # ----------------------------------------------------------------------------------- batching
     @property
@@ -662,6 +673,7 @@ class GalvatronCostModel:
         batching = model.batching(plan.pp, plan.micro_batches)
         assert batching is not None
         _fit_breakdown(est)
+        est.notes.extend(self.warnings)
         est.notes.append(f"Galvatron 2.4.0 model: min_tp={batching.min_tp}, max_tp={model.max_tp}, "
                          f"micro-batch {batching.mbsz} per min_tp group, {batching.real_chunks} micro-batches, "
                          f"memory budget {self.memory_limit_mb:.0f} MB incl. {self.cache_mb:.0f} MB cache")

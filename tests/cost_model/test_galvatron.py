@@ -38,6 +38,20 @@ def model(**kw: Any) -> GalvatronCostModel:
     return GalvatronCostModel.from_request(parse(HybridRequest, request(**kw)))
 
 
+def case_model(case: dict[str, Any], memory_gib: float | None = None) -> GalvatronCostModel:
+    """The model configured as Galvatron was for a cached runner case (time mode, SP space, SP flag)."""
+    opts = dict(case["paraplan_cost_model"])
+    inp = case["inputs"]
+    return model(nodes=inp["nodes"], memory_gib=memory_gib or inp["memory_gb"],
+                 profiles_dir=os.path.join(DATA, opts.pop("profiles")), **opts)
+
+
+def case_plan(case: dict[str, Any]) -> PlanStrategy:
+    inp = case["inputs"]
+    return plan_from_galvatron_config(case["plan"]["galvatron_config"], inp["gpus"],
+                                      sequence_parallel=inp["sequence_parallel"])
+
+
 def uniform(layer: LayerStrategy, pp: int, micro_batches: int, embedding: EmbeddingStrategy,
             layers: int = 32) -> PlanStrategy:
     return PlanStrategy(pp=pp, micro_batches=micro_batches, layers=(layer,) * layers,
@@ -142,10 +156,7 @@ CASES = sorted(f[:-5] for f in os.listdir(os.path.join(DATA, "cases")))
 def test_galvatron_returned_plans_reproduced(name: str) -> None:
     """Our estimate of each plan Galvatron returned equals the time and per-stage memory it reported."""
     case = load(os.path.join(DATA, "cases", name + ".json"))
-    inp = case["inputs"]
-    m = model(nodes=inp["nodes"], memory_gib=inp["memory_gb"])
-    plan = plan_from_galvatron_config(case["plan"]["galvatron_config"], inp["gpus"])
-    est = m.evaluate(plan)
+    est = case_model(case).evaluate(case_plan(case))
     assert est.step_time_s == pytest.approx(case["est_iter_s"], rel=1e-9)  # the goal is 1%
     assert est.throughput_samples_per_s == pytest.approx(case["throughput"], rel=1e-9)
     assert [g * 1024 for g in est.memory_gib_per_stage] == pytest.approx(case["mem_cost_mb_per_stage"], abs=1e-6)
@@ -153,12 +164,12 @@ def test_galvatron_returned_plans_reproduced(name: str) -> None:
     assert f"min_tp={case['min_tp']}, max_tp={case['max_tp']}" in est.notes[-1]
 
 
-@pytest.mark.parametrize("name", ["1x8_16GB_mb8", "2x8_36GB_mb8"])
+@pytest.mark.parametrize("name", ["1x8_16GB_mb8", "2x8_36GB_mb8", "2x8_36GB_gpipe"])
 def test_rejected_exactly_when_over_budget(name: str) -> None:
     """A plan that needs M MB fits the smallest budget leaving M MB after Galvatron's cache, not 1 MB less."""
     case = load(os.path.join(DATA, "cases", name + ".json"))
     inp = case["inputs"]
-    plan = plan_from_galvatron_config(case["plan"]["galvatron_config"], inp["gpus"])
+    plan = case_plan(case)
     def cache(budget: int) -> int:  # Galvatron keeps 20% of budgets above 20 GB for the allocator
         return int(budget * 0.2) if budget // 1024 > 20 else 0
 
@@ -166,8 +177,8 @@ def test_rejected_exactly_when_over_budget(name: str) -> None:
     budget = plan_mb
     while budget - cache(budget) < plan_mb:
         budget += 1
-    fits = model(nodes=inp["nodes"], memory_gib=budget / 1024).evaluate(plan)
-    tight = model(nodes=inp["nodes"], memory_gib=(budget - 1) / 1024).evaluate(plan)
+    fits = case_model(case, budget / 1024).evaluate(plan)
+    tight = case_model(case, (budget - 1) / 1024).evaluate(plan)
     assert fits.fits
     assert not tight.fits
 
@@ -185,12 +196,14 @@ def test_every_uniform_strategy_matches_galvatrons_own_cost_model() -> None:
     sequence-split vocabulary, embedding ZeRO-2 / 3): time and memory as Galvatron's classes compute them."""
     models: dict[str, GalvatronCostModel] = {}
     rows = _probe_rows()
-    assert len(rows) == 736 + 1184
+    assert len(rows) == 736 + 1184 + 1184  # 1x8 TP space, 1x8 TP+Ulysses space, 2x8 TP space
     for fname, probe, r in rows:
         if fname not in models:
-            models[fname] = model(nodes=probe["nodes"], memory_gib=probe["memory_gb"], max_tp=8)
+            models[fname] = model(nodes=probe["nodes"], memory_gib=probe["memory_gb"], max_tp=8,
+                                  sp_space=probe["sp_space"])
         n = probe["nodes"] * 8
-        layer = LayerStrategy(tp=r["tp"], dp=r["dp"], sp="megatron" if r["tp"] > 1 else None,
+        sp = "ulysses" if r["ulysses"] else ("megatron" if r["tp"] > 1 else None)
+        layer = LayerStrategy(tp=r["tp"], dp=r["dp"], sp=sp,
                               zero=(3 if r["fsdp"] else 2) if r["dp"] > 1 else 0,
                               recompute="full" if r["ckpt"] else "none")
         plan = uniform(layer, r["pp"], r["chunks"],

@@ -18,12 +18,12 @@ REFERENCE_PROFILES = os.path.normpath(os.path.join(ROOT, "..", "shared", "refere
 SHIPPED = "galvatron_config_llama2-7b_1nodes_8gpus_per_node_36GB_bf16.json"
 
 
-def configs() -> list[tuple[str, dict[str, Any], int]]:
+def configs() -> list[tuple[str, dict[str, Any], int, bool]]:
     out = []
     for f in sorted(os.listdir(CASES)):
         with open(os.path.join(CASES, f)) as fh:
             case = json.load(fh)
-        out.append((f, case["plan"]["galvatron_config"], case["inputs"]["gpus"]))
+        out.append((f, case["plan"]["galvatron_config"], case["inputs"]["gpus"], case["inputs"]["sequence_parallel"]))
     return out
 
 
@@ -38,17 +38,17 @@ def test_shipped_config_reads() -> None:
     assert plan.schedule == "1f1b"
 
 
-@pytest.mark.parametrize(("name", "cfg", "gpus"), configs())
-def test_galvatron_plans_round_trip(name: str, cfg: dict[str, Any], gpus: int) -> None:
-    plan = plan_from_galvatron_config(cfg, gpus)
+@pytest.mark.parametrize(("name", "cfg", "gpus", "sp"), configs())
+def test_galvatron_plans_round_trip(name: str, cfg: dict[str, Any], gpus: int, sp: bool) -> None:
+    plan = plan_from_galvatron_config(cfg, gpus, sequence_parallel=sp)
     out = plan_to_galvatron_config(plan, global_batch_size=cfg["global_bsz"])
     for key in ("pp_deg", "tp_sizes_enc", "tp_consecutive_flags", "dp_types_enc", "use_sp", "checkpoint",
-                "global_bsz", "chunks", "pp_division", "pipeline_type", "vtp", "embed_sdp"):
+                "global_bsz", "chunks", "pp_division", "pipeline_type", "vtp", "embed_sdp", "vsp"):
         assert out[key] == cfg[key], key
     # default_dp_type only matters where some layer (or the embedding) is not ZeRO-3
     if any(x.zero != 3 and x.dp > 1 for x in plan.layers) or not cfg["embed_sdp"]:
         assert out["default_dp_type"] == cfg["default_dp_type"]
-    assert plan_from_galvatron_config(out, gpus) == plan
+    assert plan_from_galvatron_config(out, gpus) == plan  # the file now says whether SP is on
 
 
 def test_layer_fields() -> None:
