@@ -90,7 +90,7 @@ class GalvatronCostModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["galvatron"] = "galvatron"
     profiles_dir: str
-    hardware_dir: str
+    hardware_dir: str | list[str]  # a list is searched in order, file by file
     profile_name: str | None = None  # default: the only profile pair in profiles_dir
     time_profile_mode: TimeMode = "static"
     static_bsz: int | None = Field(default=None, gt=0)  # default: the first profiled batch size, as Galvatron

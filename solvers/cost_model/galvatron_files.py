@@ -8,7 +8,8 @@ Profiles (``profiles_dir``), for a model profiled under some name and precision:
   ``tp_activation_per_bsz_dict`` (MB per sample by TP degree, plus ``checkpoint``), under
   ``layertype_0`` (plain TP) or ``layertype_0_sp`` (Megatron sequence parallelism), each keyed by sequence
   length; and the embedding / head memory ``other_memory_pp_{off,on_first,on_last}[_sp]``.
-Hardware (``hardware_dir``), for ``N`` nodes of ``G`` GPUs:
+Hardware (``hardware_dir``: a folder, or a list searched in order per file, e.g. extrapolated files first
+and the measured folder for what they lack), for ``N`` nodes of ``G`` GPUs:
 - ``allreduce_bandwidth_<N>nodes_<G>gpus_per_node.json``: bus bandwidth (MB/ms) of all-reduce groups by
   size and contiguity (``allreduce_size_<d>_consec_<0|1>``);
 - ``p2p_bandwidth_<N>nodes_<G>gpus_per_node.json``: point-to-point bandwidth by pipeline degree;
@@ -26,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -311,13 +312,24 @@ def _collective_tables(sp_time: dict[str, Any], op: str) -> dict[int, Collective
     return out
 
 
-def read_hardware(hardware_dir: str, *, nodes: int, gpus_per_node: int,
+def _find(dirs: Sequence[str], name: str) -> str:
+    """The first ``dirs/name`` that exists (else the first candidate, so the error names it)."""
+    for d in dirs:
+        if os.path.exists(os.path.join(d, name)):
+            return os.path.join(d, name)
+    return os.path.join(dirs[0], name)
+
+
+def read_hardware(hardware_dir: str | Sequence[str], *, nodes: int, gpus_per_node: int,
                   need_sp_time: bool = False) -> GalvatronHardware:
+    dirs = [hardware_dir] if isinstance(hardware_dir, str) else list(hardware_dir)
+    if not dirs:
+        raise SpecError.at(_HARDWARE, "no hardware folder given")
     shape = f"{nodes}nodes_{gpus_per_node}gpus_per_node"
     num_gpus = nodes * gpus_per_node
-    ar_path = os.path.join(hardware_dir, f"allreduce_bandwidth_{shape}.json")
-    p2p_path = os.path.join(hardware_dir, f"p2p_bandwidth_{shape}.json")
-    ov_path = os.path.join(hardware_dir, "overlap_coefficient.json")
+    ar_path = _find(dirs, f"allreduce_bandwidth_{shape}.json")
+    p2p_path = _find(dirs, f"p2p_bandwidth_{shape}.json")
+    ov_path = _find(dirs, "overlap_coefficient.json")
     comm = _comm_coe(_read_json(ar_path, _HARDWARE), num_gpus, ar_path)
     p2p = {int(k.split("_")[-1]): 1.0 / float(v) for k, v in _read_json(p2p_path, _HARDWARE).items()
            if k.startswith("pp_size_")}
@@ -326,7 +338,7 @@ def read_hardware(hardware_dir: str, *, nodes: int, gpus_per_node: int,
         raise SpecError.at(_HARDWARE, f"{ov_path} lacks overlap_coe")
     sp_allreduce: dict[int, CollectiveTable] = {}
     sp_all2all: dict[int, CollectiveTable] = {}
-    sp_path = os.path.join(hardware_dir, f"sp_time_{shape}.json")
+    sp_path = _find(dirs, f"sp_time_{shape}.json")
     if need_sp_time or os.path.exists(sp_path):
         sp = _read_json(sp_path, _HARDWARE)
         sp_allreduce, sp_all2all = _collective_tables(sp, "allreduce"), _collective_tables(sp, "all2all")

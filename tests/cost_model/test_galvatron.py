@@ -357,3 +357,20 @@ def test_bounded_pipeline_formula() -> None:
     assert b.step_time_s >= sum(b.stage_time_s) + 7 * slowest - 1e-12
     assert sum(g.breakdown_s.values()) == pytest.approx(g.step_time_s, rel=1e-9)
     assert galv.evaluate(even).step_time_s == pytest.approx(bounded.evaluate(even).step_time_s, rel=1e-12)
+
+
+def test_hardware_folders_are_searched_in_order() -> None:
+    """4x8 GPUs: extrapolated bandwidths, the measured overlap coefficient from the second folder."""
+    extrapolated, measured = os.path.join(REFERENCE, "hardware-extrapolated"), os.path.join(REFERENCE, "hardware")
+    req = request(nodes=4, batch=256)
+    req["cost_model"].update(profiles_dir=os.path.join(REFERENCE, "profiles"), hardware_dir=[extrapolated, measured])
+    m = GalvatronCostModel.from_request(parse(HybridRequest, req))
+    assert m.hardware.comm_coe["32"] == 1 / load(os.path.join(
+        extrapolated, "allreduce_bandwidth_4nodes_8gpus_per_node.json"))["allreduce_size_32_consec_1"]
+    assert m.hardware.overlap_coe == load(os.path.join(measured, "overlap_coefficient.json"))["overlap_coe"]
+    plan = uniform(LayerStrategy(tp=2, dp=8, sp="megatron", zero=3), 2, 8, EmbeddingStrategy(tp=2, dp=8, zero=2))
+    assert m.evaluate(plan).step_time_s > 0
+    req["cost_model"]["hardware_dir"] = extrapolated  # it has no overlap coefficient
+    with pytest.raises(SpecError) as err:
+        GalvatronCostModel.from_request(parse(HybridRequest, req))
+    assert err.value.problems[0].loc == ("cost_model", "hardware_dir")
