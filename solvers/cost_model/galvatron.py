@@ -20,9 +20,10 @@ layers' times with it; Galvatron's pipeline formula is
         + max(0, max_s (B_s - sum_{j<=s} C_j))
 
 (``m`` micro-batches, ``p`` stages); throughput = global batch / T. The formula presumes stage times that
-do not grow along the pipeline (Galvatron partitions evenly); with a slow middle stage it charges less than
-``m`` times that stage, which a planner free to partition unevenly will exploit. ``pipeline_formula =
-"bounded"`` takes at least ``sum(C) + (m - 1) max(C)`` (the 1F1B time); the default is Galvatron's formula.
+do not grow along the pipeline (Galvatron partitions evenly); with a slow middle or last stage it can charge
+less than ``m`` times that stage, less than the stage's own work, which a planner free to partition
+unevenly will exploit. ``pipeline_formula = "bounded"`` keeps the pipeline part at least ``m max(C)``; it
+changes nothing where the first stage is the slowest, as in Galvatron's own plans. Default: Galvatron's.
 
 Memory (MB, per GPU). A layer: 4 x its parameters (/ tp unless Ulysses) times Galvatron's ZeRO-2 / ZeRO-3
 ratio over its data-parallel group (which depends on whether there are several micro-batches and on
@@ -104,7 +105,7 @@ class GalvatronCostModelSpec(BaseModel):
     min_tp: int | None = Field(default=None, gt=0)
     max_tp: int | None = Field(default=None, gt=0)
     layer_transitions: bool = False
-    # "galvatron": its formula as is (parity); "bounded": never below the 1F1B time of the slowest stage
+    # "galvatron": its formula as is (parity); "bounded": never below the slowest stage's own work
     pipeline_formula: Literal["galvatron", "bounded"] = "galvatron"
 
 
@@ -203,9 +204,9 @@ def galvatron_pipeline_time(compute: Sequence[float], with_sync: Sequence[float]
                             bounded: bool = False) -> float:
     """Galvatron's pipeline formula (see the module docstring): ``compute`` = C_s, ``with_sync`` = B_s.
 
-    The formula assumes stage times that do not grow along the pipeline; when a middle stage is the
-    slowest it charges less than ``m`` times that stage. ``bounded`` takes at least the 1F1B time
-    ``sum(C) + (m - 1) max(C)``, which no schedule beats.
+    The formula assumes stage times that do not grow along the pipeline; when a later stage is the
+    slowest it can charge less than ``m`` times that stage, below the work the stage must do.
+    ``bounded`` keeps it at least ``m max(C)``.
     """
     p, m = len(compute), chunks
     c0, rest = compute[0], float(sum(compute[1:]))
@@ -213,7 +214,7 @@ def galvatron_pipeline_time(compute: Sequence[float], with_sync: Sequence[float]
     warm = min(p - 1, m - 1) * c0
     t = max(t, max(warm / 3, rest / 3) + max(warm * 2 / 3, rest * 2 / 3) + c0 * max(0, m + 1 - p))
     if bounded:
-        t = max(t, float(sum(compute)) + (m - 1) * max(compute))
+        t = max(t, m * max(compute))
     reduce = max(b - float(sum(compute[: s + 1])) for s, b in enumerate(with_sync))
     return t + max(0.0, reduce)
 
