@@ -51,6 +51,10 @@ Here ``min_tp`` is the smallest power of two for which Galvatron's strict micro-
 for any plan: a larger one only enlarges the vocabulary-TP messages), and ``max_tp`` (which sizes the SP
 buffer) the smallest power of two covering the plan's TP degrees, unless the request fixes them.
 
+Megatron sequence parallelism is one flag for the whole model in Galvatron (``cost_model.sequence_parallel``,
+default on, which also selects the ``_sp`` memory profiles); a TP layer's ``sp`` of None or "megatron" is
+costed by that flag, "ulysses" as Galvatron's Ulysses layers.
+
 Not expressible in Galvatron and so refused (SpecError from ``evaluate``; infinite cost for a planner's
 candidate): context parallelism, expert parallelism, ZeRO-1, selective recomputation, interleaved
 schedules, TP/DP groups that do not fill the stage, non-power-of-two degrees.
