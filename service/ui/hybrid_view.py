@@ -13,12 +13,13 @@ from typing import Any
 from service.ui import format as fmt
 from service.ui.charts import Chart, bars, stacked_bars
 from service.ui.pipeline_schedule import Timeline, simulate
+from service.ui.request_info import as_map
 from service.ui.svg import Svg, colour, text_colour, time_axis
 
 # Order and colours of the parts, so that every chart and table of the page agrees.
-MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "buffers", "transient", "other")
-TIME_PARTS = ("compute", "recompute", "tp_comm", "sp_comm", "cp_comm", "pp_comm", "dp_comm_exposed",
-              "zero_comm", "optimizer", "pp_bubble", "other")
+MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "buffers", "transient", "reserve", "other")
+TIME_PARTS = ("compute", "recompute", "tp_comm", "sp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm_exposed",
+              "zero_comm", "optimizer", "launch_overhead", "pp_bubble", "other")
 STRIP_ROWS = (("tp", "TP"), ("sp", "SP"), ("cp", "CP"), ("dp", "DP"), ("zero", "ZeRO"), ("recompute", "Recompute"),
               ("ep", "EP"))
 # Backward ≈ 2× forward for a transformer layer (two GEMMs per forward GEMM); the timeline splits each
@@ -59,7 +60,9 @@ class HybridView:
     memory_chart: Chart | None = None
     memory_limit_gib: float | None = None
     time_chart: Chart | None = None
-    breakdown: list[tuple[str, float]] = field(default_factory=list)
+    # Time per part for the plan and each baseline with a breakdown: where the plan wins or loses.
+    breakdown_columns: list[str] = field(default_factory=list)
+    breakdown_rows: list[tuple[str, list[float]]] = field(default_factory=list)
     timeline_svg: str | None = None
     timeline: Timeline | None = None
     timeline_note: str = ""
@@ -132,7 +135,7 @@ def layer_strip(layers: Sequence[Mapping[str, Any]], stage_layers: Sequence[int]
 
 def timeline_svg(tl: Timeline, stages: int, micro_batches_drawn: int) -> str:
     left, top, row_h, width = 64.0, 6.0, 22.0, 1000.0
-    svg = Svg(left + width + 10, top + row_h * stages + 26, f"{tl.schedule} pipeline timeline")
+    svg = Svg(left + width + 30, top + row_h * stages + 26, f"{tl.schedule} pipeline timeline")
     scale = width / tl.makespan_s if tl.makespan_s > 0 else 0.0
     for s in range(stages):
         svg.text(left - 6, top + s * row_h + row_h * 0.65, f"stage {s}", anchor="end")
@@ -199,8 +202,10 @@ def baselines(result: Mapping[str, Any], plan_throughput: float | None) -> list[
     for key, entry in raw.items():
         est = _estimate_of(entry)
         name = BASELINE_NAMES.get(str(key), str(key).replace("_", " "))
-        if est is None or fmt.as_float(est.get("step_time_s")) is None:
-            reason = entry.get("reason") or entry.get("error") if isinstance(entry, Mapping) else None
+        fits = not (isinstance(entry, Mapping) and entry.get("fits") is False)
+        if est is None or fmt.as_float(est.get("step_time_s")) is None or not fits:
+            info = as_map(entry)
+            reason = info.get("note") or info.get("reason") or info.get("error")
             out.append(Baseline(name, "", None, None, None, None, None, str(reason or "infeasible")))
             continue
         thr = fmt.as_float(est.get("throughput_samples_per_s"))
@@ -254,14 +259,15 @@ def build(request: Mapping[str, Any], result: Mapping[str, Any]) -> HybridView:
     view.baselines = baselines(result, plan_thr)
     breakdown = estimate.get("breakdown_s")
     if isinstance(breakdown, Mapping) and breakdown:
-        keys = _ordered(list(breakdown), TIME_PARTS)
-        view.breakdown = [(k, float(fmt.as_float(breakdown[k]) or 0.0)) for k in keys]
         rows: dict[str, Mapping[str, Any]] = {"this plan": breakdown}
         for b in view.baselines:
             if b.breakdown_s:
                 rows[b.name] = b.breakdown_s
-                keys += [k for k in b.breakdown_s if k not in keys]
+        nonzero = {k for r in rows.values() for k, v in r.items() if fmt.as_float(v)}
+        keys = _ordered(sorted(nonzero), TIME_PARTS)
         series = {k: [fmt.as_float(r.get(k)) or 0.0 for r in rows.values()] for k in keys}
+        view.breakdown_columns = list(rows)
+        view.breakdown_rows = list(series.items())
         view.time_chart = stacked_bars("time-chart", "Step time breakdown", list(rows), series, "seconds per step",
                                        horizontal=True)
         view.time_chart.height_px = 90 + 40 * len(rows)

@@ -31,6 +31,8 @@ def model_label(request: Mapping[str, Any]) -> str:
     if isinstance(model, str):
         return model
     workload = as_map(request.get("workload"))
+    if workload.get("preset"):
+        return f"workload {workload['preset']}"
     ops = workload.get("metaops")
     if isinstance(ops, list) and ops:
         tasks = {str(as_map(op).get("task", "")) for op in ops} - {""}

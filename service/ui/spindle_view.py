@@ -24,6 +24,9 @@ TASK_SHADES = (
 )
 
 
+LABEL_PX_PER_CHAR = 6.0  # a 10 px sans-serif character is about this wide: label a block only if it fits
+
+
 @dataclass
 class SpindleView:
     iteration_time_s: float | None
@@ -75,7 +78,7 @@ def colours(keys: Mapping[str, tuple[str, str]]) -> tuple[dict[str, str], list[t
 def gantt_svg(slices: Sequence[Mapping[str, Any]], devices: int, span_s: float, fills: Mapping[str, str],
               keys: Mapping[str, tuple[str, str]]) -> str:
     left, top, row_h, width = 64.0, 6.0, max(8.0, min(22.0, 480.0 / max(devices, 1))), 1000.0
-    svg = Svg(left + width + 10, top + row_h * devices + 26, "Gantt chart: devices by time")
+    svg = Svg(left + width + 30, top + row_h * devices + 26, "Gantt chart: devices by time")
     scale = width / span_s if span_s > 0 else 0.0
     for d in range(devices):
         if devices <= 32 or d % max(1, devices // 32) == 0:
@@ -105,7 +108,7 @@ def gantt_svg(slices: Sequence[Mapping[str, Any]], devices: int, span_s: float, 
         for a, b in runs:
             h = (b - a + 1) * row_h
             svg.rect(x, top + a * row_h, w, h - 1, fill, stroke="#fff", title=tip, data={"metaop": name})
-            if w >= 50 and h >= 12:
+            if w >= LABEL_PX_PER_CHAR * len(name) + 8 and h >= 12:
                 svg.text(x + w / 2, top + a * row_h + h / 2 + 4, name, size=10, anchor="middle",
                          fill=text_colour(fill))
     time_axis(svg, left, width, top + row_h * devices + 2, span_s, fmt.seconds)
