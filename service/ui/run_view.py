@@ -61,12 +61,14 @@ def build(run: Mapping[str, Any]) -> RunView:
         view.memory_chart = bars("memory-chart", "Peak memory per rank", [f"rank {i}" for i in range(len(per_rank))],
                                  per_rank, "measured peak (GiB)", "GiB", reference=limit,
                                  reference_label=f"predicted {fmt.gib(limit)}" if limit is not None else "")
-    loss = _floats(metrics.get("loss"))
+    # While a run executes only its per-step progress points exist; the final metrics replace them.
+    points = [p for p in run.get("progress") or [] if isinstance(p, Mapping)]
+    loss = _floats(metrics.get("loss")) or _floats([p.get("loss") for p in points])
     if loss:
         view.loss_chart = lines("loss-chart", "Training loss", list(range(1, len(loss) + 1)), {"loss": loss},
                                 "step", "loss")
         view.loss_chart.config["options"]["scales"]["y"].pop("beginAtZero", None)
-    step_times = _floats(metrics.get("step_times_s"))
+    step_times = _floats(metrics.get("step_times_s")) or _floats([p.get("step_time_s") for p in points])
     if step_times and step.predicted is not None:
         view.step_chart = lines("step-chart", "Step time per step: measured vs predicted",
                                 list(range(1, len(step_times) + 1)),

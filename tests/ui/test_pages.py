@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from fastapi.testclient import TestClient
 
+from service import runs
 from service.db.engine import Database
+from service.runs import create_run
+from service.tokens import Principal
+from service.workers import register_worker
 from tests.ui import samples
 from tests.ui.conftest import store_plan
 
@@ -112,3 +117,47 @@ def test_form_rejects_bad_numbers_naming_the_field(ui_client: TestClient) -> Non
     assert resp.status_code == 422
     assert "<code>nodes</code>: must be a whole number" in resp.text
     assert "<code>seq_length</code>: must be positive" in resp.text
+
+
+def _run_through_worker(db: Database, plan_id: str, metrics: dict[str, Any] | None,
+                        progress: list[dict[str, Any]]) -> str:
+    """A run executed through the service's worker functions: created, claimed, progress, completed."""
+    admin = Principal(None, "admin")
+    with db.writing() as session:
+        worker = register_worker(session, {"name": "w", "host": "h", "gpus": 4}, admin)
+        worker_id = worker.id
+        run_id = str(create_run(session, plan_id, steps=len(progress), max_attempts=1)["id"])
+    assert runs.claim_run(db, worker_id, admin, lease_s=60) is not None
+    for point in progress:
+        runs.report_metrics(db, run_id, worker_id, admin, 60, point)
+    if metrics is not None:
+        runs.complete_run(db, run_id, worker_id, admin, metrics)
+    return run_id
+
+
+def test_run_page_compares_prediction_with_measurement(ui_client: TestClient, ui_db: Database) -> None:
+    request, result = samples.hybrid(num_layers=4, pp=1)
+    request["training"]["global_batch_size"] = 32
+    plan_id = store_plan(ui_db, request, result)
+    predicted = result["estimate"]["step_time_s"]
+    metrics = {"step_time_s": predicted * 1.25, "tokens_per_s": 1000.0, "mfu": 0.3,
+               "peak_memory_gib_per_rank": [10.0, 11.0, 12.0, 13.0], "loss": [4.0, 3.5, 3.2, 3.0, 2.9]}
+    run_id = _run_through_worker(ui_db, plan_id, metrics, [{"step": 1, "loss": 4.0, "step_time_s": 1.0}])
+    resp = ui_client.get(f"/runs/{run_id}")
+    assert resp.status_code == 200
+    html = resp.text
+    assert "-20.0%" in html  # predicted / measured - 1 = 1 / 1.25 - 1
+    assert html.count("rank ") >= 4 and '"data": [10.0, 11.0, 12.0, 13.0]' in html
+    assert '"label": "loss"' in html and '"data": [4.0, 3.5, 3.2, 3.0, 2.9]' in html
+    assert 'http-equiv="refresh"' not in html  # finished: no refreshing
+    assert f"/runs/{run_id}" in ui_client.get(f"/plans/{plan_id}").text  # the plan lists its runs
+
+
+def test_running_run_shows_its_progress_and_refreshes(ui_client: TestClient, ui_db: Database) -> None:
+    request, result = samples.hybrid(num_layers=4, pp=1)
+    request["training"]["global_batch_size"] = 40
+    plan_id = store_plan(ui_db, request, result)
+    points = [{"step": i, "loss": 5.0 - i / 10, "step_time_s": 0.5} for i in range(1, 4)]
+    html = ui_client.get(f"/runs/{_run_through_worker(ui_db, plan_id, None, points)}").text
+    assert 'http-equiv="refresh"' in html
+    assert '"data": [4.9, 4.8, 4.7]' in html
