@@ -148,10 +148,23 @@ def transfer_s(op: MetaOp, src: tuple[int, int], dst: tuple[int, int], topo: Top
         return 0.0
     shared = max(0, min(src[0] + src[1], dst[0] + dst[1]) - max(src[0], dst[0]))
     moved = 1.0 - shared / max(src[1], dst[1])
-    size = moved * op.out_bytes_per_sample * op.batch * (2.0 if op.mode == "train" else 1.0)
     devices = set(range(src[0], src[0] + src[1])) | set(range(dst[0], dst[0] + dst[1]))
-    links = min(src[1], dst[1])  # every device of the smaller block sends/receives its share in parallel
-    return _LINK_LATENCY_S + size / (links * topo.bandwidth(devices))
+    return _handover_s(op, moved, min(src[1], dst[1]), topo.bandwidth(devices))
+
+
+def _handover_s(op: MetaOp, moved: float, links: int, bandwidth_Bps: float) -> float:
+    # every device of the smaller block sends/receives its share in parallel
+    size = moved * op.out_bytes_per_sample * op.batch * (2.0 if op.mode == "train" else 1.0)
+    return _LINK_LATENCY_S + size / (links * bandwidth_Bps)
+
+
+def worst_transfer_s(op: MetaOp, n_src: int, n_dst: int, topo: Topology) -> float:
+    """Transfer to a disjoint block (across nodes when the cluster has several): an upper bound for planners
+    that cannot see block positions."""
+    if op.out_bytes_per_sample == 0:
+        return 0.0
+    bw = topo.inter_Bps_per_gpu if topo.num_devices > topo.gpus_per_node else topo.intra_Bps
+    return _handover_s(op, 1.0, min(n_src, n_dst), bw)
 
 
 def allreduce_s(nbytes: float, devices: frozenset[int], topo: Topology) -> float:

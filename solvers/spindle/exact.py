@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from solvers.spindle.bounds import DeviceRange
+from solvers.spindle.cost import worst_transfer_s
 from solvers.spindle.schedule import Placement, Problem
 
 _US = 1e6
@@ -64,21 +65,38 @@ def width_options(problem: Problem, seg: Segment, r: DeviceRange, keep: Sequence
     return out
 
 
-def _hint_times(problem: Problem, segs: Sequence[Segment], hint: Sequence[Placement]) -> list[tuple[int, int]]:
-    """Start/end (µs) of the hinted placements under the model's own integer durations, without transfers."""
-    free = [0] * problem.num_devices
-    end_of: dict[int, int] = {}
-    done: dict[int, int] = {}
+def _pairs(problem: Problem, segs: Sequence[Segment]) -> list[tuple[int, int]]:
+    """(a, b): segment b may start only after a: a metaop's next stage, and the edges."""
+    wl = problem.workload
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
     out = []
-    for seg, p in zip(segs, hint, strict=True):
-        wl = problem.workload
-        ready = end_of.get(p.op, 0) if p.op in done else max((end_of[u] for u in wl.preds[p.op]), default=0)
+    for k, seg in enumerate(segs):
+        if seg.op in last:
+            out.append((last[seg.op], k))
+        first.setdefault(seg.op, k)
+        last[seg.op] = k
+    out += [(last[u], first[v]) for v, ps in enumerate(wl.preds) for u in ps]
+    return out
+
+
+def _hint_times(problem: Problem, segs: Sequence[Segment], hint: Sequence[Placement],
+                delay: dict[tuple[int, int], int]) -> list[tuple[int, int]]:
+    """Start/end (µs) of the hinted placements under the model's own durations and hand-over delays."""
+    free = [0] * problem.num_devices
+    before: dict[int, list[int]] = {}
+    for a, b in delay:
+        before.setdefault(b, []).append(a)
+    out: list[tuple[int, int]] = []
+    for k, (seg, p) in enumerate(zip(segs, hint, strict=True)):
+        ready = 0
+        for a in before.get(k, []):
+            moved = (hint[a].lo, hint[a].n) != (p.lo, p.n)
+            ready = max(ready, out[a][1] + (delay[(a, k)] if moved else 0))
         start = max(ready, *free[p.lo:p.lo + p.n])
         end = start + _duration_us(problem, seg, p.n)
         for d in range(p.lo, p.lo + p.n):
             free[d] = end
-        end_of[p.op] = end
-        done[p.op] = done.get(p.op, 0) + p.layers
         out.append((start, end))
     return out
 
@@ -93,10 +111,16 @@ def solve(problem: Problem, ranges: list[DeviceRange], hint: Sequence[Placement]
         segs = [Segment(p.op, p.layers, p.wave) for p in hint]
     else:
         segs = list(segments or [Segment(i, op.layers) for i, op in enumerate(wl.ops)])
-    hint_times = _hint_times(problem, segs, hint) if hint is not None else None
     options = [width_options(problem, s, ranges[s.op], [hint[k].n] if hint else []) for k, s in enumerate(segs)]
+    # hand-over of a segment's output to a block that is not its own: the worst case over the widths
+    delay = {(a, b): (max(math.ceil(_US * worst_transfer_s(wl.ops[segs[a].op], n_a, n_b, problem.topo))
+                          for n_a in options[a] for n_b in options[b]) if problem.costs_comm else 0)
+             for a, b in _pairs(problem, segs)}
+    hint_times = _hint_times(problem, segs, hint, delay) if hint is not None else None
     horizon = (max(e for _, e in hint_times) if hint_times else
-               sum(_duration_us(problem, s, ranges[s.op].lo) for s in segs))
+               sum(_duration_us(problem, s, ranges[s.op].lo) + max([0, *(d for (a, _), d in delay.items()
+                                                                       if a == k)])
+                   for k, s in enumerate(segs)))
 
     m = cp_model.CpModel()
     starts, ends, xs, choice = [], [], [], []
@@ -120,16 +144,22 @@ def solve(problem: Problem, ranges: list[DeviceRange], hint: Sequence[Placement]
         choice.append(lits)
     m.add_no_overlap_2d(t_ivs, d_ivs)
     m.add_cumulative(t_ivs, demands, n_dev)
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for k, seg in enumerate(segs):
-        if seg.op in last:
-            m.add(starts[k] >= ends[last[seg.op]])
-        first.setdefault(seg.op, k)
-        last[seg.op] = k
-    for v, ps in enumerate(wl.preds):
-        for u in ps:
-            m.add(starts[first[v]] >= ends[last[u]])
+    same_block: list[tuple[int, int, cp_model.IntVar]] = []
+    for (a, b), wait in delay.items():
+        m.add(starts[b] >= ends[a])
+        if wait <= 0:
+            continue
+        # the hand-over delay applies unless b runs on a's very block
+        same = m.new_bool_var(f"same{a}_{b}")
+        m.add(starts[b] >= ends[a] + wait).only_enforce_if(same.Not())
+        m.add(xs[a] == xs[b]).only_enforce_if(same)
+        widths_b = dict(choice[b])
+        for n, lit in choice[a]:
+            if n in widths_b:
+                m.add(lit == widths_b[n]).only_enforce_if(same)
+            else:
+                m.add_implication(same, lit.Not())
+        same_block.append((a, b, same))
     makespan = m.new_int_var(0, horizon, "makespan")
     m.add_max_equality(makespan, ends)
     m.minimize(makespan)
@@ -140,6 +170,8 @@ def solve(problem: Problem, ranges: list[DeviceRange], hint: Sequence[Placement]
             m.add_hint(xs[k], placed.lo)
             for n, lit in choice[k]:
                 m.add_hint(lit, n == placed.n)
+        for a, b, same in same_block:
+            m.add_hint(same, (hint[a].lo, hint[a].n) == (hint[b].lo, hint[b].n))
         m.add_hint(makespan, max(e for _, e in hint_times))
 
     solver = cp_model.CpSolver()

@@ -69,20 +69,32 @@ def _candidates(problem: Problem, ranges: list[DeviceRange], shuffles: int, seed
         yield f"wavefront/fluid/shuffle{k}", plan_waves(problem, ranges, shuffled)
 
 
-def plan(problem: Problem, ranges: list[DeviceRange], memory_rounds: int = 12, shuffles: int = 8, seed: int = 0,
-         scores: dict[str, float] | None = None) -> Planned:
-    """The best candidate that fits; widen the crowding metaops' minimum blocks while none does.
+@dataclass
+class Portfolio:
+    best: Planned
+    best_single: Planned | None  # best with one slice per metaop: the exact model's warm start with comm
+    scores: dict[str, float]  # every candidate's iteration time (inf when it does not fit)
 
-    ``scores`` (if given) receives every candidate's iteration time, for reports."""
+
+def _single(p: Planned) -> bool:
+    return len({s.op for s in p.slices}) == len(p.slices)
+
+
+def plan(problem: Problem, ranges: list[DeviceRange], memory_rounds: int = 12, shuffles: int = 24,
+         seed: int = 0) -> Portfolio:
+    """The best candidate that fits; widen the crowding metaops' minimum blocks while none does."""
     best: Planned | None = None
+    single: Planned | None = None
+    scores: dict[str, float] = {}
     for _ in range(memory_rounds):
         for name, placements in _candidates(problem, ranges, shuffles, seed):
             slices = timeline(problem, placements)
             cand = Planned(name, placements, slices, evaluate(problem, slices))
-            if scores is not None:
-                scores[name] = cand.evaluation.iteration_time_s if cand.evaluation.fits else float("inf")
+            scores[name] = cand.evaluation.iteration_time_s if cand.evaluation.fits else float("inf")
             if better(best, cand):
                 best = cand
+            if _single(cand) and better(single, cand):
+                single = cand
         assert best is not None
         if best.evaluation.fits:
             break
@@ -91,4 +103,4 @@ def plan(problem: Problem, ranges: list[DeviceRange], memory_rounds: int = 12, s
             break
         ranges = wider
     assert best is not None
-    return best
+    return Portfolio(best, single, scores)

@@ -126,7 +126,7 @@ class SpindleOptions(_Spec):
     # CP-SAT deterministic time (reproducible across machines); wall time is still capped by the limit above.
     exact_deterministic_time: float = Field(default=4.0, gt=0)
     exact_workers: int = Field(default=2, ge=1, le=64)
-    polish_time_s: float = Field(default=0.5, ge=0, le=60)  # local search after each planner
+    polish_time_s: float = Field(default=0.3, ge=0, le=60)  # local search after each planner
     efficiency: float = Field(default=0.5, gt=0, le=1)  # achieved fraction of GPU peak on matmuls
     # per layer forward+backward floor: ~40 kernel launches, framework and NCCL hook overhead (eager PyTorch)
     kernel_overhead_ms: float = Field(default=0.3, ge=0)

@@ -34,7 +34,7 @@ def test_exact_never_worse_than_its_warm_start() -> None:
     ops, edges = random_workload(rng, 8)
     problem = problem_of(explicit_request(ops, edges, 8))
     ranges = device_ranges(problem)
-    warm = planner.plan(problem, ranges)
+    warm = planner.plan(problem, ranges).best
     res = exact.solve(problem, ranges, hint=warm.placements, time_limit_s=3.0, deterministic_time=1.0, workers=1)
     assert res.placements is not None and res.makespan_s is not None
     slices = timeline(problem, res.placements)

@@ -21,7 +21,7 @@ def test_every_planner_gives_a_valid_schedule_above_the_lower_bound(seed: int) -
     problem = problem_of(explicit_request(ops, edges, gpus, per_node=rng.choice([1, 2, 8])))
     ranges = device_ranges(problem)
     lb = lower_bound_s(problem, ranges)
-    plans = [planner.plan(problem, ranges), *(p for p in baselines.all_baselines(problem, ranges).values() if p)]
+    plans = [planner.plan(problem, ranges).best, *(p for p in baselines.all_baselines(problem, ranges).values() if p)]
     for p in plans:
         assert violations(problem, p.slices) == [], p.name
         assert p.evaluation.iteration_time_s >= lb * (1 - 1e-9), p.name
@@ -33,7 +33,7 @@ def test_violations_catch_broken_schedules() -> None:
     ops, edges = random_workload(random.Random(3), 4)
     edges = [["m0", "m1"]]
     problem = problem_of(explicit_request(ops, edges, 4))
-    good = planner.plan(problem, device_ranges(problem)).slices
+    good = planner.plan(problem, device_ranges(problem)).best.slices
     assert violations(problem, good) == []
     from dataclasses import replace
 
@@ -79,3 +79,28 @@ def test_memory_limit_too_small_is_reported_on_the_field() -> None:
     with pytest.raises(InfeasibleError) as err:
         solve(req)
     assert err.value.problems[0].loc[0] in ("workload", "constraints")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_module_workloads_respect_memory_or_are_rejected(seed: int) -> None:
+    """With module shapes the returned plan fits every device, or the request is refused naming the field."""
+    from solvers.errors import InfeasibleError
+
+    rng = random.Random(500 + seed)
+    shapes = [{"name": f"enc{k}", "num_layers": rng.choice([4, 8, 12]), "hidden_size": rng.choice([512, 1024, 2048]),
+               "num_attention_heads": 8, "seq_length": rng.choice([128, 512, 1024])} for k in range(3)]
+    ops = [{"name": f"m{i}", "task": f"t{i % 2}", "batch_size": rng.choice([16, 64, 128]),
+            "module": rng.choice(shapes), "recompute": rng.random() < 0.5} for i in range(rng.randint(2, 5))]
+    edges = [[f"m{i}", f"m{j}"] for i in range(len(ops)) for j in range(i + 1, len(ops)) if rng.random() < 0.3]
+    limit = rng.choice([3, 6, 12, 40])
+    req = {"kind": "spindle", "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
+           "constraints": {"memory_limit_gib": limit}, "workload": {"metaops": ops, "edges": edges},
+           "options": {"exact": False, "polish_time_s": 0.05}}
+    try:
+        out = solve(req)
+    except InfeasibleError as err:
+        assert err.problems and err.problems[0].loc[0] in ("workload", "constraints")
+        return
+    assert out["estimate"]["fits"]
+    assert max(out["estimate"]["memory_gib_per_device"]) <= limit + 1e-9
+    assert out["estimate"]["iteration_time_s"] >= out["lower_bound_s"] * (1 - 1e-9)
