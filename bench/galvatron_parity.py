@@ -271,7 +271,7 @@ def probe_rows(probe_data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def compare_probe() -> None:
-    from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
+    from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, SpKind
 
     print("\nUniform strategies of Galvatron's space: Galvatron's own classes vs paraplan")
     print(f"{'cluster':22} {'plans':>6} {'max |rel time diff|':>20} {'memory MB mismatches':>21} "
@@ -285,7 +285,7 @@ def compare_probe() -> None:
                       os.path.join(DATA, "hardware"), max_tp=8, sp_space=probe_data["sp_space"])
         worst, mem_bad, fit_bad = 0.0, 0, 0
         for r in probe_rows(probe_data):
-            sp = "ulysses" if r["ulysses"] else ("megatron" if r["tp"] > 1 else None)
+            sp: SpKind = "ulysses" if r["ulysses"] else ("megatron" if r["tp"] > 1 else None)
             layer = LayerStrategy(tp=r["tp"], dp=r["dp"], sp=sp,
                                   zero=(3 if r["fsdp"] else 2) if r["dp"] > 1 else 0,
                                   recompute="full" if r["ckpt"] else "none")

@@ -17,7 +17,7 @@ from solvers.cost_model.galvatron import GalvatronCostModel
 from solvers.errors import SpecError
 from solvers.formats.galvatron import plan_from_galvatron_config, read_galvatron_config
 from solvers.request import HybridRequest, parse
-from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, SpKind
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "bench", "data", "galvatron")
@@ -210,7 +210,7 @@ def test_every_uniform_strategy_matches_galvatrons_own_cost_model() -> None:
             models[fname] = model(nodes=probe["nodes"], memory_gib=probe["memory_gb"], max_tp=8,
                                   sp_space=probe["sp_space"])
         n = probe["nodes"] * 8
-        sp = "ulysses" if r["ulysses"] else ("megatron" if r["tp"] > 1 else None)
+        sp: SpKind = "ulysses" if r["ulysses"] else ("megatron" if r["tp"] > 1 else None)
         layer = LayerStrategy(tp=r["tp"], dp=r["dp"], sp=sp,
                               zero=(3 if r["fsdp"] else 2) if r["dp"] > 1 else 0,
                               recompute="full" if r["ckpt"] else "none")
