@@ -139,6 +139,10 @@ def solve(request: dict[str, Any], progress: Progress | None = None) -> dict[str
         "ratio_to_lower_bound": best.evaluation.iteration_time_s / lb if lb > 0 else None,
         "baselines": {k: (v.evaluation.iteration_time_s if v is not None and v.evaluation.fits else None)
                       for k, v in base.items()},
+        # the baselines' own schedules, on the same timeline and cost model (null: a metaop does not fit)
+        "baseline_plans": {k.removesuffix("_s"): None if v is None else
+                           {"iteration_time_s": v.evaluation.iteration_time_s, "fits": v.evaluation.fits,
+                            "slices": [_slice_dict(problem, s) for s in v.slices]} for k, v in base.items()},
         "search": search,
     }
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from solvers.errors import SpecError
-
 # --- module shapes ---
 VIT_L14 = {"name": "vit-l14", "num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16,
            "ffn_hidden_size": 4096, "seq_length": 257}  # 224px / 14px patches + cls
@@ -135,14 +133,14 @@ WORKLOAD_PRESETS = {"clip-imagebind": clip_imagebind, "qwen-vl": qwen_vl, "seeda
 
 
 def workload_preset(name: Any, batch_scale: Any = 1, **extra: Any) -> dict[str, Any]:
+    """The preset's workload document; ValueError (reported on ``workload``) for an unknown name or override."""
     key = str(name).lower()
     if key not in WORKLOAD_PRESETS:
-        raise SpecError.at(("workload", "preset"), f"unknown workload preset {name!r}; known: "
-                           f"{', '.join(sorted(WORKLOAD_PRESETS))}")
+        raise ValueError(f"unknown workload preset {name!r}; known: {', '.join(sorted(WORKLOAD_PRESETS))}")
     if extra:
-        raise SpecError.at(("workload", next(iter(extra))), "a preset takes only batch_scale as an override")
+        raise ValueError(f"a preset takes only batch_scale as an override, not {', '.join(sorted(extra))}")
     if not isinstance(batch_scale, int) or batch_scale < 1:
-        raise SpecError.at(("workload", "batch_scale"), "batch_scale must be a positive integer")
+        raise ValueError("batch_scale must be a positive integer")
     wl = WORKLOAD_PRESETS[key]()
     for op in wl["metaops"]:
         op["batch_size"] *= batch_scale

@@ -120,3 +120,14 @@ def test_gantt_svg_draws_every_slice_coloured_by_task() -> None:
         assert float(box.get("height", 0)) == pytest.approx(len(s["devices"]) * 18 - 2)
     assert all(len(c) == 1 for c in by_task.values())  # one colour per task
     assert len({c for cs in by_task.values() for c in cs}) == len(by_task)  # distinct tasks, distinct colours
+
+
+def test_baseline_plans_are_valid_schedules_with_the_reported_times() -> None:
+    out = solve({**CONTRACT, "options": {"exact": False}})
+    for name, plan in out["baseline_plans"].items():
+        assert plan is not None
+        assert plan["iteration_time_s"] == pytest.approx(out["baselines"][f"{name}_s"])
+        est = api.estimate({**CONTRACT, "slices": plan["slices"]})
+        assert est["iteration_time_s"] == pytest.approx(plan["iteration_time_s"])
+    # sequential: every metaop on the whole cluster
+    assert all(len(s["devices"]) == 16 for s in out["baseline_plans"]["sequential_full_cluster"]["slices"])
