@@ -13,8 +13,10 @@ from service.tokens import Principal, authenticate
 def require(scope: str) -> Callable[..., Principal]:
     """Dependency: a caller allowed to use ``scope`` (401 without a valid token, 403 with too small a scope)."""
 
-    def dependency(ctx: ServiceContext = Depends(get_context),
-                   authorization: str | None = Header(None, include_in_schema=False)) -> Principal:
+    # Runs on the event loop: a token cache hit touches no database (the session never connects), which
+    # keeps hot paths free of thread hops; a miss (once per token per cache TTL) queries by a unique index.
+    async def dependency(ctx: ServiceContext = Depends(get_context),
+                         authorization: str | None = Header(None, include_in_schema=False)) -> Principal:
         s = ctx.settings
         with ctx.db.reading() as session:
             return authenticate(session, ctx.tokens, authorization, scope, s.token_pepper, s.open_when_no_tokens,

@@ -8,6 +8,7 @@ from fastapi import Request
 
 from service.db.engine import Database
 from service.metrics import Metrics
+from service.plan_cache import PlanCache
 from service.settings import Settings
 from service.tokens import TokenCache
 
@@ -18,6 +19,7 @@ class ServiceContext:
     db: Database
     tokens: TokenCache = field(default_factory=TokenCache)
     metrics: Metrics = field(default_factory=Metrics)
+    plans: PlanCache = field(default_factory=PlanCache)
 
 
 def get_context(request: Request) -> ServiceContext:

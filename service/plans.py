@@ -5,6 +5,7 @@ They take a Database or Session, return plain dicts (the API's JSON) and raise d
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select, update
@@ -66,17 +67,21 @@ def _by_idempotency_key(session: Session, key: str, digest: str) -> dict[str, An
 
 
 def submit_plan(db: Database, request: dict[str, Any], kind: str, max_attempts: int,
-                idempotency_key: str | None = None) -> tuple[dict[str, Any], bool]:
+                idempotency_key: str | None = None, validate: Callable[[], object] | None = None,
+                digest: str | None = None) -> tuple[dict[str, Any], bool]:
     """Store a request and queue its solve unless an identical one exists. Returns (plan view, created).
 
-    Concurrent identical submissions race on the unique ``plans.dedupe_hash``; the loser's IntegrityError
-    is answered with the winner's plan, so the request is solved once."""
-    digest = content_hash(request)
+    ``validate`` runs only when the request is new (a stored one was valid when it was stored). Concurrent
+    identical submissions race on the unique ``plans.dedupe_hash``; the loser's IntegrityError is answered
+    with the winner's plan, so the request is solved once."""
+    digest = digest or content_hash(request)
     with db.reading() as session:  # fast path, no write lock: the cached POST
         found = _by_idempotency_key(session, idempotency_key, digest) if idempotency_key else None
         found = found or find_by_hash(session, digest)
         if found is not None and not idempotency_key:
             return found, False
+    if found is None and validate is not None:
+        validate()
     for _ in range(3):
         try:
             with db.writing() as session:

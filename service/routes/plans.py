@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from service import plans
 from service.auth import ReadAccess, SubmitAccess
+from service.canonical import content_hash
 from service.context import ServiceContext, get_context
 from service.errors import Conflict, NotImplementedYet
 from service.limits import check_limits
@@ -49,9 +50,15 @@ def _get(ctx: ServiceContext, plan_id: str) -> dict[str, Any]:
         return plans.get_plan(session, plan_id)
 
 
-def _submit(ctx: ServiceContext, body: dict[str, Any], key: str | None) -> tuple[dict[str, Any], bool]:
-    kind = validate_plan_request(body, ctx.settings)
-    return plans.submit_plan(ctx.db, body, kind, ctx.settings.job_max_attempts, key)
+def _submit(ctx: ServiceContext, body: dict[str, Any], kind: str, digest: str,
+            key: str | None) -> tuple[dict[str, Any], bool]:
+    return plans.submit_plan(ctx.db, body, kind, ctx.settings.job_max_attempts, key,
+                             validate=lambda: validate_plan_request(body, ctx.settings), digest=digest)
+
+
+def _json(body: bytes, status: int = 200, location: str | None = None) -> Response:
+    return Response(body, status_code=status, media_type="application/json",
+                    headers={"Location": location} if location else None)
 
 
 @router.post("/plans", response_model=PlanOut, status_code=202,
@@ -61,21 +68,26 @@ def _submit(ctx: ServiceContext, body: dict[str, Any], key: str | None) -> tuple
                         413: {"description": "body or solver input over a limit"},
                         422: {"description": "invalid request; `loc` names the field"}})
 async def submit_plan(
-    response: Response,
     body: dict[str, Any] = Body(..., examples=[_EXAMPLE], description="a plan request (see the contract)"),
     wait: float = Query(0.0, ge=0, description="hold the request up to this many seconds for a terminal state"),
     idempotency_key: str | None = Header(None, alias="Idempotency-Key", max_length=255),
     ctx: ServiceContext = Depends(get_context),
     _: Principal = SubmitAccess,
-) -> dict[str, Any]:
+) -> Response:
     """Submit a plan request. Identical requests (same canonical JSON) are solved once."""
-    view, _created = await to_thread.run_sync(_submit, ctx, body, idempotency_key)
+    kind = kind_of(body)
+    check_limits(body, ctx.settings)
+    digest = content_hash(body)
+    if idempotency_key is None and (known := ctx.plans.plan_for_hash(digest)) is not None:
+        cached = ctx.plans.body(known)
+        if cached is not None:  # solved before: no thread hop, no database
+            return _json(cached, 200, f"/v1/plans/{known}")
+    view, _created = await to_thread.run_sync(_submit, ctx, body, kind, digest, idempotency_key)
     if wait > 0 and view["status"] not in plans.TERMINAL:
         await wait_for_terminal(ctx, view["id"], wait)
         view = await to_thread.run_sync(_get, ctx, view["id"])
-    response.status_code = 200 if view["status"] in plans.TERMINAL else 202
-    response.headers["Location"] = f"/v1/plans/{view['id']}"
-    return view
+    status = 200 if view["status"] in plans.TERMINAL else 202
+    return _json(ctx.plans.remember(view), status, f"/v1/plans/{view['id']}")
 
 
 @router.get("/plans", response_model=PlanList)
@@ -89,13 +101,16 @@ def list_plans(status: PlanStatus | None = None, kind: str | None = Query(None, 
 
 @router.get("/plans/{plan_id}", response_model=PlanOut)
 async def get_plan(plan_id: str, wait: float = Query(0.0, ge=0), ctx: ServiceContext = Depends(get_context),
-                   _: Principal = ReadAccess) -> dict[str, Any]:
+                   _: Principal = ReadAccess) -> Response:
     """A plan with its request, status, progress and (when succeeded) result."""
+    cached = ctx.plans.body(plan_id)
+    if cached is not None:  # terminal plans never change
+        return _json(cached)
     view = await to_thread.run_sync(_get, ctx, plan_id)
     if wait > 0 and view["status"] not in plans.TERMINAL:
         await wait_for_terminal(ctx, plan_id, wait)
         view = await to_thread.run_sync(_get, ctx, plan_id)
-    return view
+    return _json(ctx.plans.remember(view))
 
 
 @router.post("/plans/{plan_id}/cancel", response_model=PlanOut,
