@@ -1,0 +1,141 @@
+"""Closed loop on this machine: profile the CPU "cluster", predict the step time of several plans with the
+cost model calibrated by that profile, run the plans with the worker runtime, compare.
+
+    .venv/bin/python bench/closed_loop.py                 # profile, predict, run 7 plans on 4 gloo ranks
+    .venv/bin/python bench/closed_loop.py --profile P.json  # reuse a profile written by worker.profiler
+
+Prints a table (predicted vs measured step time per plan), the MAPE and Spearman's rank correlation.
+Goal (issue 8): MAPE <= 20 %, Spearman >= 0.9. Measured step time = median of the steps after warm-up.
+The machine is shared: the load average is printed with the table, as noise on it is noise in the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from solvers.api import estimate  # noqa: E402
+from worker.launch import run_locally  # noqa: E402
+
+RANKS = 4
+MODEL = {"name": "small-llama", "num_layers": 8, "hidden_size": 256, "num_attention_heads": 8, "num_kv_heads": 4,
+         "ffn_hidden_size": 688, "vocab_size": 1024, "mlp": "swiglu"}
+TRAINING = {"global_batch_size": 16, "seq_length": 128, "precision": "fp32"}
+# Uniform strategies (the contract's shorthand), chosen to spread step times and exercise every parallelism.
+PLANS: dict[str, dict[str, Any]] = {
+    "dp4": {"dp": 4, "zero": 0, "micro_batches": 1},
+    "dp4-zero3": {"dp": 4, "zero": 3, "micro_batches": 1},
+    "dp4-recompute": {"dp": 4, "zero": 0, "micro_batches": 1, "recompute": "full"},
+    "tp4": {"tp": 4, "micro_batches": 1},
+    "tp2-sp-dp2-zero2": {"tp": 2, "dp": 2, "sp": "megatron", "zero": 2, "micro_batches": 1},
+    "pp4-1f1b": {"pp": 4, "micro_batches": 8, "schedule": "1f1b"},
+    "pp2-tp2-1f1b": {"pp": 2, "tp": 2, "micro_batches": 4, "schedule": "1f1b"},
+    "pp2-dp2-gpipe": {"pp": 2, "dp": 2, "zero": 2, "micro_batches": 4, "schedule": "gpipe"},
+}
+# What a CPU host with gloo does differently from a GPU: nothing overlaps (communication and compute share
+# the cores) and the host cost of launching kernels is inside the measured layer times.
+CPU_CALIBRATION = {"kernel_overhead_s": 0.0, "zero_overlap": 0.0, "dp_overlap": 0.0, "microbatch_overhead_s": 1e-3}
+
+
+def run_profiler(workdir: Path, repeats: int) -> dict[str, Any]:
+    out = workdir / "profile.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
+           "-m", "worker.profiler", "--model", json.dumps(MODEL), "--seqs", str(TRAINING["seq_length"]),
+           "--batches", "1,2,4,8", "--repeats", str(repeats), "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    doc: dict[str, Any] = json.loads(out.read_text())
+    return doc
+
+
+def request(strategy: dict[str, Any], profiled: dict[str, Any] | None) -> dict[str, Any]:
+    gpu: dict[str, Any] = {"name": "cpu", "peak_tflops": 0.2, "peak_tflops_fp32": 0.2, "memory_gib": 16}
+    cost_model: dict[str, Any] = {"kind": "analytic", "calibration": CPU_CALIBRATION}
+    if profiled is not None:
+        dev = profiled["device"]
+        gpu.update(peak_tflops=dev["peak_tflops"], peak_tflops_fp32=dev["peak_tflops"],
+                   memory_bandwidth_GBps=dev["memory_bandwidth_GBps"])
+        cost_model = {"kind": "profile", "profile": profiled["profile"], "calibration": CPU_CALIBRATION}
+    return {"kind": "hybrid", "model": MODEL, "training": TRAINING,
+            "cluster": {"gpu": gpu, "nodes": 1, "gpus_per_node": RANKS},
+            "strategy": strategy, "cost_model": cost_model}
+
+
+def predict_with_cost_model(strategy: dict[str, Any], profiled: dict[str, Any] | None) -> float:
+    """The predictor: paraplan's cost model (``kind: profile`` with this node's profile)."""
+    return float(estimate(request(strategy, profiled))["step_time_s"])
+
+
+PREDICTORS: dict[str, Callable[[dict[str, Any], dict[str, Any] | None], float]] = {
+    "cost_model": predict_with_cost_model,
+}
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    def ranks(x: list[float]) -> list[float]:
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        r = [0.0] * len(x)
+        for pos, i in enumerate(order):
+            r[i] = float(pos)
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    n = len(a)
+    ma, mb = sum(ra) / n, sum(rb) / n
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else 0.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", type=Path, help="profile JSON from worker.profiler (default: profile now)")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--predictor", choices=sorted(PREDICTORS), default="cost_model")
+    ap.add_argument("--plans", default=",".join(PLANS), help="comma-separated subset of: " + ",".join(PLANS))
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="closed-loop-"))
+    t0 = time.time()
+    profiled = json.loads(args.profile.read_text()) if args.profile else run_profiler(work, args.repeats)
+    print(f"profile: {len(profiled['profile']['layer_times'])} layer points, "
+          f"{len(profiled['profile']['collectives'])} collective points, {profiled['device']['peak_tflops']:.3f} "
+          f"TFLOP/s and {profiled['device']['memory_bandwidth_GBps']:.1f} GB/s per rank ({time.time() - t0:.0f} s)")
+    predictor = PREDICTORS[args.predictor]
+    rows = []
+    for name in args.plans.split(","):
+        strategy = PLANS[name]
+        predicted = predictor(strategy, profiled)
+        doc = {"request": request(strategy, profiled), "result": {"strategy": strategy}}
+        load = os.getloadavg()[0]
+        metrics = run_locally(doc, RANKS, args.steps, work / name)
+        measured = float(metrics["step_time_s"])
+        rows.append({"plan": name, "predicted_s": predicted, "measured_s": measured,
+                     "error": (predicted - measured) / measured, "load": load, "notes": metrics.get("notes", [])})
+        print(f"  ran {name}: predicted {predicted:.3f} s, measured {measured:.3f} s (load {load:.1f})", flush=True)
+    mape = sum(abs(r["error"]) for r in rows) / len(rows)
+    rho = spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
+    print(f"\n{'plan':<20}{'predicted s':>13}{'measured s':>12}{'error':>9}{'load':>7}")
+    for r in rows:
+        print(f"{r['plan']:<20}{r['predicted_s']:>13.4f}{r['measured_s']:>12.4f}{100 * r['error']:>8.1f}%"
+              f"{r['load']:>7.1f}")
+    print(f"\nMAPE {100 * mape:.1f}% (goal <= 20%)   Spearman {rho:.3f} (goal >= 0.9)   "
+          f"{len(rows)} plans x {args.steps} steps on {RANKS} gloo ranks, {time.time() - t0:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "mape": mape, "spearman": rho}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

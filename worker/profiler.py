@@ -1,0 +1,242 @@
+"""Profiler mode: measure this node for the cost model (``solvers.cost_model.profile.Profile``).
+
+Run under ``torch.distributed.run`` with one process per device, so every number is taken while the whole
+node is busy, as it is in training (on a CPU host the ranks share cores, and that is part of the truth):
+
+- per-layer forward / backward time of one transformer block by batch and sequence, for each tensor-parallel
+  degree as the local shard (heads and FFN divided by tp; the layer's communication is profiled apart);
+- all-reduce / all-gather / reduce-scatter / all-to-all time by group size and message size, every group of
+  that size running at once (as tp or dp groups do), and p2p send/recv between neighbouring ranks;
+- the host's GEMM rate and memory bandwidth (for the parts the cost model keeps analytic).
+
+Rank 0 writes ``{"profile": <Profile>, "device": {...}}`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from worker.runtime.model import Block, ModelConfig
+
+MESSAGE_BYTES = (16 * 2**10, 256 * 2**10, 2 * 2**20, 8 * 2**20)
+
+
+def _median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def shard_config(cfg: ModelConfig, tp: int) -> ModelConfig:
+    """The block one tensor-parallel rank computes: its heads and its slice of the FFN."""
+    return replace(cfg, num_heads=cfg.num_heads // tp, num_kv_heads=max(1, cfg.num_kv_heads // tp),
+                   ffn_hidden_size=cfg.ffn_hidden_size // tp)
+
+
+def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one block on a (batch, seq, hidden) input."""
+    torch.manual_seed(0)
+    block = Block(cfg).to(device)
+    x = torch.randn(batch, seq, cfg.hidden_size, device=device, requires_grad=True)
+    grad = torch.randn(batch, seq, cfg.hidden_size, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fwd, bwd = [], []
+    for i in range(repeats + 1):
+        sync()
+        t0 = time.perf_counter()
+        y = block(x)
+        sync()
+        t1 = time.perf_counter()
+        y.backward(grad)
+        sync()
+        t2 = time.perf_counter()
+        if i:  # the first pass warms allocator and kernels up
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+    return statistics.median(fwd), statistics.median(bwd)
+
+
+def profile_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int], tps: Sequence[int],
+                   device: torch.device, repeats: int) -> list[dict[str, Any]]:
+    """Layer times, averaged over ranks (all ranks measure at once)."""
+    out = []
+    for seq in seqs:
+        for tp in tps:
+            local = shard_config(cfg, tp)
+            for batch in batches:
+                dist.barrier()
+                f, b = layer_time(local, batch, seq, device, repeats)
+                t = torch.tensor([f, b], dtype=torch.float64, device=device)
+                dist.all_reduce(t)
+                t /= dist.get_world_size()
+                out.append({"batch": batch, "seq": seq, "tp": tp, "forward_ms": 1e3 * float(t[0]),
+                            "backward_ms": 1e3 * float(t[1])})
+    return out
+
+
+def _groups(world: int, size: int) -> list[list[int]]:
+    return [list(range(s, s + size)) for s in range(0, world, size)]
+
+
+def _collective_fn(op: str, nbytes: int, group: dist.ProcessGroup, size: int, device: torch.device
+                   ) -> Callable[[], object] | None:
+    n = max(size, nbytes // 4 // size * size)  # fp32 elements, divisible by the group size
+    full = torch.ones(n, device=device)
+    part = torch.ones(n // size, device=device)
+    if op == "allreduce":
+        return lambda: dist.all_reduce(full, group=group)
+    if op == "allgather":
+        return lambda: dist.all_gather_into_tensor(full, part, group=group)
+    if op == "reduce_scatter":
+        return lambda: dist.reduce_scatter_tensor(part, full, group=group)
+    if op == "alltoall":
+        out = torch.empty_like(full)
+        return lambda: dist.all_to_all_single(out, full, group=group)
+    return None
+
+
+def profile_collectives(world: int, device: torch.device, repeats: int,
+                        sizes: Sequence[int] = MESSAGE_BYTES) -> list[dict[str, Any]]:
+    """Time per call of each collective by group size and message bytes (``message_bytes`` is the full
+    tensor: the all-reduced buffer, the gathered output, the reduce-scattered input, the all-to-all buffer)."""
+    rank = dist.get_rank()
+    out: list[dict[str, Any]] = []
+    group_sizes = [g for g in (2, 4, 8, 16) if g <= world and world % g == 0]
+    for size in group_sizes:
+        mine: dist.ProcessGroup | None = None
+        for ranks in _groups(world, size):  # every rank creates every group, in the same order
+            g = dist.new_group(ranks)
+            if rank in ranks:
+                mine = g
+        assert mine is not None
+        for op in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
+            for nbytes in sizes:
+                fn = _collective_fn(op, nbytes, mine, size, device)
+                try:
+                    assert fn is not None
+                    dist.barrier()
+                    t = _median_time(fn, repeats)
+                except (RuntimeError, AssertionError):  # an op this backend lacks (older gloo)
+                    continue
+                agg = torch.tensor([t], dtype=torch.float64, device=device)
+                dist.all_reduce(agg, op=dist.ReduceOp.MAX)  # a collective ends when its slowest member does
+                out.append({"op": op, "group_size": size, "across_nodes": False, "message_bytes": float(nbytes),
+                            "time_ms": 1e3 * float(agg[0])})
+    out.extend(profile_p2p(world, device, repeats, sizes))
+    return out
+
+
+def profile_p2p(world: int, device: torch.device, repeats: int, sizes: Sequence[int]) -> list[dict[str, Any]]:
+    """Send/recv between ranks 2i and 2i+1, all pairs at once (pipeline neighbours)."""
+    rank = dist.get_rank()
+    if world < 2:
+        return []
+    out = []
+    peer = rank ^ 1 if (rank ^ 1) < world else None
+    for nbytes in sizes:
+        buf = torch.ones(max(1, nbytes // 4), device=device)
+
+        def exchange(buf: torch.Tensor = buf) -> None:
+            if peer is None:
+                return
+            if rank % 2 == 0:
+                dist.send(buf, peer)
+                dist.recv(buf, peer)
+            else:
+                dist.recv(buf, peer)
+                dist.send(buf, peer)
+
+        dist.barrier()
+        t = _median_time(exchange, repeats) / 2  # a round trip is two transfers
+        agg = torch.tensor([t], dtype=torch.float64, device=device)
+        dist.all_reduce(agg, op=dist.ReduceOp.MAX)
+        out.append({"op": "p2p", "group_size": 2, "across_nodes": False, "message_bytes": float(nbytes),
+                    "time_ms": 1e3 * float(agg[0])})
+    return out
+
+
+def device_rates(device: torch.device, repeats: int = 5) -> dict[str, float]:
+    """Achieved fp32 GEMM TFLOP/s and copy bandwidth (GB/s) per rank while all ranks run."""
+    n = 512 if device.type == "cpu" else 8192
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def gemm() -> None:
+        torch.mm(a, b)
+        sync()
+
+    src = torch.ones(16 * 2**20 // 4, device=device)
+    dst = torch.empty_like(src)
+
+    def copy() -> None:
+        dst.copy_(src)
+        sync()
+
+    dist.barrier()
+    tflops = 2 * n**3 / _median_time(gemm, repeats) / 1e12
+    gbps = 2 * src.numel() * 4 / _median_time(copy, repeats) / 1e9
+    t = torch.tensor([tflops, gbps], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    t /= dist.get_world_size()
+    return {"peak_tflops": float(t[0]), "memory_bandwidth_GBps": float(t[1])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="ModelSpec JSON (a preset name or an object)")
+    ap.add_argument("--batches", default="1,2,4")
+    ap.add_argument("--seqs", default="128")
+    ap.add_argument("--tps", default="", help="tensor-parallel degrees (default: those dividing heads and world)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--name", default="")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    from solvers.specs import ModelSpec
+
+    raw = json.loads(args.model) if args.model.strip().startswith("{") else {"preset": args.model}
+    cfg = ModelConfig.from_spec(ModelSpec.model_validate(raw))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    world = dist.get_world_size()
+    tps = [int(x) for x in args.tps.split(",") if x] or [
+        t for t in (1, 2, 4, 8) if t <= world and cfg.num_heads % t == 0 and cfg.num_kv_heads % t == 0]
+    started = time.perf_counter()
+    layers = profile_layers(cfg, [int(x) for x in args.batches.split(",")], [int(x) for x in args.seqs.split(",")],
+                            tps, device, args.repeats)
+    collectives = profile_collectives(world, device, args.repeats)
+    rates = device_rates(device)
+    if dist.get_rank() == 0:
+        gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
+        name = args.name or f"{gpu} x{world} {time.strftime('%Y-%m-%d %H:%M')}"
+        doc = {"profile": {"name": name, "gpu": gpu, "layer_times": layers, "collectives": collectives},
+               "device": {"name": gpu, "ranks": world, **rates, "torch_version": torch.__version__,
+                          "profile_time_s": time.perf_counter() - started}}
+        args.out.write_text(json.dumps(doc, indent=1))
+    dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    os._exit(code)  # see worker.runtime.train: gloo subgroups can abort in interpreter teardown
