@@ -9,6 +9,8 @@ from typing import Any
 
 import typer
 
+from worker.cli import app as worker_app
+
 app = typer.Typer(help="paraplan: parallel training plans.", no_args_is_help=True, add_completion=False)
 db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
@@ -168,17 +170,8 @@ def db_upgrade(revision: str = typer.Argument("head")) -> None:
     typer.echo(f"database at {revision}", err=True)
 
 
-@app.command()
-def worker(
-    server: str = typer.Option(..., "--server", help="paraplan server URL"),
-    token: str = typer.Option(..., "--token", envvar="PARAPLAN_WORKER_TOKEN"),
-) -> None:
-    """Run the GPU worker daemon: pull runs, execute them with torch.distributed, report metrics."""
-    try:
-        from worker.daemon import main as worker_main
-    except ModuleNotFoundError as err:
-        _fail(f"the worker is not installed here ({err.name}); pip install 'paraplan[worker]'")
-    worker_main(server=server, token=token)
+# `paraplan worker` (daemon) and `paraplan worker profile`; worker.cli imports torch only inside commands.
+app.add_typer(worker_app, name="worker")
 
 
 if __name__ == "__main__":

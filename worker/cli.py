@@ -1,0 +1,98 @@
+"""``paraplan worker`` (the daemon) and ``paraplan worker profile`` (measure this node, upload a profile).
+
+Heavy imports (torch, httpx) happen inside the commands, so ``paraplan --help`` stays fast and works
+without the worker extras installed.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="GPU worker: run plans (default) or profile this node.", add_completion=False)
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+@app.callback(invoke_without_command=True)
+def worker(
+    ctx: typer.Context,
+    server: str | None = typer.Option(None, "--server", help="paraplan server URL"),
+    token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_WORKER_TOKEN"),
+) -> None:
+    """Run the worker daemon: pull runs, execute them with torch.distributed, report metrics."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not server or not token:
+        _fail("--server and --token (or PARAPLAN_WORKER_TOKEN) are required to run the daemon")
+    try:
+        from worker.daemon import main as worker_main
+    except ModuleNotFoundError as err:
+        _fail(f"the worker is not installed here ({err.name}); pip install 'paraplan[worker]'")
+    worker_main(server=str(server), token=str(token))
+
+
+@app.command()
+def profile(
+    model: str = typer.Option("llama2-7b", "--model", help="model preset name, or a ModelSpec JSON object"),
+    nproc: int = typer.Option(0, "--nproc", help="processes (default: GPUs on this node, or 4 on CPU)"),
+    seqs: str = typer.Option("2048", "--seqs", help="sequence lengths, comma-separated"),
+    batches: str = typer.Option("1,2,4", "--batches", help="per-rank batch sizes, comma-separated"),
+    repeats: int = typer.Option(5, "--repeats", min=1),
+    out: Path | None = typer.Option(None, "--out", help="write the profile document here"),
+    server: str | None = typer.Option(None, "--server", help="upload the profile to this server"),
+    token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_WORKER_TOKEN"),
+    name: str = typer.Option("", "--name", help="profile name (default: device, ranks and date)"),
+) -> None:
+    """Measure layer times and collective bandwidth on this node; print, save and/or upload the profile."""
+    from solvers.cost_model.profile import load_profile
+    from solvers.errors import SpecError
+    from solvers.specs import ModelSpec
+
+    raw = json.loads(model) if model.strip().startswith("{") else {"preset": model}
+    try:
+        ModelSpec.model_validate(raw)
+    except ValueError as err:
+        _fail(f"--model: {err}")
+    import torch
+
+    n = nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 4)
+    target = out or Path(tempfile.mkdtemp(prefix="paraplan-profile-")) / "profile.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+           "-m", "worker.profiler", "--model", json.dumps(raw), "--seqs", seqs, "--batches", batches,
+           "--repeats", str(repeats), "--name", name, "--out", str(target)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not target.exists():
+        _fail(f"profiling failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", code=1)
+    doc = json.loads(target.read_text())
+    try:
+        load_profile(doc["profile"])  # the shape the cost model reads
+    except SpecError as err:
+        _fail(f"profile does not validate: {err}", code=1)
+    p = doc["profile"]
+    typer.echo(f"{p['name']}: {len(p['layer_times'])} layer points, {len(p['collectives'])} collective points "
+               f"-> {target}", err=True)
+    if server:
+        if not token:
+            _fail("--token (or PARAPLAN_WORKER_TOKEN) is required to upload")
+        from worker.api import WorkerApi, WorkerApiError
+
+        api = WorkerApi(server, str(token), max_retry_s=60)
+        try:
+            created = api.upload_profile(p["name"], "hardware", socket.gethostname(), p)
+        except WorkerApiError as err:
+            _fail(f"upload failed: {err}", code=1)
+        finally:
+            api.close()
+        typer.echo(json.dumps({"id": created.get("id"), "name": p["name"]}))
+    else:
+        typer.echo(json.dumps(doc))
