@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from service.canonical import content_hash
 from service.db.engine import Database
@@ -117,9 +117,11 @@ def _insert(session: Session, request: dict[str, Any], digest: str, kind: str, m
 
 
 def list_plans(session: Session, status: str | None = None, kind: str | None = None, limit: int = 50,
-               cursor: str | None = None) -> dict[str, Any]:
-    """Newest first, keyset-paginated: ``cursor`` is the ``next_cursor`` of the previous page."""
-    query = select(Plan).order_by(Plan.created_at.desc(), Plan.id.desc()).limit(limit + 1)
+               cursor: str | None = None, with_request: bool = False) -> dict[str, Any]:
+    """Newest first, keyset-paginated: ``cursor`` is the ``next_cursor`` of the previous page.
+    ``with_request`` adds each plan's request document (the dashboard labels rows with model and cluster).
+    Results are never loaded: a page of big results would cost more than the rest of the query."""
+    query = select(Plan).options(defer(Plan.result)).order_by(Plan.created_at.desc(), Plan.id.desc()).limit(limit + 1)
     if status:
         query = query.where(Plan.status == status)
     if kind:
@@ -134,6 +136,11 @@ def list_plans(session: Session, status: str | None = None, kind: str | None = N
     items = [{"id": p.id, "status": p.status, "kind": p.kind, "solver": p.solver, "estimate": p.estimate,
               "search_time_s": p.search_time_s, "error": p.error, "created_at": p.created_at,
               "finished_at": p.finished_at} for p in rows[:limit]]
+    if with_request and items:
+        requests = dict(session.execute(select(Plan.id, PlanRequest.request).join(
+            PlanRequest, PlanRequest.id == Plan.request_id).where(Plan.id.in_([i["id"] for i in items]))).all())
+        for item in items:
+            item["request"] = requests.get(item["id"])
     return {"items": items, "next_cursor": rows[limit - 1].id if len(rows) > limit else None}
 
 
