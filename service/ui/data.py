@@ -51,7 +51,7 @@ def principal(request: Request, required: str, token: str | None = None) -> Prin
 def list_plans(request: Request, *, kind: str | None, status: str | None, cursor: str | None,
                limit: int) -> dict[str, Any]:
     with database(request).reading() as session:
-        return plans.list_plans(session, status=status, kind=kind, limit=limit, cursor=cursor)
+        return plans.list_plans(session, status=status, kind=kind, limit=limit, cursor=cursor, with_request=True)
 
 
 def get_plan(request: Request, plan_id: str) -> dict[str, Any]:

@@ -110,6 +110,7 @@ def test_list_filters_by_kind_and_shows_headline_numbers(ui_client: TestClient, 
     rows = re.findall(r'<tr data-plan-id="', html)
     assert rows and "hybrid</td>" not in html
     assert "120 ms" in html  # the spindle iteration time as the step time
+    assert "2×8 A100-80GB" in html and "3 metaops, 2 tasks" in html  # labels from the stored request
 
 
 def test_form_rejects_bad_numbers_naming_the_field(ui_client: TestClient) -> None:
