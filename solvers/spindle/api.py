@@ -8,7 +8,7 @@ from typing import Any
 
 from solvers.errors import InfeasibleError, SpecError
 from solvers.request import parse
-from solvers.specs import memory_limit_bytes
+from solvers.specs import Precision, memory_limit_bytes
 from solvers.spindle import baselines, exact, planner
 from solvers.spindle.bounds import device_ranges, lower_bound_s
 from solvers.spindle.cost import Topology, device_model, explicit_metaop, module_metaop
@@ -18,6 +18,7 @@ from solvers.spindle.schedule import Evaluation, Placement, Problem, Slice, eval
 from solvers.spindle.workload import SpindleRequest, build_graph
 
 Progress = Callable[[float, str], None]
+PRECISIONS: tuple[Precision, ...] = ("bf16", "fp16", "fp8", "fp32")
 _GIB = 2**30
 
 
@@ -34,10 +35,13 @@ def parse_request(request: dict[str, Any]) -> SpindleRequest:
 
 
 def build_problem(req: SpindleRequest) -> Problem:
-    precision = str((req.model_extra or {}).get("training", {}).get("precision", "bf16"))
-    if precision not in ("bf16", "fp16", "fp8", "fp32"):
-        raise SpecError.at(("training", "precision"), f"unknown precision {precision!r}")
-    dev = device_model(req.cluster, precision, req.options.efficiency, req.options.kernel_overhead_ms)  # type: ignore[arg-type]
+    training = (req.model_extra or {}).get("training", {})
+    if not isinstance(training, dict):
+        raise SpecError.at(("training",), "training must be an object")
+    precision = training.get("precision", "bf16")
+    if precision not in PRECISIONS:
+        raise SpecError.at(("training", "precision"), f"unknown precision {precision!r}; one of {PRECISIONS}")
+    dev = device_model(req.cluster, precision, req.options.efficiency, req.options.kernel_overhead_ms)
     specs = req.workload.metaops
     ops = [module_metaop(s, s.task or s.name, dev) if s.module is not None else explicit_metaop(s, s.task or s.name)
            for s in specs]

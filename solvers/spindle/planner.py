@@ -16,7 +16,7 @@ from solvers.spindle.bounds import DeviceRange
 from solvers.spindle.cost import slice_memory_bytes
 from solvers.spindle.listsched import EFFICIENCIES, plan_list
 from solvers.spindle.schedule import Evaluation, Placement, Problem, Slice, evaluate, timeline
-from solvers.spindle.wavefront import ORDERS, plan_waves
+from solvers.spindle.wavefront import ORDERS, SHARES, plan_waves
 
 
 @dataclass
@@ -54,8 +54,8 @@ def _widen_for_memory(problem: Problem, plan_: Planned, ranges: list[DeviceRange
 
 def _candidates(problem: Problem, ranges: list[DeviceRange], shuffles: int, seed: int) -> Iterator[
         tuple[str, list[Placement]]]:
-    for (name, order), discrete in itertools.product(ORDERS.items(), (False, True)):
-        yield f"wavefront/{'whole' if discrete else 'fluid'}/{name}", plan_waves(problem, ranges, order, discrete)
+    for (name, order), shares in itertools.product(ORDERS.items(), SHARES):
+        yield f"wavefront/{shares}/{name}", plan_waves(problem, ranges, order, shares)
     for eff in EFFICIENCIES:
         yield f"list/eff{eff:g}", plan_list(problem, ranges, eff)
     # which shares sit next to each other decides who waits for whom on a shared device: a few seeded

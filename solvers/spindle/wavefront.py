@@ -19,34 +19,53 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from solvers.spindle.bounds import DeviceRange, bottom_levels_s
 from solvers.spindle.schedule import Placement, Problem
 from solvers.spindle.workload import MetaOp
 
 _BISECT_STEPS = 60
+Shares = Literal["fluid", "mix", "whole"]
+SHARES: tuple[Shares, ...] = ("fluid", "mix", "whole")
 
 
-def _share(op: MetaOp, layers: int, t_ms: float, r: DeviceRange, discrete: bool) -> float:
+def _share(op: MetaOp, layers: int, t_ms: float, r: DeviceRange, shares: Shares) -> float:
     """Device share that runs ``layers`` layers of ``op`` in ``t_ms`` (clamped to its range).
 
-    Continuous: the share of the fluid relaxation (per-layer time slope*batch/f + intercept). Discrete: the
-    fewest whole devices that make it, which is always an efficient width (no other width has the same
-    per-device batch with fewer devices)."""
+    fluid: the reference's continuous relaxation, per-layer time slope * batch / f + intercept.
+    mix: a share f between widths n and n+1 is realised by running on n and n+1 devices in turn (time
+    fractions n+1-f and f-n), so f is where that mix's layer rate, with the per-device batch rounded up,
+    meets ``layers / t_ms``. whole: the fewest whole devices that make it, which is always an efficient
+    width (no other width has the same per-device batch with fewer devices)."""
     on_lo = layers * op.layer_ms(r.lo)
     if on_lo <= t_ms:
         # time-share: a lone device (or the memory-minimum block) is enough; use only the needed fraction
         return r.lo * on_lo / t_ms if r.lo == 1 else float(r.lo)
-    if discrete:
-        return float(next((n for n in range(r.lo, r.hi + 1) if layers * op.layer_ms(n) <= t_ms), r.hi))
-    budget = t_ms / layers - op.intercept_ms
-    if budget <= 0:
-        return float(r.hi)
-    return min(float(r.hi), max(float(r.lo), op.slope_ms * op.batch / budget))
+    if shares == "fluid":
+        budget = t_ms / layers - op.intercept_ms
+        if budget <= 0:
+            return float(r.hi)
+        return min(float(r.hi), max(float(r.lo), op.slope_ms * op.batch / budget))
+    # the fewest devices that make it (layer rate 1 / layer_ms grows with the width): binary search
+    lo, hi = r.lo, r.hi
+    if layers * op.layer_ms(hi) > t_ms:
+        return float(hi)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if layers * op.layer_ms(mid) <= t_ms:
+            hi = mid
+        else:
+            lo = mid + 1
+    if shares == "whole" or lo == r.lo:
+        return float(lo)
+    need = layers / t_ms
+    below, above = 1.0 / op.layer_ms(lo - 1), 1.0 / op.layer_ms(lo)
+    return lo - 1 + (need - below) / (above - below)
 
 
 def allocate(ops: Sequence[MetaOp], layers: Sequence[int], ranges: Sequence[DeviceRange], devices: int,
-             discrete: bool = False) -> tuple[float, list[float]]:
+             shares: Shares = "fluid") -> tuple[float, list[float]]:
     """Bisection on the common finish time T (ms) so that the shares fill ``devices``.
 
     Discrete shares leave devices over; they go, one efficient width step at a time, to the metaop that
@@ -56,7 +75,7 @@ def allocate(ops: Sequence[MetaOp], layers: Sequence[int], ranges: Sequence[Devi
     hi_t = max(lo_t, sum(k * op.layer_ms(r.lo) * r.lo for op, k, r in rows))
 
     def total(t: float) -> float:
-        return sum(_share(op, k, t, r, discrete) for op, k, r in rows)
+        return sum(_share(op, k, t, r, shares) for op, k, r in rows)
 
     if total(lo_t) <= devices:
         t = lo_t
@@ -68,8 +87,8 @@ def allocate(ops: Sequence[MetaOp], layers: Sequence[int], ranges: Sequence[Devi
             else:
                 hi_t = mid
         t = hi_t
-    share = [_share(op, k, t, r, discrete) for op, k, r in rows]
-    if discrete:
+    share = [_share(op, k, t, r, shares) for op, k, r in rows]
+    if shares == "whole":
         spare = devices - sum(share)
         while spare >= 1:
             finish = [k * op.layer_ms(max(1, int(f))) if f >= 1 else 0.0 for f, (op, k, _) in zip(share, rows,
@@ -200,7 +219,7 @@ def _by_module(problem: Problem, ready: list[int], share: list[float], centre: d
 ORDERS: dict[str, Order] = {"locality": _by_locality, "size": _by_size, "module": _by_module}
 
 
-def plan_waves(problem: Problem, ranges: list[DeviceRange], order: Order, discrete: bool = False) -> list[
+def plan_waves(problem: Problem, ranges: list[DeviceRange], order: Order, shares: Shares = "fluid") -> list[
         Placement]:
     wl = problem.workload
     n_dev = problem.num_devices
@@ -220,7 +239,7 @@ def plan_waves(problem: Problem, ranges: list[DeviceRange], order: Order, discre
                 used += ranges[i].lo if ranges[i].lo > 1 else 0
         ready = chosen
         t_ms, share = allocate([wl.ops[i] for i in ready], [remaining[i] for i in ready],
-                               [ranges[i] for i in ready], n_dev, discrete)
+                               [ranges[i] for i in ready], n_dev, shares)
         seq = order(problem, ready, share, centre)
         intervals = lay_out(seq, share, [ranges[i].lo for i in ready], n_dev)
         for (a, b), j, phases in zip(intervals, seq, column_phases(intervals), strict=True):

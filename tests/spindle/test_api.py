@@ -88,6 +88,8 @@ def test_bad_input_names_the_field() -> None:
     assert any("num_layer" in loc for loc in _problems(typo))
     preset = {**CONTRACT, "workload": {"preset": "nope"}}
     assert any(loc[0] == "workload" for loc in _problems(preset))
+    assert ("training", "precision") in _problems({**CONTRACT, "training": {"precision": "int3"}})
+    assert ("training",) in _problems({**CONTRACT, "training": "bf16"})
     assert ("slices",) in _problems(CONTRACT, api.estimate)
     est = {**CONTRACT, "slices": [{"metaop": "cap-vision", "devices": [0, 2], "layers": 48}]}
     assert ("slices", 0, "devices") in _problems(est, api.estimate)
