@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from service.db.models import Job, Plan, Run, Worker, utcnow
@@ -32,7 +33,19 @@ class DatabaseCollector(Collector):
     def __init__(self, session_factory: Callable[[], Session]) -> None:
         self.session_factory = session_factory
 
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # registering must not query the database (it may not be migrated yet)
+
     def collect(self) -> Iterator[Metric]:
+        try:
+            families = list(self._collect())
+        except SQLAlchemyError:
+            families = []
+        yield GaugeMetricFamily("paraplan_database_up", "whether the last scrape could read the database",
+                                value=1.0 if families else 0.0)
+        yield from families
+
+    def _collect(self) -> Iterator[Metric]:
         with self.session_factory() as session:
             jobs = GaugeMetricFamily("paraplan_jobs", "solver jobs by state", labels=["state"])
             for state, n in session.execute(select(Job.status, func.count()).group_by(Job.status)):

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +64,35 @@ def test_request_to_plan_to_export_over_http(live_server: LiveServer) -> None:
             assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "format"]
         listed = http.get("/v1/plans", params={"status": "succeeded"}).json()["items"]
         assert {p["kind"] for p in listed} == set(kinds)
+        run = http.post(f"/v1/plans/{listed[0]['id']}/runs", json={"steps": 3}, headers=submit)
+        assert run.status_code == 201 and run.json()["status"] == "queued"
         metrics = http.get("/metrics").text
         assert f'paraplan_jobs{{state="succeeded"}} {len(kinds)}.0' in metrics
         assert 'route="/v1/plans/{plan_id}"' in metrics
+
+
+def test_concurrent_identical_requests_over_http_solve_once(live_server: LiveServer, db: Database,
+                                                             tmp_path: Path) -> None:
+    request = tiny_spindle(999)
+
+    def post(_: int) -> tuple[int, str]:
+        r = httpx.post(f"{live_server.url}/v1/plans", params={"wait": 30}, json=request, timeout=60)
+        return r.status_code, r.json()["id"]
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(post, range(12)))
+    assert {status for status, _ in answers} == {200} and len({pid for _, pid in answers}) == 1
+    with db.reading() as s:
+        rows = s.execute(select(Job.attempts, Job.status)).all()
+    assert [(r.attempts, r.status) for r in rows] == [(1, "succeeded")]  # one job, solved once
+    # the CLI client of the same server: the stored plan's result, on stdout
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(request))
+    out = subprocess.run([*PARAPLAN, "plan", "-f", str(path), "--server", live_server.url, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    with db.reading() as s:
+        assert json.loads(out.stdout) == plans.get_plan(s, answers[0][1])["result"]
 
 
 def test_all_three_kinds_are_served() -> None:
