@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from service import runs
+from service import jobs, plans, runs
 from service.db.engine import Database
 from service.runs import create_run
 from service.tokens import Principal
@@ -162,3 +162,16 @@ def test_running_run_shows_its_progress_and_refreshes(ui_client: TestClient, ui_
     html = ui_client.get(f"/runs/{_run_through_worker(ui_db, plan_id, None, points)}").text
     assert 'http-equiv="refresh"' in html
     assert '"data": [4.9, 4.8, 4.7]' in html
+
+
+def test_failed_plan_shows_the_reason_naming_the_field(ui_client: TestClient, ui_db: Database) -> None:
+    request, _ = samples.hybrid(num_layers=3, pp=1)
+    request["training"]["global_batch_size"] = 9
+    view, _ = plans.submit_plan(ui_db, request, "hybrid", max_attempts=1)
+    claimed = jobs.claim_job(ui_db, "ui-test", lease_s=60)
+    assert claimed is not None and claimed.plan_id == view["id"]
+    detail = [{"loc": ["constraints", "memory_limit_gib"], "msg": "no plan fits in 36.0 GiB per GPU"}]
+    jobs.fail_job(ui_db, claimed.id, "ui-test", "no plan fits", detail=detail, request_error=True)
+    html = ui_client.get(f"/plans/{view['id']}").text
+    assert 'id="failure"' in html and "data-poll-id" not in html
+    assert "<code>constraints.memory_limit_gib</code>: no plan fits in 36.0 GiB per GPU" in html
