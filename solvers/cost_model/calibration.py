@@ -18,17 +18,17 @@ from solvers.errors import FieldProblem, SpecError
 
 @dataclass(frozen=True)
 class AnalyticCalibration:
-    gemm_eta_max: float = 0.80  # large-GEMM fraction of tensor-core peak
-    gemm_d_half: float = 96.0  # GEMM dimension at which that axis alone halves efficiency
+    gemm_eta_max: float = 0.9  # large-GEMM fraction of tensor-core peak
+    gemm_d_half: float = 159.2  # GEMM dimension at which that axis alone halves efficiency
     hbm_efficiency: float = 0.80  # achievable fraction of HBM bandwidth for memory-bound kernels
-    elementwise_traffic: float = 3.0  # HBM bytes moved by non-GEMM kernels per byte of stored activation
-    kernel_overhead_s: float = 6e-4  # host time to issue one layer's forward kernels (backward: twice)
-    microbatch_overhead_s: float = 2e-3  # per micro-batch and stage: batch broadcast, loss, schedule bookkeeping
-    intra_efficiency: float = 0.75  # NVLink: achieved / nominal bus bandwidth of large collectives
-    inter_efficiency: float = 0.80  # network: achieved / nominal
-    intra_latency_s: float = 8e-6  # per ring step
-    inter_latency_s: float = 2e-5
-    dp_overlap: float = 0.0  # fraction of the last backward that hides the per-step gradient sync
+    elementwise_traffic: float = 2.304  # HBM bytes moved by non-GEMM kernels per byte of stored activation
+    kernel_overhead_s: float = 0.000864  # host time to issue one layer's forward kernels (backward: twice)
+    microbatch_overhead_s: float = 0.001843  # per micro-batch and stage: batch broadcast, loss, schedule bookkeeping
+    intra_efficiency: float = 1.0  # NVLink: achieved / nominal bus bandwidth of large collectives
+    inter_efficiency: float = 0.7373  # network: achieved / nominal
+    intra_latency_s: float = 2.867e-05  # per ring step
+    inter_latency_s: float = 1.631e-05  # per ring step across nodes
+    dp_overlap: float = 0.5184  # fraction of the last backward that hides the per-step gradient sync
     zero_overlap: float = 0.7  # fraction of a micro-batch's compute that hides its ZeRO-2/3 traffic
     cp_overlap: float = 0.9  # fraction of the attention core that hides the ring-attention KV exchange
     grad_comm_bytes: float = 4.0  # bytes per gradient element on the wire (fp32 grads, Megatron's default)

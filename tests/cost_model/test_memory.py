@@ -85,7 +85,7 @@ def test_context_parallel_splits_everything() -> None:
 
 
 def test_layer_costs_states_match_closed_form() -> None:
-    cluster = ClusterSpec(gpu="A100-80GB", nodes=1, gpus_per_node=8)
+    cluster = ClusterSpec.model_validate({"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})
     model = AnalyticCostModel(GPT, cluster, TrainingSpec(global_batch_size=32, seq_length=S))
     ctx = StageContext(pp=1, stage=0, micro_batches=4, micro_batch_samples=8)
     cands = [LayerStrategy(tp=2, dp=4, zero=z) for z in range(4)]

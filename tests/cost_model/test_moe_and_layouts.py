@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from solvers.cost_model.aggregate import stage_context
+from solvers.cost_model.base import StageContext
 from solvers.cost_model.factory import make_cost_model
 from solvers.errors import SpecError
 from solvers.request import HybridRequest, parse
@@ -13,7 +14,7 @@ from solvers.strategy import LayerStrategy, PlanStrategy
 from .conftest import request
 
 
-def _ctx(layers: int, samples: int = 64, micro_batches: int = 4) -> object:
+def _ctx(layers: int, samples: int = 64, micro_batches: int = 4) -> StageContext:
     plan = PlanStrategy(pp=1, micro_batches=micro_batches, layers=(LayerStrategy(),) * layers, stage_layers=(layers,))
     return stage_context(plan, 0, samples)
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import pytest
 
 from solvers.cost_model.aggregate import stage_context
+from solvers.cost_model.base import StageContext
 from solvers.cost_model.factory import make_cost_model
 from solvers.errors import SpecError
 from solvers.request import HybridRequest, parse
@@ -27,7 +31,7 @@ PROFILE = {
 }
 
 
-def _models(profile: dict[str, object]) -> tuple[object, object]:
+def _models(profile: Mapping[str, Any]) -> tuple[Any, Any]:
     base = request(model={"preset": "llama2-7b", "num_layers": 4},
                    cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})
     plain = make_cost_model(parse(HybridRequest, base))
@@ -35,7 +39,7 @@ def _models(profile: dict[str, object]) -> tuple[object, object]:
     return plain, prof
 
 
-def _ctx(samples_per_mb: int) -> object:
+def _ctx(samples_per_mb: int) -> StageContext:
     plan = PlanStrategy(pp=1, micro_batches=64 // samples_per_mb, layers=(LayerStrategy(),) * 4, stage_layers=(4,))
     return stage_context(plan, 0, 64)
 
@@ -45,8 +49,8 @@ def test_profiled_layer_times_replace_the_analytic_compute() -> None:
     ctx = _ctx(16)  # 16 samples per micro-batch
     cands = [LayerStrategy(tp=1, dp=8), LayerStrategy(tp=2, dp=4), LayerStrategy(tp=4, dp=2),
              LayerStrategy(tp=2, dp=4, sp="ulysses")]
-    got = prof.layer_costs(0, cands, ctx)  # type: ignore[attr-defined]
-    ref = plain.layer_costs(0, cands, ctx)  # type: ignore[attr-defined]
+    got = prof.layer_costs(0, cands, ctx)
+    ref = plain.layer_costs(0, cands, ctx)
     # tp=1, 2 samples per rank: forward on the line through (1, 10 ms), (3, 26 ms) -> 18 ms; backward 37 ms
     assert got.parts_s["compute"][0] == pytest.approx(0.018 + 0.037)
     # tp=2, 4 samples per rank, one point at batch 2: proportional -> 18 ms forward, 36 ms backward
