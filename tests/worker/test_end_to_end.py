@@ -5,7 +5,6 @@ SIGKILL mid-run: the lease expires, a second worker completes the run, once."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -68,15 +67,6 @@ class Worker:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-@pytest.fixture
-def database_url(tmp_path: Path, _sqlite_template: Path) -> str:
-    """SQLite only: what is under test here is the worker, and the runs API is tested on PostgreSQL by the
-    service's own tests; running these multi-process tests twice would double the suite's slowest part."""
-    path = tmp_path / "paraplan.db"
-    shutil.copy(_sqlite_template, path)
-    return f"sqlite:///{path}"
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from worker.runtime.checkpointing import apply_checkpointing
 from worker.runtime.data import local_batch
 from worker.runtime.data_parallel import apply_ddp, apply_fsdp, set_gradient_sync
-from worker.runtime.model import Decoder, build_model, lm_loss
+from worker.runtime.model import build_model, lm_loss
 from worker.runtime.pipeline import Schedule, build_schedule, cut_stage, stage_ids
 from worker.runtime.plan import RuntimePlan
 from worker.runtime.tensor_parallel import apply_tensor_parallel
@@ -129,10 +129,15 @@ class ParallelModel:
 
 def parallelize(plan: RuntimePlan, seed: int, device: torch.device, lr: float = 1e-3) -> ParallelModel:
     """Build the model of ``plan`` on this rank and apply the plan. Needs an initialised process group."""
+    return apply_plan(plan, build_model(plan.model, seed, device), device, lr)
+
+
+def apply_plan(plan: RuntimePlan, model: nn.Module, device: torch.device, lr: float = 1e-3) -> ParallelModel:
+    """Apply ``plan`` to ``model`` (the full model, identical on every rank, Decoder-style names) on this
+    rank; with pipeline parallelism the stages are cut from it. Needs an initialised process group."""
     mesh = build_mesh(plan, device.type)
     notes: list[str] = []
     param_dtype = torch.bfloat16 if device.type == "cuda" and plan.precision == "bf16" else None
-    model: Decoder = build_model(plan.model, seed, device)
     if plan.pp == 1:
         modules = [parallelize_module_for(plan, model, mesh, param_dtype, notes)]
         pm = ParallelModel(plan, mesh, device, modules, notes=notes)
