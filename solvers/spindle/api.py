@@ -88,7 +88,13 @@ def solve(request: dict[str, Any], progress: Progress | None = None) -> dict[str
     opt = req.options
     portfolio = planner.plan(problem, ranges, seed=req.constraints.seed)
     scores = portfolio.scores
-    heur = polish(problem, ranges, portfolio.best, opt.polish_time_s)
+    # local search from the best plan and from the runners-up (other basins), the budget shared
+    starts = [portfolio.best, *portfolio.runners_up]
+    heur = portfolio.best
+    for start in starts:
+        cand = polish(problem, ranges, start, opt.polish_time_s / len(starts))
+        if better(heur, cand):
+            heur = cand
     t_heur = time.perf_counter() - t0
     best = heur
     search: dict[str, Any] = {"wavefront_s": t_heur, "wavefront_iteration_time_s": heur.evaluation.iteration_time_s,

@@ -74,6 +74,7 @@ class Portfolio:
     best: Planned
     best_single: Planned | None  # best with one slice per metaop: the exact model's warm start with comm
     scores: dict[str, float]  # every candidate's iteration time (inf when it does not fit)
+    runners_up: list[Planned]  # the next best distinct plans (other basins for the local search)
 
 
 def _single(p: Planned) -> bool:
@@ -81,16 +82,18 @@ def _single(p: Planned) -> bool:
 
 
 def plan(problem: Problem, ranges: list[DeviceRange], memory_rounds: int = 12, shuffles: int = 24,
-         seed: int = 0) -> Portfolio:
+         seed: int = 0, runners_up: int = 2) -> Portfolio:
     """The best candidate that fits; widen the crowding metaops' minimum blocks while none does."""
     best: Planned | None = None
     single: Planned | None = None
     scores: dict[str, float] = {}
+    seen: dict[tuple[Placement, ...], Planned] = {}
     for _ in range(memory_rounds):
         for name, placements in _candidates(problem, ranges, shuffles, seed):
             slices = timeline(problem, placements)
             cand = Planned(name, placements, slices, evaluate(problem, slices))
             scores[name] = cand.evaluation.iteration_time_s if cand.evaluation.fits else float("inf")
+            seen.setdefault(tuple(placements), cand)
             if better(best, cand):
                 best = cand
             if _single(cand) and better(single, cand):
@@ -103,4 +106,5 @@ def plan(problem: Problem, ranges: list[DeviceRange], memory_rounds: int = 12, s
             break
         ranges = wider
     assert best is not None
-    return Portfolio(best, single, scores)
+    ranked = sorted(seen.values(), key=lambda p: (not p.evaluation.fits, p.evaluation.iteration_time_s))
+    return Portfolio(best, single, scores, [p for p in ranked if p is not best][:runners_up])
