@@ -56,7 +56,7 @@ def plan(
     if server:
         from paraplan_cli.remote import plan_remote
 
-        result = plan_remote(server, token, request)
+        result = plan_remote(server, token, request, quiet=as_json)
     else:
         from paraplan_cli.progress import solve_with_progress
 
@@ -140,12 +140,12 @@ def token_create(
     name: str | None = typer.Option(None, "--name", help="a label to recognise the token by"),
 ) -> None:
     """Create an API token and print it (alone, on stdout). Only its hash is stored: it is shown once."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     from service.db.engine import Database
     from service.settings import get_settings
     from service.tokens import create_token
     from solvers.errors import SpecError
-
-    from sqlalchemy.exc import SQLAlchemyError
 
     settings = get_settings()
     db = Database.connect(settings.database_url, pool_size=1)

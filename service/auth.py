@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import Depends, Header
 
@@ -10,7 +10,7 @@ from service.context import ServiceContext, get_context
 from service.tokens import Principal, authenticate
 
 
-def require(scope: str) -> Callable[..., Principal]:
+def require(scope: str) -> Callable[..., Awaitable[Principal]]:
     """Dependency: a caller allowed to use ``scope`` (401 without a valid token, 403 with too small a scope)."""
 
     # Runs on the event loop: a token cache hit touches no database (the session never connects), which

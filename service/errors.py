@@ -46,7 +46,7 @@ class NotImplementedYet(DomainError):
 
 
 # Checked in order; the first class the error is an instance of wins (subclasses before their bases).
-HTTP_STATUS: tuple[tuple[type[BaseException], int], ...] = (
+HTTP_STATUS: tuple[tuple[type[Exception], int], ...] = (
     (NotFound, 404),
     (Conflict, 409),
     (sa_exc.IntegrityError, 409),

@@ -137,10 +137,10 @@ def list_plans(session: Session, status: str | None = None, kind: str | None = N
               "search_time_s": p.search_time_s, "error": p.error, "created_at": p.created_at,
               "finished_at": p.finished_at} for p in rows[:limit]]
     if with_request and items:
-        requests = dict(session.execute(select(Plan.id, PlanRequest.request).join(
+        requests: dict[str, Any] = dict(session.execute(select(Plan.id, PlanRequest.request).join(
             PlanRequest, PlanRequest.id == Plan.request_id).where(Plan.id.in_([i["id"] for i in items]))).all())
         for item in items:
-            item["request"] = requests.get(item["id"])
+            item["request"] = requests.get(str(item["id"]))
     return {"items": items, "next_cursor": rows[limit - 1].id if len(rows) > limit else None}
 
 

@@ -29,7 +29,8 @@ from service.schemas import (
 from service.tokens import Principal
 
 router = APIRouter(prefix="/v1", tags=["runs"])
-_LEASE_LOST = {409: {"description": "this worker does not hold the run's lease (abort the run), or it is terminal"}}
+_LEASE_LOST: dict[int | str, dict[str, Any]] = {
+    409: {"description": "this worker does not hold the run's lease (abort the run), or it is terminal"}}
 
 
 @router.post("/plans/{plan_id}/runs", response_model=RunOut, status_code=201,

@@ -69,3 +69,16 @@ def test_token_create_cli(tmp_path: Path, database_url: str) -> None:
     no_db = subprocess.run([*PARAPLAN, "token", "create", "--scope", "read"], env=unmigrated, capture_output=True,
                            text=True)
     assert no_db.returncode == 1 and "db upgrade" in no_db.stderr and "Traceback" not in no_db.stderr
+
+
+@pytest.mark.db
+def test_demo_plan_seeded_once_on_an_empty_database(settings: Any) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    demo = settings.model_copy(update={"seed_demo_plan": True})
+    for _ in range(2):
+        with TestClient(create_app(demo)) as c:
+            items = c.get("/v1/plans").json()["items"]
+    assert len(items) == 1 and items[0]["kind"] == "hybrid" and items[0]["status"] == "queued"
