@@ -1,0 +1,124 @@
+"""The daemon's protocol against an in-test fake of the runs API (httpx MockTransport): it stops on
+401/403, backs off on transient errors, aborts a run whose lease is lost, refuses invalid plans without
+launching anything, and only ever builds paraplan's own training command."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.worker.plans import plan_doc
+from worker.api import LeaseLost, Unauthorized, WorkerApi, backoff_delays
+from worker.daemon import EXIT_UNAUTHORIZED, Daemon, DaemonConfig
+from worker.launch import TRAIN_MODULE, ProgressTail, train_command
+
+
+class FakeServer:
+    """Answers the worker endpoints from a script of (method, path-prefix) -> list of responses."""
+
+    def __init__(self, script: dict[tuple[str, str], list[httpx.Response]]) -> None:
+        self.script, self.calls = script, []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        self.calls.append((request.method, request.url.path, body))
+        for (method, prefix), responses in self.script.items():
+            if request.method == method and request.url.path.startswith(prefix):
+                return responses.pop(0) if len(responses) > 1 else responses[0]
+        return httpx.Response(404, json={"detail": "not found"})
+
+
+def api_for(fake: FakeServer, sleeps: list[float] | None = None) -> WorkerApi:
+    return WorkerApi("http://fake", "t", transport=httpx.MockTransport(fake), max_retry_s=60,
+                     sleep=(sleeps.append if sleeps is not None else lambda s: None),
+                     delays=backoff_delays(rng=random.Random(0)))
+
+
+REGISTERED = httpx.Response(201, json={"id": "w1", "heartbeat_interval_s": 0.05, "lease_s": 1.0})
+
+
+def test_register_refused_stops_with_exit_code(tmp_path: Path) -> None:
+    fake = FakeServer({("POST", "/v1/workers/register"): [httpx.Response(401, json={"detail": "bad token"})]})
+    daemon = Daemon(DaemonConfig("http://fake", "t", workdir=tmp_path), api=api_for(fake))
+    assert daemon.run() == EXIT_UNAUTHORIZED
+    assert [c[1] for c in fake.calls] == ["/v1/workers/register"]  # no retry of a refused token
+
+
+def test_transient_errors_are_retried_with_growing_backoff() -> None:
+    fake = FakeServer({("POST", "/v1/workers/register"): [httpx.Response(503), httpx.Response(502),
+                                                         httpx.Response(429), REGISTERED]})
+    sleeps: list[float] = []
+    assert api_for(fake, sleeps).register({"name": "n", "host": "h"})["id"] == "w1"
+    assert len(sleeps) == 3 and len(fake.calls) == 4
+    caps = [0.5 * 2**n for n in range(3)]
+    assert all(0 <= s <= cap for s, cap in zip(sleeps, caps, strict=True))
+
+
+def test_backoff_is_capped_and_jittered() -> None:
+    delay = backoff_delays(base_s=0.5, cap_s=30, rng=random.Random(1))
+    samples = [delay(20) for _ in range(200)]
+    assert max(samples) <= 30 and min(samples) >= 0 and len(set(samples)) > 150
+
+
+def test_403_mid_run_is_unauthorized_and_409_is_lease_lost() -> None:
+    fake = FakeServer({("POST", "/v1/runs/r1/heartbeat"): [httpx.Response(409, json={"detail": "lease lost"})],
+                       ("POST", "/v1/runs/r2/heartbeat"): [httpx.Response(403, json={"detail": "scope"})]})
+    api = api_for(fake)
+    with pytest.raises(LeaseLost):
+        api.run_heartbeat("r1", "w1")
+    with pytest.raises(Unauthorized):
+        api.run_heartbeat("r2", "w1")
+
+
+def test_lost_lease_sets_the_abort_event(tmp_path: Path) -> None:
+    fake = FakeServer({("POST", "/v1/runs/r1/heartbeat"): [httpx.Response(200, json={"lease_expires_at": "x"}),
+                                                          httpx.Response(409, json={"detail": "lease lost"})]})
+    daemon = Daemon(DaemonConfig("http://fake", "t", workdir=tmp_path), api=api_for(fake))
+    daemon.worker_id, daemon.heartbeat_s = "w1", 0.01
+    lost = threading.Event()
+    t = threading.Thread(target=daemon._hold_lease, args=("r1", lost))
+    t.start()
+    assert lost.wait(5)
+    t.join(5)
+    assert [c[1] for c in fake.calls].count("/v1/runs/r1/heartbeat") == 2
+
+
+def test_invalid_plan_fails_the_run_without_launching(tmp_path: Path) -> None:
+    bad = plan_doc(tp=3)  # 4 heads are not divisible by 3
+    claimed = httpx.Response(200, json={"run": {"id": "r1", "plan_id": "p1", "steps": 2, "attempt": 1,
+                                                "lease_expires_at": "x", "plan": bad}})
+    fake = FakeServer({("POST", "/v1/workers/register"): [REGISTERED],
+                       ("POST", "/v1/runs/claim"): [claimed],
+                       ("POST", "/v1/runs/r1/fail"): [httpx.Response(200, json={})],
+                       ("POST", "/v1/workers/w1/heartbeat"): [httpx.Response(200, json={"ok": True})]})
+    daemon = Daemon(DaemonConfig("http://fake", "t", workdir=tmp_path, max_runs=1), api=api_for(fake))
+    assert daemon.run() == 0
+    fails = [c[2] for c in fake.calls if c[1] == "/v1/runs/r1/fail"]
+    assert len(fails) == 1 and fails[0]["retryable"] is False
+    assert "num_attention_heads" in fails[0]["error"] and "tp=3" in fails[0]["error"]
+    assert not any(tmp_path.rglob("plan.json"))  # nothing was launched
+
+
+def test_only_paraplans_entrypoint_is_ever_built(tmp_path: Path) -> None:
+    cmd = train_command(4, tmp_path / "plan.json", 5, tmp_path / "m.json", tmp_path / "p.jsonl")
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert cmd[cmd.index("-m", 2) + 1] == TRAIN_MODULE
+
+
+def test_progress_tail_returns_complete_lines_once(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    tail = ProgressTail(path)
+    assert tail.new_lines() == []
+    path.write_text('{"step": 0}\n{"step": 1}\n{"ste')
+    assert [x["step"] for x in tail.new_lines()] == [0, 1]
+    with path.open("a") as f:
+        f.write('p": 2}\n')
+    assert tail.new_lines() == [{"step": 2}]
+    assert tail.new_lines() == []
+
+
