@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     max_sequences: int = 200_000
     max_metaops: int = 512
     max_wait_s: float = 60.0
+    # Directories whose files requests may name (Galvatron profiles, plan files); none by default, so that a
+    # request cannot make the server read arbitrary paths. JSON list in the environment.
+    data_roots: list[str] = Field(default_factory=list)
     dispatcher_poll_s: float = 0.5
     seed_demo_plan: bool = False
     log_json: bool = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 from service.errors import Unavailable
@@ -44,10 +45,34 @@ def available_kinds() -> list[str]:
     return out
 
 
+_FILE_FIELDS = (("strategy", "path"), ("cost_model", "profiles_dir"), ("cost_model", "hardware_dir"))
+
+
+def check_file_references(request: dict[str, Any], settings: Settings) -> None:
+    """Paths a request names must lie under one of ``settings.data_roots`` (422 naming the field)."""
+    roots = [Path(r).resolve() for r in settings.data_roots]
+    profiles_dir = (request.get("cost_model") or {}).get("profiles_dir") if isinstance(
+        request.get("cost_model"), dict) else None
+    for section, key in _FILE_FIELDS:
+        part = request.get(section)
+        value = part.get(key) if isinstance(part, dict) else None
+        if not isinstance(value, str) or not value:
+            continue
+        path = Path(value)
+        if not path.is_absolute() and key == "path" and isinstance(profiles_dir, str):
+            path = Path(profiles_dir) / path
+        resolved = path.resolve()
+        if not any(resolved.is_relative_to(root) for root in roots):
+            allowed = ", ".join(str(r) for r in roots) or "none configured"
+            raise SpecError.at((section, key), f"this server reads files only under its data roots ({allowed}; "
+                                               "PARAPLAN_DATA_ROOTS)")
+
+
 def validate_plan_request(request: Any, settings: Settings) -> str:
     """Return the request's kind; raise SpecError (422) or TooLarge (413) for what can be checked now."""
     kind = kind_of(request)
     check_limits(request, settings)
+    check_file_references(request, settings)
     module = solver_module(kind)
     # The kind's own cheap check when it has one (``validate``, else its request parser), so that a bad
     # request is a 422 now rather than a failed job later.

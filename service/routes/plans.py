@@ -18,7 +18,7 @@ from service.errors import Conflict, NotImplementedYet
 from service.limits import check_limits
 from service.schemas import ExportFormat, PlanList, PlanOut, PlanStatus
 from service.tokens import Principal
-from service.validation import kind_of, validate_plan_request
+from service.validation import check_file_references, kind_of, validate_plan_request
 from solvers.errors import SpecError
 
 router = APIRouter(prefix="/v1", tags=["plans"])
@@ -151,6 +151,7 @@ def estimate(body: dict[str, Any] | list[dict[str, Any]] = Body(..., description
     def one(request: dict[str, Any]) -> dict[str, Any]:
         kind_of(request)
         check_limits(request, ctx.settings)
+        check_file_references(request, ctx.settings)
         result: dict[str, Any] = estimate_fn(request)
         return result
 

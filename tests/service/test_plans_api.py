@@ -183,3 +183,16 @@ def test_estimate(client: Any) -> None:
     single = client.post("/v1/estimate", json=req).json()
     both = client.post("/v1/estimate", json=[req, bad]).json()
     assert both[0] == single and "strategy" in both[1]["error"]
+
+
+def test_server_side_files_only_under_data_roots(client: Any, tmp_path: Any) -> None:
+    req = {**HYBRID, "strategy": {"format": "galvatron", "path": "/etc/passwd"}}
+    r = client.post("/v1/estimate", json=req)
+    assert _locs(r) == [["body", "strategy", "path"]] and "PARAPLAN_DATA_ROOTS" in r.text
+    sneaky = {**HYBRID, "cost_model": {"kind": "galvatron", "profiles_dir": str(tmp_path / ".." / "..")}}
+    assert _locs(client.post("/v1/plans", json=sneaky)) == [["body", "cost_model", "profiles_dir"]]
+    client.app.state.settings.data_roots.append(str(tmp_path))
+    inside = {**HYBRID, "strategy": {"format": "galvatron", "path": "missing.json"},
+              "cost_model": {"kind": "galvatron", "profiles_dir": str(tmp_path)}}
+    r = client.post("/v1/estimate", json=inside)  # allowed through to the cost model, which finds no file
+    assert r.status_code == 422 and "PARAPLAN_DATA_ROOTS" not in r.text
