@@ -9,8 +9,10 @@ Per wave (the metaops whose predecessors are all done):
    block grows or shrinks: stage extension);
 3. contiguous placement with inter-wave locality: metaops are ordered on the line next to the devices of
    their predecessors (their activations are there) and, as alternatives, by size and by module.
-The planned order is then timed by ``schedule.timeline`` (slices start as soon as their devices are free),
-and the best of the orderings by full evaluation is kept.
+Share models (``Shares``): ``fluid`` is the reference's continuous relaxation; ``mix`` prices the two
+adjacent widths with the per-device batch rounded up; ``whole`` gives whole efficient widths and hands spare
+devices to the last finisher. The placements are timed by ``schedule.timeline`` (slices start as soon as
+their devices are free); ``planner`` keeps the best line-up and share model by full evaluation.
 """
 
 from __future__ import annotations
