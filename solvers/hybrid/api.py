@@ -11,7 +11,7 @@ from solvers.cost_model.base import CostModel
 from solvers.cost_model.factory import make_cost_model
 from solvers.errors import FieldProblem, InfeasibleError
 from solvers.hybrid import baselines
-from solvers.hybrid.planner import Planner, PlannerOptions, PlanResult
+from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import SpaceMode, build_space
 from solvers.request import HybridRequest, parse
 from solvers.specs import ModelSpec
@@ -29,60 +29,69 @@ def space_mode(req: HybridRequest) -> SpaceMode:
     return "galvatron" if req.cost_model.kind == "galvatron" else "full"
 
 
-def plan(req: HybridRequest, cm: CostModel, progress: Progress | None = None,
-         options: PlannerOptions | None = None) -> tuple[Planner, PlanResult]:
-    """Run the planner; raises InfeasibleError (with the memory any plan needs) when nothing fits."""
-    space = build_space(req, space_mode(req))
-    opts = options or PlannerOptions(time_limit_s=req.constraints.time_limit_s)
-    planner = Planner(cm, space, layer_kinds(req.model), opts)
-    try:
-        return planner, planner.search(progress)
-    except LookupError:
-        need = planner.min_memory_bytes()
-        limit = cm.memory_limit_bytes / GIB
+def _infeasible(planner: Planner, cm: CostModel) -> InfeasibleError:
+    need = planner.min_memory_bytes()
+    limit = cm.memory_limit_bytes / GIB
+    if need < float("inf"):
         msg = (f"no plan fits in {limit:.1f} GiB per GPU, even with ZeRO-3, full recompute and up to "
-               f"pp={max(space.pp_options())}; any plan needs at least {need / GIB:.1f} GiB per GPU"
-               if need < float("inf") else "no plan satisfies the constraints (no legal strategy for this model "
-               "on this cluster)")
-        err = InfeasibleError([FieldProblem(("constraints", "memory_limit_gib"), msg)])
-        err.min_memory_gib = need / GIB  # type: ignore[attr-defined]
-        raise err from None
+               f"pp={max(planner.space.pp_options())}; any plan needs at least {need / GIB:.1f} GiB per GPU")
+    else:
+        msg = "no plan satisfies the constraints (no legal strategy for this model on this cluster)"
+    err = InfeasibleError([FieldProblem(("constraints", "memory_limit_gib"), msg)])
+    err.min_memory_gib = need / GIB  # type: ignore[attr-defined]
+    return err
 
 
-def solve(request: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
+def solve(request: dict[str, Any], progress: Progress | None = None,
+          options: PlannerOptions | None = None) -> dict[str, Any]:
+    """The contract's hybrid result: the best plan, its estimate, the search and the baselines.
+
+    The uniform baselines are solved first; the best one is the incumbent the planner must beat, so a
+    configuration whose lower bound cannot beat it is never solved, and the plan never loses to it."""
     t0 = time.perf_counter()
     req: HybridRequest = parse(HybridRequest, request)
     cm = make_cost_model(req)
-    planner, res = plan(req, cm, progress)
-    search_s = time.perf_counter() - t0
-    est = cm.evaluate(res.plan)
-    if progress:
-        progress(0.95, "baselines")
-    t1 = time.perf_counter()
-    thr = est.throughput_samples_per_s
+    space = build_space(req, space_mode(req))
     kinds = layer_kinds(req.model)
+    planner = Planner(cm, space, kinds, options or PlannerOptions(time_limit_s=req.constraints.time_limit_s))
+    if progress:
+        progress(0.0, "baselines")
     base = {
-        "megatron": (baselines.megatron(cm, planner.space, kinds), "no uniform Megatron-style plan fits"),
-        "zero3_dp": (baselines.zero3_dp(cm, planner.space, kinds), "ZeRO-3 data parallelism does not fit"),
-        "pure_dp": (baselines.pure_dp(cm, planner.space, kinds), "plain data parallelism does not fit"),
+        "megatron": (baselines.megatron(cm, space, kinds), "no uniform Megatron-style plan fits"),
+        "zero3_dp": (baselines.zero3_dp(cm, space, kinds), "ZeRO-3 data parallelism does not fit"),
+        "pure_dp": (baselines.pure_dp(cm, space, kinds), "plain data parallelism does not fit"),
     }
+    t_base = time.perf_counter() - t0
+    found = [b for b, _ in base.values() if b is not None]
+    incumbent = min(found, key=lambda b: b.step_time_s) if found else None
+    try:
+        res = planner.search(progress, incumbent_s=incumbent.step_time_s if incumbent else float("inf"))
+        plan, step, source = res.plan, res.step_time_s, "dp"
+        stats = {"configs_total": res.configs_total, "configs_solved": res.configs_solved,
+                 "configs_pruned_by_bound": res.configs_pruned_by_bound, "dp_runs": res.dp_runs}
+    except LookupError:
+        if incumbent is None:
+            raise _infeasible(planner, cm) from None
+        plan, step, source = incumbent.plan, incumbent.step_time_s, f"baseline:{incumbent.name}"
+        stats = {"configs_total": 0, "configs_solved": 0, "configs_pruned_by_bound": 0, "dp_runs": planner.dp_runs}
+    search_s = time.perf_counter() - t0
+    est = cm.evaluate(plan)
+    thr = est.throughput_samples_per_s
     out_base = {name: baselines.report(b, cm.evaluate(b.plan) if b else None, thr, why)
                 for name, (b, why) in base.items()}
     if progress:
         progress(1.0, "done")
     return {
         "estimate": est.to_dict(),
-        "strategy": res.plan.to_dict(),
+        "strategy": plan.to_dict(),
         "search": {
             "time_s": search_s,
             "solver": "dp",
-            "configs_total": res.configs_total,
-            "configs_solved": res.configs_solved,
-            "configs_pruned_by_bound": res.configs_pruned_by_bound,
-            "dp_runs": res.dp_runs,
-            "baselines_time_s": time.perf_counter() - t1,
+            "plan_from": source,
+            **stats,
+            "baselines_time_s": t_base,
             "cost_model": req.cost_model.kind,
-            "planner_step_time_s": res.step_time_s,
+            "planner_step_time_s": step,
         },
         "baselines": out_base,
     }

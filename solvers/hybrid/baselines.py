@@ -63,6 +63,8 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
         parts = even_split(n_layers, cfg.pp)
         if min(parts) < cfg.virtual_stages:
             continue
+        # a uniform stage only re-lays out between a layout and itself: one matrix per configuration
+        diag_all = np.diag(layout_transitions(cm, cands, stage_context(cfg, 0, batch)))
         groups: dict[EmbeddingStrategy, list[int]] = {}
         for i, x in enumerate(cands):
             groups.setdefault(megatron_embedding(x), []).append(i)
@@ -77,7 +79,7 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
                 ctx = stage_context(c_cfg, s, batch)
                 fx = cm.stage_fixed(ctx)
                 infl = float(cm.in_flight_micro_batches(ctx))
-                diag = np.diag(layout_transitions(cm, sub, ctx))
+                diag = diag_all[idx]
                 t[s] = (n - 1) * diag + fx.time_s
                 u[s] = fx.step_time_s
                 mem[s] = fx.state_bytes + fx.other_bytes + infl * fx.activation_bytes

@@ -18,11 +18,13 @@ def convex_envelope(mem: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.nd
     if mem.size == 0:
         return mem, val
     order = np.lexsort((val, mem))
+    mem, val = mem[order], val[order]
+    # Pareto points first (vectorised): strictly cheaper than everything with less memory
+    before = np.minimum.accumulate(np.concatenate([[np.inf], val[:-1]]))
+    front = val < before
     xs: list[float] = []
     ys: list[float] = []
-    for x, y in zip(mem[order], val[order], strict=True):
-        if ys and y >= ys[-1]:
-            continue  # dominated: no cheaper than a point with less memory
+    for x, y in zip(mem[front], val[front], strict=True):
         while len(xs) >= 2 and (ys[-1] - ys[-2]) * (x - xs[-2]) >= (y - ys[-2]) * (xs[-1] - xs[-2]):
             xs.pop()
             ys.pop()  # the middle vertex lies on or above the chord

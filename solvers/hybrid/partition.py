@@ -81,15 +81,24 @@ def _all_compositions(total: int, k: int) -> list[tuple[int, ...]]:
 
 
 class _Scorer:
-    def __init__(self, lookup: StageLookup, pipe: PipelineTime):
+    def __init__(self, lookup: StageLookup, pipe: PipelineTime,
+                 tables: tuple[Sequence[np.ndarray], Sequence[np.ndarray]] | None = None):
         self.lookup, self.pipe, self.count = lookup, pipe, 0
         self.memo: dict[tuple[int, ...], float] = {}
+        # start-independent (time, step time) by layer count as plain lists: no call per stage
+        self.tables = None if tables is None else ([list(t) for t in tables[0]], [list(u) for u in tables[1]])
 
     def __call__(self, parts: tuple[int, ...]) -> float:
         hit = self.memo.get(parts)
         if hit is not None:
             return hit
         self.count += 1
+        if self.tables is not None:
+            tt, ut = self.tables
+            ts = [tt[s][n - 1] for s, n in enumerate(parts)]
+            val = INF if INF in ts else float(self.pipe(ts, [ut[s][n - 1] for s, n in enumerate(parts)]))
+            self.memo[parts] = val
+            return val
         ts, us, start = [], [], 0
         val = INF
         for s, n in enumerate(parts):
@@ -176,10 +185,11 @@ def min_max_partition(total: int, k: int, lookup: StageLookup,
 
 def _hill_climb(start: tuple[int, ...], score: _Scorer, max_rounds: int = 200) -> tuple[float, tuple[int, ...]]:
     cur, cur_v = start, score(start)
+    steps = (1, -1, 2, -2) if len(start) <= 16 else (1, -1)
     for _ in range(max_rounds):
         best_v, best_p = cur_v, cur
         for b in range(len(cur) - 1):
-            for step in (1, -1, 2, -2):
+            for step in steps:
                 p = list(cur)
                 p[b] -= step
                 p[b + 1] += step
@@ -197,10 +207,11 @@ def _hill_climb(start: tuple[int, ...], score: _Scorer, max_rounds: int = 200) -
 def search(total: int, k: int, lookup: StageLookup, pipe: PipelineTime,
            memory_weights: Sequence[float] | None = None, exhaustive_limit: int = 1000,
            fixed: tuple[int, ...] | None = None, tables: Sequence[np.ndarray] | None = None,
-           variants: StageVariants | None = None) -> PartitionResult:
+           variants: StageVariants | None = None, step_tables: Sequence[np.ndarray] | None = None,
+           climb: bool = True) -> PartitionResult:
     """Best partition of ``total`` layers into ``k`` stages (see module doc). ``tables`` (stage time by
     layer count, when it does not depend on the start layer) makes the min-max DP vectorised."""
-    score = _Scorer(lookup, pipe)
+    score = _Scorer(lookup, pipe, (tables, step_tables) if tables is not None and step_tables is not None else None)
     if fixed is not None:
         return _refined(PartitionResult(score(fixed), fixed, score.count), variants, pipe)
     if compositions(total, k) <= exhaustive_limit:
@@ -218,7 +229,7 @@ def search(total: int, k: int, lookup: StageLookup, pipe: PipelineTime,
         starts.append(mm)
     best_v, best_p = INF, starts[0]
     for s in dict.fromkeys(starts):
-        v, p = _hill_climb(s, score)
+        v, p = _hill_climb(s, score) if climb else (score(s), s)
         if v < best_v:
             best_v, best_p = v, p
     return _refined(PartitionResult(best_v, best_p, score.count), variants, pipe)

@@ -172,27 +172,31 @@ class Planner:
             end = start + count
             return float(ct[end] - ct[start]) + f.time_s, float(cu[end] - cu[start]) + f.step_time_s
 
-        tables = None
+        tables = step_tables = None
         if cc.uniform:
             tables = [np.where(np.arange(1, n + 1) < cc.config.virtual_stages, math.inf, t[1:] + f.time_s)
                       for t, _, f, _ in per_stage]
+            step_tables = [u[1:] + f.step_time_s for _, u, f, _ in per_stage]
+        # small: every partition (a true bound); large: the min-max and even partitions of the relaxation
         res = partition.search(n, cc.config.pp, look, self._pipe(cc),
-                               exhaustive_limit=self.opt.exhaustive_partition_limit, tables=tables)
+                               exhaustive_limit=self.opt.exhaustive_partition_limit, tables=tables,
+                               step_tables=step_tables, climb=False)
         return res.step_time_s
 
     # ------------------------------------------------------------------ one configuration
     def solve_config(self, cc: stage_costs.ConfigCosts) -> tuple[float, tuple[int, ...]]:
         n, v = len(self.kinds), cc.config.virtual_stages
-        tables = None
+        tables = step_tables = None
         if cc.uniform:
-            tables = []
+            tables, step_tables = [], []
             for s in range(cc.config.pp):
-                t = self.table(cc, s, self._max_len(cc, s, 0)).time_s
-                tables.append(np.where(np.arange(1, len(t) + 1) < v, math.inf, t))
+                tab = self.table(cc, s, self._max_len(cc, s, 0))
+                tables.append(np.where(np.arange(1, len(tab.time_s) + 1) < v, math.inf, tab.time_s))
+                step_tables.append(tab.step_s)
         res = partition.search(n, cc.config.pp, self._lookup(cc), self._pipe(cc),
                                memory_weights=self._memory_weights(cc),
                                exhaustive_limit=self.opt.exhaustive_partition_limit, tables=tables,
-                               variants=self._variants(cc))
+                               step_tables=step_tables, variants=self._variants(cc))
         self._picks[(cc.config, res.parts)] = res.variant
         return res.step_time_s, res.parts
 
@@ -247,22 +251,28 @@ class Planner:
         return [replace(cfg, embedding=e) for e in ordered]
 
     # ------------------------------------------------------------------ the search
-    def search(self, progress: Progress | None = None, configs: Sequence[PipelineConfig] | None = None) -> PlanResult:
+    def search(self, progress: Progress | None = None, configs: Sequence[PipelineConfig] | None = None,
+               incumbent_s: float = math.inf) -> PlanResult:
+        """Best plan over ``configs`` (default: the whole space). ``incumbent_s``: a step time already
+        achieved elsewhere (e.g. a baseline), to prune against from the start."""
         t0 = time.perf_counter()
         base = list(configs) if configs is not None else self.space.pipeline_configs()
-        configs = [v for cfg in base for v in self.embedding_variants(cfg)]
+        n_total = 0
         bounded: list[tuple[float, PipelineConfig, stage_costs.ConfigCosts]] = []
-        for i, cfg in enumerate(configs):
-            cc = self.config_costs(cfg)
-            if cc is None:
-                continue
-            lb = self.lower_bound(cc) if self.opt.use_bounds else 0.0
-            if math.isfinite(lb):
-                bounded.append((lb, cfg, cc))
+        for i, cfg in enumerate(base):
+            variants = self.embedding_variants(cfg)
+            n_total += len(variants)
+            for var in variants:
+                cc = self.config_costs(var)
+                if cc is None:
+                    continue
+                lb = self.lower_bound(cc) if self.opt.use_bounds else 0.0
+                if math.isfinite(lb) and lb < incumbent_s:
+                    bounded.append((lb, var, cc))
             if progress and i % 16 == 0:
-                progress(0.3 * (i + 1) / len(configs), f"bounded {i + 1}/{len(configs)} pipeline configurations")
+                progress(0.3 * (i + 1) / len(base), f"bounded {i + 1}/{len(base)} pipeline configurations")
         bounded.sort(key=lambda x: (x[0], x[1].pp, x[1].micro_batches))
-        best_v = math.inf
+        best_v = incumbent_s
         best: tuple[stage_costs.ConfigCosts, tuple[int, ...]] | None = None
         ranking: list[ConfigOutcome] = []
         solved = pruned = 0
@@ -282,10 +292,11 @@ class Planner:
                 progress(0.3 + 0.7 * (j + 1) / len(bounded),
                          f"pp={cfg.pp} m={cfg.micro_batches} {cfg.schedule}: best {best_v:.4g} s/step")
         if best is None:
-            raise LookupError("no pipeline configuration fits in memory")
+            raise LookupError("no pipeline configuration fits in memory (or beats the incumbent)")
         ranking.sort(key=lambda o: o.step_time_s)
         plan = self.build_plan(*best)
-        return PlanResult(plan, best_v, len(configs), solved, pruned, self.dp_runs, time.perf_counter() - t0, ranking)
+        pruned += n_total - len(bounded)
+        return PlanResult(plan, best_v, n_total, solved, pruned, self.dp_runs, time.perf_counter() - t0, ranking)
 
     # ------------------------------------------------------------------ infeasibility
     def min_memory_bytes(self) -> float:

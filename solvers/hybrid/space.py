@@ -97,6 +97,15 @@ class SearchSpace:
 
     def layer_candidates(self, stage_gpus: int, micro_batch_samples: int) -> list[LayerStrategy]:
         """Every legal layer strategy on a stage of ``stage_gpus`` GPUs for micro-batches of that many samples."""
+        key = (stage_gpus, micro_batch_samples)
+        hit = _CANDIDATES.get((self, key))
+        if hit is None:
+            if len(_CANDIDATES) > 4096:  # a process serving many requests: keep the cache bounded
+                _CANDIDATES.clear()
+            hit = _CANDIDATES[(self, key)] = self._layer_candidates(stage_gpus, micro_batch_samples)
+        return hit
+
+    def _layer_candidates(self, stage_gpus: int, micro_batch_samples: int) -> list[LayerStrategy]:
         out: list[LayerStrategy] = []
         for tp in self.tp_options(stage_gpus):
             for cp in divisors(stage_gpus // tp):
@@ -115,8 +124,14 @@ class SearchSpace:
         """Vocabulary-parallel embedding / LM head: TP inside a node, data parallel over the rest."""
         cap = self.max_tp if self.tp_across_nodes else min(self.max_tp, self.gpus_per_node)
         tps = [t for t in divisors(stage_gpus) if t <= cap]
-        return [EmbeddingStrategy(tp=t, dp=stage_gpus // t, zero=z)
-                for t in tps for z in self._zero_options(stage_gpus // t)]
+        # ZeRO-2 sits between 1 and 3 for a single (vocabulary) matrix; keep it only where 1 is unavailable
+        zeros = [z for z in self.zero_levels if z != 2 or 1 not in self.zero_levels]
+        out = []
+        for t in tps:
+            dp = stage_gpus // t
+            for z in (zeros if dp > 1 else [min(self.zero_levels)]):
+                out.append(EmbeddingStrategy(tp=t, dp=dp, zero=z))
+        return out
 
     def _sp_options(self, tp: int) -> list[SpKind]:
         if tp == 1:
@@ -129,6 +144,8 @@ class SearchSpace:
             return [min(self.zero_levels)]  # nothing to shard: all levels are the same plan
         return list(self.zero_levels)
 
+
+_CANDIDATES: dict[tuple[SearchSpace, tuple[int, int]], list[LayerStrategy]] = {}
 
 SpaceMode = Literal["full", "galvatron"]
 
@@ -167,7 +184,7 @@ def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:
         max_cp=(c.max_cp or n) if mode == "full" else 1,
         tp_across_nodes=c.tp_across_nodes,
         sp_kinds=ALL_SP if mode == "full" else ("megatron",),
-        zero_levels=zero_levels,
+        zero_levels=zero_levels if mode == "full" or c.zero is not None else (0, 2, 3),
         recomputes=ALL_RECOMPUTE if mode == "full" else ("none", "full"),
         schedules=schedules,
         micro_batches=micro,

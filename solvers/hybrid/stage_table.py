@@ -56,14 +56,15 @@ class StageTable:
 def _undominated(cols: list[np.ndarray]) -> np.ndarray:
     """Indices not dominated in every column at once (ties keep the first)."""
     x = np.stack(cols, axis=1)
-    ok = np.all(np.isfinite(x), axis=1)
-    idx = np.flatnonzero(ok)
-    x = x[idx]
-    le = np.all(x[:, None, :] <= x[None, :, :], axis=2)  # le[i, j]: i no worse than j everywhere
-    lt = np.any(x[:, None, :] < x[None, :, :], axis=2)
-    earlier = np.arange(len(idx))[:, None] < np.arange(len(idx))[None, :]
-    dominated = np.any(le & (lt | earlier), axis=0)
-    return idx[~dominated]
+    idx = np.flatnonzero(np.all(np.isfinite(x), axis=1))
+    idx = idx[np.lexsort(x[idx].T[::-1])]  # by the first column, then the next...
+    kept: list[int] = []
+    for i in idx:
+        # sorted by the first column, a dominating point can only come earlier
+        if kept and np.any(np.all(x[kept] <= x[i], axis=1)):
+            continue
+        kept.append(int(i))
+    return np.asarray(sorted(kept), dtype=np.int64)
 
 
 def _two_type(st: StageInputs, kind: Hashable, n: int, time_weight: float, limit_bytes: float,
