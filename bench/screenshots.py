@@ -42,8 +42,8 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--no-first-run"]
 FORMS: dict[str, dict[str, str]] = {
-    "hybrid": {"kind": "hybrid", "model": "llama2-13b", "gpu": "A100-80GB", "nodes": "2", "gpus_per_node": "8",
-               "global_batch_size": "64", "seq_length": "4096", "memory_limit_gib": "40"},
+    "hybrid": {"kind": "hybrid", "model": "llama2-7b", "gpu": "A100-80GB", "nodes": "1", "gpus_per_node": "8",
+               "global_batch_size": "64", "seq_length": "2048", "memory_limit_gib": "36"},
     "flexsp": {"kind": "flexsp", "model": "llama2-7b", "gpu": "A100-80GB", "nodes": "2", "gpus_per_node": "8",
                "global_batch_size": "128", "seq_length": "65536"},
     "spindle": {"kind": "spindle", "workload": "clip-imagebind", "spindle_search": "wavefront", "gpu": "A100-80GB",
@@ -72,7 +72,8 @@ def fill(url: str, count: int, result: dict[str, Any]) -> str:
     try:
         for i in range(count):
             req = copy.deepcopy(BIG_REQUEST)
-            req["training"]["global_batch_size"] = 256 + 8 * i  # distinct requests: no deduplication
+            # Distinct requests (no deduplication) that the stored result still answers: only the seed differs.
+            req["constraints"] = {"seed": i}
             view, _ = plans.submit_plan(db, req, "hybrid", max_attempts=3)
             claimed = jobs.claim_job(db, "bench", lease_s=60)
             assert claimed is not None and claimed.plan_id == view["id"]
@@ -186,6 +187,7 @@ def main() -> None:
             ids[kind] = submit(base, FORMS[kind])
             print(f"{kind}: plan {ids[kind]} solved via the form in {time.perf_counter() - started:.1f} s")
         pages = {f"plan_{k}": f"/plans/{pid}" for k, pid in ids.items()}
+        pages["plan_hybrid_128_layers"] = f"/plans/{big_id}"
         pages["plans_list"] = "/"
         for path in screenshots(base, pages, args.out):
             print(f"saved {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
@@ -218,4 +220,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
     main()
