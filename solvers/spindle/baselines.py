@@ -88,13 +88,19 @@ def optimus(problem: Problem, ranges: list[DeviceRange]) -> Planned | None:
     if len(tasks) > n_dev:
         return uniform(problem, ranges)
     size = dict.fromkeys(tasks, 1)
+    memo: dict[tuple[str, int], float] = {}
+
+    def time_of(t: str, n: int) -> float:
+        if (t, n) not in memo:
+            memo[(t, n)] = _task_time_s(problem, ranges, t, n)
+        return memo[(t, n)]
+
+    def gain(t: str) -> float:
+        now = time_of(t, size[t])
+        return float("inf") if now == float("inf") else now - time_of(t, size[t] + 1)
+
     for _ in range(n_dev - len(tasks)):
-        def gain(t: str) -> float:
-            now = _task_time_s(problem, ranges, t, size[t])
-            nxt = _task_time_s(problem, ranges, t, size[t] + 1)
-            return float("inf") if now == float("inf") else now - nxt
-        best = max(tasks, key=gain)
-        size[best] += 1
+        size[max(tasks, key=gain)] += 1
     return _on_blocks(problem, ranges, "optimus", _blocks([size[t] for t in tasks], tasks))
 
 

@@ -170,13 +170,16 @@ def worst_transfer_s(op: MetaOp, n_src: int, n_dst: int, topo: Topology) -> floa
 def allreduce_s(nbytes: float, devices: frozenset[int], topo: Topology) -> float:
     """Hierarchical all-reduce (NCCL-like): reduce-scatter / all-gather over NVLink inside each node, and
     across nodes each GPU carries 1/g of the data over its share of the node's NICs."""
-    n = len(devices)
-    if n <= 1 or nbytes == 0:
-        return 0.0
     per_node: dict[int, int] = {}
     for d in devices:
         per_node[d // topo.gpus_per_node] = per_node.get(d // topo.gpus_per_node, 0) + 1
-    g, k = max(per_node.values()), len(per_node)
+    return allreduce_by_node_s(nbytes, max(per_node.values(), default=0), len(per_node), topo)
+
+
+def allreduce_by_node_s(nbytes: float, g: int, k: int, topo: Topology) -> float:
+    """All-reduce over k nodes with (at most) g participating GPUs in a node."""
+    if g * k <= 1 or nbytes == 0:
+        return 0.0
     intra = 2.0 * (g - 1) / g * nbytes / (_ACHIEVED * topo.intra_Bps) if g > 1 else 0.0
     inter = 2.0 * (k - 1) / k * (nbytes / g) / (_ACHIEVED * topo.inter_Bps_per_gpu) if k > 1 else 0.0
     return _LINK_LATENCY_S * (g + k) + intra + inter

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solvers.spindle.cost import Topology, allreduce_s, slice_memory_bytes, state_bytes_per_param, transfer_s
+from solvers.spindle.cost import (
+    Topology,
+    allreduce_by_node_s,
+    slice_memory_bytes,
+    state_bytes_per_param,
+    transfer_s,
+)
 from solvers.spindle.workload import Workload
 
 _EPS = 1e-9
@@ -193,11 +199,16 @@ def grad_sync(problem: Problem, slices: Sequence[Slice]) -> tuple[dict[str, floa
             key = packed[layer].tobytes()
             row, nbytes = buckets.get(key, (grid[layer], 0.0))
             buckets[key] = (row, nbytes + 2.0 * params[module][layer])
-        sync[module] = sum(allreduce_s(b, frozenset(np.flatnonzero(r).tolist()), problem.topo)
-                           for r, b in buckets.values())
+        sync[module] = sum(_allreduce_row_s(b, r, problem.topo) for r, b in buckets.values())
     # DDP overlaps the all-reduce with the backward of the module's last slice (2/3 of its time)
     ready = {m: s.end_s - _BACKWARD_SHARE * (s.end_s - s.start_s) for m, s in last.items()}
     return sync, ready
+
+
+def _allreduce_row_s(nbytes: float, hosts: np.ndarray, topo: Topology) -> float:
+    """All-reduce over the devices marked in ``hosts`` (node-major numbering)."""
+    per_node = hosts.reshape(-1, topo.gpus_per_node).sum(axis=1)
+    return allreduce_by_node_s(nbytes, int(per_node.max()), int(np.count_nonzero(per_node)), topo)
 
 
 def evaluate(problem: Problem, slices: Sequence[Slice]) -> Evaluation:
