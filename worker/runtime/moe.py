@@ -266,3 +266,28 @@ def log_stats(model: nn.Module) -> dict[str, float]:
     log.info("moe all-to-all: compression rate %.3f (%d / %d bytes), %.3f s in %d calls", total.compression_rate,
              total.bytes_sent, total.bytes_uncompressed, total.seconds, total.calls)
     return total.as_dict()
+
+
+def use_moe(model: nn.Module, num_experts: int, top_k: int = 2, group: dist.ProcessGroup | None = None,
+            frequency: int = 1, capacity_factor: float | None = None, seed: int = 0) -> list[MoELayer]:
+    """Replace the feed-forward of every ``frequency``-th block of a ``model.Decoder`` by an MoE layer (the
+    spec's ``moe_layer_frequency`` convention). Each layer is drawn whole from ``seed`` and then sharded, so
+    every rank holds its part of the same model whatever the expert-parallel size."""
+    from worker.runtime.model import FeedForward, blocks
+
+    out = []
+    for key, block in blocks(model).items():
+        ffn = block.get_submodule("feed_forward")
+        if not isinstance(ffn, FeedForward) or (int(key) + 1) % frequency:
+            continue
+        torch.manual_seed(seed * 7919 + int(key))
+        full = MoELayer(ffn.w1.in_features, ffn.w1.out_features, num_experts, top_k, ffn.gated, capacity_factor)
+        layer = MoELayer.sharded_from(full, group) if group is not None else full
+        block.feed_forward = layer
+        out.append(layer)
+    return out
+
+
+def is_expert_parameter(name: str) -> bool:
+    """Expert weights live on one rank of the expert-parallel group: they are not averaged with the others."""
+    return ".experts." in name or name.startswith("experts.")
