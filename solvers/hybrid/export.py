@@ -1,0 +1,213 @@
+"""Export a hybrid plan to the launch formats people run: Megatron-LM arguments, a DeepSpeed config, a
+torchtitan TOML and Galvatron's ``galvatron_config_*.json``.
+
+Only Galvatron can express a per-layer strategy. For the others the plan's *dominant* layer strategy (the
+one most layers use; ties go to the more memory-frugal one) is written, and every approximation is listed
+in the output (comments, or a ``_paraplan_notes`` key in JSON): layers that differ, uneven stage sizes,
+ZeRO levels or sequence-parallel kinds the framework lacks. Recomputation that only some layers use maps to
+each framework's per-layer-count knob where it has one (Megatron's block recompute).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any, Literal
+
+from solvers.errors import SpecError
+from solvers.strategy import LayerStrategy, PlanStrategy
+
+Format = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
+FORMATS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan", "galvatron")
+_ZERO_COST = {3: 0, 2: 1, 1: 2, 0: 3}
+_RC_COST = {"full": 0, "selective": 1, "none": 2}
+
+
+def dominant(plan: PlanStrategy) -> LayerStrategy:
+    counts = Counter(plan.layers)
+    return max(counts, key=lambda s: (counts[s], -_ZERO_COST[s.zero], -_RC_COST[s.recompute]))
+
+
+def _batch(result: dict[str, Any], request: dict[str, Any] | None) -> tuple[int, int]:
+    """(global batch, sequence length) from the request, else recovered from the estimate."""
+    if request is not None:
+        t = request.get("training", {})
+        if "global_batch_size" in t:
+            return int(t["global_batch_size"]), int(t.get("seq_length", 2048))
+    est = result.get("estimate", {})
+    thr, step = est.get("throughput_samples_per_s"), est.get("step_time_s")
+    if not thr or not step:
+        raise SpecError.at(("request", "training"), "exporting needs the request's training batch")
+    return round(thr * step), round(est.get("tokens_per_s", 0.0) / thr)
+
+
+def _notes(plan: PlanStrategy, main: LayerStrategy, framework: str) -> list[str]:
+    notes: list[str] = []
+    other = [i for i, s in enumerate(plan.layers) if s != main]
+    if other:
+        kinds = Counter(plan.layers[i] for i in other)
+        desc = "; ".join(f"{n} x {_short(s)}" for s, n in kinds.most_common())
+        notes.append(f"per-layer strategy not expressible in {framework}: {len(other)} of {len(plan.layers)} layers "
+                     f"use another strategy ({desc}); all layers get {_short(main)}")
+    if len(set(plan.stage_layers)) > 1:
+        notes.append(f"uneven pipeline stages {list(plan.stage_layers)}")
+    return notes
+
+
+def _short(s: LayerStrategy) -> str:
+    sp = f" sp={s.sp}" if s.sp else ""
+    return f"tp{s.tp} cp{s.cp} dp{s.dp}{sp} zero{s.zero} recompute={s.recompute}"
+
+
+def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: dict[str, Any] | None) -> str:
+    s = dominant(plan)
+    notes = _notes(plan, s, "Megatron-LM")
+    mbs = batch // plan.micro_batches // s.dp
+    args = [
+        f"--tensor-model-parallel-size {s.tp}", f"--pipeline-model-parallel-size {plan.pp}",
+        f"--context-parallel-size {s.cp}", f"--micro-batch-size {max(mbs, 1)}", f"--global-batch-size {batch}",
+        f"--seq-length {seq}", "--bf16",
+    ]
+    if s.sp == "megatron" and s.tp > 1:
+        args.append("--sequence-parallel")
+    if s.sp == "ulysses":
+        notes.append("Megatron-LM has no Ulysses sequence parallelism: written as tensor parallelism")
+    if s.zero >= 1:
+        args.append("--use-distributed-optimizer")
+    if s.zero >= 2:
+        notes.append(f"ZeRO-{s.zero} approximated by the distributed optimizer (ZeRO-1)")
+    if plan.virtual_stages > 1:
+        args.append(f"--num-layers-per-virtual-pipeline-stage {len(plan.layers) // (plan.pp * plan.virtual_stages)}")
+    full = [sum(1 for x in _stage(plan, st) if x.recompute == "full") for st in range(plan.pp)]
+    if max(full) == len(plan.layers) // plan.pp and min(full) == max(full):
+        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    elif max(full) > 0:
+        # the first k layers of every stage recompute fully: k = the most any stage needs (never less memory)
+        args += ["--recompute-granularity full", "--recompute-method block", f"--recompute-num-layers {max(full)}"]
+    if any(x.recompute == "selective" for x in plan.layers):
+        args.append("--recompute-activations")
+    if len(set(plan.stage_layers)) > 1 and plan.pp > 1:
+        first, last = plan.stage_layers[0], plan.stage_layers[-1]
+        args += [f"--decoder-first-pipeline-num-layers {first}", f"--decoder-last-pipeline-num-layers {last}"]
+        if len(set(plan.stage_layers[1:-1])) > 1:
+            notes.append("Megatron sets only the first and last stage sizes; middle stages are split evenly")
+    if model:
+        args += [f"--num-layers {model.get('num_layers')}", f"--hidden-size {model.get('hidden_size')}",
+                 f"--num-attention-heads {model.get('num_attention_heads')}"]
+        if model.get("ffn_hidden_size"):
+            args.append(f"--ffn-hidden-size {model['ffn_hidden_size']}")
+        kv = model.get("num_kv_heads")
+        if kv and kv != model.get("num_attention_heads"):
+            args += ["--group-query-attention", f"--num-query-groups {kv}"]
+        if model.get("mlp") == "swiglu":
+            args.append("--swiglu")
+    head = "".join(f"# {n}\n" for n in notes)
+    return head + " \\\n".join(args) + "\n"
+
+
+def _stage(plan: PlanStrategy, stage: int) -> tuple[LayerStrategy, ...]:
+    start = sum(plan.stage_layers[:stage])
+    return plan.layers[start:start + plan.stage_layers[stage]]
+
+
+def deepspeed_config(plan: PlanStrategy, batch: int, seq: int) -> str:
+    s = dominant(plan)
+    notes = _notes(plan, s, "DeepSpeed")
+    mbs = max(batch // plan.micro_batches // s.dp, 1)
+    cfg: dict[str, Any] = {
+        "train_batch_size": batch,
+        "train_micro_batch_size_per_gpu": mbs,
+        "gradient_accumulation_steps": plan.micro_batches,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": s.zero, "overlap_comm": True, "contiguous_gradients": True},
+        "pipeline": {"stages": plan.pp, "partition_method": "uniform" if len(set(plan.stage_layers)) == 1
+                     else f"custom:{','.join(str(n) for n in plan.stage_layers)}"},
+    }
+    if s.tp > 1 and s.sp == "ulysses":
+        cfg["sequence_parallel_size"] = s.tp
+    elif s.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": s.tp}
+    if s.cp > 1:
+        notes.append("DeepSpeed has no ring-attention context parallelism: cp written as Ulysses sequence parallel")
+        cfg["sequence_parallel_size"] = cfg.get("sequence_parallel_size", 1) * s.cp
+    if any(x.recompute != "none" for x in plan.layers):
+        cfg["activation_checkpointing"] = {"partition_activations": s.tp > 1, "contiguous_memory_optimization": False,
+                                           "number_checkpoints": sum(x.recompute != "none" for x in plan.layers)}
+    if plan.schedule == "interleaved":
+        notes.append("DeepSpeed pipelines have no interleaved schedule: 1F1B")
+    cfg["_paraplan_notes"] = notes
+    return json.dumps(cfg, indent=2) + "\n"
+
+
+def torchtitan_toml(plan: PlanStrategy, batch: int, seq: int) -> str:
+    s = dominant(plan)
+    notes = _notes(plan, s, "torchtitan")
+    shard = s.dp if s.zero >= 1 else 1
+    replicate = 1 if s.zero >= 1 else s.dp
+    if s.zero in (1, 2):
+        notes.append(f"ZeRO-{s.zero} approximated by FSDP (ZeRO-3 sharding) over the data-parallel group")
+    if s.sp == "ulysses":
+        notes.append("torchtitan has no Ulysses sequence parallelism: written as tensor parallelism")
+    schedule = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}[plan.schedule]
+    mbs = max(batch // plan.micro_batches // s.dp, 1)
+    bounds, start = [], 0
+    for n in plan.stage_layers[:-1]:
+        start += n
+        bounds.append(f'"layers.{start}"')
+    rc = {"none": "none", "selective": "selective", "full": "full"}[s.recompute]
+    lines = [*(f"# {n}" for n in notes), "[training]", f"global_batch_size = {batch}",
+             f"local_batch_size = {batch // s.dp}", f"seq_len = {seq}", "mixed_precision_param = \"bfloat16\"", "",
+             "[parallelism]", f"data_parallel_replicate_degree = {replicate}",
+             f"data_parallel_shard_degree = {shard}", f"tensor_parallel_degree = {s.tp}",
+             f"context_parallel_degree = {s.cp}", f"pipeline_parallel_degree = {plan.pp}",
+             f"pipeline_parallel_schedule = \"{schedule}\"", f"pipeline_parallel_microbatch_size = {mbs}"]
+    if plan.pp > 1:
+        lines.append(f"pipeline_parallel_split_points = [{', '.join(bounds)}]")
+    lines += ["", "[activation_checkpoint]", f"mode = \"{rc}\""]
+    if any(x.recompute != s.recompute for x in plan.layers):
+        lines.append("# recomputation differs per layer in the plan; torchtitan applies one mode to all layers")
+    return "\n".join(lines) + "\n"
+
+
+def galvatron_json(plan: PlanStrategy, batch: int, num_gpus: int | None) -> str:
+    from solvers.formats.galvatron import plan_to_galvatron_config
+
+    return json.dumps(plan_to_galvatron_config(plan, global_batch_size=batch, num_gpus=num_gpus), indent=2) + "\n"
+
+
+def export(result: dict[str, Any], fmt: str, request: dict[str, Any] | None = None) -> str:
+    """The plan of a hybrid ``result`` in ``fmt`` (``megatron``, ``deepspeed``, ``torchtitan``,
+    ``galvatron``). ``request`` (the plan's request) supplies batch and model; without it the batch is
+    recovered from the estimate and the model arguments are left out."""
+    if fmt not in FORMATS:
+        raise SpecError.at(("format",), f"unknown export format {fmt!r}; known: {', '.join(FORMATS)}")
+    try:
+        plan = PlanStrategy.from_dict(result["strategy"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise SpecError.at(("result", "strategy"), f"not a hybrid plan: {err}") from None
+    batch, seq = _batch(result, request)
+    model = _model(request)
+    if fmt == "megatron":
+        return megatron_args(plan, batch, seq, model)
+    if fmt == "deepspeed":
+        return deepspeed_config(plan, batch, seq)
+    if fmt == "torchtitan":
+        return torchtitan_toml(plan, batch, seq)
+    gpus = None
+    if request is not None:
+        c = request.get("cluster", {})
+        gpus = int(c.get("nodes", 1)) * int(c.get("gpus_per_node", 8))
+    return galvatron_json(plan, batch, gpus)
+
+
+def _model(request: dict[str, Any] | None) -> dict[str, Any] | None:
+    if request is None or "model" not in request:
+        return None
+    from solvers.specs import ModelSpec
+
+    try:
+        m = ModelSpec.model_validate(request["model"])
+    except ValueError:
+        return None
+    return {"num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_attention_heads": m.num_attention_heads,
+            "ffn_hidden_size": m.ffn_size, "num_kv_heads": m.kv_heads, "mlp": m.mlp}

@@ -1,0 +1,139 @@
+"""The hybrid planner through its front doors: solve/estimate, baselines, errors, progress, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from solvers.api import estimate, solve
+from solvers.cost_model.factory import make_cost_model
+from solvers.errors import InfeasibleError, SpecError
+from solvers.hybrid.api import layer_kinds
+from solvers.hybrid.planner import Planner
+from solvers.hybrid.space import build_space
+from solvers.hybrid.stage_costs import layout_transitions, stage_context
+from solvers.hybrid.space import PipelineConfig
+from solvers.request import HybridRequest, parse
+
+SMALL: dict[str, Any] = {
+    "kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 8},
+    "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
+    "training": {"global_batch_size": 32, "seq_length": 4096},
+    "constraints": {"memory_limit_gib": 24},
+}
+
+
+@pytest.fixture(scope="module")
+def small_result() -> dict[str, Any]:
+    return solve(SMALL)
+
+
+def test_result_follows_the_contract_and_matches_the_cost_model(small_result: dict[str, Any]) -> None:
+    r = small_result
+    assert r["search"]["solver"] == "dp" and r["search"]["time_s"] > 0
+    s = r["strategy"]
+    assert len(s["layers"]) == 8 and sum(s["stage_layers"]) == 8 and len(s["stage_layers"]) == s["pp"]
+    for layer in s["layers"]:
+        assert layer["tp"] * layer["cp"] * layer["dp"] == 8 // s["pp"]
+    assert r["estimate"]["peak_memory_gib"] <= 24 + 1e-9 and r["estimate"]["fits"]
+    # what-if of the returned strategy gives the same estimate (the contract's estimate path)
+    again = estimate({**SMALL, "strategy": s})
+    assert math.isclose(again["step_time_s"], r["estimate"]["step_time_s"], rel_tol=1e-9)
+    assert math.isclose(r["search"]["planner_step_time_s"], r["estimate"]["step_time_s"], rel_tol=1e-9)
+
+
+def test_plan_never_loses_to_its_baselines(small_result: dict[str, Any]) -> None:
+    thr = small_result["estimate"]["throughput_samples_per_s"]
+    seen = 0
+    for name, b in small_result["baselines"].items():
+        if b["fits"]:
+            seen += 1
+            assert b["gain"] >= -1e-9, name
+            assert math.isclose(thr / b["throughput_samples_per_s"] - 1, b["gain"], rel_tol=1e-9)
+            uniform = {json.dumps(x, sort_keys=True) for x in b["strategy"]["layers"]}
+            assert len(uniform) == 1  # a baseline uses one strategy for every layer
+        else:
+            assert b["note"]
+    assert seen >= 1
+
+
+def test_progress_reports_fractions_up_to_one() -> None:
+    seen: list[float] = []
+    solve(SMALL, progress=lambda f, msg: seen.append(f))
+    assert seen and all(0.0 <= f <= 1.0 for f in seen) and seen[-1] == 1.0
+
+
+def test_infeasible_request_names_the_memory_any_plan_needs() -> None:
+    req = {**SMALL, "model": {"preset": "llama2-70b", "num_layers": 8}, "constraints": {"memory_limit_gib": 2}}
+    with pytest.raises(InfeasibleError) as err:
+        solve(req)
+    problem = err.value.problems[0]
+    assert problem.loc == ("constraints", "memory_limit_gib")
+    need = err.value.min_memory_gib  # type: ignore[attr-defined]
+    assert need > 2 and f"{need:.1f} GiB" in problem.msg
+    # it is a true lower bound: the plan found with room to spare uses at least that much
+    roomy = solve({**req, "constraints": {"memory_limit_gib": 80}})
+    assert roomy["estimate"]["peak_memory_gib"] >= need - 1e-9
+
+
+def test_bad_constraint_is_a_spec_error_naming_the_field() -> None:
+    with pytest.raises(SpecError) as err:
+        solve({**SMALL, "constraints": {"micro_batches": 5}})
+    assert err.value.problems[0].loc == ("constraints", "micro_batches")
+
+
+def test_constraints_are_respected() -> None:
+    r = solve({**SMALL, "constraints": {"memory_limit_gib": 40, "max_tp": 2, "max_pp": 2, "micro_batches": 8,
+                                        "schedule": "1f1b"}})
+    s = r["strategy"]
+    assert s["pp"] <= 2 and s["micro_batches"] == 8 and s["schedule"] == "1f1b"
+    assert all(x["tp"] <= 2 for x in s["layers"])
+
+
+def test_non_power_of_two_gpu_count() -> None:
+    r = solve({**SMALL, "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 6},
+               "training": {"global_batch_size": 24, "seq_length": 2048}})
+    s = r["strategy"]
+    assert all(x["tp"] * x["cp"] * x["dp"] * s["pp"] == 6 for x in s["layers"])
+
+
+def test_transitions_depend_only_on_the_layout() -> None:
+    """The planner asks transition_s once per layout pair; check that equals the full matrix."""
+    req: HybridRequest = parse(HybridRequest, SMALL)
+    cm = make_cost_model(req)
+    space = build_space(req)
+    cfg = PipelineConfig(2, 8)
+    cands = space.layer_candidates(4, 4)[:60]
+    ctx = stage_context(cfg, 0, 32)
+    full = cm.transition_s(cands, cands, ctx)
+    assert (layout_transitions(cm, cands, ctx) == full).all()
+
+
+def test_layer_kinds_cost_the_same() -> None:
+    """Layers of one kind have identical costs (the planner asks once per kind)."""
+    req: HybridRequest = parse(HybridRequest, {**SMALL, "model": {"preset": "mixtral-8x7b", "num_layers": 4,
+                                                                   "moe": {"num_experts": 8, "moe_layer_frequency": 2}}})
+    cm = make_cost_model(req)
+    kinds = layer_kinds(req.model)
+    assert kinds == ["dense", "moe", "dense", "moe"]
+    planner = Planner(cm, build_space(req), kinds)
+    cands = planner.space.layer_candidates(8, 4)
+    ctx = stage_context(PipelineConfig(1, 8), 0, 32)
+    a, b = cm.layer_costs(0, cands, ctx), cm.layer_costs(2, cands, ctx)
+    assert (a.time_s == b.time_s).all() and (a.state_bytes == b.state_bytes).all()
+
+
+def test_cli_plan_prints_the_result(tmp_path: Path) -> None:
+    f = tmp_path / "req.json"
+    f.write_text(json.dumps(SMALL))
+    out = subprocess.run([sys.executable, "-m", "paraplan_cli.main", "plan", "-f", str(f), "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["search"]["solver"] == "dp" and len(result["strategy"]["layers"]) == 8

@@ -1,0 +1,75 @@
+"""Exports of a hybrid plan: every format from a per-layer (non-uniform) plan, approximations stated."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from typing import Any
+
+import pytest
+
+from solvers.errors import SpecError
+from solvers.formats.galvatron import plan_from_galvatron_config
+from solvers.hybrid.export import export
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
+
+REQUEST: dict[str, Any] = {
+    "kind": "hybrid", "model": {"preset": "llama2-7b"},
+    "cluster": {"gpu": "A100-80GB", "nodes": 2, "gpus_per_node": 8},
+    "training": {"global_batch_size": 64, "seq_length": 2048},
+}
+A = LayerStrategy(tp=2, dp=4, sp="megatron", zero=3, recompute="full")
+B = LayerStrategy(tp=2, dp=4, sp="megatron", zero=2, recompute="none")
+PLAN = PlanStrategy(pp=2, micro_batches=8, layers=(A,) * 10 + (B,) * 22, stage_layers=(14, 18),
+                    embedding=EmbeddingStrategy(tp=2, dp=4, zero=3))
+RESULT = {"strategy": PLAN.to_dict(),
+          "estimate": {"step_time_s": 2.0, "throughput_samples_per_s": 32.0, "tokens_per_s": 65536.0}}
+
+
+def test_megatron_arguments() -> None:
+    text = export(RESULT, "megatron", REQUEST)
+    assert "--tensor-model-parallel-size 2" in text and "--pipeline-model-parallel-size 2" in text
+    assert "--sequence-parallel" in text and "--micro-batch-size 2" in text and "--global-batch-size 64" in text
+    # the 10 fully recomputed layers all sit in stage 0: block recompute of 10 layers per stage
+    assert "--recompute-method block" in text and "--recompute-num-layers 10" in text
+    assert "--decoder-first-pipeline-num-layers 14" in text
+    assert "per-layer strategy not expressible" in text and "10 of 32 layers" in text
+    assert "--num-layers 32" in text and "--swiglu" in text
+
+
+def test_deepspeed_config_is_consistent_json() -> None:
+    cfg = json.loads(export(RESULT, "deepspeed", REQUEST))
+    dp = 4
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * dp
+    assert cfg["zero_optimization"]["stage"] == 2  # the dominant (22-layer) strategy
+    assert cfg["pipeline"]["stages"] == 2 and "custom:14,18" in cfg["pipeline"]["partition_method"]
+    assert any("not expressible" in n for n in cfg["_paraplan_notes"])
+
+
+def test_torchtitan_toml_degrees_cover_the_cluster() -> None:
+    doc = tomllib.loads(export(RESULT, "torchtitan", REQUEST))
+    p = doc["parallelism"]
+    world = (p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"] * p["tensor_parallel_degree"]
+             * p["context_parallel_degree"] * p["pipeline_parallel_degree"])
+    assert world == 16
+    assert p["pipeline_parallel_split_points"] == ["layers.14"]
+    assert doc["training"]["global_batch_size"] == 64
+
+
+def test_galvatron_config_round_trips() -> None:
+    cfg = json.loads(export(RESULT, "galvatron", REQUEST))
+    back = plan_from_galvatron_config(cfg, 16)
+    assert back.pp == 2 and back.stage_layers == (14, 18) and back.micro_batches == 8
+    assert [x.tp for x in back.layers] == [x.tp for x in PLAN.layers]
+    assert [x.zero == 3 for x in back.layers] == [x.zero == 3 for x in PLAN.layers]
+    assert [x.recompute for x in back.layers] == [x.recompute for x in PLAN.layers]
+
+
+def test_batch_recovered_from_the_estimate_without_request() -> None:
+    assert "--global-batch-size 64" in export(RESULT, "megatron")
+
+
+def test_unknown_format_is_a_spec_error() -> None:
+    with pytest.raises(SpecError) as err:
+        export(RESULT, "nemo", REQUEST)
+    assert err.value.problems[0].loc == ("format",)
