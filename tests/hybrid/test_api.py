@@ -16,9 +16,8 @@ from solvers.cost_model.factory import make_cost_model
 from solvers.errors import InfeasibleError, SpecError
 from solvers.hybrid.api import layer_kinds
 from solvers.hybrid.planner import Planner
-from solvers.hybrid.space import build_space
+from solvers.hybrid.space import PipelineConfig, build_space
 from solvers.hybrid.stage_costs import layout_transitions, stage_context
-from solvers.hybrid.space import PipelineConfig
 from solvers.request import HybridRequest, parse
 
 SMALL: dict[str, Any] = {
@@ -117,8 +116,8 @@ def test_transitions_depend_only_on_the_layout() -> None:
 
 def test_layer_kinds_cost_the_same() -> None:
     """Layers of one kind have identical costs (the planner asks once per kind)."""
-    req: HybridRequest = parse(HybridRequest, {**SMALL, "model": {"preset": "mixtral-8x7b", "num_layers": 4,
-                                                                   "moe": {"num_experts": 8, "moe_layer_frequency": 2}}})
+    moe = {"preset": "mixtral-8x7b", "num_layers": 4, "moe": {"num_experts": 8, "moe_layer_frequency": 2}}
+    req: HybridRequest = parse(HybridRequest, {**SMALL, "model": moe})
     cm = make_cost_model(req)
     kinds = layer_kinds(req.model)
     assert kinds == ["dense", "moe", "dense", "moe"]
