@@ -4,7 +4,7 @@ Run under ``torch.distributed.run`` with one process per device, so every number
 node is busy, as it is in training (on a CPU host the ranks share cores, and that is part of the truth):
 
 - per-layer forward / backward time of one transformer block by batch and sequence, for each tensor-parallel
-  degree as the local shard (heads and FFN divided by tp; the layer's communication is profiled apart);
+  degree as the runtime runs it (DTensor shards), less its own collectives (profiled apart);
 - all-reduce / all-gather / reduce-scatter / all-to-all time by group size and message size, every group of
   that size running at once (as tp or dp groups do), and p2p send/recv between neighbouring ranks;
 - the host's GEMM rate and memory bandwidth (for the parts the cost model keeps analytic).
@@ -43,16 +43,11 @@ def _median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> flo
     return statistics.median(times)
 
 
-def shard_config(cfg: ModelConfig, tp: int) -> ModelConfig:
-    """The block one tensor-parallel rank computes: its heads and its slice of the FFN."""
-    return replace(cfg, num_heads=cfg.num_heads // tp, num_kv_heads=max(1, cfg.num_kv_heads // tp),
-                   ffn_hidden_size=cfg.ffn_hidden_size // tp)
-
-
-def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int) -> tuple[float, float]:
-    """(forward, backward) seconds of one block on a (batch, seq, hidden) input."""
+def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int,
+               block: torch.nn.Module | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of one block (a fresh one, or ``block``) on a (batch, seq, hidden) input."""
     torch.manual_seed(0)
-    block = Block(cfg).to(device)
+    block = block if block is not None else Block(cfg).to(device)
     x = torch.randn(batch, seq, cfg.hidden_size, device=device, requires_grad=True)
     grad = torch.randn(batch, seq, cfg.hidden_size, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -72,16 +67,50 @@ def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, rep
     return statistics.median(fwd), statistics.median(bwd)
 
 
+def tensor_parallel_block(cfg: ModelConfig, tp: int, device: torch.device) -> tuple[Block, dist.ProcessGroup]:
+    """One block sharded exactly as the runtime shards it (DTensor, Megatron layout) over contiguous groups
+    of ``tp`` ranks, every group at once."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from worker.runtime.model import Decoder
+    from worker.runtime.tensor_parallel import apply_tensor_parallel
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size() // tp, tp), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = Decoder(replace(cfg, num_layers=1)).to(device)
+    model.tok_embeddings = model.norm = model.output = None
+    apply_tensor_parallel(model, mesh["tp"], sequence_parallel=False)
+    block = model.layers["0"]
+    assert isinstance(block, Block)
+    return block, mesh["tp"].get_group()
+
+
+def tensor_parallel_layer_time(cfg: ModelConfig, block: Block, group: dist.ProcessGroup, batch: int, seq: int,
+                               device: torch.device, repeats: int) -> tuple[float, float]:
+    """(forward, backward) seconds of a TP block as the runtime runs it, less its own collectives (two
+    all-reduces of the activation each way, timed here on the same group): the profile's layer times
+    exclude communication, which the cost model adds from the collective measurements."""
+    fwd, bwd = layer_time(cfg, batch, seq, device, repeats, block=block)
+    act = torch.ones(batch * seq * cfg.hidden_size, device=device)
+    comm = _median_time(lambda: [dist.all_reduce(act, group=group) for _ in range(2)], repeats)
+    # Keep a floor: on a loaded host a collective can measure slower alone than inside the layer.
+    return max(fwd - comm, 0.25 * fwd), max(bwd - comm, 0.25 * bwd)
+
+
 def profile_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int], tps: Sequence[int],
                    device: torch.device, repeats: int) -> list[dict[str, Any]]:
-    """Layer times, averaged over ranks (all ranks measure at once)."""
+    """Layer times, averaged over ranks (all ranks measure at once). Tensor-parallel layers are timed as the
+    runtime runs them (DTensor), so its per-operator overhead is part of the profile."""
     out = []
     for seq in seqs:
         for tp in tps:
-            local = shard_config(cfg, tp)
+            sharded = tensor_parallel_block(cfg, tp, device) if tp > 1 else None
             for batch in batches:
                 dist.barrier()
-                f, b = layer_time(local, batch, seq, device, repeats)
+                if sharded is None:
+                    f, b = layer_time(cfg, batch, seq, device, repeats)
+                else:
+                    f, b = tensor_parallel_layer_time(cfg, *sharded, batch, seq, device, repeats)
                 t = torch.tensor([f, b], dtype=torch.float64, device=device)
                 dist.all_reduce(t)
                 t /= dist.get_world_size()

@@ -46,8 +46,11 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel:
         }
         if getattr(block.get_submodule("feed_forward"), "w3", None) is not None:
             plan["feed_forward.w3"] = ColwiseParallel()
+        # The sub-layer input becomes one DTensor at the attention / MLP boundary (all-gathered from the
+        # sequence shards under SP), so backward reduces its gradient once per sub-layer as in Megatron,
+        # not once per projection that reads it (q, k, v; w1, w3).
+        enter = PrepareModuleInput(input_layouts=(residual,), desired_input_layouts=(Replicate(),))
+        plan.update({"attention": enter, "feed_forward": enter})
         if sequence_parallel:
-            gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-            plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
-                         "attention": gather, "feed_forward": gather})
+            plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()})
         parallelize_module(block, mesh, plan)
