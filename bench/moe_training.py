@@ -126,8 +126,9 @@ def main() -> None:
     print(f"MoE decoder: {CFG.num_layers} MoE layers, hidden {CFG.hidden_size}, 8 experts top-2, EP=4 on 4 gloo "
           f"ranks, {WORLD * BATCH_PER_RANK}x{SEQ} tokens/step, Markov-chain data (entropy "
           f"{chain_entropy(markov_chain(CFG.vocab_size, 3, 5)):.3f} nats, ln V = {torch.log(torch.tensor(64.)):.3f})")
-    print(f"{'step':>5} {'loss (no compression)':>22} {'loss (LSH, %d hashes)' % args.hashes:>22} {'gap':>8}")
-    for s in list(range(0, args.steps, 20)) + [args.steps - 1]:
+    lsh_title = f"loss (LSH, {args.hashes} hashes)"
+    print(f"{'step':>5} {'loss (no compression)':>22} {lsh_title:>22} {'gap':>8}")
+    for s in [*range(0, args.steps, 20), args.steps - 1]:
         print(f"{s + 1:>5} {plain[s]:>22.4f} {lsh[s]:>22.4f} {lsh[s] - plain[s]:>+8.4f}")
     tail = min(20, args.steps)
     p_end, l_end = sum(plain[-tail:]) / tail, sum(lsh[-tail:]) / tail
