@@ -180,3 +180,25 @@ def test_plans_list_shows_the_submitted_plans(browser: Any, server: LiveServer) 
     page.select_option("select[name=kind]", kind)
     page.click(".filters button")
     assert set(page.locator("#plans-table tbody tr td:nth-child(2)").all_text_contents()) == {kind}
+
+
+def test_list_updates_a_queued_plan_live(browser: Any, tmp_path: Path) -> None:
+    # A server without a dispatcher keeps the plan queued until the test cancels it over the API; the
+    # open list page must then show the new status by itself.
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    upgrade(database_url=url)
+    live = start_server(url, tmp_path, dispatcher=False)
+    try:
+        request = {"kind": "hybrid", "model": {"preset": "gpt3-1.3b"},
+                   "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 4},
+                   "training": {"global_batch_size": 16, "seq_length": 2048}}
+        plan_id = httpx.post(f"{live.url}/v1/plans", json=request, timeout=10).json()["id"]
+        page = browser.new_page()
+        page.goto(live.url + "/")
+        badge = page.locator(f'tr[data-plan-id="{plan_id}"] .status')
+        assert badge.text_content() == "queued"
+        assert httpx.post(f"{live.url}/v1/plans/{plan_id}/cancel", timeout=10).status_code == 200
+        badge.filter(has_text="cancelled").wait_for(timeout=15_000)
+        assert page.locator(f'tr[data-plan-id="{plan_id}"] [data-poll-id]').count() == 0  # final: not polled
+    finally:
+        live.stop()
