@@ -38,7 +38,7 @@ def _cli_token(database_url: str, scope: str) -> str:
     return token
 
 
-def test_request_to_plan_to_export_over_http(live_server: LiveServer) -> None:
+def test_request_to_plan_to_export_over_http(live_server: LiveServer, db: Database, tmp_path: Path) -> None:
     kinds = available_kinds()
     assert "spindle" in kinds or "flexsp" in kinds or "hybrid" in kinds
     submit = {"Authorization": f"Bearer {_cli_token(live_server.database_url, 'submit')}"}
@@ -70,26 +70,27 @@ def test_request_to_plan_to_export_over_http(live_server: LiveServer) -> None:
         assert f'paraplan_jobs{{state="succeeded"}} {len(kinds)}.0' in metrics
         assert 'route="/v1/plans/{plan_id}"' in metrics
 
-
-def test_concurrent_identical_requests_over_http_solve_once(live_server: LiveServer, db: Database,
-                                                             tmp_path: Path) -> None:
+    # identical requests submitted concurrently: one plan, one job, solved once
     request = tiny_spindle(999)
 
     def post(_: int) -> tuple[int, str]:
-        r = httpx.post(f"{live_server.url}/v1/plans", params={"wait": 30}, json=request, timeout=60)
+        r = httpx.post(f"{live_server.url}/v1/plans", params={"wait": 30}, json=request, headers=submit,
+                       timeout=60)
         return r.status_code, r.json()["id"]
 
     with ThreadPoolExecutor(12) as pool:
         answers = list(pool.map(post, range(12)))
     assert {status for status, _ in answers} == {200} and len({pid for _, pid in answers}) == 1
     with db.reading() as s:
-        rows = s.execute(select(Job.attempts, Job.status)).all()
+        rows = s.execute(select(Job.attempts, Job.status).join(Plan, Plan.id == Job.plan_id)
+                         .where(Plan.id == answers[0][1])).all()
     assert [(r.attempts, r.status) for r in rows] == [(1, "succeeded")]  # one job, solved once
     # the CLI client of the same server: the stored plan's result, on stdout
     path = tmp_path / "req.json"
     path.write_text(json.dumps(request))
-    out = subprocess.run([*PARAPLAN, "plan", "-f", str(path), "--server", live_server.url, "--json"],
-                         capture_output=True, text=True, timeout=120)
+    token = submit["Authorization"].split()[1]
+    out = subprocess.run([*PARAPLAN, "plan", "-f", str(path), "--server", live_server.url, "--token", token,
+                          "--json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     with db.reading() as s:
         assert json.loads(out.stdout) == plans.get_plan(s, answers[0][1])["result"]
@@ -134,7 +135,7 @@ def _wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 
 def test_sigkilled_dispatcher_job_is_released_and_completes(database_url: str, db: Database,
                                                             tmp_path: Path) -> None:
-    plan_id = plans.submit_plan(db, slow_spindle(2.0), "spindle", 3)[0]["id"]
+    plan_id = plans.submit_plan(db, slow_spindle(1.5), "spindle", 3)[0]["id"]
     first = start_solver(database_url, tmp_path, "--max-jobs", "1", job_lease_s=1.5)
 
     def progress_message() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -57,9 +58,10 @@ def test_readyz_503_until_migrated(tmp_path: Path) -> None:
         assert c.get("/readyz").status_code == 200
 
 
-@pytest.mark.db
-def test_token_create_cli(tmp_path: Path, database_url: str) -> None:
-    env = server_env(database_url)
+def test_token_create_cli(tmp_path: Path, _sqlite_template: Path) -> None:
+    db_file = tmp_path / "cli.db"
+    shutil.copy(_sqlite_template, db_file)
+    env = server_env(f"sqlite:///{db_file}")
     ok = subprocess.run([*PARAPLAN, "token", "create", "--scope", "read"], env=env, capture_output=True, text=True)
     assert ok.returncode == 0 and ok.stdout.strip().startswith("pp_") and ok.stdout.count("\n") == 1
     assert ok.stdout.strip() not in ok.stderr
