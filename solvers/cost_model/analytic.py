@@ -7,7 +7,8 @@ Per layer and micro-batch on one GPU (``b`` samples per data-parallel rank, ``s`
   (``elementwise_traffic`` x the activation bytes, at HBM speed) and a per-kernel-launch overhead;
 - recompute = one more forward (full) or the attention core (selective);
 - tp_comm = Megatron TP/SP: 2 all-reduces (or reduce-scatter + all-gather pairs) forward and 2 backward
-  of the b s h activation on the TP group; Ulysses: 4 all-to-alls each way;
+  of the b s h activation on the TP group, the backward ones partly hidden behind the weight-gradient
+  GEMMs (``tp_overlap``); Ulysses: 4 all-to-alls each way;
 - cp_comm = ring attention's K/V exchange not hidden behind the attention core;
 - ep_comm = MoE dispatch/combine all-to-alls over the expert-parallel group;
 - dp_comm_exposed = ZeRO-2/3 traffic per micro-batch not hidden behind compute, and per step the
@@ -195,7 +196,11 @@ class AnalyticCostModel:
         megatron_fwd = 2.0 * self._collective("allreduce", act, c.tp, k_tp)
         ulysses_fwd = self._collective("alltoall", tok * (2 * shape.q_width + 2 * shape.kv_width) * e, c.tp, k_tp)
         tp_fwd = np.where(uly, ulysses_fwd, megatron_fwd)
-        tp_comm = 2.0 * tp_fwd
+        # backward: Megatron issues the input-gradient all-reduce asynchronously and computes the weight
+        # gradient meanwhile (a forward's worth of GEMMs), hiding up to tp_overlap of it
+        weight_grads = qkv + out + mlp
+        tp_bwd = np.where(uly, tp_fwd, np.maximum(0.0, tp_fwd - cal.tp_overlap * weight_grads))
+        tp_comm = tp_fwd + tp_bwd
 
         # ring attention: K and V of this rank's heads travel cp - 1 hops forward, K, V, dK, dV backward
         k_cp = comm.members_per_node(c.cp, c.tp, gpn)

@@ -19,16 +19,18 @@ from solvers.errors import FieldProblem, SpecError
 @dataclass(frozen=True)
 class AnalyticCalibration:
     gemm_eta_max: float = 0.9  # large-GEMM fraction of tensor-core peak
-    gemm_d_half: float = 159.2  # GEMM dimension at which that axis alone halves efficiency
+    gemm_d_half: float = 127.4  # GEMM output dimension (m, n) at which that axis alone halves efficiency
+    gemm_k_half: float = 127.4  # the same for the reduction dimension k
     hbm_efficiency: float = 0.80  # achievable fraction of HBM bandwidth for memory-bound kernels
     elementwise_traffic: float = 2.304  # HBM bytes moved by non-GEMM kernels per byte of stored activation
     kernel_overhead_s: float = 0.000864  # host time to issue one layer's forward kernels (backward: twice)
-    microbatch_overhead_s: float = 0.001843  # per micro-batch and stage: batch broadcast, loss, schedule bookkeeping
+    microbatch_overhead_s: float = 0.00118  # per micro-batch and stage: batch broadcast, loss, schedule bookkeeping
     intra_efficiency: float = 1.0  # NVLink: achieved / nominal bus bandwidth of large collectives
-    inter_efficiency: float = 0.7373  # network: achieved / nominal
+    inter_efficiency: float = 0.8848  # network: achieved / nominal
     intra_latency_s: float = 2.867e-05  # per ring step
-    inter_latency_s: float = 1.631e-05  # per ring step across nodes
-    dp_overlap: float = 0.5184  # fraction of the last backward that hides the per-step gradient sync
+    inter_latency_s: float = 1.305e-05  # per ring step across nodes
+    dp_overlap: float = 0.6221  # fraction of the last backward that hides the per-step gradient sync
+    tp_overlap: float = 0.8  # fraction of the weight-gradient GEMMs that hides the backward TP all-reduce
     zero_overlap: float = 0.7  # fraction of a micro-batch's compute that hides its ZeRO-2/3 traffic
     cp_overlap: float = 0.9  # fraction of the attention core that hides the ring-attention KV exchange
     grad_comm_bytes: float = 4.0  # bytes per gradient element on the wire (fp32 grads, Megatron's default)
@@ -40,7 +42,7 @@ class AnalyticCalibration:
 
     @property
     def gemm(self) -> GemmEfficiency:
-        return GemmEfficiency(eta_max=self.gemm_eta_max, d_half=self.gemm_d_half)
+        return GemmEfficiency(eta_max=self.gemm_eta_max, d_half=self.gemm_d_half, k_half=self.gemm_k_half)
 
     def with_overrides(self, overrides: dict[str, Any] | None, loc: tuple[str | int, ...] = ()) -> AnalyticCalibration:
         if not overrides:

@@ -18,12 +18,13 @@ ArrayLike = np.ndarray | float
 @dataclass(frozen=True)
 class GemmEfficiency:
     eta_max: float = 0.80  # fraction of the dense tensor-core peak a large, well-shaped GEMM reaches
-    d_half: float = 96.0  # dimension at which one axis alone halves the efficiency
+    d_half: float = 96.0  # output dimension (m or n) at which that axis alone halves the efficiency
+    k_half: float = 96.0  # the same for the reduction dimension k, which streams through the tile
     bytes_per_element: float = 2.0
 
     def efficiency(self, m: ArrayLike, n: ArrayLike, k: ArrayLike) -> np.ndarray:
         m, n, k = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (m, n, k))
-        return np.asarray(self.eta_max * (m / (m + self.d_half)) * (n / (n + self.d_half)) * (k / (k + self.d_half)))
+        return np.asarray(self.eta_max * (m / (m + self.d_half)) * (n / (n + self.d_half)) * (k / (k + self.k_half)))
 
     def time_s(self, m: ArrayLike, n: ArrayLike, k: ArrayLike, peak_flops: float, mem_bw_Bps: float) -> np.ndarray:
         """Seconds for one (m x k) @ (k x n) matmul."""

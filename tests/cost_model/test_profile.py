@@ -34,8 +34,10 @@ PROFILE = {
 def _models(profile: Mapping[str, Any]) -> tuple[Any, Any]:
     base = request(model={"preset": "llama2-7b", "num_layers": 4},
                    cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})
-    plain = make_cost_model(parse(HybridRequest, base))
-    prof = make_cost_model(parse(HybridRequest, {**base, "cost_model": {"kind": "profile", "profile": profile}}))
+    plain = make_cost_model(parse(HybridRequest, {**base, "cost_model": {"calibration": {"tp_overlap": 0}}}))
+    # no hiding of the backward all-reduce, so that the TP time is exactly four measured all-reduces
+    prof = make_cost_model(parse(HybridRequest, {**base, "cost_model": {"kind": "profile", "profile": profile,
+                                                                        "calibration": {"tp_overlap": 0}}}))
     return plain, prof
 
 
@@ -61,7 +63,7 @@ def test_profiled_layer_times_replace_the_analytic_compute() -> None:
     # TP all-reduce on 2 GPUs: 0.01 ms + 1e-7 ms/byte; 2 forward + 2 backward of a 4 x 2048 x 4096 x 2 B message
     msg = 4 * 2048 * 4096 * 2
     assert got.parts_s["tp_comm"][1] == pytest.approx(4 * (0.01 + 1e-7 * msg) / 1e3, rel=1e-6)
-    assert got.parts_s["tp_comm"][2] == pytest.approx(ref.parts_s["tp_comm"][2])
+    assert got.parts_s["tp_comm"][2] == pytest.approx(ref.parts_s["tp_comm"][2])  # no 4-GPU samples
     np.testing.assert_allclose(got.state_bytes, ref.state_bytes)  # memory is not what a profile measures
 
 
