@@ -192,21 +192,20 @@ def main() -> None:
         for path in screenshots(base, pages, args.out):
             print(f"saved {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
-        rows = {f"list of {args.plans} plans (page 1 of 50)": "/",
-                "list filtered kind=hybrid status=succeeded": "/?kind=hybrid&status=succeeded",
-                "list, last page (cursor)": None,
-                "hybrid plan, 128 layers": f"/plans/{big_id}"}
         html = httpx.get(f"{base}/?limit=200", timeout=30).text
         cursor = ""
         while found := re.search(r"cursor=(\w+)", html):
             cursor = found.group(1)
             html = httpx.get(f"{base}/?limit=200&cursor={cursor}", timeout=30).text
-        rows["list, last page (cursor)"] = f"/?cursor={cursor}"
+        rows = {f"list of {args.plans} plans (page 1 of 50)": "/",
+                "list filtered kind=hybrid status=succeeded": "/?kind=hybrid&status=succeeded",
+                "list, last page (cursor)": f"/?cursor={cursor}",
+                "hybrid plan, 128 layers": f"/plans/{big_id}"}
         for kind, pid in ids.items():
             rows[f"{kind} plan page (form-submitted)"] = f"/plans/{pid}"
         print(f"\n{'page':<46} {'server p50':>10} {'server p95':>10} {'wall p50':>9} {'wall p95':>9} {'KiB':>6}")
-        for name, path in rows.items():
-            t = timing(base, str(path), args.repeats)
+        for name, url_path in rows.items():
+            t = timing(base, url_path, args.repeats)
             print(f"{name:<46} {t['server_p50'] * 1e3:>8.1f}ms {t['server_p95'] * 1e3:>8.1f}ms "
                   f"{t['wall_p50'] * 1e3:>7.1f}ms {t['wall_p95'] * 1e3:>7.1f}ms {t['kib']:>6.0f}")
         print("\ngoal: <= 300 ms server time per page")
