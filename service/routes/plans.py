@@ -8,7 +8,7 @@ from typing import Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Body, Depends, Header, Query, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse
 
 from service import plans
 from service.auth import ReadAccess, SubmitAccess
@@ -23,6 +23,8 @@ from solvers.errors import SpecError
 
 router = APIRouter(prefix="/v1", tags=["plans"])
 
+_EXPORT_MEDIA = {"megatron": "text/plain", "deepspeed": "application/json", "torchtitan": "application/toml",
+                 "galvatron": "application/json"}
 _EXAMPLE = {"kind": "hybrid", "model": {"preset": "llama2-7b"},
             "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
             "training": {"global_batch_size": 64, "seq_length": 2048}}
@@ -134,10 +136,12 @@ def export_plan(plan_id: str, format: ExportFormat = Query(..., description="tar
         from solvers.hybrid.export import export
     except ModuleNotFoundError:
         raise NotImplementedYet("export is not available on this server yet") from None
-    out = export(view["result"], format)
-    if isinstance(out, str):
-        return PlainTextResponse(out)
-    return JSONResponse(out)
+    out = export(view["result"], format, view["request"])
+    if not isinstance(out, str):
+        return JSONResponse(out)
+    media = _EXPORT_MEDIA[format]
+    filename = f"paraplan-{plan_id[:8]}-{format}.{media.rsplit('/', 1)[-1].replace('plain', 'txt')}"
+    return Response(out, media_type=media, headers={"Content-Disposition": f'inline; filename="{filename}"'})
 
 
 @router.post("/estimate", responses={413: {"description": "solver input over a limit"},

@@ -170,6 +170,12 @@ def test_export_rules(client: Any, db: Database) -> None:
     spindle = store_plan(db, REQUESTS["spindle"], {"estimate": {"iteration_time_s": 0.2}}, kind="spindle")
     assert client.get(f"/v1/plans/{spindle}/export", params={"format": "megatron"}).status_code == 409
     assert _locs(client.get(f"/v1/plans/{queued}/export", params={"format": "tf"})) == [["query", "format"]]
+    solved = store_plan(db, {**HYBRID, "model": {"preset": "llama2-7b"}})  # the helper's 32-layer tp2 x dp4 plan
+    galvatron = client.get(f"/v1/plans/{solved}/export", params={"format": "galvatron"})
+    assert galvatron.status_code == 200 and galvatron.json()["pp_deg"] == 1
+    assert galvatron.json()["tp_sizes_enc"] == ",".join(["2"] * 32)
+    megatron = client.get(f"/v1/plans/{solved}/export", params={"format": "megatron"})
+    assert "--tensor-model-parallel-size 2" in megatron.text and megatron.headers["content-type"].startswith("text/")
 
 
 def test_estimate(client: Any) -> None:
