@@ -197,7 +197,7 @@ def main() -> None:
         while found := re.search(r"cursor=(\w+)", html):
             cursor = found.group(1)
             html = httpx.get(f"{base}/?limit=200&cursor={cursor}", timeout=30).text
-        rows = {f"list of {args.plans} plans (page 1 of 50)": "/",
+        rows = {f"list of {args.plans} plans (newest 50)": "/",
                 "list filtered kind=hybrid status=succeeded": "/?kind=hybrid&status=succeeded",
                 "list, last page (cursor)": f"/?cursor={cursor}",
                 "hybrid plan, 128 layers": f"/plans/{big_id}"}

@@ -175,3 +175,14 @@ def test_failed_plan_shows_the_reason_naming_the_field(ui_client: TestClient, ui
     html = ui_client.get(f"/plans/{view['id']}").text
     assert 'id="failure"' in html and "data-poll-id" not in html
     assert "<code>constraints.memory_limit_gib</code>: no plan fits in 36.0 GiB per GPU" in html
+
+
+def test_user_text_is_escaped_everywhere(ui_client: TestClient, ui_db: Database) -> None:
+    request, result = samples.spindle()
+    evil = "<script>alert(1)</script>"
+    request["workload"]["metaops"][0]["task"] = evil
+    result["slices"][0]["task"] = evil
+    plan_id = store_plan(ui_db, request, result)
+    for html in (ui_client.get(f"/plans/{plan_id}").text, ui_client.get("/").text):
+        assert evil not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in ui_client.get(f"/plans/{plan_id}").text
