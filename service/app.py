@@ -76,12 +76,13 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         if settings.run_dispatcher:
             dispatcher = Dispatcher(db, settings)
             dispatcher.start_background()
-            app.state.dispatcher = dispatcher
+            ctx.on_queued = dispatcher.wake
         try:
             yield
         finally:
             if dispatcher is not None:
                 dispatcher.stop.set()
+                dispatcher.wake()
             if database is None:
                 db.dispose()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -20,6 +21,8 @@ class ServiceContext:
     tokens: TokenCache = field(default_factory=TokenCache)
     metrics: Metrics = field(default_factory=Metrics)
     plans: PlanCache = field(default_factory=PlanCache)
+    # Called after a new job is queued; the in-process dispatcher hooks its wake-up here.
+    on_queued: Callable[[], None] = lambda: None
 
 
 def get_context(request: Request) -> ServiceContext:

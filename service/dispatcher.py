@@ -23,7 +23,7 @@ from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any
 
-from service import jobs, solve_child
+from service import jobs, runs, solve_child
 from service.db.engine import Database
 from service.errors import is_retryable_db_error
 from service.settings import Settings
@@ -108,6 +108,8 @@ class Dispatcher:
         self.settings = settings
         self.owner = owner or new_owner()
         self.stop = threading.Event()
+        self._wake = threading.Event()
+        self._next_housekeeping = 0.0
         self.stats = DispatcherStats()
         self._lock = threading.Lock()
 
@@ -215,21 +217,42 @@ class Dispatcher:
         log.info("job %s %s%s", job.id, outcome.status, f": {outcome.error}" if outcome.error else "")
         return outcome
 
+    def wake(self) -> None:
+        """A job was just queued (by this process): claim now instead of at the next poll."""
+        self._wake.set()
+
+    def _idle(self) -> None:
+        self._wake.wait(self.settings.dispatcher_poll_s)
+        self._wake.clear()
+
+    def housekeeping(self) -> None:
+        """Every few seconds: fail jobs whose leases ran out on their last attempt, and requeue (or fail) runs
+        whose worker stopped renewing, so that their state is right even when nobody claims."""
+        now = time.monotonic()
+        if now < self._next_housekeeping:
+            return
+        self._next_housekeeping = now + 5.0
+        with self.db.writing() as session:
+            jobs.reap_exhausted(session)
+            runs.reap_expired_runs(session)
+
     def loop(self, max_jobs: int | None = None, exit_when_idle: bool = False) -> None:
         while not self.stop.is_set():
             try:
                 outcome = self.run_once()
+                if outcome is None:
+                    self.housekeeping()
             except Exception as err:
                 if not is_retryable_db_error(err):
                     log.exception("dispatcher error")
                 else:
                     log.warning("database unavailable: %s", err)
-                self.stop.wait(self.settings.dispatcher_poll_s)
+                self._idle()
                 continue
             if outcome is None:
                 if exit_when_idle:
                     return
-                self.stop.wait(self.settings.dispatcher_poll_s)
+                self._idle()
             if max_jobs is not None and self.stats.claimed >= max_jobs:
                 return
 

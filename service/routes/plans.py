@@ -84,7 +84,9 @@ async def submit_plan(
         cached = ctx.plans.body(known)
         if cached is not None:  # solved before: no thread hop, no database
             return _json(cached, 200, f"/v1/plans/{known}")
-    view, _created = await to_thread.run_sync(_submit, ctx, body, kind, digest, idempotency_key)
+    view, created = await to_thread.run_sync(_submit, ctx, body, kind, digest, idempotency_key)
+    if created:
+        ctx.on_queued()
     if wait > 0 and view["status"] not in plans.TERMINAL:
         await wait_for_terminal(ctx, view["id"], wait)
         view = await to_thread.run_sync(_get, ctx, view["id"])

@@ -134,3 +134,19 @@ def test_profiles_crud(client: Any) -> None:
     bad = client.post("/v1/profiles", json={**body, "kind": "weird"})
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "kind"]
     assert client.delete(f"/v1/profiles/{pid}").status_code == 204
+
+
+def test_housekeeping_requeues_a_dead_workers_run(client: Any, db: Database, settings: Any,
+                                                  make_token: Callable[[str], str]) -> None:
+    from service.dispatcher import Dispatcher
+
+    tok = make_token("worker")
+    wid = _register(client, tok)
+    run_id = client.post(f"/v1/plans/{store_plan(db)}/runs", json={"steps": 1},
+                         headers=_auth(make_token("submit"))).json()["id"]
+    client.post("/v1/runs/claim", json={"worker_id": wid}, headers=_auth(tok))
+    with db.writing() as s:
+        s.execute(update(Run).where(Run.id == run_id).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+    Dispatcher(db, settings).housekeeping()  # nobody claims: the dispatcher's periodic sweep notices
+    view = client.get(f"/v1/runs/{run_id}").json()
+    assert view["status"] == "queued" and "lease" in view["error"] and view["attempts"] == 1
