@@ -8,6 +8,8 @@ Conventions (fixed by ``../shared/contract/plan-api.md``, extended here):
   ``sp = "ulysses"`` the same group instead runs DeepSpeed-Ulysses sequence parallelism (weights are
   replicated in it, the sequence is split, all-to-all around attention) — Galvatron's convention.
 - ``cp`` is ring-attention context parallelism (sequence split, KV exchanged in a ring).
+- MoE layers re-read their ranks for the experts as ``etp * ep * expert-dp`` (expert TP innermost); see
+  ``solvers.cost_model.moe``. ``lsh`` compresses their all-to-alls (LSH-MoE, approximate).
 - A micro-batch is ``global_batch_size / micro_batches`` samples for the whole stage; a layer with data
   parallel degree ``dp`` processes ``that / dp`` samples per rank (so ``dp`` may differ per layer).
 """
@@ -31,20 +33,28 @@ class LayerStrategy:
     zero: int = 0
     recompute: Recompute = "none"
     ep: int = 1
+    # MoE layers only (parallel folding: the layer's tp*cp*dp ranks re-read as etp * ep * expert-dp):
+    etp: int | None = None  # expert tensor parallelism; None = the attention's tp
+    lsh: bool = False  # LSH-MoE compression of the all-to-alls (approximate)
 
     @property
     def world(self) -> int:
         return self.tp * self.cp * self.dp
 
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        if self.ep == 1:
-            d.pop("ep")
+        for key, default in (("ep", 1), ("etp", None), ("lsh", False)):
+            if d[key] == default:
+                d.pop(key)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LayerStrategy:
-        known = {k: d[k] for k in ("tp", "dp", "cp", "sp", "zero", "recompute", "ep") if k in d}
+        known = {k: d[k] for k in ("tp", "dp", "cp", "sp", "zero", "recompute", "ep", "etp", "lsh") if k in d}
         return cls(**known)
 
 
