@@ -1,0 +1,52 @@
+"""The MoE part of the hybrid planner's search space: expert layouts of a layer candidate.
+
+Every attention layout (tp, cp, dp, sp, zero, recompute) of an MoE layer is combined with the legal expert
+layouts on the same ranks (parallel folding, ``solvers.cost_model.moe``):
+- ``ep``: a divisor of the expert count with ``etp * ep`` dividing the layer's ranks;
+- ``etp``: the attention's tp (the default, ``None``) or 1 (experts whole, more of them per node);
+- ``lsh``: LSH-MoE compression, only where the EP group crosses nodes (inside a node NVLink is fast enough
+  that hashing would not pay) and the request allows approximate methods.
+
+The unchanged layout (ep=1, etp=tp, no LSH) comes first for each attention layout: dense layers, which the
+same candidate list serves, cost the same under every expert layout, and the planner's dominance filter
+keeps the first of equal candidates, so dense layers never carry expert fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from solvers.cost_model.moe import alltoall_crosses_nodes
+from solvers.strategy import LayerStrategy
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def expert_layouts(x: LayerStrategy, num_experts: int, gpus_per_node: int, allow_approximate: bool
+                   ) -> list[LayerStrategy]:
+    """``x`` with each legal (etp, ep, lsh), the unchanged layout first."""
+    out: list[LayerStrategy] = []
+    for etp in dict.fromkeys((None, 1)):  # None = the attention's tp
+        if etp == 1 and x.tp == 1:
+            continue  # the same layout as None
+        etp_n = x.tp if etp is None else etp
+        for ep in _divisors(num_experts):
+            if x.world % (etp_n * ep):
+                continue
+            crosses = bool(alltoall_crosses_nodes(ep, etp_n, gpus_per_node))
+            for lsh in (False, True) if (crosses and allow_approximate) else (False,):
+                out.append(replace(x, ep=ep, etp=etp, lsh=lsh))
+    return out
+
+
+def with_expert_layouts(candidates: Iterable[LayerStrategy], num_experts: int, gpus_per_node: int,
+                        allow_approximate: bool) -> list[LayerStrategy]:
+    return [y for x in candidates for y in expert_layouts(x, num_experts, gpus_per_node, allow_approximate)]
+
+
+def approximate_layers(layers: Iterable[LayerStrategy]) -> list[int]:
+    """Indices of the layers whose plan is approximate (LSH-compressed all-to-alls)."""
+    return [i for i, x in enumerate(layers) if x.lsh]
