@@ -66,6 +66,7 @@ class HybridView:
     timeline_svg: str | None = None
     timeline: Timeline | None = None
     timeline_note: str = ""
+    timeline_legend: list[tuple[str, str]] = field(default_factory=list)
     baselines: list[Baseline] = field(default_factory=list)
     baseline_chart: Chart | None = None
 
@@ -133,19 +134,31 @@ def layer_strip(layers: Sequence[Mapping[str, Any]], stage_layers: Sequence[int]
     return svg.render(), legends
 
 
+# Forward light, backward dark; with interleaving, alternate chunks alternate between two shades of each.
+PHASE_SHADES = {"F": ("#56B4E9", "#a6d8f5"), "B": ("#0072B2", "#00446b")}
+
+
+def timeline_legend(tl: Timeline) -> list[tuple[str, str]]:
+    if tl.virtual_stages == 1:
+        return [("forward", PHASE_SHADES["F"][0]), ("backward", PHASE_SHADES["B"][0])]
+    return [(f"{name} chunk {'even' if k == 0 else 'odd'}", PHASE_SHADES[ph][k])
+            for ph, name in (("F", "forward"), ("B", "backward")) for k in (0, 1)]
+
+
 def timeline_svg(tl: Timeline, stages: int, micro_batches_drawn: int) -> str:
     left, top, row_h, width = 64.0, 6.0, 22.0, 1000.0
     svg = Svg(left + width + 30, top + row_h * stages + 26, f"{tl.schedule} pipeline timeline")
     scale = width / tl.makespan_s if tl.makespan_s > 0 else 0.0
     for s in range(stages):
         svg.text(left - 6, top + s * row_h + row_h * 0.65, f"stage {s}", anchor="end")
-    shades = {"F": ("#56B4E9", "forward"), "B": ("#0072B2", "backward")}
     for op in tl.ops:
-        fill, name = shades[op.phase]
+        fill = PHASE_SHADES[op.phase][op.chunk % 2]
+        name = "forward" if op.phase == "F" else "backward"
+        chunk = f" (chunk {op.chunk}, virtual stage {op.chunk * stages + op.stage})" if tl.virtual_stages > 1 else ""
         x, w = left + op.start_s * scale, (op.end_s - op.start_s) * scale
         y = top + op.stage * row_h
         svg.rect(x, y, w, row_h - 3, fill, stroke="#fff",
-                 title=f"stage {op.stage}, micro-batch {op.micro_batch} {name}: "
+                 title=f"stage {op.stage}{chunk}, micro-batch {op.micro_batch} {name}: "
                        f"{fmt.seconds(op.start_s)} → {fmt.seconds(op.end_s)}",
                  data={"phase": op.phase})
         if w >= 14 and micro_batches_drawn <= 99:
@@ -159,16 +172,21 @@ def _pipeline_timeline(strategy: Mapping[str, Any], stage_times: Sequence[float]
     p = len(stage_times)
     m = int(strategy.get("micro_batches") or 1)
     schedule = str(strategy.get("schedule") or "1f1b")
+    v = int(strategy.get("virtual_stages") or 1) if schedule == "interleaved" else 1
     drawn = m
     note = ""
-    if 2 * p * m > MAX_TIMELINE_OPS:
-        drawn = max(1, MAX_TIMELINE_OPS // (2 * p))
+    if 2 * p * m * v > MAX_TIMELINE_OPS:
+        # Keep a multiple of the stage count so that an interleaved schedule stays interleaved.
+        drawn = max(p, MAX_TIMELINE_OPS // (2 * p * v) // p * p) if v > 1 else max(1, MAX_TIMELINE_OPS // (2 * p))
+        drawn = min(drawn, m)
         note = f"First {drawn} of {m} micro-batches drawn (the steady state repeats). "
-    if schedule == "interleaved":
-        note += "Interleaved 1F1B drawn as plain 1F1B (virtual stages not shown). "
     fwd = [t * (1 - BACKWARD_SHARE) for t in stage_times]
     bwd = [t * BACKWARD_SHARE for t in stage_times]
-    tl = simulate(fwd, bwd, drawn, schedule)
+    tl = simulate(fwd, bwd, drawn, schedule, v)
+    if schedule == "interleaved" and tl.schedule != "interleaved":
+        note += f"Interleaving needs micro-batches in multiples of {p} stages: drawn as plain 1F1B. "
+    elif tl.virtual_stages > 1:
+        note += f"{v} model chunks per stage: each pass takes 1/{v} of the stage time. "
     return tl, timeline_svg(tl, p, drawn), note
 
 
@@ -276,6 +294,7 @@ def build(request: Mapping[str, Any], result: Mapping[str, Any]) -> HybridView:
     if view.stages and all(t is not None and t > 0 for t in stage_times):
         view.timeline, view.timeline_svg, view.timeline_note = _pipeline_timeline(
             strategy, [float(t) for t in stage_times if t is not None])
+        view.timeline_legend = timeline_legend(view.timeline)
 
     feasible = [b for b in view.baselines if b.throughput]
     if plan_thr and feasible:

@@ -133,7 +133,11 @@ def test_hybrid_plan_through_the_form(browser: Any, server: LiveServer) -> None:
     breakdowns = [est["breakdown_s"], *(b["estimate"]["breakdown_s"] for b in result["baselines"].values()
                                        if isinstance(b, dict) and b.get("fits") and "estimate" in b)]
     assert set(charts["time-chart"]["labels"]) == {k for bd in breakdowns for k, v in bd.items() if v}
-    assert svg_rects(page, "#timeline svg") == 2 * result["strategy"]["pp"] * result["strategy"]["micro_batches"]
+    strategy = result["strategy"]
+    pp, m = strategy["pp"], strategy["micro_batches"]
+    interleaved = strategy["schedule"] == "interleaved" and pp > 1 and m % pp == 0
+    chunks = strategy.get("virtual_stages", 1) if interleaved else 1
+    assert svg_rects(page, "#timeline svg") == 2 * pp * m * chunks
     assert page.locator("#baselines tr").count() >= 2
     assert not errors, errors
 

@@ -186,3 +186,13 @@ def test_user_text_is_escaped_everywhere(ui_client: TestClient, ui_db: Database)
     for html in (ui_client.get(f"/plans/{plan_id}").text, ui_client.get("/").text):
         assert evil not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in ui_client.get(f"/plans/{plan_id}").text
+
+
+def test_interleaved_plan_draws_every_chunk(ui_client: TestClient, ui_db: Database) -> None:
+    request, result = samples.hybrid(num_layers=12, pp=3, micro_batches=6)
+    request["training"]["global_batch_size"] = 48
+    result["strategy"].update(schedule="interleaved", virtual_stages=2)
+    html = ui_client.get(f"/plans/{store_plan(ui_db, request, result)}").text
+    assert len(_svg_rects(html, "timeline")) == 2 * 3 * 6 * 2
+    assert "chunk 1, virtual stage 5" in html  # chunk 1 of stage 2 is the sixth virtual stage
+    assert "</span>backward chunk odd</li>" in html and "2 chunks per stage" in html
