@@ -99,8 +99,7 @@ def length_histogram(lengths: Sequence[int], sp_of_sequence: Mapping[int, int], 
 
 
 def build(request: Mapping[str, Any], result: Mapping[str, Any]) -> FlexspView:
-    est = result.get("estimate") if isinstance(result.get("estimate"), Mapping) else {}
-    assert isinstance(est, Mapping)
+    est = as_map(result.get("estimate"))
     mbs = [mb for mb in result.get("micro_batches") or [] if isinstance(mb, Mapping)]
     lengths = _lengths(request)
     ranks = num_ranks(request, mbs)
@@ -128,10 +127,8 @@ def build(request: Mapping[str, Any], result: Mapping[str, Any]) -> FlexspView:
     if lengths:
         view.histogram = length_histogram(lengths, sp_of, degrees, sp_colour)
 
-    raw = result.get("baselines") if isinstance(result.get("baselines"), Mapping) else {}
-    assert isinstance(raw, Mapping)
-    static = raw.get("static_sp") if isinstance(raw.get("static_sp"), Mapping) else {}
-    assert isinstance(static, Mapping)
+    raw = as_map(result.get("baselines"))
+    static = as_map(raw.get("static_sp"))
     best = raw.get("best_static_sp")
     for degree, seconds in sorted(static.items(), key=lambda kv: int(kv[0])):
         t = fmt.as_float(seconds)

@@ -251,9 +251,7 @@ def _stages(strategy: Mapping[str, Any], estimate: Mapping[str, Any]) -> list[St
 
 
 def build(request: Mapping[str, Any], result: Mapping[str, Any]) -> HybridView:
-    estimate = result.get("estimate") if isinstance(result.get("estimate"), Mapping) else {}
-    strategy = result.get("strategy") if isinstance(result.get("strategy"), Mapping) else {}
-    assert isinstance(estimate, Mapping) and isinstance(strategy, Mapping)
+    estimate, strategy = as_map(result.get("estimate")), as_map(result.get("strategy"))
     layers = [x for x in strategy.get("layers") or [] if isinstance(x, Mapping)]
     view = HybridView(summary=dict(estimate))
     view.memory_limit_gib = memory_limit_gib(request)

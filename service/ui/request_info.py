@@ -45,8 +45,9 @@ def cluster_label(request: Mapping[str, Any]) -> str:
     if not cluster:
         return fmt.DASH
     gpu = cluster.get("gpu")
-    gpu_name = str(as_map(gpu).get("name") or as_map(gpu).get("preset") or "") if isinstance(gpu, Mapping) else str(
-        gpu or "")
+    if isinstance(gpu, Mapping):
+        gpu = gpu.get("name") or gpu.get("preset")
+    gpu_name = str(gpu or "")
     nodes, per = cluster.get("nodes", 1), cluster.get("gpus_per_node", 8)
     return f"{nodes}×{per} {gpu_name}".strip()
 

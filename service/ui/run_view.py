@@ -8,6 +8,7 @@ from typing import Any
 
 from service.ui import format as fmt
 from service.ui.charts import Chart, bars, lines
+from service.ui.request_info import as_map
 
 
 @dataclass
@@ -41,9 +42,7 @@ def _floats(value: Any) -> list[float]:
 
 
 def build(run: Mapping[str, Any]) -> RunView:
-    metrics = run.get("metrics") if isinstance(run.get("metrics"), Mapping) else {}
-    predicted = run.get("predicted") if isinstance(run.get("predicted"), Mapping) else {}
-    assert isinstance(metrics, Mapping) and isinstance(predicted, Mapping)
+    metrics, predicted = as_map(run.get("metrics")), as_map(run.get("predicted"))
     view = RunView(metrics=dict(metrics))
     per_rank = _floats(metrics.get("peak_memory_gib_per_rank"))
     measured_peak = max(per_rank) if per_rank else fmt.as_float(metrics.get("peak_memory_gib"))

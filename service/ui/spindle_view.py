@@ -122,8 +122,7 @@ def num_devices(request: Mapping[str, Any], slices: Sequence[Mapping[str, Any]])
 
 
 def build(request: Mapping[str, Any], result: Mapping[str, Any]) -> SpindleView:
-    est = result.get("estimate") if isinstance(result.get("estimate"), Mapping) else {}
-    assert isinstance(est, Mapping)
+    est = as_map(result.get("estimate"))
     slices = [s for s in result.get("slices") or [] if isinstance(s, Mapping)]
     it = fmt.as_float(est.get("iteration_time_s"))
     devices = num_devices(request, slices)
