@@ -3,7 +3,7 @@
 Every attention layout (tp, cp, dp, sp, zero, recompute) of an MoE layer is combined with the legal expert
 layouts on the same ranks (parallel folding, ``solvers.cost_model.moe``):
 - ``ep``: a divisor of the expert count with ``etp * ep`` dividing the layer's ranks;
-- ``etp``: the attention's tp (the default, ``None``) or 1 (experts whole, more of them per node);
+- ``etp``: as the layer's MLP (the default, ``None``: tp, or 1 under Ulysses) or 1 (experts whole);
 - ``lsh``: LSH-MoE compression, only where the EP group crosses nodes (inside a node NVLink is fast enough
   that hashing would not pay) and the request allows approximate methods.
 
@@ -29,10 +29,10 @@ def expert_layouts(x: LayerStrategy, num_experts: int, gpus_per_node: int, allow
                    ) -> list[LayerStrategy]:
     """``x`` with each legal (etp, ep, lsh), the unchanged layout first."""
     out: list[LayerStrategy] = []
-    for etp in dict.fromkeys((None, 1)):  # None = the attention's tp
-        if etp == 1 and x.tp == 1:
+    for etp in (None, 1):  # None = as the layer's MLP
+        if etp == 1 and x.expert_tp == 1:
             continue  # the same layout as None
-        etp_n = x.tp if etp is None else etp
+        etp_n = x.expert_tp if etp is None else etp
         for ep in _divisors(num_experts):
             if x.world % (etp_n * ep):
                 continue
@@ -46,7 +46,3 @@ def with_expert_layouts(candidates: Iterable[LayerStrategy], num_experts: int, g
                         allow_approximate: bool) -> list[LayerStrategy]:
     return [y for x in candidates for y in expert_layouts(x, num_experts, gpus_per_node, allow_approximate)]
 
-
-def approximate_layers(layers: Iterable[LayerStrategy]) -> list[int]:
-    """Indices of the layers whose plan is approximate (LSH-compressed all-to-alls)."""
-    return [i for i, x in enumerate(layers) if x.lsh]

@@ -32,7 +32,7 @@ class PlannerOptions:
     use_bounds: bool = True
     peak_levels: int = 4  # transient-memory levels enumerated exactly per stage (more are rounded up)
     embedding_variants: int = 4  # Pareto-optimal embedding/LM-head strategies tried per configuration
-    dp_work_limit: float = 3e7  # skip the memory-axis DP of identical-layer stages beyond this much work
+    dp_work_limit: float = 2e6  # identical-layer stages: the DP only when this cheap (else the two-type table)
 
 
 @dataclass
