@@ -205,7 +205,8 @@ class Dispatcher:
             return None
         with self._lock:
             self.stats.claimed += 1
-        log.info("job %s (plan %s, %s) claimed, attempt %d", job.id, job.plan_id, job.kind, job.attempt)
+        log.info("job %s (plan %s, %s) claimed, attempt %d", job.id, job.plan_id, job.kind, job.attempt,
+                 extra={"job_id": job.id, "plan_id": job.plan_id})
         outcome = self.execute(job)
         with self._lock:
             if outcome.status == "succeeded":
@@ -214,7 +215,8 @@ class Dispatcher:
                 self.stats.failed += 1
             elif outcome.status == "lost":
                 self.stats.lost += 1
-        log.info("job %s %s%s", job.id, outcome.status, f": {outcome.error}" if outcome.error else "")
+        log.info("job %s %s%s", job.id, outcome.status, f": {outcome.error}" if outcome.error else "",
+                 extra={"job_id": job.id, "plan_id": job.plan_id})
         return outcome
 
     def wake(self) -> None:

@@ -1,16 +1,24 @@
-"""Pure ASGI middleware (no per-request task overhead): body size limit and request latency."""
+"""Pure ASGI middleware (no per-request task overhead): body size limit, and request latency + access log with a
+request id (taken from a sane ``X-Request-ID`` header or generated, echoed in the response)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import re
 import time
+import uuid
 from typing import Any
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.logs import request_id
 from service.metrics import Metrics
+
+access_log = logging.getLogger("paraplan.access")
+_CLIENT_REQUEST_ID = re.compile(rb"[A-Za-z0-9._\-]{1,64}")
 
 
 async def _send_413(send: Send, limit: int) -> None:
@@ -66,6 +74,13 @@ class BodyLimit:
             await self.app(scope, limited_receive, guarded_send)
 
 
+def _request_id(scope: Scope) -> str:
+    for name, value in scope["headers"]:
+        if name == b"x-request-id" and _CLIENT_REQUEST_ID.fullmatch(value):
+            return value.decode()
+    return uuid.uuid4().hex
+
+
 class RequestMetrics:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -77,17 +92,26 @@ class RequestMetrics:
             return
         start = time.perf_counter()
         status = 500
+        rid = _request_id(scope)
+        token = request_id.set(rid)
 
         async def recording_send(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
             await send(message)
 
         try:
             await self.app(scope, receive, recording_send)
         finally:
+            elapsed = time.perf_counter() - start
             route: Any = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
-            self.metrics.request_latency.labels(scope["method"], path, str(status)).observe(
-                time.perf_counter() - start)
+            self.metrics.request_latency.labels(scope["method"], path, str(status)).observe(elapsed)
+            # Path ids (plan, run, worker) become log fields so that a run's history can be grepped by its id.
+            ids = {k: v for k, v in (scope.get("path_params") or {}).items() if k.endswith("_id")}
+            access_log.info("%s %s %d", scope["method"], path, status,
+                            extra={"method": scope["method"], "path": scope["path"], "route": path, "status": status,
+                                   "duration_ms": round(elapsed * 1000, 2), **ids})
+            request_id.reset(token)
