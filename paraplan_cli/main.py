@@ -119,9 +119,11 @@ def solver(
 
     from service.db.engine import Database
     from service.dispatcher import Dispatcher
+    from service.logs import configure_logging
     from service.settings import get_settings
 
     settings = get_settings()
+    configure_logging(as_json=settings.log_json)
     db = Database.connect(settings.database_url, pool_size=2)
     runner = Dispatcher(db, settings)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -132,6 +134,16 @@ def solver(
     typer.echo(json.dumps({"owner": runner.owner, "claimed": st.claimed, "succeeded": st.succeeded,
                            "failed": st.failed, "lost": st.lost}))
     db.dispose()
+
+
+@app.command()
+def doctor() -> None:
+    """Check the database, its migrations, solver backends and torch/CUDA; print what is missing."""
+    from paraplan_cli.doctor import report, run_checks
+
+    text, code = report(run_checks())
+    typer.echo(text)
+    raise typer.Exit(code)
 
 
 @token_app.command("create")
