@@ -20,7 +20,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from solvers.api import estimate  # noqa: E402
 from solvers.hybrid.api import solve  # noqa: E402
 
-DATA = ROOT / "bench" / "data" / "galvatron"
+DATA = ROOT / "bench" / "data" / "hybrid_galvatron"
 RUNNER = ROOT.parent / "shared" / "peers" / "galvatron_pypi" / "run_galvatron_pypi.py"
 GALV_PY = ROOT / ".venv-galvatron" / "bin" / "python"
 
@@ -96,7 +95,7 @@ def galvatron_table(rerun: bool) -> bool:
     print("## paraplan vs Galvatron 2.4.0 (llama2-7b, seq 2048, batch 64, fine-grained; one Galvatron-compatible"
           " model)\n")
     print("| case | Galvatron samples/s | paraplan samples/s | gain | Galvatron plan in our model | "
-          "Galvatron search s | paraplan search s (CPU) | paraplan plan |")
+          "Galvatron search s (wall) | paraplan search s (CPU, incl. baselines) | paraplan plan |")
     print("|---|---|---|---|---|---|---|---|")
     ok = True
     for nodes, mem, chunks in GALVATRON_CASES:
@@ -109,9 +108,8 @@ def galvatron_table(rerun: bool) -> bool:
             run_galvatron(nodes, mem, chunks)
         galv = json.loads((case_dir / "result.json").read_text())
         req = galvatron_request(case_dir, nodes, mem, chunks)
-        t0 = time.process_time()
         out = solve(req)
-        cpu = time.process_time() - t0
+        cpu = out["search"]["cpu_s"]
         ours = out["estimate"]["throughput_samples_per_s"]
         theirs = galv.get("throughput") or 0.0
         check = ""
@@ -119,7 +117,7 @@ def galvatron_table(rerun: bool) -> bool:
             e = estimate({**req, "strategy": {"format": "galvatron", "path": str(case_dir / "galvatron_config.json")}})
             check = f"{e['throughput_samples_per_s']:.3f}"
         gain = ours / theirs - 1 if theirs else float("nan")
-        ok &= ours >= theirs * (1 - 1e-9) and out["search"]["time_s"] <= 1.0
+        ok &= ours >= theirs * (1 - 1e-9) and cpu <= 1.0
         print(f"| {name} | {theirs:.3f} | {ours:.3f} | {gain:+.1%} | {check} | {galv.get('search_s', 0):.1f} | "
               f"{cpu:.2f} | {summarize(out['strategy'])} |")
     return ok
@@ -134,18 +132,17 @@ ANALYTIC_CASES: list[tuple[str, str, int, int, int]] = [
 
 def analytic_table() -> bool:
     print("\n## Analytic model, full space (paraplan vs best uniform Megatron-style plan vs ZeRO-3 DP)\n")
-    print("| case | paraplan samples/s | Megatron-style best | gain | ZeRO-3 DP | search s (CPU) | search s (wall) | "
-          "paraplan plan |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| case | paraplan samples/s | Megatron-style best | gain | ZeRO-3 DP | search s (CPU, incl. baselines) | "
+          "of which DP search | wall s (shared machine) | paraplan plan |")
+    print("|---|---|---|---|---|---|---|---|---|")
     wins = losses = 0
     slow = []
     for model, gpu, n, batch, seq in ANALYTIC_CASES:
         req = {"kind": "hybrid", "model": {"preset": model},
                "cluster": {"gpu": gpu, "nodes": n // 8, "gpus_per_node": 8},
                "training": {"global_batch_size": batch, "seq_length": seq}}
-        t0 = time.process_time()
         out = solve(req)
-        cpu = time.process_time() - out["search"]["baselines_time_s"] - t0
+        cpu = out["search"]["cpu_s"]
         ours = out["estimate"]["throughput_samples_per_s"]
         meg = out["baselines"]["megatron"].get("throughput_samples_per_s")
         z3 = out["baselines"]["zero3_dp"].get("throughput_samples_per_s")
@@ -155,7 +152,8 @@ def analytic_table() -> bool:
         if cpu > (1.0 if n <= 64 else 5.0):
             slow.append(f"{model}@{n}")
         print(f"| {model} {n}x{gpu} seq{seq} gbs{batch} | {ours:.2f} | {meg or 0:.2f} | {gain:+.1%} | "
-              f"{z3 or 0:.2f} | {cpu:.2f} | {out['search']['time_s']:.2f} | {summarize(out['strategy'])} |")
+              f"{z3 or 0:.2f} | {cpu:.2f} | {out['search']['planner_cpu_s']:.2f} | {out['search']['time_s']:.2f} | "
+              f"{summarize(out['strategy'])} |")
     print(f"\n≥5% over Megatron-style on {wins}/{len(ANALYTIC_CASES)} cases; losses: {losses}; "
           f"over the time target: {', '.join(slow) or 'none'}")
     return wins * 2 >= len(ANALYTIC_CASES) and losses == 0 and not slow

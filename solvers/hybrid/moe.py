@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from functools import lru_cache
 
-from solvers.cost_model.moe import alltoall_crosses_nodes
 from solvers.strategy import LayerStrategy
 
 
@@ -25,9 +25,15 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def crosses_nodes(ep: int, etp: int, gpus_per_node: int) -> bool:
+    """The EP group (ep ranks, etp apart) spans nodes (as ``cost_model.moe.alltoall_crosses_nodes``)."""
+    return ep > max(1, gpus_per_node // etp)
+
+
+@lru_cache(maxsize=65536)
 def expert_layouts(x: LayerStrategy, num_experts: int, gpus_per_node: int, allow_approximate: bool
                    ) -> list[LayerStrategy]:
-    """``x`` with each legal (etp, ep, lsh), the unchanged layout first."""
+    """``x`` with each legal (etp, ep, lsh), the unchanged layout first (cached: the planner asks per config)."""
     out: list[LayerStrategy] = []
     for etp in (None, 1):  # None = as the layer's MLP
         if etp == 1 and x.expert_tp == 1:
@@ -36,7 +42,7 @@ def expert_layouts(x: LayerStrategy, num_experts: int, gpus_per_node: int, allow
         for ep in _divisors(num_experts):
             if x.world % (etp_n * ep):
                 continue
-            crosses = bool(alltoall_crosses_nodes(ep, etp_n, gpus_per_node))
+            crosses = crosses_nodes(ep, etp_n, gpus_per_node)
             for lsh in (False, True) if (crosses and allow_approximate) else (False,):
                 out.append(replace(x, ep=ep, etp=etp, lsh=lsh))
     return out

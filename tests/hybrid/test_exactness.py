@@ -12,6 +12,9 @@ from solvers.hybrid.space import SearchSpace
 from tests.hybrid.brute_force import best_step_time
 from tests.hybrid.synthetic import MIB, SyntheticCostModel
 
+# memory bins of 1 MiB (the synthetic model's memory is whole MiB), every transient level, the DP everywhere
+EXACT = PlannerOptions(memory_unit_bytes=MIB, peak_levels=64, dp_work_limit=math.inf)
+
 
 @st.composite
 def small_case(draw: st.DrawFn, per_step: bool = True) -> tuple[SyntheticCostModel, SearchSpace]:
@@ -41,7 +44,7 @@ def _solve(cm: SyntheticCostModel, space: SearchSpace) -> tuple[float, float]:
     """(planner's step time, enumeration's), after checking the plan against the model's own evaluate."""
     truth = best_step_time(cm, space)
     kinds = None if cm.layer_scale else [0] * cm.num_layers  # identical layers take the shared-table path
-    planner = Planner(cm, space, kinds=kinds, options=PlannerOptions(memory_unit_bytes=MIB, peak_levels=64, dp_work_limit=math.inf))
+    planner = Planner(cm, space, kinds=kinds, options=EXACT)
     try:
         result = planner.search()
     except LookupError:
@@ -75,7 +78,7 @@ def test_planner_near_exhaustive_with_per_step_costs(case: tuple[SyntheticCostMo
 def test_lower_bound_never_exceeds_the_solved_configuration(case: tuple[SyntheticCostModel, SearchSpace]) -> None:
     cm, space = case
     kinds = None if cm.layer_scale else [0] * cm.num_layers
-    planner = Planner(cm, space, kinds=kinds, options=PlannerOptions(memory_unit_bytes=MIB, peak_levels=64, dp_work_limit=math.inf))
+    planner = Planner(cm, space, kinds=kinds, options=EXACT)
     for cfg in space.pipeline_configs():
         cc = planner.config_costs(cfg)
         if cc is None:
