@@ -1,7 +1,7 @@
 """Closed loop on this machine: profile the CPU "cluster", predict the step time of several plans with the
 cost model calibrated by that profile, run the plans with the worker runtime, compare.
 
-    .venv/bin/python bench/closed_loop.py                 # profile, predict, run 7 plans on 4 gloo ranks
+    .venv/bin/python bench/closed_loop.py                 # profile, predict, run 9 plans on 4 gloo ranks
     .venv/bin/python bench/closed_loop.py --profile P.json  # reuse a profile written by worker.profiler
 
 Prints a table (predicted vs measured step time per plan), the MAPE and Spearman's rank correlation.
@@ -42,6 +42,7 @@ PLANS: dict[str, dict[str, Any]] = {
     "pp4-1f1b": {"pp": 4, "micro_batches": 8, "schedule": "1f1b"},
     "pp2-tp2-1f1b": {"pp": 2, "tp": 2, "micro_batches": 4, "schedule": "1f1b"},
     "pp2-dp2-gpipe": {"pp": 2, "dp": 2, "zero": 2, "micro_batches": 4, "schedule": "gpipe"},
+    "pp4-gpipe-mb4": {"pp": 4, "micro_batches": 4, "schedule": "gpipe"},
 }
 # What a CPU host with gloo does differently from a GPU: nothing overlaps (communication and compute share
 # the cores) and the host cost of launching kernels is inside the measured layer times.
@@ -52,7 +53,7 @@ def run_profiler(workdir: Path, repeats: int) -> dict[str, Any]:
     out = workdir / "profile.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
            "-m", "worker.profiler", "--model", json.dumps(MODEL), "--seqs", str(TRAINING["seq_length"]),
-           "--batches", "1,2,4,8", "--repeats", str(repeats), "--out", str(out)]
+           "--batches", "1,2,4,8,16", "--repeats", str(repeats), "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
     doc: dict[str, Any] = json.loads(out.read_text())
     return doc

@@ -7,6 +7,7 @@ the global mean loss, identical on every rank.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor.parallel import loss_parallel
 
 from worker.runtime.checkpointing import apply_checkpointing
 from worker.runtime.data import local_batch
@@ -38,11 +40,17 @@ def data_parallel_mesh(mesh: DeviceMesh, plan: RuntimePlan) -> DeviceMesh:
     return mesh["dp"]
 
 
+def vocab_parallel_loss(plan: RuntimePlan) -> bool:
+    """Cross-entropy on vocabulary-sharded logits (no logits all-gather) whenever tensor parallelism is on."""
+    return plan.tensor_parallel > 1
+
+
 def parallelize_module_for(plan: RuntimePlan, model: nn.Module, mesh: DeviceMesh,
                            param_dtype: torch.dtype | None, notes: list[str]) -> nn.Module:
     """Every parallelism except the pipeline, applied to ``model`` (the whole model or one stage)."""
     if plan.tensor_parallel > 1:
-        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=plan.sp == "megatron")
+        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=plan.sp == "megatron",
+                              vocab_parallel_loss=vocab_parallel_loss(plan))
     if plan.sequence_parallel > 1:
         apply_ulysses(model, mesh["tp"].get_group())
     apply_checkpointing(model, plan.recompute)
@@ -99,7 +107,8 @@ class ParallelModel:
         inputs, labels = local_batch(tokens, self.dp_rank, plan.dp, self.sp_rank, plan.sequence_parallel)
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         loss_sum, count = 0.0, 0
-        with self._autocast():
+        # Forward and backward of a vocabulary-parallel loss must both run inside loss_parallel().
+        with self._autocast(), loss_parallel() if vocab_parallel_loss(plan) else contextlib.nullcontext():
             if self.schedule is not None:
                 losses: list[torch.Tensor] = []
                 target: dict[str, Any] = {"target": labels, "losses": losses} if self.has_last else {}

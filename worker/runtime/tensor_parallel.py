@@ -23,8 +23,13 @@ from torch.distributed.tensor.parallel import (
 from worker.runtime.model import blocks
 
 
-def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool) -> None:
-    """Shard ``model`` (a Decoder or a pipeline stage of one) over the 1-D ``mesh`` in place."""
+def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool,
+                          vocab_parallel_loss: bool = False) -> None:
+    """Shard ``model`` (a Decoder or a pipeline stage of one) over the 1-D ``mesh`` in place.
+
+    With ``vocab_parallel_loss`` the LM head returns logits sharded over the vocabulary (a DTensor) and the
+    loss must run under ``torch.distributed.tensor.parallel.loss_parallel()`` (Megatron's vocab-parallel
+    cross-entropy: no all-gather of the logits); otherwise the logits are all-gathered."""
     residual = Shard(1) if sequence_parallel else Replicate()
     top: dict[str, Any] = {}
     if getattr(model, "tok_embeddings", None) is not None:
@@ -32,7 +37,10 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel:
     if getattr(model, "norm", None) is not None and sequence_parallel:
         top["norm"] = SequenceParallel()
     if getattr(model, "output", None) is not None:
-        top["output"] = ColwiseParallel(input_layouts=residual, output_layouts=Replicate())
+        if vocab_parallel_loss:
+            top["output"] = ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False)
+        else:
+            top["output"] = ColwiseParallel(input_layouts=residual, output_layouts=Replicate())
     if top:
         parallelize_module(model, mesh, top)
     for block in blocks(model).values():
