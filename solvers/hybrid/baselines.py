@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from solvers.cost_model.base import CostModel, Estimate
-from solvers.hybrid.space import PipelineConfig, SearchSpace
+from solvers.hybrid.space import ALL_RECOMPUTE, PipelineConfig, SearchSpace
 from solvers.hybrid.stage_costs import layout_transitions, stage_context
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute
 
@@ -120,9 +120,9 @@ def megatron(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> Ba
         g = space.num_gpus // pp
         for tp in space.tp_options(g):
             for zero in (0, 1):
-                for rc in ("none", "selective", "full"):
+                for rc in ALL_RECOMPUTE:
                     strategies.append(LayerStrategy(tp=tp, dp=g // tp, sp="megatron" if tp > 1 else None,
-                                                    zero=zero if g // tp > 1 else 0, recompute=rc))  # type: ignore[arg-type]
+                                                    zero=zero if g // tp > 1 else 0, recompute=rc))
     return best_uniform(cm, space, kinds, configs, dict.fromkeys(strategies), "megatron")
 
 

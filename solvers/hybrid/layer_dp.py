@@ -55,18 +55,6 @@ class PrefixTable:
         return out
 
 
-def transition_classes(trans: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Group candidates whose transition rows and columns are identical.
-
-    Returns (class of each candidate, class-to-class transition matrix)."""
-    if trans is None or not np.any(trans):
-        return np.zeros(n, dtype=np.int64), np.zeros((1, 1))
-    sig = np.concatenate([trans, trans.T], axis=1)
-    _, first, cls = np.unique(sig, axis=0, return_index=True, return_inverse=True)
-    cls = cls.reshape(-1)
-    return cls.astype(np.int64), trans[np.ix_(first, first)]
-
-
 def run(layers: list[LayerTerms], classes: np.ndarray, class_trans: np.ndarray, cap: int,
         trans_weight: float = 1.0) -> PrefixTable:
     """Forward DP over ``layers`` with total memory ≤ ``cap`` bins; optimum for every prefix length.

@@ -32,7 +32,7 @@ def crosses_nodes(ep: int, etp: int, gpus_per_node: int) -> bool:
 
 @lru_cache(maxsize=65536)
 def expert_layouts(x: LayerStrategy, num_experts: int, gpus_per_node: int, allow_approximate: bool
-                   ) -> list[LayerStrategy]:
+                   ) -> tuple[LayerStrategy, ...]:
     """``x`` with each legal (etp, ep, lsh), the unchanged layout first (cached: the planner asks per config)."""
     out: list[LayerStrategy] = []
     for etp in (None, 1):  # None = as the layer's MLP
@@ -45,7 +45,7 @@ def expert_layouts(x: LayerStrategy, num_experts: int, gpus_per_node: int, allow
             crosses = crosses_nodes(ep, etp_n, gpus_per_node)
             for lsh in (False, True) if (crosses and allow_approximate) else (False,):
                 out.append(replace(x, ep=ep, etp=etp, lsh=lsh))
-    return out
+    return tuple(out)
 
 
 def with_expert_layouts(candidates: Iterable[LayerStrategy], num_experts: int, gpus_per_node: int,

@@ -74,7 +74,7 @@ def compositions(total: int, k: int) -> int:
 def _all_compositions(total: int, k: int) -> list[tuple[int, ...]]:
     if k == 1:
         return [(total,)]
-    out = []
+    out: list[tuple[int, ...]] = []
     for first in range(1, total - k + 2):
         out.extend((first, *rest) for rest in _all_compositions(total - first, k - 1))
     return out

@@ -108,12 +108,12 @@ def build(cm: CostModel, cfg: PipelineConfig, candidates: list[LayerStrategy], k
     for s in range(cfg.pp):
         ctx = stage_context(cfg, s, global_batch)
         base = (cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages, s)
-        costs = {}
+        costs: dict[Hashable, LayerCosts] = {}
         for k, i in first_of.items():
             hit = memo.get((*base, "layer", k))
-            if hit is None:
+            if not isinstance(hit, LayerCosts):
                 hit = memo[(*base, "layer", k)] = cm.layer_costs(i, candidates, ctx)
-            costs[k] = hit  # type: ignore[assignment]
+            costs[k] = hit
         for c in costs.values():
             keep &= _finite_mask(c)  # a cost model marks what it cannot model with inf/nan
         raw.append((ctx, costs))

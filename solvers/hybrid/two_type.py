@@ -43,8 +43,8 @@ def solve(obj: np.ndarray, time_s: np.ndarray, step_s: np.ndarray, mem: np.ndarr
     c = obj.shape[0]
     n = np.arange(1, max_layers + 1, dtype=float)
     # pairs (a, b), ordered: block of a then block of b; a == b is the single-strategy stage
-    a, b = np.meshgrid(np.arange(c), np.arange(c), indexing="ij")
-    a, b = a.ravel(), b.ravel()
+    grid_a, grid_b = np.meshgrid(np.arange(c), np.arange(c), indexing="ij")
+    a, b = grid_a.ravel(), grid_b.ravel()
     same = a == b
     diag = np.diag(trans)
     cross = np.where(same, 0.0, trans[a, b])
