@@ -158,10 +158,11 @@ class Report:
             w = max(idx, key=lambda i: ape[i])
             lines.append(f"  {g:>8} {len(idx):>5} {100 * ape[idx].mean():>6.1f}% {rho:>9.3f}  {self.rows[w].label}: "
                          f"measured {self.rows[w].measured:.1f}, predicted {self.predicted[w]:.1f} "
-                         f"({100 * ape[w]:+.1f}%)")
+                         f"({100 * (self.predicted[w] - self.rows[w].measured) / self.rows[w].measured:+.1f}%)")
         if show_rows:
-            for r, p, e in zip(self.rows, self.predicted, ape, strict=True):
-                lines.append(f"    {r.label:<55} measured {r.measured:>10.1f} predicted {p:>10.1f} {100 * e:5.1f}%")
+            for r, p in zip(self.rows, self.predicted, strict=True):
+                lines.append(f"    {r.label:<55} measured {r.measured:>10.1f} predicted {p:>10.1f} "
+                             f"{100 * (p - r.measured) / r.measured:+6.1f}%")
         return "\n".join(lines)
 
 
