@@ -89,6 +89,10 @@ def memory_limit_gib(request: Mapping[str, Any]) -> float | None:
         return None
 
 
+# What fits in a narrow strip cell; the legend and tooltips carry the full words.
+CELL_TEXT = {"megatron": "M", "ulysses": "U", "off": "–", "none": "–", "selective": "sel", "full": "full"}
+
+
 def _value_label(key: str, value: Any) -> str:
     if key == "sp":
         return "off" if value in (None, "none") else str(value)
@@ -118,7 +122,7 @@ def layer_strip(layers: Sequence[Mapping[str, Any]], stage_layers: Sequence[int]
         for i, v in enumerate(values):
             svg.rect(left + i * cell, y, cell, row_h - 2, palette[v], title=f"layer {i}: {label} = {v}")
             if cell >= 18:
-                svg.text(left + (i + 0.5) * cell, y + row_h * 0.68, v[:3], size=9, anchor="middle",
+                svg.text(left + (i + 0.5) * cell, y + row_h * 0.68, CELL_TEXT.get(v, v[:4]), size=9, anchor="middle",
                          fill=text_colour(palette[v]))
         legends.append((label, [(f"{label} {v}", palette[v]) for v in distinct]))
     bottom = top + row_h * len(rows)
