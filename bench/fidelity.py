@@ -108,11 +108,11 @@ def predict_ms(row: Row, cal: AnalyticCalibration) -> float:
 # Megatron-LM of SC21 (2021) issued the backward TP all-reduce synchronously; the asynchronous all-reduce
 # overlapped with the weight-gradient GEMMs (--async-tensor-model-parallel-allreduce) came later and is on in
 # the Megatron-LM vTrain measured. This is the one software difference between the two stacks.
-SC21_STACK = {"tp_overlap": 0.0}
+SC21_TP_OVERLAP = 0.0
 
 
 def predict_sc21_tflops(row: Row, cal: AnalyticCalibration) -> float:
-    cal = replace(cal, **SC21_STACK)
+    cal = replace(cal, tp_overlap=SC21_TP_OVERLAP)
     flops = megatron_sc21_flops(row.training.global_batch_size, row.training.seq_length, row.model.num_layers,
                                 row.model.hidden_size, VOCAB)
     return flops / (row.cluster.num_gpus * predict_ms(row, cal) / 1e3) / 1e12
