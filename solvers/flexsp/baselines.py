@@ -13,6 +13,7 @@ ceil(tokens / cluster token capacity) micro-batches.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 
 import numpy as np
@@ -42,18 +43,27 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     return bins
 
 
-def _spread(table: CostTable, rows: list[int], d: int, k: int) -> list[list[int]]:
-    """Longest-processing-time over k groups of size d, within memory (falls back to None if it can't)."""
+def _spread(table: CostTable, rows: list[int], d: int, k: int) -> list[list[int]] | None:
+    """Longest-processing-time over k groups of size d: each sequence to the least-loaded group with room
+    (None if at some point no group has room: the caller keeps its packing)."""
     j = table.size_index(d)
-    loads = [0.0] * k
+    cap = int(table.capacity[j])
     tokens = [0] * k
     out: list[list[int]] = [[] for _ in range(k)]
+    heap = [(0.0, q) for q in range(k)]  # (load, group)
     for i in sorted(rows, key=lambda r: (-table.lengths[r], r)):
-        fits = [q for q in range(k) if tokens[q] + table.lengths[i] <= table.capacity[j]]
-        q = min(fits, key=lambda q: (loads[q], q))
+        s = int(table.lengths[i])
+        skipped = []
+        while heap and tokens[heap[0][1]] + s > cap:
+            skipped.append(heapq.heappop(heap))
+        if not heap:
+            return None
+        load, q = heapq.heappop(heap)
         out[q].append(i)
-        loads[q] += float(table.time_ms[i, j])
-        tokens[q] += int(table.lengths[i])
+        tokens[q] += s
+        heapq.heappush(heap, (load + float(table.time_ms[i, j]), q))
+        for item in skipped:
+            heapq.heappush(heap, item)
     return out
 
 
@@ -71,7 +81,7 @@ def static_sp_plan(table: CostTable, d: int, num_gpus: int, fill: float = REFERE
     for m in range(0, len(bins), k):
         chunk = bins[m : m + k]
         if len(chunk) < k:
-            chunk = _spread(table, [i for b in chunk for i in b], d, k)
+            chunk = _spread(table, [i for b in chunk for i in b], d, k) or chunk + [[]] * (k - len(chunk))
         plan.append(MicroBatch([Group(d, sorted(b)) for b in chunk]))
     return plan
 

@@ -16,6 +16,8 @@ import numpy as np
 from solvers.flexsp.packing import PackingContext, best_greedy, finish, longest_first, pack
 from solvers.flexsp.plan import MicroBatch
 
+MAX_CUTS = 512
+
 
 def partition(ctx: PackingContext, order: list[int], counts: range) -> dict[int, list[list[int]]]:
     """For each micro-batch count in ``counts``, the best consecutive cut of ``order`` (longest first)."""
@@ -29,30 +31,32 @@ def partition(ctx: PackingContext, order: list[int], counts: range) -> dict[int,
     tokens = np.concatenate([[0], np.cumsum(s)])
     work = np.concatenate([[0.0], np.cumsum(min_work)])
     cluster = int(t.capacity[0] // t.sizes[0]) * N
-    # cost[i, j]: micro-batch of order[i:j]; inf where it holds more tokens than the cluster.
-    i = np.arange(n + 1)[:, None]
-    j = np.arange(n + 1)[None, :]
-    # Longest-first order makes the chunk's slowest sequence its first one, up to the time table's
-    # non-monotonicity on tiny lengths; a running max from the right keeps it exact.
+    # Cuts fall on a grid of at most MAX_CUTS positions, so the DP stays (MAX_CUTS)² for any batch.
+    pos = np.unique(np.concatenate([np.arange(0, n, max(1, -(-n // MAX_CUTS))), [n]]))
+    # The chunk's slowest sequence is its first one in longest-first order, up to the time table's
+    # non-monotonicity on tiny lengths; the running max over the rest of the order bounds it from above.
     run_max = np.maximum.accumulate(np.concatenate([min_time, [0.0]])[::-1])[::-1]
-    cost = t.beta_ms + np.maximum(run_max[np.minimum(i, n)], (work[j] - work[i]) / N)
-    cost = np.where((j > i) & (tokens[j] - tokens[i] <= cluster), cost, np.inf)
-    best = np.full((counts.stop, n + 1), np.inf)
-    arg = np.zeros((counts.stop, n + 1), dtype=np.int64)
+    a, b = pos[:, None], pos[None, :]
+    # cost[x, y]: the micro-batch order[pos[x]:pos[y]]; inf where it holds more tokens than the cluster.
+    cost = t.beta_ms + np.maximum(run_max[a], (work[b] - work[a]) / N)
+    cost = np.where((b > a) & (tokens[b] - tokens[a] <= cluster), cost, np.inf)
+    m = len(pos)
+    best = np.full((counts.stop, m), np.inf)
+    arg = np.zeros((counts.stop, m), dtype=np.int64)
     best[0, 0] = 0.0
     for k in range(1, counts.stop):
-        total = best[k - 1][:, None] + cost  # [i, j]
+        total = best[k - 1][:, None] + cost  # [x, y]
         arg[k] = np.argmin(total, axis=0)
-        best[k] = total[arg[k], np.arange(n + 1)]
+        best[k] = total[arg[k], np.arange(m)]
     out = {}
     for k in counts:
-        if not np.isfinite(best[k, n]):
+        if not np.isfinite(best[k, m - 1]):
             continue
-        cuts = [n]
+        cuts = [m - 1]
         for q in range(k, 0, -1):
             cuts.append(int(arg[q, cuts[-1]]))
         cuts.reverse()
-        out[k] = [order[a:b] for a, b in itertools.pairwise(cuts)]
+        out[k] = [order[pos[x] : pos[y]] for x, y in itertools.pairwise(cuts)]
     return out
 
 

@@ -20,6 +20,7 @@ from solvers.flexsp.packing import Packing, PackingContext, finish, longest_firs
 from solvers.flexsp.plan import MicroBatch
 
 DEFAULT_SLACK = (0.0, 0.03, 0.1, 0.3)
+LOOKAHEAD_BAND = 0.1
 
 
 def _min_work(ctx: PackingContext) -> list[float]:
@@ -35,10 +36,12 @@ def fill_micro_batches(
 ) -> list[MicroBatch]:
     """Fill micro-batches one by one (see the module docstring).
 
-    ``objective`` picks each micro-batch: ``"ratio"`` maximises work done per second of it;
-    ``"lookahead"`` minimises its time plus a lower bound of the rest (the fixed cost of the micro-batches
-    the remaining tokens need at least, and their least work spread over the cluster), which favours
-    filling memory when the batch is tight on it.
+    ``objective`` picks each micro-batch: ``"ratio"`` maximises the work it does per second;
+    ``"lookahead"`` takes, among the packings within ``LOOKAHEAD_BAND`` of the best ratio, the one that
+    minimises its time plus a lower bound of the rest (the fixed cost of the micro-batches the remaining
+    tokens need at least, and their least work spread over the cluster) — it prefers filling memory when
+    the batch is tight on it. (Minimising that sum alone would be indifferent to cutting the batch into
+    many thin micro-batches, as the bound counts the fixed cost of the rest only by its tokens.)
     """
     table = ctx.table
     remaining = longest_first(table, list(range(len(table.lengths))) if rows is None else list(rows))
@@ -46,6 +49,7 @@ def fill_micro_batches(
     beta = table.beta_ms
     n = ctx.num_gpus
     cluster_tokens = n * ctx.capacity[0] // ctx.sizes[0]
+    band = LOOKAHEAD_BAND if objective == "lookahead" else 0.0
     plan: list[MicroBatch] = []
 
     while remaining:
@@ -53,42 +57,39 @@ def fill_micro_batches(
         total_work = sum(min_work[i] for i in remaining)
         total_tokens = sum(ctx.lengths[i] for i in remaining)
 
-        def value(p: Packing, work: float = total_work, tokens: int = total_tokens) -> float:
-            """Higher is better."""
-            done = sum(min_work[i] for i in p.taken)
-            if objective == "ratio":
-                return done / (beta + max(p.loads))
-            left = tokens - sum(ctx.lengths[i] for i in p.taken)
-            rest = (-(-left // cluster_tokens)) * beta + (work - done) / n
-            return -(beta + max(p.loads) + rest)
-
-        def bound(target: float, work: float = total_work, tokens: int = total_tokens) -> float:
-            """No packing under ``target`` does better: it does at most min(all work, N·target) of work."""
-            done = min(work, n * target)
-            if objective == "ratio":
-                return done / (beta + target)
-            rest = (-(-max(0, tokens - cluster_tokens) // cluster_tokens)) * beta + (work - done) / n
-            return -(beta + rest)
-
         # Paces: the longest sequence on each degree it fits, and the remaining work spread over
         # k micro-batches (short sequences alone would otherwise pay beta once per tiny target).
         spread = total_work / n
         paces = [ctx.time[first][j] for j in range(len(ctx.sizes)) if ctx.fits[first][j]]
         paces += [spread / k for k in (1, 2, 3, 4)]
         targets = sorted({pace * (1 + eps) for pace in paces for eps in slack})
-        best: Packing | None = None
-        best_value = -np.inf
-        # Most promising targets first; stop once a target's bound cannot beat the best packing found.
-        for target in sorted(targets, key=lambda x: (-bound(x), x)):
-            if bound(target) <= best_value:
+        # No packing under target T does more than min(all work, N·T) of work: the ratio's bound. Most
+        # promising targets first; stop once a bound cannot reach the band below the best ratio found.
+        found: list[tuple[float, Packing]] = []
+        best_ratio = 0.0
+        for target in sorted(targets, key=lambda x: (-min(total_work, n * x) / (beta + x), x)):
+            if min(total_work, n * target) / (beta + target) <= best_ratio * (1 - band):
                 break
             p = pack(ctx, remaining, target, select=True)
             # The longest sequence must be in: a micro-batch of only shorter ones would leave it to a
             # later micro-batch of its own, paying the fixed cost for one sequence.
-            if p is not None and p.taken and p.taken[0] == first and value(p) > best_value:
-                best, best_value = p, value(p)
-        if best is None:  # the longest sequence fits no group: the caller validated this cannot happen
+            if p is None or not p.taken or p.taken[0] != first:
+                continue
+            ratio = sum(min_work[i] for i in p.taken) / (beta + max(p.loads))
+            found.append((ratio, p))
+            best_ratio = max(best_ratio, ratio)
+        if not found:  # the longest sequence fits no group: the caller validated this cannot happen
             raise ValueError(f"sequence of {ctx.lengths[first]} tokens fits no SP group")
+
+        def lookahead(p: Packing, work: float = total_work, tokens: int = total_tokens) -> float:
+            left = tokens - sum(ctx.lengths[i] for i in p.taken)
+            rest = (-(-left // cluster_tokens)) * beta + (work - sum(min_work[i] for i in p.taken)) / n
+            return beta + max(p.loads) + rest
+
+        if objective == "ratio":
+            best = max(found, key=lambda rp: rp[0])[1]  # first of equals: targets are tried in a fixed order
+        else:
+            best = min((p for r, p in found if r >= best_ratio * (1 - band)), key=lookahead)
         plan.append(finish(ctx, best))
         taken = set(best.taken)
         remaining = [i for i in remaining if i not in taken]
