@@ -15,6 +15,7 @@ from solvers.request import HybridRequest
 from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule
 
+LAYER_KEYS = {"tp", "dp", "cp", "sp", "zero", "recompute", "ep"}
 SHORTHAND_KEYS = {"tp", "pp", "dp", "cp", "sp", "zero", "recompute", "micro_batch_size", "micro_batches",
                   "schedule", "virtual_stages", "ep", "stage_layers", "embedding"}
 
@@ -113,6 +114,13 @@ def plan_from_shorthand(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpe
 
 def plan_from_dict(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> PlanStrategy:
     """A full strategy object as the hybrid planner returns it (``layers`` per layer, ``stage_layers``...)."""
+    layers = d.get("layers")
+    if not isinstance(layers, list) or not all(isinstance(x, dict) for x in layers):
+        raise SpecError.at(("strategy", "layers"), "must be a list of per-layer strategy objects")
+    unknown = [FieldProblem(("strategy", "layers", i, k), "unknown layer strategy field")
+               for i, x in enumerate(layers) for k in x if k not in LAYER_KEYS]
+    if unknown:
+        raise SpecError(unknown)
     try:
         plan = PlanStrategy.from_dict(d)
     except KeyError as err:

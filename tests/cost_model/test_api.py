@@ -60,6 +60,9 @@ def test_full_strategy_problems_name_the_layer() -> None:
     assert ("strategy", "layers", 5, "tp") in locs
     assert ("strategy", "layers", 7, "recompute") in locs
     assert _locs(request(strategy={**good, "stage_layers": [10, 10]}))[0][0] == "strategy"
+    typo = {**good, "layers": [dict(x) for x in good["layers"]]}
+    typo["layers"][2]["recompue"] = "full"
+    assert _locs(request(strategy=typo)) == [("strategy", "layers", 2, "recompue")]
 
 
 def test_calibration_overrides_are_checked_and_used() -> None:
