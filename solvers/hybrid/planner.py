@@ -32,6 +32,10 @@ class PlannerOptions:
     use_bounds: bool = True
     peak_levels: int = 4  # transient-memory levels enumerated exactly per stage (more are rounded up)
     embedding_variants: int = 4  # Pareto-optimal embedding/LM-head strategies tried per configuration
+    # Every micro-batch passes through the slowest stage, so a step takes at least m times its time; a
+    # cost model's pipeline formula below that (Galvatron's reads the first/last stage only) would let the
+    # search starve those stages. The planner optimises max(model's pipeline time, that floor).
+    pipeline_floor: bool = True
     dp_work_limit: float = 2e6  # identical-layer stages: the DP only when this cheap (else the two-type table)
 
 
@@ -137,7 +141,12 @@ class Planner:
 
     def _pipe(self, cc: stage_costs.ConfigCosts) -> partition.PipelineTime:
         ctx0 = cc.stages[0].ctx
-        return lambda ts, us: self.cm.pipeline_step_time(ts, us, ctx0)
+        m = ctx0.micro_batches if self.opt.pipeline_floor else 0
+
+        def step(ts: Sequence[float], us: Sequence[float]) -> float:
+            return max(self.cm.pipeline_step_time(ts, us, ctx0), m * max(ts))
+
+        return step
 
     # ------------------------------------------------------------------ bounds
     def lower_bound(self, cc: stage_costs.ConfigCosts) -> float:
