@@ -62,7 +62,7 @@ def _gpt(hidden: int, heads: int, layers: int) -> ModelSpec:
                      num_attention_heads=heads, vocab_size=VOCAB, mlp="gelu")
 
 
-def vtrain_rows(path: Path) -> list[Row]:
+def vtrain_rows(path: Path, intra_GBps: float = 150.0) -> list[Row]:
     rows = []
     for r in csv.DictReader(path.open()):
         gpus = int(r["# GPUs"])
@@ -70,7 +70,7 @@ def vtrain_rows(path: Path) -> list[Row]:
         mbs = int(r["micro batch"])
         model = _gpt(int(r["hidden size"]), int(r["attention heads"]), int(r["# layers"]))
         cluster = ClusterSpec.model_validate({"gpu": "A100-80GB", "nodes": max(1, gpus // 8),
-                                              "gpus_per_node": min(8, gpus), "intra_node_bandwidth_GBps": 150,
+                                              "gpus_per_node": min(8, gpus), "intra_node_bandwidth_GBps": intra_GBps,
                                               "inter_node_bandwidth_Gbps": 800})
         training = TrainingSpec(global_batch_size=int(r["global batch"]), seq_length=int(r["sequence length"]))
         group = r.get("Parameters (billion)") or f"h{r['hidden size']}"
@@ -171,10 +171,12 @@ def run(cal: AnalyticCalibration, sets: dict[str, tuple[list[Row], Callable[[Row
     return [Report(name, rows, [fn(r, cal) for r in rows]) for name, (rows, fn) in sets.items()]
 
 
-def data_sets() -> dict[str, tuple[list[Row], Callable[[Row, AnalyticCalibration], float]]]:
+def data_sets(vtrain_intra_GBps: float = 150.0) -> dict[str, tuple[list[Row], Callable[[Row, AnalyticCalibration],
+                                                                                          float]]]:
+    multi, single = (vtrain_rows(DATA / f"vtrain_ground_truth_{k}.csv", vtrain_intra_GBps) for k in ("multi", "single"))
     return {
-        "vTrain multi-node (iteration ms)": (vtrain_rows(DATA / "vtrain_ground_truth_multi.csv"), predict_ms),
-        "vTrain single-node (iteration ms)": (vtrain_rows(DATA / "vtrain_ground_truth_single.csv"), predict_ms),
+        "vTrain multi-node (iteration ms)": (multi, predict_ms),
+        "vTrain single-node (iteration ms)": (single, predict_ms),
         "Megatron SC21 Table 1 (TFLOP/s per GPU)": (sc21_rows(DATA / "megatron_sc21_table1.csv"),
                                                     predict_sc21_tflops),
     }
@@ -226,10 +228,12 @@ def fit(sets: dict[str, tuple[list[Row], Callable[[Row, AnalyticCalibration], fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", action="store_true", help="print every row of the multi-node and SC21 sets")
-    ap.add_argument("--fit", action="store_true", help="re-fit the calibration constants on vTrain")
+    ap.add_argument("--fit", action="store_true", help="re-fit the calibration constants")
+    ap.add_argument("--vtrain-nvlink-GBps", type=float, default=150.0,
+                    help="sensitivity: NVLink GB/s assumed for the vTrain cluster (its README says 150)")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    sets = data_sets()
+    sets = data_sets(args.vtrain_nvlink_GBps)
     cal = DEFAULT_CALIBRATION
     if args.fit:
         cal = fit(sets)
