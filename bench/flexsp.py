@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/flexsp.py                 # both tables
     .venv/bin/python bench/flexsp.py --wiki-batches 5 --milp highs
+    .venv/bin/python bench/flexsp.py --skip-synthetic --wiki-batches 0 --scale-nodes 128   # 1,024 GPUs
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 import os
 import time
 from pathlib import Path
+
+import numpy as np
 
 from solvers.api import solve
 from solvers.flexsp.workloads import gpt7b_request, synthetic_lengths, wikipedia_batches
@@ -70,16 +73,36 @@ def wikipedia(batches: int, milp: str) -> None:
     print(f"load average while running: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 
+def scale(nodes: int, sequences: int) -> None:
+    """A large cluster with constants derived from the specs: is it still fast, still valid?"""
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(np.log(4096), 1.6, sequences), 128, 131072).astype(int).tolist()
+    req = {"kind": "flexsp", "model": {"preset": "llama3-8b"},
+           "cluster": {"gpu": "H100-SXM", "nodes": nodes, "gpus_per_node": 8},
+           "batch": {"sequence_lengths": lengths}, "constraints": {"memory_limit_gib": 70}}
+    r = solve(req)
+    static = r["baselines"]["static_sp"]
+    best = r["baselines"]["best_static_sp"]
+    print(f"\n## scale: llama3-8b (derived constants), {nodes}x8 H100, {sequences} lognormal sequences ≤ 128K")
+    print(f"flexsp {r['estimate']['step_time_s']:.2f} s, best static SP{best} {static[str(best)]:.2f} s, "
+          f"lower bound {r['lower_bound_s']:.2f} s, {r['estimate']['micro_batch_count']} micro-batches; "
+          f"solve {r['search']['time_s']:.2f} s wall, {r['search']['cpu_s']:.2f} s CPU")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--wiki-batches", type=int, default=40)
     ap.add_argument("--milp", default="cpsat", choices=["cpsat", "highs", "cbc", "none"])
     ap.add_argument("--skip-synthetic", action="store_true")
+    ap.add_argument("--scale-nodes", type=int, default=0, help="also plan on this many 8-GPU nodes (e.g. 128)")
+    ap.add_argument("--scale-sequences", type=int, default=4096)
     args = ap.parse_args()
     if not args.skip_synthetic:
         synthetic(args.milp)
     if args.wiki_batches:
         wikipedia(args.wiki_batches, args.milp)
+    if args.scale_nodes:
+        scale(args.scale_nodes, args.scale_sequences)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,17 @@ def _baselines(table: CostTable, static_plans: dict[int, list[MicroBatch]]) -> d
             "static_sp_rule": "best-fit-decreasing on tokens at 90% of group memory (the reference's)"}
 
 
+def _notes(req: FlexSPRequest, plan: list[MicroBatch]) -> list[str]:
+    """What a reader of the plan should know that the numbers do not say."""
+    heads = req.model.num_attention_heads
+    widest = max(g.size for mb in plan for g in mb.groups if g.sequences)
+    notes = []
+    if widest > heads:
+        notes.append(f"SP{widest} exceeds the model's {heads} attention heads: Ulysses splits heads, so a run "
+                     f"needs head replication (the reference's cost model, used here, ignores this)")
+    return notes
+
+
 def solve(request: dict[str, Any], progress: Callable[[float, str], None] | None = None) -> dict[str, Any]:
     start, start_cpu = time.perf_counter(), time.process_time()
     req, consts = parse_request(request)
@@ -82,6 +93,7 @@ def solve(request: dict[str, Any], progress: Callable[[float, str], None] | None
         progress(1.0, "done")
     return {
         "estimate": _estimate(table, plan),
+        "notes": _notes(req, plan),
         "micro_batches": plan_to_dict(table, plan, np.arange(len(table.lengths))),
         "baselines": baselines,
         "lower_bound_s": lower_bound_ms(table, n) / 1e3,

@@ -103,3 +103,10 @@ def test_estimate_of_a_returned_plan_reproduces_its_time() -> None:
     with pytest.raises(SpecError) as err:
         estimate({**gpt7b_request(lengths), "micro_batches": broken})
     assert err.value.problems[0].loc == ("micro_batches",)
+
+
+def test_plan_says_when_sp_exceeds_the_head_count() -> None:
+    wide = solve(gpt7b_request([300_000]))  # needs more than 32 GPUs' memory: SP64, GPT-7B has 32 heads
+    assert wide["micro_batches"][0]["groups"][0]["sp"] == 64
+    assert any("32 attention heads" in n for n in wide["notes"])
+    assert solve(gpt7b_request([4096, 8192]))["notes"] == []
