@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from dataclasses import fields
 from typing import Any, get_args
 
 from solvers.cost_model.analytic import AnalyticCostModel
@@ -15,7 +16,7 @@ from solvers.request import HybridRequest
 from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule
 
-LAYER_KEYS = {"tp", "dp", "cp", "sp", "zero", "recompute", "ep"}
+LAYER_KEYS = {f.name for f in fields(LayerStrategy)}
 SHORTHAND_KEYS = {"tp", "pp", "dp", "cp", "sp", "zero", "recompute", "micro_batch_size", "micro_batches",
                   "schedule", "virtual_stages", "ep", "stage_layers", "embedding"}
 
