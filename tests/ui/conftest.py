@@ -14,12 +14,19 @@ from service.db.engine import Database
 from service.migrate import upgrade
 from service.settings import Settings
 from service.ui import mount_ui
+from tests.conftest import PG_URL, reset_postgres
 
 
-@pytest.fixture(scope="module")
-def ui_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
-    url = f"sqlite:///{tmp_path_factory.mktemp('ui') / 'ui.db'}"
-    upgrade(database_url=url)
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
+    not PG_URL, reason="PARAPLAN_TEST_DATABASE_URL not set"))])
+def ui_db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    """A migrated, empty database for one test module: SQLite, and PostgreSQL when configured."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('ui') / 'ui.db'}"
+        upgrade(database_url=url)
+    else:
+        url = request.getfixturevalue("_pg_session_url")
+        reset_postgres(url)
     db = Database.connect(url)
     yield db
     db.dispose()
@@ -29,7 +36,8 @@ def ui_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
 def ui_client(ui_db: Database) -> Iterator[TestClient]:
     app = FastAPI()
     app.state.db = ui_db
-    app.state.settings = Settings(database_url=str(ui_db.engine.url), run_dispatcher=False)
+    app.state.settings = Settings(database_url=ui_db.engine.url.render_as_string(hide_password=False),
+                                  run_dispatcher=False)
     mount_ui(app)
     with TestClient(app) as client:
         yield client
