@@ -41,6 +41,9 @@ def synthetic(milp: str) -> None:
     for run, r in (("1", a), ("2", b)):
         print(f"{'paraplan FlexSP (run ' + run + ')':28}{r['estimate']['step_time_s']:>11.2f}"
               f"{r['search']['time_s']:>9.2f}{r['search']['cpu_s']:>7.2f}")
+    capped = solve(gpt7b_request(synthetic_lengths(), solver={"milp": milp, "max_sp": 32}))
+    print(f"{'paraplan FlexSP, SP <= 32':28}{capped['estimate']['step_time_s']:>11.2f}"
+          f"{capped['search']['time_s']:>9.2f}{capped['search']['cpu_s']:>7.2f}   (within GPT-7B's 32 heads)")
     br = e["breakdown_s"]
     print(f"micro-batches {e['micro_batch_count']}; breakdown compute {br['compute']:.2f} s, all-to-all "
           f"{br['alltoall']:.2f} s, fixed {br['fixed']:.2f} s; chosen {a['search']['chosen']}; "

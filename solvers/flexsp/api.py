@@ -11,7 +11,7 @@ import numpy as np
 from solvers.errors import FieldProblem, SpecError
 from solvers.flexsp.baselines import lower_bound_ms, static_sp_plan
 from solvers.flexsp.constants import FlexSPConstants
-from solvers.flexsp.cost import CostTable, cost_table
+from solvers.flexsp.cost import CostTable, allowed_group_sizes, cost_table
 from solvers.flexsp.milp import MilpSettings
 from solvers.flexsp.packing import PackingContext
 from solvers.flexsp.plan import Group, MicroBatch, breakdown_ms, check_plan, plan_to_dict, step_time_ms
@@ -22,7 +22,10 @@ MAX_NAMED = 20
 
 
 def _table(req: FlexSPRequest, consts: FlexSPConstants) -> CostTable:
-    table = cost_table(consts, req.batch.sequence_lengths)
+    sizes = [d for d in allowed_group_sizes(consts) if req.solver.max_sp is None or d <= req.solver.max_sp]
+    if not sizes:
+        raise SpecError.at(("solver", "max_sp"), f"no allowed SP degree is ≤ {req.solver.max_sp}")
+    table = cost_table(consts, req.batch.sequence_lengths, sizes)
     too_long = np.flatnonzero(~table.fits.any(axis=1))
     if too_long.size:
         cap = int(table.capacity[-1])
@@ -68,7 +71,8 @@ def _notes(req: FlexSPRequest, plan: list[MicroBatch]) -> list[str]:
     notes = []
     if widest > heads:
         notes.append(f"SP{widest} exceeds the model's {heads} attention heads: Ulysses splits heads, so a run "
-                     f"needs head replication (the reference's cost model, used here, ignores this)")
+                     f"needs head replication (the reference's cost model, used here, ignores this); "
+                     f"solver.max_sp = {heads} keeps every group within the head count")
     return notes
 
 

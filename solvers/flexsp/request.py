@@ -57,6 +57,8 @@ class SolverOptions(BaseModel):
     exact_up_to: int = Field(default=24, ge=1, le=512)
     max_sequences: int = Field(default=24, ge=1)
     max_runs: int = Field(default=2, ge=0)
+    # Largest SP degree a group may have (e.g. the head count, for Ulysses); None: the cost model's.
+    max_sp: int | None = Field(default=None, ge=1)
 
 
 class FlexSPRequest(PlanRequestBase):

@@ -109,4 +109,10 @@ def test_plan_says_when_sp_exceeds_the_head_count() -> None:
     wide = solve(gpt7b_request([300_000]))  # needs more than 32 GPUs' memory: SP64, GPT-7B has 32 heads
     assert wide["micro_batches"][0]["groups"][0]["sp"] == 64
     assert any("32 attention heads" in n for n in wide["notes"])
-    assert solve(gpt7b_request([4096, 8192]))["notes"] == []
+    capped = solve(gpt7b_request([4096, 8192, 100_000], solver={"max_sp": 32}))
+    assert capped["notes"] == []
+    assert max(g["sp"] for mb in capped["micro_batches"] for g in mb["groups"]) <= 32
+    assert "64" not in capped["baselines"]["static_sp"]
+    with pytest.raises(SpecError) as err:
+        solve(gpt7b_request([300_000], solver={"max_sp": 32}))
+    assert err.value.problems[0].loc == ("batch", "sequence_lengths", 0)
