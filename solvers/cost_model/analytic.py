@@ -51,6 +51,7 @@ class Candidates:
     zero: np.ndarray
     rc: np.ndarray
     ep: np.ndarray
+    etp: np.ndarray  # tensor parallelism of the experts (parallel folding)
 
     @classmethod
     def of(cls, strategies: Sequence[LayerStrategy]) -> Candidates:
@@ -60,7 +61,7 @@ class Candidates:
         return cls(
             tp=col(lambda x: x.tp), dp=col(lambda x: x.dp), cp=col(lambda x: x.cp),
             sp=col(lambda x: _SP_CODE[x.sp]), zero=col(lambda x: x.zero), rc=col(lambda x: _RC_CODE[x.recompute]),
-            ep=col(lambda x: x.ep),
+            ep=col(lambda x: x.ep), etp=col(lambda x: x.expert_tp),
         )
 
 
@@ -177,7 +178,7 @@ class AnalyticCostModel:
         out = self._gemm(tok, h, shape.q_width / split)
         if shape.is_moe:  # balanced routing: each local expert sees top_k * ep / E of the tokens
             per_expert = tok * shape.top_k * c.ep / shape.num_experts
-            mlp = shape.num_experts / c.ep * self._mlp(per_expert, split, shape) + self._gemm(tok, shape.num_experts, h)
+            mlp = shape.num_experts / c.ep * self._mlp(per_expert, c.etp, shape) + self._gemm(tok, shape.num_experts, h)
         else:
             mlp = self._mlp(tok, split, shape)
         heads, sq = shape.heads / c.tp, s / c.cp
@@ -212,7 +213,7 @@ class AnalyticCostModel:
 
         # MoE token dispatch and combine
         if shape.is_moe:
-            k_ep = comm.members_per_node(c.ep, c.tp * c.cp, gpn)
+            k_ep = comm.members_per_node(c.ep, c.etp, gpn)  # folded: ep ranks follow the expert-TP ranks
             ep_fwd = 2.0 * comm.alltoall_s(tok * shape.top_k * h * e, c.ep, k_ep, self.links)
         else:
             ep_fwd = np.zeros_like(tok)
@@ -225,7 +226,7 @@ class AnalyticCostModel:
         dp_group = c.dp * np.where(uly, c.tp, 1.0)
         k_dp = np.where(uly, comm.members_per_node(dp_group, c.cp, gpn), comm.members_per_node(c.dp, c.tp * c.cp, gpn))
         dense_params = shape.params - shape.expert_params
-        local_params = dense_params / split + shape.expert_params / (split * c.ep)
+        local_params = dense_params / split + shape.expert_params / (c.etp * c.ep)
         grad_bytes = local_params * cal.grad_comm_bytes
         weight_bytes = local_params * self.state_per_param.params
         sync = self._collective("allreduce", grad_bytes, dp_group, k_dp)

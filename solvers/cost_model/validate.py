@@ -46,8 +46,10 @@ def check_layer(x: LayerStrategy, index: int, model: ModelSpec, stage_gpus: int,
     if x.ep > 1:
         if not model.is_moe_layer(index):
             bad("ep", "expert parallelism needs an MoE layer")
-        elif x.dp % x.ep or (model.moe is not None and model.moe.num_experts % x.ep):
-            bad("ep", f"ep ({x.ep}) must divide dp ({x.dp}) and the number of experts")
+        elif x.world % (x.ep * x.expert_tp) or (model.moe is not None and model.moe.num_experts % x.ep):
+            # parallel folding: the layer's tp*cp*dp ranks are re-read as expert-tp x ep x expert-dp
+            bad("ep", f"ep ({x.ep}) x expert tp ({x.expert_tp}) must divide the layer's {x.world} ranks, "
+                      "and ep the number of experts")
     return out
 
 
