@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from solvers.errors import FieldProblem, SpecError
+from solvers.errors import FieldProblem
 from solvers.presets import GPU_PRESETS, MODEL_PRESETS
 
 KINDS = ("hybrid", "flexsp", "spindle")
@@ -88,7 +88,8 @@ def _int(form: Mapping[str, Any], name: str, default: int, problems: list[FieldP
 
 
 def read_form(form: Mapping[str, Any]) -> FormInput:
-    """Posted fields -> FormInput; raises SpecError naming every unparsable field."""
+    """Posted fields -> FormInput, with ``errors`` naming every unparsable field (the page shows the form
+    again with the user's values and the errors)."""
     problems: list[FieldProblem] = []
     out = FormInput()
     out.kind = str(form.get("kind") or "hybrid")
@@ -111,8 +112,7 @@ def read_form(form: Mapping[str, Any]) -> FormInput:
     for name in ("nodes", "gpus_per_node", "global_batch_size", "seq_length"):
         if getattr(out, name) <= 0:
             problems.append(FieldProblem((name,), "must be positive"))
-    if problems:
-        raise SpecError(problems)
+    out.errors = problems
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from starlette.concurrency import run_in_threadpool
 
 from service.errors import DomainError, http_status
 from service.ui import data, flexsp_view, hybrid_view, plan_form, run_view, spindle_view
@@ -86,12 +87,18 @@ def new_plan_form(request: Request, kind: str = "hybrid") -> Response:
 
 @router.post("/plans/new")
 async def submit_plan(request: Request) -> Response:
-    started = time.perf_counter()
     form = dict(await request.form())
+    # Validation and the database write are blocking: keep them off the event loop.
+    return await run_in_threadpool(_submit, request, form)
+
+
+def _submit(request: Request, form: dict[str, Any]) -> Response:
+    started = time.perf_counter()
     token = str(form.pop("token", "") or "").strip() or None
-    inp = plan_form.FormInput()
+    inp = plan_form.read_form(form)
+    if inp.errors:
+        return _page(request, "new_plan.html", _form_context(inp), started, 422)
     try:
-        inp = plan_form.read_form(form)
         data.principal(request, "submit", token)
         view = data.submit(request, plan_form.to_request(inp))
     except SpecError as err:

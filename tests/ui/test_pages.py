@@ -196,3 +196,14 @@ def test_interleaved_plan_draws_every_chunk(ui_client: TestClient, ui_db: Databa
     assert len(_svg_rects(html, "timeline")) == 2 * 3 * 6 * 2
     assert "chunk 1, virtual stage 5" in html  # chunk 1 of stage 2 is the sixth virtual stage
     assert "</span>backward chunk odd</li>" in html and "2 chunks per stage" in html
+
+
+def test_form_keeps_the_users_values_and_names_solver_errors(ui_client: TestClient) -> None:
+    form = {"kind": "hybrid", "model": "llama2-13b", "gpu": "H100-SXM", "nodes": "3", "gpus_per_node": "8",
+            "global_batch_size": "64", "seq_length": "4096", "memory_limit_gib": "lots"}
+    html = ui_client.post("/plans/new", data=form).text
+    assert "<code>memory_limit_gib</code>: must be a number of GiB" in html
+    assert '<option value="llama2-13b" selected>' in html and 'name="nodes" min="1" value="3"' in html
+    # A value only the request parser can judge comes back as a request field path.
+    resp = ui_client.post("/plans/new", data={**form, "memory_limit_gib": "-4"})
+    assert resp.status_code == 422 and "<code>constraints.memory_limit_gib</code>" in resp.text
