@@ -2,10 +2,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from solvers.request import HybridRequest, parse
-
 
 def request(**overrides: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
@@ -16,8 +12,3 @@ def request(**overrides: Any) -> dict[str, Any]:
     }
     base.update(overrides)
     return base
-
-
-@pytest.fixture
-def hybrid_req() -> HybridRequest:
-    return parse(HybridRequest, request())
