@@ -226,7 +226,3 @@ def model_size(ctx: PackingContext, rows: list[int], settings: MilpSettings) -> 
     m = _build(ctx, rows, settings)
     return len(m.buckets), len(m.slot_size_index)
 
-
-def as_rows(mb: MicroBatch) -> list[int]:
-    return sorted(i for g in mb.groups for i in g.sequences)
-

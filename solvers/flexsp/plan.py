@@ -20,6 +20,10 @@ class Group:
 class MicroBatch:
     groups: list[Group]
 
+    def rows(self) -> list[int]:
+        """The cost-table rows of every sequence it holds, ascending."""
+        return sorted(i for g in self.groups for i in g.sequences)
+
 
 @dataclass(frozen=True)
 class GroupCost:

@@ -18,7 +18,7 @@ import numpy as np
 
 from solvers.flexsp.blaster import blast
 from solvers.flexsp.filling import fill_micro_batches
-from solvers.flexsp.milp import MilpSettings, as_rows, model_size, solve_micro_batch
+from solvers.flexsp.milp import MilpSettings, model_size, solve_micro_batch
 from solvers.flexsp.packing import PackingContext, best_greedy, lower_bound_ms, peak_ms
 from solvers.flexsp.plan import MicroBatch, step_time_ms
 from solvers.flexsp.rebalance import dissolve_light_micro_batches, move_off_slowest_groups
@@ -31,7 +31,8 @@ MILP_GAP = 0.01  # polish micro-batches whose load is > 1 % above their own lowe
 
 @dataclass
 class SearchReport:
-    candidates: dict[str, float] = field(default_factory=dict)  # name -> step time (s)
+    # name -> step time (s) of each candidate once light micro-batches are dissolved (before the final moves)
+    candidates: dict[str, float] = field(default_factory=dict)
     chosen: str = ""
     milp_runs: int = 0
     milp_improved: int = 0
@@ -50,7 +51,7 @@ class SearchReport:
 def _repack(ctx: PackingContext, plan: list[MicroBatch]) -> list[MicroBatch]:
     out = []
     for mb in plan:
-        again = best_greedy(ctx, as_rows(mb))
+        again = best_greedy(ctx, mb.rows())
         better = again is not None and peak_ms(ctx, again) < peak_ms(ctx, mb)
         out.append(again if better and again is not None else mb)
     return out
@@ -62,7 +63,7 @@ def _polish(ctx: PackingContext, plan: list[MicroBatch], settings: MilpSettings,
     t = ctx.table
     gaps = []
     for m, mb in enumerate(plan):
-        rows = as_rows(mb)
+        rows = mb.rows()
         bound = lower_bound_ms(t, np.asarray(rows), ctx.num_gpus)
         gap = peak_ms(ctx, mb) / bound - 1 if bound > 0 else 0.0
         if gap > MILP_GAP and len(rows) <= settings.max_sequences:
@@ -71,7 +72,7 @@ def _polish(ctx: PackingContext, plan: list[MicroBatch], settings: MilpSettings,
     chosen = sorted(gaps)[: settings.max_runs]
     for n, (_, m) in enumerate(chosen):
         mb = out[m]
-        rows = as_rows(mb)
+        rows = mb.rows()
         load = peak_ms(ctx, mb)
         report.milp_runs += 1
         report.milp_models.append(model_size(ctx, rows, settings))
@@ -116,5 +117,5 @@ def plan_batch(ctx: PackingContext, settings: MilpSettings | None, progress: Pro
     if settings is not None:
         best_plan = _polish(ctx, best_plan, settings, report, progress)
     # Longest micro-batches first: a stable, readable order (the step time does not depend on it).
-    best_plan.sort(key=lambda mb: (-peak_ms(ctx, mb), as_rows(mb)))
+    best_plan.sort(key=lambda mb: (-peak_ms(ctx, mb), mb.rows()))
     return best_plan, report
