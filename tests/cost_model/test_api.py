@@ -78,3 +78,15 @@ def test_over_memory_plan_is_estimated_and_flagged() -> None:
                   constraints={"memory_limit_gib": 40})
     out = estimate(req)
     assert out["fits"] is False and out["peak_memory_gib"] > 40 and "limit" in out["notes"][0]
+
+
+def test_non_power_of_two_cluster() -> None:
+    model = {"name": "gpt-1.7b", "num_layers": 24, "hidden_size": 2304, "num_attention_heads": 24, "vocab_size": 51200}
+    cluster = {"gpu": "H100-SXM", "nodes": 3, "gpus_per_node": 6}
+    base = estimate(request(model=model, cluster=cluster, training={"global_batch_size": 36, "seq_length": 2048},
+                            strategy={"tp": 3, "pp": 1, "dp": 6, "micro_batch_size": 1}))
+    piped = estimate(request(model=model, cluster=cluster, training={"global_batch_size": 36, "seq_length": 2048},
+                             strategy={"tp": 3, "pp": 3, "dp": 2, "micro_batch_size": 1}))
+    assert base["fits"] and piped["fits"]
+    assert piped["strategy"]["stage_layers"] == [8, 8, 8]
+    assert piped["breakdown_s"]["pp_bubble"] > 0 == base["breakdown_s"]["pp_bubble"]
