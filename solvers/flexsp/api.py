@@ -52,6 +52,17 @@ def _estimate(table: CostTable, plan: list[MicroBatch]) -> dict[str, Any]:
     }
 
 
+def _with_memory(micro_batches: list[dict[str, Any]], consts: FlexSPConstants) -> float:
+    """Add each group's per-GPU memory (model states + its tokens' activations over its GPUs); the peak."""
+    peak = 0.0
+    for mb in micro_batches:
+        for g in mb["groups"]:
+            mb_per_gpu = consts.model_states_mb_per_gpu + consts.activation_mb_per_token * g["tokens"] / g["sp"]
+            g["memory_gib"] = mb_per_gpu / 1024
+            peak = max(peak, g["memory_gib"])
+    return peak
+
+
 def _static_plans(table: CostTable, n: int) -> dict[int, list[MicroBatch]]:
     plans = {int(d): static_sp_plan(table, int(d), n) for d in table.sizes}
     return {d: p for d, p in plans.items() if p is not None}
@@ -95,10 +106,14 @@ def solve(request: dict[str, Any], progress: Callable[[float, str], None] | None
     elapsed = time.perf_counter() - start
     if progress:
         progress(1.0, "done")
+    micro_batches = plan_to_dict(table, plan, np.arange(len(table.lengths)))
+    est = _estimate(table, plan)
+    est["peak_memory_gib"] = _with_memory(micro_batches, consts)
+    est["memory_limit_gib"] = consts.memory_limit_mb / 1024
     return {
-        "estimate": _estimate(table, plan),
+        "estimate": est,
         "notes": _notes(req, plan),
-        "micro_batches": plan_to_dict(table, plan, np.arange(len(table.lengths))),
+        "micro_batches": micro_batches,
         "baselines": baselines,
         "lower_bound_s": lower_bound_ms(table, n) / 1e3,
         # cpu_s is this process's CPU time: on a machine shared with other jobs it is what the solve
@@ -150,4 +165,6 @@ def estimate(request: dict[str, Any]) -> dict[str, Any]:
     plan = _given_plan(request, table, consts.num_gpus)
     out = _estimate(table, plan)
     out["micro_batches"] = plan_to_dict(table, plan, np.arange(len(table.lengths)))
+    out["peak_memory_gib"] = _with_memory(out["micro_batches"], consts)
+    out["memory_limit_gib"] = consts.memory_limit_mb / 1024
     return out

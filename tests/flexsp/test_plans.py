@@ -26,6 +26,7 @@ def _check_result(result: dict, lengths: list[int], num_gpus: int, gpus_per_node
             else:
                 assert first % gpus_per_node == 0 and g["sp"] % gpus_per_node == 0
             assert sum(lengths[i] for i in g["sequences"]) <= g["sp"] * cap_per_gpu  # memory
+            assert g["memory_gib"] <= result["estimate"]["memory_limit_gib"] + 1e-9
             placed += g["sequences"]
         assert sorted(ranks) == list(range(num_gpus))  # every GPU exactly once per micro-batch
         assert mb["time_s"] == pytest.approx(max(g["time_s"] for g in mb["groups"]))
