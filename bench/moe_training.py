@@ -128,7 +128,7 @@ def main() -> None:
           f"{chain_entropy(markov_chain(CFG.vocab_size, 3, 5)):.3f} nats, ln V = {torch.log(torch.tensor(64.)):.3f})")
     lsh_title = f"loss (LSH, {args.hashes} hashes)"
     print(f"{'step':>5} {'loss (no compression)':>22} {lsh_title:>22} {'gap':>8}")
-    for s in [*range(0, args.steps, 20), args.steps - 1]:
+    for s in sorted({*range(0, args.steps, 20), args.steps - 1}):
         print(f"{s + 1:>5} {plain[s]:>22.4f} {lsh[s]:>22.4f} {lsh[s] - plain[s]:>+8.4f}")
     tail = min(20, args.steps)
     p_end, l_end = sum(plain[-tail:]) / tail, sum(lsh[-tail:]) / tail

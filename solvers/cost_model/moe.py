@@ -22,12 +22,13 @@ Per micro-batch on one rank (``tokens`` = the tokens this rank routes, i.e. its 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from solvers.cost_model import communication as comm
+from solvers.strategy import LayerStrategy
 
 ArrayLike = np.ndarray | float
 Gemm = Callable[[ArrayLike, ArrayLike, ArrayLike], np.ndarray]
@@ -122,18 +123,6 @@ def lsh_residual_bytes(tokens: ArrayLike, lsh: ArrayLike, dims: MoEDims, elem_by
     return np.where(np.asarray(lsh, dtype=bool), rows * (dims.hidden * elem_bytes + 8.0), 0.0)
 
 
-def dispatch_buffer_bytes(tokens: ArrayLike, etp: ArrayLike, lsh: ArrayLike, dims: MoEDims,
-                          elem_bytes: float) -> np.ndarray:
-    """Activations the expert path keeps per micro-batch for backward on the busiest rank: the permuted
-    input copies, the gathered expert inputs and the expert MLP's intermediate tensors (split over etp)."""
-    rate = np.where(np.asarray(lsh, dtype=bool), LSH_COMPRESSION_RATE, 1.0)
-    etp = np.asarray(etp, dtype=float)
-    rows = routed_rows(tokens, dims)
-    expert_rows = rows * rate * etp
-    inner = (3 if dims.gated else 2) * dims.ffn / etp
-    return rows * dims.hidden * elem_bytes + expert_rows * (dims.hidden + inner) * elem_bytes
-
-
 def expert_params_per_rank(expert_params: float, ep: ArrayLike, etp: ArrayLike) -> np.ndarray:
     return expert_params / (np.asarray(ep, dtype=float) * np.asarray(etp, dtype=float))
 
@@ -145,3 +134,41 @@ def expert_dp(world: ArrayLike, ep: ArrayLike, etp: ArrayLike) -> np.ndarray:
 
 def expert_dp_members_per_node(ep: ArrayLike, etp: ArrayLike, world: ArrayLike, gpus_per_node: int) -> np.ndarray:
     return comm.members_per_node(expert_dp(world, ep, etp), np.asarray(ep, dtype=float) * etp, gpus_per_node)
+
+
+@dataclass(frozen=True)
+class MoETerms:
+    """An MoE layer's expert path per candidate, what the analytic model adds to its attention part."""
+
+    compute_fwd_s: np.ndarray  # expert GEMMs (busiest rank), router, LSH hashing: one forward
+    alltoall_fwd_s: np.ndarray  # dispatch + combine all-to-alls: one forward
+    etp_fwd_s: np.ndarray  # expert-TP gather / scatter (replaces the dense MLP's TP all-reduce): one forward
+    expert_params: np.ndarray  # expert weights held per rank
+    edp: np.ndarray  # ranks holding the same expert shard (ZeRO and gradient sync group)
+    edp_per_node: np.ndarray
+    extra_activation_bytes: np.ndarray  # LSH residuals, per micro-batch in flight
+
+
+def layer_terms(gemm: Gemm, hbm_time: Callable[[ArrayLike], np.ndarray], links: comm.Links, dims: MoEDims,
+                expert_params: float, tokens: ArrayLike, world: ArrayLike, ep: ArrayLike, etp: ArrayLike,
+                lsh: ArrayLike, elem_bytes: float) -> MoETerms:
+    """All expert-path terms for candidates routing ``tokens`` tokens per rank (their sequence-parallel share)."""
+    return MoETerms(
+        compute_fwd_s=expert_forward_s(gemm, tokens, ep, etp, lsh, dims)
+        + lsh_hash_forward_s(gemm, hbm_time, tokens, lsh, dims, elem_bytes),
+        alltoall_fwd_s=alltoall_forward_s(tokens, ep, etp, lsh, dims, elem_bytes, links),
+        etp_fwd_s=expert_tp_forward_s(tokens, etp, lsh, dims, elem_bytes, links),
+        expert_params=expert_params_per_rank(expert_params, ep, etp),
+        edp=expert_dp(world, ep, etp),
+        edp_per_node=expert_dp_members_per_node(ep, etp, world, links.gpus_per_node),
+        extra_activation_bytes=lsh_residual_bytes(tokens, lsh, dims, elem_bytes),
+    )
+
+
+def approximate_note(layers: Sequence[LayerStrategy]) -> str | None:
+    """The estimate's flag that a plan is approximate (LSH-compressed all-to-alls change the numerics)."""
+    lsh = [i for i, x in enumerate(layers) if x.lsh]
+    if not lsh:
+        return None
+    return (f"approximate: LSH-MoE compression of the all-to-alls on {len(lsh)} MoE layer(s) (first {lsh[0]}); "
+            f"bytes x {LSH_COMPRESSION_RATE} assumed at {LSH_HASHES} hash functions")
