@@ -36,7 +36,7 @@ class PlannerOptions:
     # cost model's pipeline formula below that (Galvatron's reads the first/last stage only) would let the
     # search starve those stages. The planner optimises max(model's pipeline time, that floor).
     pipeline_floor: bool = True
-    dp_work_limit: float = 2e6  # identical-layer stages: the DP only when this cheap (else the two-type table)
+    dp_work_limit: float = 2e5  # identical-layer stages: the DP only when this cheap (else the two-type table)
 
 
 @dataclass

@@ -181,7 +181,8 @@ def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:
         kv_heads=m.kv_heads,
         max_tp=c.max_tp or n,
         max_pp=c.max_pp or n,
-        max_cp=(c.max_cp or n) if mode == "full" else 1,
+        # ring attention pays off for long sequences only: keep ≥ 2048 tokens per rank unless asked otherwise
+        max_cp=(c.max_cp or max(1, t.seq_length // 2048)) if mode == "full" else 1,
         tp_across_nodes=c.tp_across_nodes,
         sp_kinds=ALL_SP if mode == "full" else ("megatron",),
         zero_levels=zero_levels if mode == "full" or c.zero is not None else (0, 2, 3),

@@ -98,8 +98,8 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
     all_classes, all_trans = st.transitions()
     for level in peak_thresholds(extra_all, peak_levels, unit):
         cap = cap_units(avail - float(level), unit)
-        if cap < 0:
-            continue
+        if cap < 0 or (len(kind_set) == 1 and n * (cap + 1) > dp_work_limit):
+            continue  # (identical layers: the two-strategy table below covers the stage)
         per_kind: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
         keep = np.zeros(len(all_classes), dtype=bool)
         for k in kind_set:
