@@ -109,7 +109,10 @@ def test_service_solves_and_worker_executes_each_layout(live_server_factory: Cal
     runs = {}
     for name, (req, expected) in CASES.items():
         plan, run_id = submit_run(http, req, steps=3)
-        assert expected(plan["result"]["strategy"]), (name, plan["result"]["strategy"])
+        strategy = plan["result"]["strategy"]
+        assert expected(strategy), (f"{name}: the planner did not honour the request's constraints "
+                                    f"(plan_from={plan['result'].get('search', {}).get('plan_from')})",
+                                    req["constraints"], strategy["pp"], strategy["layers"][0])
         runs[name] = run_id
     workers.append(Worker(server, server.token("worker"), tmp_path / "w1", "w1"))
     for name, run_id in runs.items():
