@@ -57,9 +57,6 @@ class FlexSPConstants:
         free = self.memory_limit_mb - self.model_states_mb_per_gpu
         return max(0, math.floor(free / self.activation_mb_per_token + 1e-9))
 
-    def group_capacity(self, d: int) -> int:
-        return d * self.token_capacity_per_gpu
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "source": self.source,

@@ -55,12 +55,6 @@ class CostTable:
         """GPU-milliseconds: time × group size (what work conservation counts)."""
         return self.time_ms * self.sizes[None, :]
 
-    def min_size_index(self) -> np.ndarray:
-        """Index of the smallest size each sequence fits (len(sizes) where none does)."""
-        fits = self.fits
-        first = np.argmax(fits, axis=1)
-        return np.where(fits.any(axis=1), first, len(self.sizes))
-
     def size_index(self, d: int) -> int:
         return int(np.searchsorted(self.sizes, d))
 
