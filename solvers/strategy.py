@@ -34,7 +34,7 @@ class LayerStrategy:
     recompute: Recompute = "none"
     ep: int = 1
     # MoE layers only (parallel folding: the layer's tp*cp*dp ranks re-read as etp * ep * expert-dp):
-    etp: int | None = None  # expert tensor parallelism; None = the attention's tp
+    etp: int | None = None  # expert tensor parallelism; None = as the layer's MLP (tp; 1 under Ulysses)
     lsh: bool = False  # LSH-MoE compression of the all-to-alls (approximate)
 
     @property
@@ -43,7 +43,9 @@ class LayerStrategy:
 
     @property
     def expert_tp(self) -> int:
-        return self.tp if self.etp is None else self.etp
+        if self.etp is not None:
+            return self.etp
+        return 1 if self.sp == "ulysses" else self.tp
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
