@@ -17,7 +17,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
-from service.errors import DomainError, http_status
+from service.errors import DomainError, Unauthorized, http_status
 from service.ui import data, flexsp_view, hybrid_view, plan_form, run_view, spindle_view
 from service.ui import format as fmt
 from service.ui.request_info import as_map, batch_label, cluster_label, headline, model_label
@@ -146,6 +146,31 @@ def run_page(request: Request, run_id: str) -> Response:
     except (DomainError, SpecError) as err:
         return _error_page(request, err, started)
     return _page(request, "run.html", {"run": run, "view": run_view.build(run)}, started)
+
+
+@router.get("/ui/token", response_class=HTMLResponse)
+def token_form(request: Request) -> Response:
+    return _page(request, "token.html", {}, time.perf_counter())
+
+
+@router.post("/ui/token")
+async def token_submit(request: Request) -> Response:
+    form = await request.form()
+    return await run_in_threadpool(_remember_token, request, str(form.get("token", "")).strip())
+
+
+def _remember_token(request: Request, token: str) -> Response:
+    """Check a typed token (any scope that may read) and keep it in an HTTP-only cookie for the pages."""
+    started = time.perf_counter()
+    try:
+        if not token:
+            raise Unauthorized("paste an API token")
+        data.principal(request, "read", token)
+    except DomainError as err:
+        return _page(request, "token.html", {"message": err.detail}, started, http_status(err) or 401)
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(data.TOKEN_COOKIE, token, httponly=True, samesite="strict")
+    return response
 
 
 @router.get("/ui/status")
