@@ -3,6 +3,7 @@
     .venv/bin/python bench/fidelity.py            # one table per data set (< 1 min)
     .venv/bin/python bench/fidelity.py --rows     # also every row of the smaller sets
     .venv/bin/python bench/fidelity.py --fit      # re-fit the calibration constants (slow; see below)
+    .venv/bin/python bench/fidelity.py --pairs    # measured pairs no physical model can order right (see below)
 
 Data (``../shared/calibration/``, see its README):
 - vTrain (MICRO'24) ground truth, A100 nodes of 8, NVLink 150 GB/s per GPU, 800 Gb/s network per node,
@@ -15,6 +16,16 @@ Data (``../shared/calibration/``, see its README):
 
 The calibration constants (``solvers/cost_model/calibration.py``) are global (no per-row terms); ``--fit``
 searches the FIT_KEYS among them on all three sets at once, within physical bounds.
+
+``--pairs`` checks the measured rows against each other, without any cost model. Two 1F1B runs a and b of
+the same model, GPUs, global batch and pipeline depth p, where a gives each GPU w = (mbs_a / mbs_b) *
+(tp_b / tp_a) >= 1 times the work per micro-batch (more samples, less tensor splitting), take
+T = (m + p - 1) * t + D (t: one micro-batch through the slowest stage, D: per-step work outside the
+pipeline: gradient sync, optimizer). Splitting a micro-batch's work w ways never makes it more than w times
+faster (the FLOPs divide by w; communication, replicated elementwise kernels and thinner GEMMs only add),
+so t_a <= w * t_b, m_a = m_b / w, and T_a <= R * T_b + D_a with R = (m_b + w (p - 1)) / (m_b + p - 1).
+A pair whose measured T_a - R * T_b exceeds any plausible D_a contradicts every monotone model: a model
+can fit one row of the pair or the other, not both.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ import argparse
 import csv
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -166,6 +177,83 @@ class Report:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Pair:
+    """Two measured runs whose order bounds each other's times (see the module docstring)."""
+
+    heavy: Row  # a: more work per GPU and micro-batch
+    light: Row  # b
+    bound: float  # R: the most T_a / T_b can be from the pipelined work alone
+    needed_step_s: float  # T_a - R * T_b: per-step time outside the pipeline that row a must spend
+
+    @property
+    def ratio(self) -> float:
+        return self.heavy.measured / self.light.measured
+
+
+def work_ratio(a: Row, b: Row) -> float | None:
+    """w = how many times more work per micro-batch each GPU of run a does than run b, when a is at least
+    as large in every respect (micro-batch size up, tensor parallelism down); None when the runs are not
+    comparable (other model, GPUs, batch, pipeline depth or schedule, or one larger and one smaller)."""
+    sa, sb = a.strategy, b.strategy
+    same = (a.group == b.group and a.model == b.model and a.cluster.num_gpus == b.cluster.num_gpus
+            and a.training == b.training and sa["pp"] == sb["pp"]
+            and sa.get("schedule", "1f1b") == sb.get("schedule", "1f1b") == "1f1b")
+    mbs_a, mbs_b, tp_a, tp_b = (int(x) for x in (sa["micro_batch_size"], sb["micro_batch_size"], sa["tp"],  # type: ignore[call-overload]
+                                                 sb["tp"]))
+    if not same or mbs_a < mbs_b or tp_a > tp_b or (mbs_a, tp_a) == (mbs_b, tp_b):
+        return None
+    return (mbs_a / mbs_b) * (tp_b / tp_a)
+
+
+def pipeline_bound(light: Row, w: float) -> float:
+    """R = (m_b + w (p - 1)) / (m_b + p - 1) for the lighter run b."""
+    s = light.strategy
+    p = int(s["pp"])  # type: ignore[call-overload]
+    m = light.training.global_batch_size / (int(s["dp"]) * int(s["micro_batch_size"]))  # type: ignore[call-overload]
+    return (m + w * (p - 1)) / (m + p - 1)
+
+
+def consistency_pairs(rows: Sequence[Row]) -> list[Pair]:
+    """Every comparable pair whose heavier run is measured slower than its pipelined work allows, worst first."""
+    out = []
+    for a in rows:
+        for b in rows:
+            w = work_ratio(a, b)
+            if w is None:
+                continue
+            bound = pipeline_bound(b, w)
+            needed = a.measured - bound * b.measured
+            if needed > 0:
+                out.append(Pair(heavy=a, light=b, bound=bound, needed_step_s=needed / 1e3))
+    return sorted(out, key=lambda x: -x.needed_step_s / x.heavy.measured)
+
+
+def pairs_table(pairs: Sequence[Pair], exposed_step_s: Callable[[Row], float], limit: int = 40) -> str:
+    """The pairs, with what row a would have to spend per step and what a fully exposed gradient sync plus
+    optimizer step cost it in the model (the only per-step work of these runs)."""
+    strong = [x for x in pairs if x.needed_step_s > 2 * exposed_step_s(x.heavy)]
+    groups = sorted({x.heavy.group for x in strong}, key=lambda g: (len(g), g))
+    lines = [f"== measured pairs that bound each other: {len(pairs)} violate the pipelined-work bound, {len(strong)} by"
+             f" more than twice row a's fully exposed gradient sync + optimizer "
+             f"({', '.join(f'{g}: {sum(x.heavy.group == g for x in strong)}' for g in groups)})",
+             f"  {'heavier run a (measured ms)':<48} {'lighter run b (measured ms)':<48} {'Ta/Tb':>6} {'bound':>6}"
+             f" {'a needs/step':>12} {'sync+opt':>9}"]
+    for x in pairs[:limit]:
+        lines.append(f"  {x.heavy.label[:36]:<36} {x.heavy.measured:>10.0f}  {x.light.label[:36]:<36} "
+                     f"{x.light.measured:>10.0f}  {x.ratio:>6.3f} {x.bound:>6.3f} {x.needed_step_s:>10.2f} s "
+                     f"{exposed_step_s(x.heavy):>7.2f} s")
+    return "\n".join(lines)
+
+
+def exposed_step_s(row: Row, cal: AnalyticCalibration = DEFAULT_CALIBRATION) -> float:
+    """The model's per-step gradient sync (nothing hidden behind the backward) plus optimizer step."""
+    plan = plan_from_shorthand(row.strategy, row.model, row.cluster, row.training)
+    est = AnalyticCostModel(row.model, row.cluster, row.training, calibration=replace(cal, dp_overlap=0.0)
+                            ).evaluate(plan)
+    return est.breakdown_s.get("dp_comm_exposed", 0.0) + est.breakdown_s.get("optimizer", 0.0)
+
+
 def run(cal: AnalyticCalibration, sets: dict[str, tuple[list[Row], Callable[[Row, AnalyticCalibration], float]]]
         ) -> list[Report]:
     return [Report(name, rows, [fn(r, cal) for r in rows]) for name, (rows, fn) in sets.items()]
@@ -229,6 +317,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", action="store_true", help="print every row of the multi-node and SC21 sets")
     ap.add_argument("--fit", action="store_true", help="re-fit the calibration constants")
+    ap.add_argument("--pairs", action="store_true",
+                    help="list the vTrain multi-node pairs that bound each other (model-free)")
     ap.add_argument("--vtrain-nvlink-GBps", type=float, default=150.0,
                     help="sensitivity: NVLink GB/s assumed for the vTrain cluster (its README says 150)")
     args = ap.parse_args()
@@ -240,6 +330,8 @@ def main() -> None:
         print("fitted:", {f.name: getattr(cal, f.name) for f in fields(cal) if f.name in FIT_KEYS})
     for rep in run(cal, sets):
         print(rep.summary(show_rows=args.rows and len(rep.rows) < 200))
+    if args.pairs:
+        print(pairs_table(consistency_pairs(sets["vTrain multi-node (iteration ms)"][0]), exposed_step_s))
     print(f"({time.perf_counter() - t0:.1f} s)")
 
 
