@@ -62,7 +62,8 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
         "pure_dp": (baselines.pure_dp(cm, space, kinds), "plain data parallelism does not fit"),
     }
     t_base, c_base = time.perf_counter() - t0, time.process_time() - c0
-    found = [b for b, _ in base.values() if b is not None]
+    # only a baseline inside the constrained space may stand in for the plan (ZeRO-3 DP under zero=0 may not)
+    found = [b for b, _ in base.values() if b is not None and space.allows(b.plan)]
     incumbent = min(found, key=lambda b: b.step_time_s) if found else None
     try:
         res = planner.search(progress, incumbent_s=incumbent.step_time_s if incumbent else float("inf"))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from solvers.request import HybridRequest
-from solvers.strategy import EmbeddingStrategy, LayerStrategy, Recompute, Schedule, SpKind
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute, Schedule, SpKind
 
 ALL_SP: tuple[SpKind, ...] = (None, "megatron", "ulysses")
 ALL_RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -119,6 +119,16 @@ class SearchSpace:
                         for rc in self.recomputes:
                             out.append(LayerStrategy(tp=tp, dp=dp, cp=cp, sp=sp, zero=zero, recompute=rc))
         return out
+
+    def allows(self, plan: PlanStrategy) -> bool:
+        """Whether ``plan`` lies in this space (all its choices honour the request's constraints)."""
+        if plan.pp not in self.pp_options() or plan.micro_batches not in self.micro_batch_options(plan.pp):
+            return False
+        if plan.schedule not in self.schedules:
+            return False
+        g = self.num_gpus // plan.pp
+        legal = set(self.layer_candidates(g, self.global_batch_size // plan.micro_batches))
+        return all(x in legal for x in plan.layers)
 
     def embedding_options(self, stage_gpus: int) -> list[EmbeddingStrategy]:
         """Vocabulary-parallel embedding / LM head: TP inside a node, data parallel over the rest."""

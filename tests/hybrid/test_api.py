@@ -95,6 +95,13 @@ def test_constraints_are_respected() -> None:
     assert all(x["tp"] <= 2 for x in s["layers"])
 
 
+def test_a_baseline_outside_the_constraints_never_becomes_the_plan() -> None:
+    """ZeRO-3 DP is computed as a baseline, but under zero=0 it must not be returned as the plan."""
+    req = {**SMALL, "constraints": {"memory_limit_gib": 80, "max_tp": 1, "max_pp": 1, "zero": 0}}
+    r = solve(req)
+    assert all(x["zero"] == 0 and x["tp"] == 1 for x in r["strategy"]["layers"]) and r["strategy"]["pp"] == 1
+
+
 def test_non_power_of_two_gpu_count() -> None:
     r = solve({**SMALL, "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 6},
                "training": {"global_batch_size": 24, "seq_length": 2048}})
