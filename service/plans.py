@@ -76,8 +76,9 @@ def submit_plan(db: Database, request: dict[str, Any], kind: str, max_attempts: 
     with the winner's plan, so the request is solved once."""
     digest = digest or content_hash(request)
     with db.reading() as session:  # fast path, no write lock: the cached POST
-        found = _by_idempotency_key(session, idempotency_key, digest) if idempotency_key else None
-        found = found or find_by_hash(session, digest)
+        if idempotency_key and (by_key := _by_idempotency_key(session, idempotency_key, digest)) is not None:
+            return by_key, False
+        found = find_by_hash(session, digest)
         if found is not None and not idempotency_key:
             return found, False
     if found is None and validate is not None:
