@@ -73,6 +73,18 @@ class FlexSPConstants:
         }
 
 
+def tiling_sizes(num_gpus: int, gpus_per_node: int) -> list[int]:
+    """SP degrees whose groups tile the cluster as contiguous node-aligned blocks, ascending: powers of
+    two that divide a node, and node multiples ``gpus_per_node · 2^k``. Placed largest first, each block
+    starts at a multiple of its own size, so no block smaller than a node straddles two."""
+    sizes = {d for d in (2**k for k in range(num_gpus.bit_length())) if d <= num_gpus and gpus_per_node % d == 0}
+    d = gpus_per_node
+    while d <= num_gpus:
+        sizes.add(d)
+        d *= 2
+    return sorted(sizes)
+
+
 def zero_state_fraction(zero: int, num_gpus: int) -> float:
     """Fraction of the 16 bytes/param of mixed-precision Adam states one GPU keeps under ZeRO-`zero`.
 
@@ -170,7 +182,7 @@ def derived_constants(
     zero_bytes = 3 * 2 * params * (n - 1) / n if zero == 3 else 0.0
     ring_GBps = cluster.inter_GBps_per_gpu if cluster.nodes > 1 else cluster.intra_GBps
     zero_ms = 1e3 * zero_bytes / (ring_GBps * 1e9) * ZERO3_EXPOSED_FRACTION
-    sizes = [2**k for k in range(1, n.bit_length()) if 2**k <= n]
+    sizes = [d for d in tiling_sizes(n, cluster.gpus_per_node) if d > 1]
     return FlexSPConstants(
         alpha1_ms_per_token2=1e3 * attention_flops_per_token2(model) / (peak * ATTENTION_EFFICIENCY),
         alpha2_ms_per_token=1e3 * linear_flops_per_token(model) / (peak * LINEAR_EFFICIENCY),

@@ -6,28 +6,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.flexsp.constants import FlexSPConstants
+from solvers.flexsp.constants import FlexSPConstants, tiling_sizes
 
 
 def allowed_group_sizes(c: FlexSPConstants) -> list[int]:
-    """SP degrees that tile the cluster as contiguous node-aligned blocks, smallest first.
-
-    Powers of two that divide a node, and node multiples ``gpus_per_node · 2^k``; with an explicit
-    bandwidth table only the sizes it measures (and 1, which needs no all-to-all).
-    """
-    g, n = c.gpus_per_node, c.num_gpus
-    sizes = []
-    d = 1
-    while d <= n:
-        if g % d == 0:
-            sizes.append(d)
-        d *= 2
-    d = g
-    while d <= n:
-        if d not in sizes:
-            sizes.append(d)
-        d *= 2
-    return sorted(s for s in sizes if s == 1 or s in c.alltoall_GBps_by_group_size)
+    """The tiling SP degrees (``tiling_sizes``) the cost model has a bandwidth for, smallest first; SP 1
+    needs no all-to-all."""
+    return [d for d in tiling_sizes(c.num_gpus, c.gpus_per_node) if d == 1 or d in c.alltoall_GBps_by_group_size]
 
 
 @dataclass(frozen=True)

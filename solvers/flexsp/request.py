@@ -41,8 +41,9 @@ class FlexSPCostForm(BaseModel):
     @classmethod
     def _sizes(cls, v: dict[str, float]) -> dict[str, float]:
         for k, bw in v.items():
-            if not k.isdigit() or int(k) < 2 or int(k) & (int(k) - 1):
-                raise ValueError(f"group size {k!r} must be a power of two ≥ 2")
+            if not k.isdigit() or int(k) < 2:
+                raise ValueError(f"group size {k!r} must be an integer ≥ 2 (sizes that do not tile the "
+                                 f"cluster in node-aligned blocks are ignored)")
             if bw <= 0:
                 raise ValueError(f"bandwidth for group size {k} must be positive, got {bw}")
         return v

@@ -117,3 +117,16 @@ def test_plan_says_when_sp_exceeds_the_head_count() -> None:
     with pytest.raises(SpecError) as err:
         solve(gpt7b_request([300_000], solver={"max_sp": 32}))
     assert err.value.problems[0].loc == ("batch", "sequence_lengths", 0)
+
+
+def test_non_power_of_two_nodes_tile_with_node_aligned_groups() -> None:
+    """3 nodes of 6 GPUs: groups are 1, 2 (dividing a node) or 6, 12 (whole nodes), never straddling."""
+    rng = np.random.default_rng(8)
+    lengths = [int(x) for x in np.clip(rng.lognormal(np.log(6000), 1.2, 60), 128, 90_000)]
+    req = {"kind": "flexsp", "model": {"preset": "llama2-7b"},
+           "cluster": {"gpu": "A100-80GB", "nodes": 3, "gpus_per_node": 6},
+           "batch": {"sequence_lengths": lengths}, "constraints": {"memory_limit_gib": 60}}
+    result = solve(req)
+    sizes = {g["sp"] for mb in result["micro_batches"] for g in mb["groups"]}
+    assert sizes <= {1, 2, 6, 12}
+    _check_result(result, lengths, 18, 6, result["cost_model"]["token_capacity_per_gpu"])
