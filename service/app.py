@@ -16,6 +16,7 @@ import importlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -27,10 +28,17 @@ from service.errors import HTTP_STATUS, http_body, http_status
 from service.metrics import Metrics
 from service.middleware import BodyLimit, RequestMetrics
 from service.routes import ops, plans, profiles, runs
+from service.schemas import ErrorOut
 from service.settings import Settings, get_settings
 from service.tokens import TokenCache
 
 log = logging.getLogger("paraplan.service")
+# Documented on every API operation so that clients (and schema checks) know each error's shape.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut, "description": text} for code, text in (
+        (400, "malformed body (not JSON)"), (401, "missing or invalid bearer token"),
+        (403, "the token's scope does not allow this"), (404, "no such object"),
+        (413, "body or solver input over a limit"), (503, "database temporarily unavailable; retry"))}
 
 
 async def _domain_error(_: Request, err: Exception) -> JSONResponse:
@@ -95,8 +103,9 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     app.state.settings, app.state.db, app.state.token_cache = settings, db, ctx.tokens
     for cls, _status in HTTP_STATUS:
         app.add_exception_handler(cls, _domain_error)
-    for router in (ops.router, plans.router, runs.router, profiles.router):
-        app.include_router(router)
+    app.include_router(ops.router)
+    for router in (plans.router, runs.router, profiles.router):
+        app.include_router(router, responses=ERROR_RESPONSES)
     _mount_ui(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=ctx.metrics)

@@ -19,6 +19,12 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class ErrorOut(BaseModel):
+    """Every error body: a message, or (422) a list of ``{loc, msg, type}`` naming the bad fields."""
+
+    detail: str | list[dict[str, Any]]
+
+
 # --- plans ---------------------------------------------------------------------------------------
 class Progress(BaseModel):
     fraction: float

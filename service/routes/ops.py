@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.context import ServiceContext, get_context
+from service.errors import db_unavailable_reason
 from service.migrate import current_revision, head_revision
 
 router = APIRouter(tags=["ops"])
@@ -24,7 +25,7 @@ def readyz(ctx: ServiceContext = Depends(get_context)) -> Response:
     try:
         current = current_revision(ctx.db.engine)
     except Exception as err:
-        return JSONResponse({"status": "unavailable", "reason": f"database unreachable: {type(err).__name__}"},
+        return JSONResponse({"status": "unavailable", "reason": f"{db_unavailable_reason(err)}: {type(err).__name__}"},
                             status_code=503)
     head = head_revision()
     if current != head:
@@ -34,7 +35,7 @@ def readyz(ctx: ServiceContext = Depends(get_context)) -> Response:
     return JSONResponse({"status": "ok", "revision": current})
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 def metrics(ctx: ServiceContext = Depends(get_context)) -> Response:
     """Prometheus exposition."""
     return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)

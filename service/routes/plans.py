@@ -124,7 +124,8 @@ def cancel_plan(plan_id: str, ctx: ServiceContext = Depends(get_context),
     return plans.cancel_plan(ctx.db, plan_id)
 
 
-@router.get("/plans/{plan_id}/export", responses={409: {"description": "not a succeeded hybrid plan"},
+@router.get("/plans/{plan_id}/export", responses={200: {"content": {m: {} for m in _EXPORT_MEDIA.values()}},
+                                                  409: {"description": "not a succeeded hybrid plan"},
                                                   422: {"description": "unknown format"}})
 def export_plan(plan_id: str, format: ExportFormat = Query(..., description="target framework"),
                 ctx: ServiceContext = Depends(get_context), _: Principal = ReadAccess) -> Response:
