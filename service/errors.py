@@ -78,6 +78,26 @@ def http_status(err: BaseException) -> int | None:
     return None
 
 
+# Driver messages -> the reason an operator needs (fixed texts: driver messages may carry hosts or SQL).
+_DB_REASONS = (
+    (("readonly", "read-only", "read only"), "database is read-only"),
+    (("disk is full", "no space left", "could not extend file", "disk full"), "database disk is full"),
+    (("locked", "busy"), "database is busy (locked)"),
+    (("connect", "connection", "server closed", "terminating", "shutting down", "starting up"),
+     "database unreachable"),
+)
+
+
+def db_unavailable_reason(err: BaseException) -> str:
+    text = str(getattr(err, "orig", None) or err).lower()
+    for needles, reason in _DB_REASONS:
+        if any(n in text for n in needles):
+            return reason
+    if isinstance(err, sa_exc.DBAPIError) and err.connection_invalidated:
+        return "database unreachable"
+    return "database temporarily unavailable"
+
+
 def http_body(err: BaseException, status: int) -> dict[str, Any]:
     if isinstance(err, SpecError):
         return {"detail": [{"loc": ["body", *p.loc], "msg": p.msg, "type": "value_error"} for p in err.problems]}
@@ -85,4 +105,4 @@ def http_body(err: BaseException, status: int) -> dict[str, Any]:
         return {"detail": err.detail}
     if status == 409:
         return {"detail": "conflict with stored data"}
-    return {"detail": "database temporarily unavailable; retry"}
+    return {"detail": f"{db_unavailable_reason(err)}; retry later"}
