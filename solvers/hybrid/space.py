@@ -115,6 +115,11 @@ class SearchSpace:
                 if micro_batch_samples % dp:
                     continue  # every data-parallel rank gets whole samples
                 for sp in self._sp_options(tp):
+                    # the sequence splits over cp (and over tp under SP); Megatron TP splits KV heads too
+                    if self.seq_length % (cp * (tp if sp is not None else 1)):
+                        continue
+                    if sp != "ulysses" and self.kv_heads % tp and tp % self.kv_heads:
+                        continue
                     for zero in self._zero_options(dp):
                         for rc in self.recomputes:
                             out.append(LayerStrategy(tp=tp, dp=dp, cp=cp, sp=sp, zero=zero, recompute=rc))
