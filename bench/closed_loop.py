@@ -3,6 +3,7 @@ cost model calibrated by that profile, run the plans with the worker runtime, co
 
     .venv/bin/python bench/closed_loop.py                 # profile, predict, run 9 plans on 4 gloo ranks
     .venv/bin/python bench/closed_loop.py --profile P.json  # reuse a profile written by worker.profiler
+    .venv/bin/python bench/closed_loop.py --ranks 2         # 7 plans on 2 ranks (one core per rank here)
 
 Prints a table (predicted vs measured step time per plan), the MAPE and Spearman's rank correlation.
 Goal (issue 8): MAPE <= 20 %, Spearman >= 0.9. Measured step time = median of the steps after warm-up.
@@ -33,7 +34,7 @@ MODEL = {"name": "small-llama", "num_layers": 8, "hidden_size": 256, "num_attent
          "ffn_hidden_size": 688, "vocab_size": 1024, "mlp": "swiglu"}
 TRAINING = {"global_batch_size": 16, "seq_length": 128, "precision": "fp32"}
 # Uniform strategies (the contract's shorthand), chosen to spread step times and exercise every parallelism.
-PLANS: dict[str, dict[str, Any]] = {
+PLANS_4: dict[str, dict[str, Any]] = {
     "dp4": {"dp": 4, "zero": 0, "micro_batches": 1},
     "dp4-zero3": {"dp": 4, "zero": 3, "micro_batches": 1},
     "dp4-recompute": {"dp": 4, "zero": 0, "micro_batches": 1, "recompute": "full"},
@@ -44,14 +45,25 @@ PLANS: dict[str, dict[str, Any]] = {
     "pp2-dp2-gpipe": {"pp": 2, "dp": 2, "zero": 2, "micro_batches": 4, "schedule": "gpipe"},
     "pp4-gpipe-mb4": {"pp": 4, "micro_batches": 4, "schedule": "gpipe"},
 }
+# The same kinds on 2 ranks: on a 2-core host that is one core per rank, as a device per rank would be.
+PLANS_2: dict[str, dict[str, Any]] = {
+    "dp2": {"dp": 2, "zero": 0, "micro_batches": 1},
+    "dp2-zero3": {"dp": 2, "zero": 3, "micro_batches": 1},
+    "dp2-recompute": {"dp": 2, "zero": 0, "micro_batches": 1, "recompute": "full"},
+    "tp2": {"tp": 2, "micro_batches": 1},
+    "tp2-sp": {"tp": 2, "sp": "megatron", "micro_batches": 1},
+    "pp2-1f1b": {"pp": 2, "micro_batches": 8, "schedule": "1f1b"},
+    "pp2-gpipe-mb2": {"pp": 2, "micro_batches": 2, "schedule": "gpipe"},
+}
+PLANS = {4: PLANS_4, 2: PLANS_2}
 # What a CPU host with gloo does differently from a GPU: nothing overlaps (communication and compute share
 # the cores) and the host cost of launching kernels is inside the measured layer times.
 CPU_CALIBRATION = {"kernel_overhead_s": 0.0, "zero_overlap": 0.0, "dp_overlap": 0.0, "microbatch_overhead_s": 1e-3}
 
 
-def run_profiler(workdir: Path, repeats: int) -> dict[str, Any]:
+def run_profiler(workdir: Path, repeats: int, ranks: int) -> dict[str, Any]:
     out = workdir / "profile.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
            "-m", "worker.profiler", "--model", json.dumps(MODEL), "--seqs", str(TRAINING["seq_length"]),
            "--batches", "1,2,4,8,16", "--repeats", str(repeats), "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
@@ -59,7 +71,7 @@ def run_profiler(workdir: Path, repeats: int) -> dict[str, Any]:
     return doc
 
 
-def request(strategy: dict[str, Any], profiled: dict[str, Any] | None) -> dict[str, Any]:
+def request(strategy: dict[str, Any], profiled: dict[str, Any] | None, ranks: int = RANKS) -> dict[str, Any]:
     gpu: dict[str, Any] = {"name": "cpu", "peak_tflops": 0.2, "peak_tflops_fp32": 0.2, "memory_gib": 16}
     cost_model: dict[str, Any] = {"kind": "analytic", "calibration": CPU_CALIBRATION}
     if profiled is not None:
@@ -68,16 +80,16 @@ def request(strategy: dict[str, Any], profiled: dict[str, Any] | None) -> dict[s
                    memory_bandwidth_GBps=dev["memory_bandwidth_GBps"])
         cost_model = {"kind": "profile", "profile": profiled["profile"], "calibration": CPU_CALIBRATION}
     return {"kind": "hybrid", "model": MODEL, "training": TRAINING,
-            "cluster": {"gpu": gpu, "nodes": 1, "gpus_per_node": RANKS},
+            "cluster": {"gpu": gpu, "nodes": 1, "gpus_per_node": ranks},
             "strategy": strategy, "cost_model": cost_model}
 
 
-def predict_with_cost_model(strategy: dict[str, Any], profiled: dict[str, Any] | None) -> float:
+def predict_with_cost_model(strategy: dict[str, Any], profiled: dict[str, Any] | None, ranks: int) -> float:
     """The predictor: paraplan's cost model (``kind: profile`` with this node's profile)."""
-    return float(estimate(request(strategy, profiled))["step_time_s"])
+    return float(estimate(request(strategy, profiled, ranks))["step_time_s"])
 
 
-PREDICTORS: dict[str, Callable[[dict[str, Any], dict[str, Any] | None], float]] = {
+PREDICTORS: dict[str, Callable[[dict[str, Any], dict[str, Any] | None, int], float]] = {
     "cost_model": predict_with_cost_model,
 }
 
@@ -104,23 +116,25 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--predictor", choices=sorted(PREDICTORS), default="cost_model")
-    ap.add_argument("--plans", default=",".join(PLANS), help="comma-separated subset of: " + ",".join(PLANS))
+    ap.add_argument("--ranks", type=int, choices=sorted(PLANS), default=RANKS)
+    ap.add_argument("--plans", help="comma-separated subset of the plans for --ranks (default: all)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="closed-loop-"))
     t0 = time.time()
-    profiled = json.loads(args.profile.read_text()) if args.profile else run_profiler(work, args.repeats)
+    ranks, plans = args.ranks, PLANS[args.ranks]
+    profiled = json.loads(args.profile.read_text()) if args.profile else run_profiler(work, args.repeats, ranks)
     print(f"profile: {len(profiled['profile']['layer_times'])} layer points, "
           f"{len(profiled['profile']['collectives'])} collective points, {profiled['device']['peak_tflops']:.3f} "
           f"TFLOP/s and {profiled['device']['memory_bandwidth_GBps']:.1f} GB/s per rank ({time.time() - t0:.0f} s)")
     predictor = PREDICTORS[args.predictor]
     rows = []
-    for name in args.plans.split(","):
-        strategy = PLANS[name]
-        predicted = predictor(strategy, profiled)
-        doc = {"request": request(strategy, profiled), "result": {"strategy": strategy}}
+    for name in args.plans.split(",") if args.plans else plans:
+        strategy = plans[name]
+        predicted = predictor(strategy, profiled, ranks)
+        doc = {"request": request(strategy, profiled, ranks), "result": {"strategy": strategy}}
         load = os.getloadavg()[0]
-        metrics = run_locally(doc, RANKS, args.steps, work / name)
+        metrics = run_locally(doc, ranks, args.steps, work / name)
         measured = float(metrics["step_time_s"])
         rows.append({"plan": name, "predicted_s": predicted, "measured_s": measured,
                      "error": (predicted - measured) / measured, "load": load, "notes": metrics.get("notes", [])})
@@ -132,7 +146,7 @@ def main() -> int:
         print(f"{r['plan']:<20}{r['predicted_s']:>13.4f}{r['measured_s']:>12.4f}{100 * r['error']:>8.1f}%"
               f"{r['load']:>7.1f}")
     print(f"\nMAPE {100 * mape:.1f}% (goal <= 20%)   Spearman {rho:.3f} (goal >= 0.9)   "
-          f"{len(rows)} plans x {args.steps} steps on {RANKS} gloo ranks, {time.time() - t0:.0f} s")
+          f"{len(rows)} plans x {args.steps} steps on {ranks} gloo ranks, {time.time() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "mape": mape, "spearman": rho}, indent=1))
     return 0
