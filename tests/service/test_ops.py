@@ -43,6 +43,7 @@ def test_readyz_metrics_and_openapi(client: Any, db: Any) -> None:
         assert path in paths, path
 
 
+@pytest.mark.db
 def test_readyz_503_until_migrated(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
@@ -58,6 +59,7 @@ def test_readyz_503_until_migrated(tmp_path: Path) -> None:
         assert c.get("/readyz").status_code == 200
 
 
+@pytest.mark.db
 def test_token_create_cli(tmp_path: Path, _sqlite_template: Path) -> None:
     db_file = tmp_path / "cli.db"
     shutil.copy(_sqlite_template, db_file)
