@@ -127,7 +127,7 @@ def solver(
     db = Database.connect(settings.database_url, pool_size=2)
     runner = Dispatcher(db, settings)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: (runner.stop.set(), runner.wake()))
+        signal.signal(sig, lambda *_: runner.shutdown())
     typer.echo(f"solver dispatcher {runner.owner} started", err=True)
     runner.run(concurrency=concurrency, max_jobs=max_jobs, exit_when_idle=exit_when_idle)
     st = runner.stats

@@ -89,8 +89,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
             yield
         finally:
             if dispatcher is not None:
-                dispatcher.stop.set()
-                dispatcher.wake()
+                dispatcher.shutdown()
             if database is None:
                 db.dispose()
 

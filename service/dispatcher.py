@@ -223,6 +223,11 @@ class Dispatcher:
         """A job was just queued (by this process): claim now instead of at the next poll."""
         self._wake.set()
 
+    def shutdown(self) -> None:
+        """Stop claiming; a job being solved is given back (requeued, its attempt not counted)."""
+        self.stop.set()
+        self._wake.set()
+
     def _idle(self) -> None:
         self._wake.wait(self.settings.dispatcher_poll_s)
         self._wake.clear()
