@@ -118,5 +118,6 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], micro_batc
             raise RuntimeError("pipeline schedule deadlocked")
     makespan = max(op.end_s for op in ops)
     busy = m * sum(f + b for f, b in zip(forward_s, backward_s, strict=True))
-    bubble = 1.0 - busy / (p * makespan) if makespan > 0 else 0.0
+    # Clamp float round-off (a single stage has no bubble, not "-0.0%").
+    bubble = max(0.0, 1.0 - busy / (p * makespan)) if makespan > 0 else 0.0
     return Timeline(tuple(ops), makespan, bubble, kind, v)
