@@ -67,3 +67,19 @@ def test_vtrain_39b_tp2_rows_contradict_tp4_rows(fidelity: ModuleType) -> None:
     hit = [x for x in pairs if x.heavy.label.startswith("512gpu tp2 dp16 pp16 mbs3 ")
            and x.light.label.startswith("512gpu tp4 dp8 pp16 mbs3 ")]
     assert len(hit) == 1 and hit[0].needed_step_s > 5.0
+
+
+def test_consistent_predictions_obey_the_bound_and_move_only_contradicted_rows(fidelity: ModuleType) -> None:
+    p, t_b = 2, 10.0
+    light = replace(_row(fidelity, 4, 2, p, 2, 0.0), measured=17 * t_b)  # m_b = 16
+    heavy = _row(fidelity, 2, 4, p, 2, 180.0 + 40.0)  # 40 ms slower than the bound allows
+    other = _row(fidelity, 4, 2, p, 4, 175.0)  # heavier than light (mbs 4): bound 170 * 20/17 = 200, consistent
+    rows = [light, heavy, other]
+    best = fidelity.consistent_predictions(rows, [0.0, 0.0, 0.0])
+    bound = fidelity.pipeline_bound(light, 2.0)
+    assert best[1] <= bound * best[0] + 1e-6
+    # equal relative weights: the gap of 40 ms is split between the two rows, both moved
+    assert best[1] < heavy.measured and best[0] > light.measured
+    assert fidelity.consistent_predictions([light, other], [0.0, 0.0]) == pytest.approx([170.0, 175.0])
+    # slack of the size of the gap makes the measurements themselves consistent
+    assert fidelity.consistent_predictions(rows, [0.0, 0.04, 0.0]) == pytest.approx([170.0, 220.0, 175.0], rel=1e-6)
