@@ -1,0 +1,45 @@
+"""``paraplan worker profile`` measures this node (2 gloo ranks, tiny model) and uploads a profile that the
+cost model accepts; the profile's layer times grow with the batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from solvers.cost_model.profile import load_profile
+from tests.conftest import PARAPLAN, ROOT, LiveServer
+from tests.worker.plans import TINY_MODEL
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_profile_is_measured_uploaded_and_readable_by_the_cost_model(
+        live_server_factory: Callable[..., LiveServer]) -> None:
+    server = live_server_factory(dispatcher=False)
+    proc = subprocess.run(
+        [*PARAPLAN, "worker", "profile", "--model", json.dumps(TINY_MODEL), "--nproc", "2", "--seqs", "64",
+         "--batches", "1,8", "--repeats", "3", "--server", server.url, "--token", server.token("worker")],
+        capture_output=True, text=True, timeout=150, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    created = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = httpx.get(f"{server.url}/v1/profiles/{created['id']}",
+                    headers={"Authorization": f"Bearer {server.token('admin')}"}).json()
+    assert got["kind"] == "hardware"
+    profile = load_profile(got["data"])
+    by_tp = {(x.tp, x.batch): x for x in profile.layer_times}
+    assert {tp for tp, _ in by_tp} == {1, 2} and all(x.seq == 64 for x in profile.layer_times)
+    assert by_tp[(1, 8)].forward_ms > by_tp[(1, 1)].forward_ms  # 8x the tokens costs more
+    ops = {c.op for c in profile.collectives}
+    assert {"allreduce", "allgather", "alltoall", "p2p"} <= ops
+    assert all(c.group_size == 2 for c in profile.collectives)
+
+
+def test_profile_rejects_an_unknown_model_preset() -> None:
+    proc = subprocess.run([*PARAPLAN, "worker", "profile", "--model", "no-such-model"], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and "--model" in proc.stderr and "Traceback" not in proc.stderr
