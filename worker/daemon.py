@@ -37,6 +37,10 @@ log = logging.getLogger("paraplan.worker")
 EXIT_UNAUTHORIZED = 3
 
 
+class NodeTooSmall(RuntimeError):
+    """The plan needs more devices than this node has."""
+
+
 @dataclass
 class DaemonConfig:
     server: str
@@ -142,6 +146,9 @@ class Daemon:
                  run["steps"])
         try:
             nproc = self._world_size(plan_doc)
+        except NodeTooSmall as err:  # another worker may be big enough
+            self._fail(run_id, str(err), retryable=True)
+            return
         except SpecError as err:
             self._fail(run_id, f"invalid plan: {err}", retryable=False)
             return
@@ -155,9 +162,15 @@ class Daemon:
             lease.join(timeout=2 * self.heartbeat_s)
 
     def _world_size(self, plan_doc: dict[str, Any]) -> int:
+        import torch
+
         from worker.runtime.plan import from_document
 
         plan = from_document(plan_doc)  # SpecError names the bad field; nothing is launched then
+        on_gpu = plan.gpu_name.lower() != "cpu"
+        if on_gpu and torch.cuda.is_available() and plan.world_size > torch.cuda.device_count():
+            raise NodeTooSmall(f"the plan needs {plan.world_size} GPUs on one node; this node has "
+                               f"{torch.cuda.device_count()}")
         return plan.world_size
 
     def _hold_lease(self, run_id: str, lost: threading.Event) -> None:

@@ -5,5 +5,6 @@
 - ``apply_ulysses`` (``ulysses``): DeepSpeed-Ulysses all-to-all sequence parallelism
 - ``build_schedule`` / ``cut_stage`` (``pipeline``): pipeline stages and GPipe / 1F1B / interleaved schedules
 - ``apply_checkpointing`` (``checkpointing``): per-layer full or selective activation recompute
-- ``parallelize`` (``parallelize``): all of the above for a plan; ``train.run_plan`` trains and measures
+- ``apply_plan`` / ``parallelize`` (``parallelize``): all of the above for a plan (on a given model / a built
+  one); ``train.run_plan`` trains and measures
 """
