@@ -25,6 +25,7 @@ class ServiceContext:
     on_queued: Callable[[], None] = lambda: None
 
 
-def get_context(request: Request) -> ServiceContext:
+async def get_context(request: Request) -> ServiceContext:
+    # async on purpose: FastAPI runs a sync dependency in the thread pool, a hop per request for nothing
     ctx: ServiceContext = request.app.state.ctx
     return ctx
