@@ -4,6 +4,7 @@ cost model calibrated by that profile, run the plans with the worker runtime, co
     .venv/bin/python bench/closed_loop.py                 # profile, predict, run 9 plans on 4 gloo ranks
     .venv/bin/python bench/closed_loop.py --profile P.json  # reuse a profile written by worker.profiler
     .venv/bin/python bench/closed_loop.py --ranks 2         # 7 plans on 2 ranks (one core per rank here)
+    .venv/bin/python bench/closed_loop.py --interleave 4    # all plans in one launch, round-robin
 
 Prints a table (predicted vs measured step time per plan), the MAPE and Spearman's rank correlation.
 Goal (issue 8): MAPE <= 20 %, Spearman >= 0.9. Measured step time = median of the steps after warm-up.
@@ -94,6 +95,53 @@ PREDICTORS: dict[str, Callable[[dict[str, Any], dict[str, Any] | None, int], flo
 }
 
 
+def measure_interleaved(docs: dict[str, dict[str, Any]], ranks: int, rounds: int, steps: int, workdir: Path
+                        ) -> dict[str, float]:
+    """Run every plan in one launch, round-robin (``rounds`` x ``steps`` steps each, after one warm-up round),
+    so that a change in the machine's background load hits all plans alike; median step time per plan."""
+    spec = workdir / "interleave.json"
+    out = workdir / "interleave-out.json"
+    spec.write_text(json.dumps({"plans": docs, "rounds": rounds, "steps": steps}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+           str(Path(__file__).resolve()), "--interleaved-rank", str(spec), str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
+    result: dict[str, float] = json.loads(out.read_text())
+    return result
+
+
+def interleaved_rank(spec_path: Path, out: Path) -> int:
+    """One rank of ``measure_interleaved`` (run by torchrun): the worker runtime's own parallelize/train_step."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from worker.runtime.data import global_batch
+    from worker.runtime.parallelize import parallelize
+    from worker.runtime.plan import from_document
+
+    spec = json.loads(spec_path.read_text())
+    dist.init_process_group("gloo")
+    models = {name: parallelize(from_document(doc, world_size=dist.get_world_size()), 0, torch.device("cpu"))
+              for name, doc in spec["plans"].items()}
+    times: dict[str, list[float]] = {name: [] for name in models}
+    step = 0
+    for r in range(spec["rounds"] + 1):
+        for name, pm in models.items():
+            for _ in range(spec["steps"]):
+                tokens = global_batch(pm.plan.model.vocab_size, pm.plan.global_batch_size, pm.plan.seq_length, 0, step)
+                dist.barrier()
+                start = time.perf_counter()
+                pm.train_step(tokens)
+                if r > 0:  # round 0 warms every plan up
+                    times[name].append(time.perf_counter() - start)
+                step += 1
+    if dist.get_rank() == 0:
+        out.write_text(json.dumps({name: statistics.median(t) for name, t in times.items()}))
+    dist.barrier()
+    return 0
+
+
 def spearman(a: list[float], b: list[float]) -> float:
     def ranks(x: list[float]) -> list[float]:
         order = sorted(range(len(x)), key=lambda i: x[i])
@@ -111,6 +159,9 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == "--interleaved-rank":
+        code = interleaved_rank(Path(sys.argv[2]), Path(sys.argv[3]))
+        os._exit(code)  # skip gloo teardown (see worker/runtime/train.py)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", type=Path, help="profile JSON from worker.profiler (default: profile now)")
     ap.add_argument("--steps", type=int, default=8)
@@ -119,6 +170,9 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, choices=sorted(PLANS), default=RANKS)
     ap.add_argument("--plans", help="comma-separated subset of the plans for --ranks (default: all)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                    help="measure all plans in one launch, round-robin, ROUNDS x 2 steps each (less exposed to "
+                         "background load drifting between plans); default: one daemon-style launch per plan")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="closed-loop-"))
     t0 = time.time()
@@ -128,17 +182,21 @@ def main() -> int:
           f"{len(profiled['profile']['collectives'])} collective points, {profiled['device']['peak_tflops']:.3f} "
           f"TFLOP/s and {profiled['device']['memory_bandwidth_GBps']:.1f} GB/s per rank ({time.time() - t0:.0f} s)")
     predictor = PREDICTORS[args.predictor]
-    rows = []
-    for name in args.plans.split(",") if args.plans else plans:
-        strategy = plans[name]
-        predicted = predictor(strategy, profiled, ranks)
-        doc = {"request": request(strategy, profiled, ranks), "result": {"strategy": strategy}}
+    rows: list[dict[str, Any]] = []
+    names = args.plans.split(",") if args.plans else list(plans)
+    docs = {n: {"request": request(plans[n], profiled, ranks), "result": {"strategy": plans[n]}} for n in names}
+    interleaved = measure_interleaved(docs, ranks, args.interleave, 2, work) if args.interleave else {}
+    for name in names:
+        predicted = predictor(plans[name], profiled, ranks)
         load = os.getloadavg()[0]
-        metrics = run_locally(doc, ranks, args.steps, work / name)
-        measured = float(metrics["step_time_s"])
+        if interleaved:
+            measured, notes = interleaved[name], []
+        else:
+            metrics = run_locally(docs[name], ranks, args.steps, work / name)
+            measured, notes = float(metrics["step_time_s"]), metrics.get("notes", [])
         rows.append({"plan": name, "predicted_s": predicted, "measured_s": measured,
-                     "error": (predicted - measured) / measured, "load": load, "notes": metrics.get("notes", [])})
-        print(f"  ran {name}: predicted {predicted:.3f} s, measured {measured:.3f} s (load {load:.1f})", flush=True)
+                     "error": (predicted - measured) / measured, "load": load, "notes": notes})
+        print(f"  {name}: predicted {predicted:.3f} s, measured {measured:.3f} s (load {load:.1f})", flush=True)
     mape = sum(abs(r["error"]) for r in rows) / len(rows)
     rho = spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
     print(f"\n{'plan':<20}{'predicted s':>13}{'measured s':>12}{'error':>9}{'load':>7}")
