@@ -237,11 +237,15 @@ def pairs_table(pairs: Sequence[Pair], exposed_step_s: Callable[[Row], float], l
     lines = [f"== measured pairs that bound each other: {len(pairs)} violate the pipelined-work bound, {len(strong)} by"
              f" more than twice row a's fully exposed gradient sync + optimizer "
              f"({', '.join(f'{g}: {sum(x.heavy.group == g for x in strong)}' for g in groups)})",
-             f"  {'heavier run a (measured ms)':<48} {'lighter run b (measured ms)':<48} {'Ta/Tb':>6} {'bound':>6}"
-             f" {'a needs/step':>12} {'sync+opt':>9}"]
+             f"  {'size':>5}  {'heavier run a':<26} {'Ta ms':>7}  {'lighter run b':<26} {'Tb ms':>7} {'Ta/Tb':>6}"
+             f" {'bound':>6} {'a needs/step':>12} {'sync+opt':>9}"]
+
+    def short(r: Row) -> str:
+        return " ".join(r.label.split()[:5])  # GPUs, tp, dp, pp, micro-batch
+
     for x in pairs[:limit]:
-        lines.append(f"  {x.heavy.label[:36]:<36} {x.heavy.measured:>10.0f}  {x.light.label[:36]:<36} "
-                     f"{x.light.measured:>10.0f}  {x.ratio:>6.3f} {x.bound:>6.3f} {x.needed_step_s:>10.2f} s "
+        lines.append(f"  {x.heavy.group:>5}  {short(x.heavy):<26} {x.heavy.measured:>7.0f}  {short(x.light):<26} "
+                     f"{x.light.measured:>7.0f} {x.ratio:>6.3f} {x.bound:>6.3f} {x.needed_step_s:>10.2f} s "
                      f"{exposed_step_s(x.heavy):>7.2f} s")
     return "\n".join(lines)
 
