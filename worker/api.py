@@ -40,12 +40,14 @@ def backoff_delays(base_s: float = 0.5, cap_s: float = 30.0, rng: random.Random 
 
 class WorkerApi:
     def __init__(self, server: str, token: str, timeout_s: float = 10.0, max_retry_s: float = 300.0,
-                 sleep: Callable[[float], None] = time.sleep, delays: Callable[[int], float] | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 sleep: Callable[[float], object] = time.sleep, delays: Callable[[int], float] | None = None,
+                 transport: httpx.BaseTransport | None = None, cancelled: Callable[[], bool] = lambda: False
+                 ) -> None:
         self.http = httpx.Client(base_url=server.rstrip("/") + "/v1", timeout=timeout_s, transport=transport,
                                  headers={"Authorization": f"Bearer {token}", "User-Agent": "paraplan-worker"})
         self.max_retry_s, self.sleep = max_retry_s, sleep
         self.delays = delays or backoff_delays()
+        self.cancelled = cancelled  # stop retrying (the daemon is shutting down)
 
     def close(self) -> None:
         self.http.close()
@@ -53,7 +55,7 @@ class WorkerApi:
     def request(self, method: str, path: str, json: dict[str, Any] | None = None, timeout_s: float | None = None,
                 retry: bool = True) -> httpx.Response:
         """One call, retried while the failure is transient and ``max_retry_s`` is not used up."""
-        started, attempt = time.monotonic(), 0
+        started, attempt, waited = time.monotonic(), 0, 0.0
         while True:
             try:
                 resp = self.http.request(method, path, json=json,
@@ -64,9 +66,11 @@ class WorkerApi:
             except httpx.TransportError as err:
                 error = err
             delay = self.delays(attempt)
-            if not retry or time.monotonic() - started + delay > self.max_retry_s:
+            spent = max(time.monotonic() - started, waited)  # the back-off counts even when sleep is faked
+            if not retry or self.cancelled() or spent + delay > self.max_retry_s:
                 raise error
             self.sleep(delay)
+            waited += delay
             attempt += 1
 
     @staticmethod

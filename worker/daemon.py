@@ -29,12 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from solvers.errors import SpecError
 from worker.api import LeaseLost, Unauthorized, WorkerApi, WorkerApiError
 from worker.launch import Attempt, ProgressTail
 
 log = logging.getLogger("paraplan.worker")
 EXIT_UNAUTHORIZED = 3
+EXIT_SERVER_UNAVAILABLE = 4
 
 
 class NodeTooSmall(RuntimeError):
@@ -79,8 +82,8 @@ def host_info(name: str) -> dict[str, Any]:
 class Daemon:
     def __init__(self, config: DaemonConfig, api: WorkerApi | None = None) -> None:
         self.config = config
-        self.api = api or WorkerApi(config.server, config.token)
         self.stop = threading.Event()
+        self.api = api or WorkerApi(config.server, config.token, sleep=self.stop.wait, cancelled=self.stop.is_set)
         self.unauthorized = threading.Event()
         self.worker_id = ""
         self.heartbeat_s = 5.0
@@ -99,6 +102,11 @@ class Daemon:
         except Unauthorized as err:
             log.error("stopping: the server refused the token (%s)", err)
             return EXIT_UNAUTHORIZED
+        except (WorkerApiError, httpx.TransportError) as err:
+            if self.stop.is_set():
+                return 0
+            log.error("stopping: the server is unreachable or failing after retries (%s)", err)
+            return EXIT_SERVER_UNAVAILABLE
         finally:
             self.stop.set()
             self.api.close()
@@ -111,7 +119,7 @@ class Daemon:
                 raise Unauthorized(401, "refused during heartbeat")
             try:
                 run = self.api.claim(self.worker_id, self.config.claim_wait_s)
-            except WorkerApiError as err:
+            except (WorkerApiError, httpx.TransportError) as err:  # already retried with back-off
                 log.warning("claim failed (%s); backing off", err)
                 self.stop.wait(random.uniform(1.0, 5.0))
                 continue

@@ -14,7 +14,7 @@ import pytest
 
 from tests.worker.plans import plan_doc
 from worker.api import LeaseLost, Unauthorized, WorkerApi, backoff_delays
-from worker.daemon import EXIT_UNAUTHORIZED, Daemon, DaemonConfig
+from worker.daemon import EXIT_SERVER_UNAVAILABLE, EXIT_UNAUTHORIZED, Daemon, DaemonConfig
 from worker.launch import TRAIN_MODULE, ProgressTail, train_command
 
 
@@ -122,3 +122,15 @@ def test_progress_tail_returns_complete_lines_once(tmp_path: Path) -> None:
     assert tail.new_lines() == []
 
 
+
+
+def test_unreachable_server_exits_with_a_message_not_a_traceback(tmp_path: Path) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    sleeps: list[float] = []
+    api = WorkerApi("http://fake", "t", transport=httpx.MockTransport(refuse), max_retry_s=5.0,
+                    sleep=sleeps.append, delays=lambda n: 1.0)
+    daemon = Daemon(DaemonConfig("http://fake", "t", workdir=tmp_path), api=api)
+    assert daemon.run() == EXIT_SERVER_UNAVAILABLE
+    assert 3 <= len(sleeps) <= 5  # retried within its budget, then gave up
