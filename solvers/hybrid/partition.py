@@ -127,8 +127,10 @@ def balanced(total: int, weights: Sequence[float]) -> tuple[int, ...]:
 
 
 def _min_max_tables(total: int, tables: Sequence[np.ndarray]) -> tuple[int, ...] | None:
-    """``min_max_partition`` when stage times do not depend on the start layer (identical layers):
-    ``tables[s][n - 1]`` is stage s's time with n layers. Vectorised over (layers used, stage size)."""
+    """``min_max_partition`` from per-stage time arrays, vectorised over (layers used, stage size).
+
+    ``tables[s]`` is either 1-D, stage s's time by layer count (``[n - 1]``: identical layers, the start
+    does not matter), or 2-D ``[start, n]`` (inf where invalid) when it does."""
     k = len(tables)
     j, n = np.meshgrid(np.arange(total + 1), np.arange(total + 1), indexing="ij")
     valid = (n >= 1) & (n <= j)
@@ -137,10 +139,18 @@ def _min_max_tables(total: int, tables: Sequence[np.ndarray]) -> tuple[int, ...]
     best[0] = 0.0
     args = []
     for s in range(k):
-        t = np.full(total + 1, INF)
-        m = min(len(tables[s]), total)
-        t[1:m + 1] = tables[s][:m]
-        cand = np.where(valid, np.maximum(best[prev_idx], t[n]), INF)
+        tab = np.asarray(tables[s], dtype=float)
+        if tab.ndim == 2:
+            full = np.full((total + 1, total + 1), INF)
+            rows, cols = min(tab.shape[0], total + 1), min(tab.shape[1], total + 1)
+            full[:rows, :cols] = tab[:rows, :cols]
+            t_jn = full[prev_idx, n]
+        else:
+            t = np.full(total + 1, INF)
+            m = min(len(tab), total)
+            t[1:m + 1] = tab[:m]
+            t_jn = t[n]
+        cand = np.where(valid, np.maximum(best[prev_idx], t_jn), INF)
         arg = np.argmin(cand, axis=1)
         best = cand[np.arange(total + 1), arg]
         args.append(arg)
@@ -183,6 +193,57 @@ def min_max_partition(total: int, k: int, lookup: StageLookup,
     return tuple(reversed(parts))
 
 
+def min_max_linear(total: int, fixed: Sequence[float], per_layer: Sequence[float]) -> float:
+    """Least possible ``max_s fixed[s] + n_s per_layer[s]`` over partitions of ``total`` layers (each n_s ≥ 1).
+
+    Exact and O(k n log(k n)): the optimum is one of the values ``fixed[s] + n per_layer[s]``, and a threshold
+    X is reachable iff every stage holds ≥ 1 layer within X and together they hold ≥ ``total``; binary
+    search over the sorted candidate values. (The generic min-max DP is O(k n²) in Python: minutes for
+    128 layers over hundreds of configurations.)"""
+    k = len(fixed)
+    if total < k:
+        return INF
+    f = np.asarray(fixed, dtype=float)[:, None]
+    p = np.maximum(np.asarray(per_layer, dtype=float), 0.0)[:, None]
+    values = np.unique(f + np.arange(1, total + 1)[None, :] * p)
+
+    def reachable(x: float) -> bool:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cap = np.where(p > 0, np.floor((x - f) / np.where(p > 0, p, 1.0) + 1e-9), np.where(x >= f, total, 0))
+        cap = np.minimum(cap, total)
+        return bool(np.all(cap >= 1) and cap.sum() >= total)
+
+    lo, hi = 0, values.size - 1
+    if not reachable(float(values[hi])):
+        return INF
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reachable(float(values[mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(values[lo])
+
+
+def min_max_prefix(fixed: Sequence[float], cum: Sequence[np.ndarray]) -> float:
+    """Least ``max_s fixed[s] + cum[s][end_s] - cum[s][start_s]`` over partitions into contiguous stages
+    (``cum[s]``: stage s's prefix sums over the layers, length total + 1). Vectorised DP, O(k n²) in numpy."""
+    k, total = len(fixed), len(cum[0]) - 1
+    if total < k:
+        return INF
+    j, n = np.meshgrid(np.arange(total + 1), np.arange(total + 1), indexing="ij")
+    start = j - n
+    valid = (n >= 1) & (start >= 0)
+    start = np.where(valid, start, 0)
+    best = np.full(total + 1, INF)
+    best[0] = 0.0
+    for s in range(k):
+        c = np.asarray(cum[s], dtype=float)
+        cost = fixed[s] + c[j] - c[start]
+        best = np.min(np.where(valid, np.maximum(best[start], cost), INF), axis=1)
+    return float(best[total])
+
+
 def _hill_climb(start: tuple[int, ...], score: _Scorer, max_rounds: int = 200) -> tuple[float, tuple[int, ...]]:
     cur, cur_v = start, score(start)
     steps = (1, -1, 2, -2) if len(start) <= 16 else (1, -1)
@@ -208,9 +269,10 @@ def search(total: int, k: int, lookup: StageLookup, pipe: PipelineTime,
            memory_weights: Sequence[float] | None = None, exhaustive_limit: int = 1000,
            fixed: tuple[int, ...] | None = None, tables: Sequence[np.ndarray] | None = None,
            variants: StageVariants | None = None, step_tables: Sequence[np.ndarray] | None = None,
-           climb: bool = True) -> PartitionResult:
+           climb: bool = True, matrices: Sequence[np.ndarray] | None = None) -> PartitionResult:
     """Best partition of ``total`` layers into ``k`` stages (see module doc). ``tables`` (stage time by
-    layer count, when it does not depend on the start layer) makes the min-max DP vectorised."""
+    layer count, when it does not depend on the start layer) makes the min-max DP vectorised; so do
+    ``matrices`` (stage time by [start, layer count]) when it does."""
     score = _Scorer(lookup, pipe, (tables, step_tables) if tables is not None and step_tables is not None else None)
     if fixed is not None:
         return _refined(PartitionResult(score(fixed), fixed, score.count), variants, pipe)
@@ -224,7 +286,7 @@ def search(total: int, k: int, lookup: StageLookup, pipe: PipelineTime,
     starts = [balanced(total, [1.0] * k)]
     if memory_weights is not None:
         starts.insert(0, balanced(total, memory_weights))
-    mm = min_max_partition(total, k, lookup, tables)
+    mm = min_max_partition(total, k, lookup, tables if tables is not None else matrices)
     if mm is not None:
         starts.append(mm)
     best_v, best_p = INF, starts[0]

@@ -22,6 +22,17 @@ from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
 Progress = Callable[[float, str], None]
 
+def kind_period(kinds: Sequence[Hashable]) -> int:
+    """Smallest P with kinds[i] == kinds[i + P] everywhere (1: identical layers; MoE every other layer: 2).
+
+    Layers [start, start + n) then look exactly like [start % P, start % P + n), so one DP table per stage
+    and phase serves every start: O(P) DP runs per stage instead of O(layers) — what keeps a 128-layer
+    model with interleaved MoE layers from planning for minutes."""
+    n = len(kinds)
+    for p in range(1, n):
+        if all(kinds[i] == kinds[i + p] for i in range(n - p)):
+            return p
+    return max(n, 1)
 
 @dataclass
 class PlannerOptions:
@@ -38,14 +49,12 @@ class PlannerOptions:
     pipeline_floor: bool = True
     dp_work_limit: float = 2e5  # identical-layer stages: the DP only when this cheap (else the two-type table)
 
-
 @dataclass
 class ConfigOutcome:
     config: PipelineConfig
     step_time_s: float
     parts: tuple[int, ...]
     lower_bound_s: float
-
 
 @dataclass
 class PlanResult:
@@ -57,7 +66,6 @@ class PlanResult:
     dp_runs: int
     time_s: float
     ranking: list[ConfigOutcome] = field(default_factory=list)
-
 
 class Planner:
     """Search state for one request: caches live here."""
@@ -74,6 +82,7 @@ class Planner:
         self._memo: dict[tuple[object, ...], object] = {}
         self._picks: dict[tuple[PipelineConfig, tuple[int, ...]], tuple[int, ...]] = {}
         self.dp_runs = 0
+        self.period = kind_period(self.kinds)
 
     # ------------------------------------------------------------------ caches
     def config_costs(self, cfg: PipelineConfig) -> stage_costs.ConfigCosts | None:
@@ -107,17 +116,17 @@ class Planner:
         return hit
 
     def _max_len(self, cc: stage_costs.ConfigCosts, stage: int, start: int) -> list[int]:
+        """Layers a table for a stage starting at ``start`` covers: from its phase's first occurrence on."""
         n = len(self.kinds)
-        return list(range(start, n - (cc.config.pp - 1 - stage)))
+        return list(range(start % self.period, n - (cc.config.pp - 1 - stage)))
 
     def _lookup(self, cc: stage_costs.ConfigCosts) -> partition.StageLookup:
-        uniform = cc.uniform
         v = cc.config.virtual_stages
 
         def look(stage: int, start: int, count: int) -> tuple[float, float]:
             if count < v:
                 return math.inf, math.inf
-            tab = self.table(cc, stage, self._max_len(cc, stage, 0 if uniform else start))
+            tab = self.table(cc, stage, self._max_len(cc, stage, start))
             if not tab.feasible(count):
                 return math.inf, math.inf
             return float(tab.time_s[count - 1]), float(tab.step_s[count - 1])
@@ -125,14 +134,14 @@ class Planner:
         return look
 
     def _variants(self, cc: stage_costs.ConfigCosts) -> partition.StageVariants:
-        uniform, v = cc.uniform, cc.config.virtual_stages
+        v = cc.config.virtual_stages
 
         def options(stage: int, start: int, count: int) -> list[tuple[float, float, int]]:
             if count < v:
                 return []
             out = []
             for i, w in enumerate(cc.time_weights):
-                tab = self.table(cc, stage, self._max_len(cc, stage, 0 if uniform else start), w)
+                tab = self.table(cc, stage, self._max_len(cc, stage, start), w)
                 if tab.feasible(count):
                     out.append((float(tab.time_s[count - 1]), float(tab.step_s[count - 1]), i))
             return out
@@ -181,33 +190,53 @@ class Planner:
             end = start + count
             return float(ct[end] - ct[start]) + f.time_s, float(cu[end] - cu[start]) + f.step_time_s
 
-        tables = step_tables = None
+        tables = step_tables = matrices = None
+        v = cc.config.virtual_stages
         if cc.uniform:
-            tables = [np.where(np.arange(1, n + 1) < cc.config.virtual_stages, math.inf, t[1:] + f.time_s)
-                      for t, _, f, _ in per_stage]
+            tables = [np.where(np.arange(1, n + 1) < v, math.inf, t[1:] + f.time_s) for t, _, f, _ in per_stage]
             step_tables = [u[1:] + f.step_time_s for _, u, f, _ in per_stage]
+        else:
+            start, count = np.meshgrid(np.arange(n), np.arange(n + 1), indexing="ij")
+            end = np.minimum(start + count, n)
+            ok = (count >= v) & (start + count <= n)
+            matrices = [np.where(ok, ct[end] - ct[start] + f.time_s, math.inf) for ct, _, f, _ in per_stage]
         # small: every partition (a true bound); large: the min-max and even partitions of the relaxation
         res = partition.search(n, cc.config.pp, look, self._pipe(cc),
                                exhaustive_limit=self.opt.exhaustive_partition_limit, tables=tables,
-                               step_tables=step_tables, climb=False)
+                               step_tables=step_tables, climb=False, matrices=matrices)
         return res.step_time_s
 
     # ------------------------------------------------------------------ one configuration
     def solve_config(self, cc: stage_costs.ConfigCosts) -> tuple[float, tuple[int, ...]]:
         n, v = len(self.kinds), cc.config.virtual_stages
-        tables = step_tables = None
+        tables: list[np.ndarray] | None = None
+        step_tables: list[np.ndarray] | None = None
+        matrices: list[np.ndarray] | None = None
         if cc.uniform:
             tables, step_tables = [], []
             for s in range(cc.config.pp):
                 tab = self.table(cc, s, self._max_len(cc, s, 0))
                 tables.append(np.where(np.arange(1, len(tab.time_s) + 1) < v, math.inf, tab.time_s))
                 step_tables.append(tab.step_s)
+        elif partition.compositions(n, cc.config.pp) > self.opt.exhaustive_partition_limit:
+            matrices = [self._stage_matrix(cc, s) for s in range(cc.config.pp)]
         res = partition.search(n, cc.config.pp, self._lookup(cc), self._pipe(cc),
                                memory_weights=self._memory_weights(cc),
                                exhaustive_limit=self.opt.exhaustive_partition_limit, tables=tables,
-                               step_tables=step_tables, variants=self._variants(cc))
+                               step_tables=step_tables, variants=self._variants(cc), matrices=matrices)
         self._picks[(cc.config, res.parts)] = res.variant
         return res.step_time_s, res.parts
+
+    def _stage_matrix(self, cc: stage_costs.ConfigCosts, stage: int) -> np.ndarray:
+        """Stage time by [start, layer count] (inf: infeasible), from one table per phase of the layer kinds."""
+        n, v = len(self.kinds), cc.config.virtual_stages
+        out = np.full((n, n + 1), math.inf)
+        for start in range(n):
+            tab = self.table(cc, stage, self._max_len(cc, stage, start))
+            k = min(len(tab.time_s), n - start)
+            out[start, 1:k + 1] = np.where(np.isfinite(tab.obj[:k]), tab.time_s[:k], math.inf)
+        out[:, :v] = math.inf
+        return out
 
     def _memory_weights(self, cc: stage_costs.ConfigCosts) -> list[float]:
         """How many layers each stage can hold at its smallest per-layer memory (BMW's memory balance)."""
@@ -224,7 +253,7 @@ class Planner:
         start = 0
         pick = self._picks.get((cc.config, parts)) or (0,) * len(parts)
         for s, n in enumerate(parts):
-            tab = self.table(cc, s, self._max_len(cc, s, 0 if cc.uniform else start), cc.time_weights[pick[s]])
+            tab = self.table(cc, s, self._max_len(cc, s, start), cc.time_weights[pick[s]])
             layers.extend(cc.candidates[c] for c in tab.choice(n))
             start += n
         cfg = cc.config
@@ -313,25 +342,20 @@ class Planner:
         every layer at its smallest candidate, the smallest transient, the best partition, the embedding
         variant with the least memory."""
         best = math.inf
-        n = len(self.kinds)
         for base in self.space.pipeline_configs():
             for cfg in self.embedding_variants(base) or [base]:
                 cc = self.config_costs(cfg)
-                if cc is None:
-                    continue
-                per_stage = []
-                for st in cc.stages:
-                    per_kind = {k: float(np.min(st.memory(k))) for k in st.costs}
-                    low_extra = min(float(np.min(c.peak_extra_bytes)) for c in st.costs.values())
-                    cum = np.concatenate([[0.0], np.cumsum([per_kind[k] for k in self.kinds])])
-                    per_stage.append((cum, st.fixed_memory() + low_extra))
-
-                def look(stage: int, start: int, count: int, per_stage: list = per_stage) -> tuple[float, float]:
-                    cum, fixed = per_stage[stage]
-                    return fixed + float(cum[start + count] - cum[start]), 0.0
-
-                parts = partition.min_max_partition(n, cfg.pp, look)
-                if parts is not None:
-                    starts = np.cumsum((0, *parts))
-                    best = min(best, max(look(s, int(starts[s]), c)[0] for s, c in enumerate(parts)))
+                if cc is not None:
+                    best = min(best, self._min_memory(cc))
         return best
+
+    def _min_memory(self, cc: stage_costs.ConfigCosts) -> float:
+        fixed, per_layer, cum = [], [], []
+        for st in cc.stages:
+            per_kind = {k: float(np.min(st.memory(k))) for k in st.costs}
+            fixed.append(st.fixed_memory() + min(float(np.min(c.peak_extra_bytes)) for c in st.costs.values()))
+            per_layer.append(per_kind[self.kinds[0]])
+            cum.append(np.concatenate([[0.0], np.cumsum([per_kind[k] for k in self.kinds])]))
+        if cc.uniform:
+            return partition.min_max_linear(len(self.kinds), fixed, per_layer)
+        return partition.min_max_prefix(fixed, cum)

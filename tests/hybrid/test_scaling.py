@@ -1,0 +1,44 @@
+"""Search time stays bounded as models get deep (a 128-layer request once planned for minutes).
+
+CPU time of this process, not wall time: the test machine is shared. The limits are several times what
+the search takes here (about 1 s each), and far below the minutes the regressions took."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from solvers.errors import InfeasibleError
+from solvers.hybrid.api import solve
+
+DEEP: dict[str, Any] = {  # the dashboard's big request (bench/screenshots.py)
+    "kind": "hybrid", "model": {"preset": "llama2-70b", "num_layers": 128},
+    "cluster": {"gpu": "H100-SXM", "nodes": 8, "gpus_per_node": 8},
+    "training": {"global_batch_size": 256, "seq_length": 4096},
+}
+LIMIT_CPU_S = 8.0
+
+
+def _cpu(fn, *args: Any) -> tuple[float, Any]:  # type: ignore[no-untyped-def]
+    c0 = time.process_time()
+    out = fn(*args)
+    return time.process_time() - c0, out
+
+
+def test_128_layer_model_plans_in_bounded_time() -> None:
+    cpu, out = _cpu(solve, DEEP)
+    assert cpu < LIMIT_CPU_S
+    assert len(out["strategy"]["layers"]) == 128 and out["estimate"]["fits"]
+    assert out["baselines"]["megatron"]["gain"] >= -1e-9
+
+
+def test_128_layer_infeasible_request_answers_in_bounded_time() -> None:
+    """The minimum-memory message partitions every configuration: once O(pp x layers²) Python, 20 s CPU."""
+    req = {**DEEP, "training": {"global_batch_size": 256, "seq_length": 8192}, "constraints": {"memory_limit_gib": 24}}
+    c0 = time.process_time()
+    with pytest.raises(InfeasibleError) as err:
+        solve(req)
+    assert time.process_time() - c0 < LIMIT_CPU_S
+    assert err.value.min_memory_gib > 24  # type: ignore[attr-defined]
