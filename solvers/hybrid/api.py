@@ -18,6 +18,10 @@ from solvers.specs import ModelSpec
 
 Progress = Callable[[float, str], None]
 GIB = float(2**30)
+# Wall-clock budget of a search unless the request sets constraints.time_limit_s: past it the best plan found
+# so far (never worse than the baselines) is returned and search.time_limited says so. A user never waits
+# minutes; typical searches take well under a second.
+DEFAULT_TIME_LIMIT_S = 20.0
 
 
 def layer_kinds(model: ModelSpec) -> list[Hashable]:
@@ -53,7 +57,8 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
     cm = make_cost_model(req)
     space = build_space(req, space_mode(req))
     kinds = layer_kinds(req.model)
-    planner = Planner(cm, space, kinds, options or PlannerOptions(time_limit_s=req.constraints.time_limit_s))
+    limit = req.constraints.time_limit_s or DEFAULT_TIME_LIMIT_S
+    planner = Planner(cm, space, kinds, options or PlannerOptions(time_limit_s=limit))
     if progress:
         progress(0.0, "baselines")
     base = {
@@ -69,12 +74,14 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
         res = planner.search(progress, incumbent_s=incumbent.step_time_s if incumbent else float("inf"))
         plan, step, source = res.plan, res.step_time_s, "dp"
         stats = {"configs_total": res.configs_total, "configs_solved": res.configs_solved,
-                 "configs_pruned_by_bound": res.configs_pruned_by_bound, "dp_runs": res.dp_runs}
+                 "configs_pruned_by_bound": res.configs_pruned_by_bound, "dp_runs": res.dp_runs,
+                 "time_limited": res.time_limited}
     except LookupError:
         if incumbent is None:
             raise _infeasible(planner, cm) from None
         plan, step, source = incumbent.plan, incumbent.step_time_s, f"baseline:{incumbent.name}"
-        stats = {"configs_total": 0, "configs_solved": 0, "configs_pruned_by_bound": 0, "dp_runs": planner.dp_runs}
+        stats = {"configs_total": 0, "configs_solved": 0, "configs_pruned_by_bound": 0, "dp_runs": planner.dp_runs,
+                 "time_limited": planner.time_limited}
     search_s, search_cpu = time.perf_counter() - t0, time.process_time() - c0
     est = cm.evaluate(plan)
     thr = est.throughput_samples_per_s

@@ -22,6 +22,7 @@ from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
 Progress = Callable[[float, str], None]
 
+
 def kind_period(kinds: Sequence[Hashable]) -> int:
     """Smallest P with kinds[i] == kinds[i + P] everywhere (1: identical layers; MoE every other layer: 2).
 
@@ -37,6 +38,7 @@ def kind_period(kinds: Sequence[Hashable]) -> int:
 @dataclass
 class PlannerOptions:
     memory_bins: int = 512  # resolution of the DP's memory axis (bins across the whole budget)
+    min_memory_bins: int = 128  # the coarsest resolution deep models with mixed layer kinds fall back to
     memory_unit_bytes: float | None = None  # fixed bin size instead (exact when memory is a multiple)
     exhaustive_partition_limit: int = 1000
     time_limit_s: float | None = None
@@ -66,6 +68,8 @@ class PlanResult:
     dp_runs: int
     time_s: float
     ranking: list[ConfigOutcome] = field(default_factory=list)
+    time_limited: bool = False  # the time limit stopped the search before every configuration was settled
+
 
 class Planner:
     """Search state for one request: caches live here."""
@@ -76,13 +80,23 @@ class Planner:
         self.kinds: Sequence[Hashable] = list(kinds) if kinds is not None else list(range(space.num_layers))
         self.opt = options or PlannerOptions()
         self.limit = float(cm.memory_limit_bytes)
-        self.unit = self.opt.memory_unit_bytes or stage_costs.memory_unit(self.limit, self.opt.memory_bins)
+        self.period = kind_period(self.kinds)
+        self.unit = self.opt.memory_unit_bytes or stage_costs.memory_unit(self.limit, self.memory_bins())
         self._costs: dict[PipelineConfig, stage_costs.ConfigCosts | None] = {}
         self._tables: dict[tuple[object, ...], stage_table.StageTable] = {}
         self._memo: dict[tuple[object, ...], object] = {}
         self._picks: dict[tuple[PipelineConfig, tuple[int, ...]], tuple[int, ...]] = {}
         self.dp_runs = 0
-        self.period = kind_period(self.kinds)
+        self.time_limited = False
+
+    def memory_bins(self) -> int:
+        """The DP's memory resolution. Identical layers mostly skip the DP (the exact two-strategy table);
+        mixed layer kinds run it per stage and phase over every layer, so deep mixed models get coarser bins
+        (rounded up: plans still fit) and the work per table stays that of a 32-layer model."""
+        n = max(len(self.kinds), 1)
+        if self.period == 1 or n <= 32:
+            return self.opt.memory_bins
+        return max(self.opt.min_memory_bins, self.opt.memory_bins * 32 // n)
 
     # ------------------------------------------------------------------ caches
     def config_costs(self, cfg: PipelineConfig) -> stage_costs.ConfigCosts | None:
@@ -314,12 +328,15 @@ class Planner:
         best: tuple[stage_costs.ConfigCosts, tuple[int, ...]] | None = None
         ranking: list[ConfigOutcome] = []
         solved = pruned = 0
+        time_limited = False
         for j, (lb, cfg, cc) in enumerate(bounded):
             if lb >= best_v * (1 - 1e-12):
                 pruned = len(bounded) - j
                 break
-            if self.opt.time_limit_s is not None and time.perf_counter() - t0 > self.opt.time_limit_s and best:
+            over_time = self.opt.time_limit_s is not None and time.perf_counter() - t0 > self.opt.time_limit_s
+            if over_time and (best is not None or math.isfinite(incumbent_s)):
                 pruned = len(bounded) - j
+                time_limited = True
                 break
             v, parts = self.solve_config(cc)
             solved += 1
@@ -329,12 +346,14 @@ class Planner:
             if progress and (j % 4 == 0):
                 progress(0.3 + 0.7 * (j + 1) / len(bounded),
                          f"pp={cfg.pp} m={cfg.micro_batches} {cfg.schedule}: best {best_v:.4g} s/step")
+        self.time_limited = time_limited
         if best is None:
             raise LookupError("no pipeline configuration fits in memory (or beats the incumbent)")
         ranking.sort(key=lambda o: o.step_time_s)
         plan = self.build_plan(*best)
         pruned += n_total - len(bounded)
-        return PlanResult(plan, best_v, n_total, solved, pruned, self.dp_runs, time.perf_counter() - t0, ranking)
+        return PlanResult(plan, best_v, n_total, solved, pruned, self.dp_runs, time.perf_counter() - t0, ranking,
+                          time_limited)
 
     # ------------------------------------------------------------------ infeasibility
     def min_memory_bytes(self) -> float:
