@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ from service.validation import check_file_references, kind_of, validate_plan_req
 from solvers.errors import SpecError
 
 router = APIRouter(prefix="/v1", tags=["plans"])
+log = logging.getLogger("paraplan.api")
 
 _EXPORT_MEDIA = {"megatron": "text/plain", "deepspeed": "application/json", "torchtitan": "application/toml",
                  "galvatron": "application/json"}
@@ -87,6 +89,8 @@ async def submit_plan(
     view, created = await to_thread.run_sync(_submit, ctx, body, kind, digest, idempotency_key)
     if created:
         ctx.on_queued()
+    # ties this request's id to the plan (and, through the dispatcher's lines, to its job)
+    log.info("plan %s %s", view["id"], "queued" if created else "already known", extra={"plan_id": view["id"]})
     if wait > 0 and view["status"] not in plans.TERMINAL:
         await wait_for_terminal(ctx, view["id"], wait)
         view = await to_thread.run_sync(_get, ctx, view["id"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ from service.schemas import (
 from service.tokens import Principal
 
 router = APIRouter(prefix="/v1", tags=["runs"])
+log = logging.getLogger("paraplan.api")
 _LEASE_LOST: dict[int | str, dict[str, Any]] = {
     409: {"description": "this worker does not hold the run's lease (abort the run), or it is terminal"}}
 
@@ -39,7 +41,9 @@ def create_run(plan_id: str, body: RunCreate, ctx: ServiceContext = Depends(get_
                _: Principal = SubmitAccess) -> dict[str, Any]:
     """Ask for a succeeded plan to be executed by a worker."""
     with ctx.db.writing() as session:
-        return runs.create_run(session, plan_id, body.steps, ctx.settings.run_max_attempts)
+        run = runs.create_run(session, plan_id, body.steps, ctx.settings.run_max_attempts)
+    log.info("run %s queued for plan %s", run["id"], plan_id, extra={"run_id": run["id"], "plan_id": plan_id})
+    return run
 
 
 @router.get("/runs", response_model=list[RunOut])
@@ -97,6 +101,8 @@ async def claim_run(body: ClaimBody, ctx: ServiceContext = Depends(get_context),
     while True:
         claimed = await to_thread.run_sync(runs.claim_run, ctx.db, body.worker_id, principal, ctx.settings.run_lease_s)
         if claimed is not None:
+            log.info("run %s claimed by worker %s", claimed["id"], body.worker_id,
+                     extra={"run_id": claimed["id"], "worker_id": body.worker_id})
             return {"run": claimed}
         remaining = deadline - time.monotonic()
         if remaining <= 0:
