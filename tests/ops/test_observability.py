@@ -54,7 +54,8 @@ def _traffic(server: LiveServer, admin: str, worker: str) -> dict[str, str]:
         assert c.get("/v1/plans/does-not-exist").status_code == 404
         for _ in range(5):
             assert c.get(f"/v1/plans/{plan_id}").status_code == 200
-    return {"plan_id": plan_id, "run_id": run.json()["id"], "worker_id": wid}
+    return {"plan_id": plan_id, "run_id": run.json()["id"], "worker_id": wid,
+            "submit_request_id": plan.headers["x-request-id"], "run_request_id": run.headers["x-request-id"]}
 
 
 def test_metrics_families_after_traffic(live_server: LiveServer) -> None:
@@ -100,6 +101,12 @@ def test_json_logs_carry_request_job_and_run_ids(live_server: LiveServer) -> Non
     assert mine["route"] == "/v1/runs/{run_id}" and mine["status"] == 200 and mine["run_id"] == ids["run_id"]
     assert mine["duration_ms"] >= 0 and mine["level"] == "info"
     assert by_rid[rid]["plan_id"] == ids["plan_id"]
+    # a request's id leads to the plan or run it made, and the plan id to its job's lines
+    api = [line for line in lines if line.get("logger") == "paraplan.api"]
+    assert any(line["request_id"] == ids["submit_request_id"] and line.get("plan_id") == ids["plan_id"]
+               for line in api), api
+    assert any(line["request_id"] == ids["run_request_id"] and line.get("run_id") == ids["run_id"]
+               and line.get("plan_id") == ids["plan_id"] for line in api), api
     job_lines = [line for line in lines if line.get("logger") == "paraplan.dispatcher"]
     assert any(line.get("plan_id") == ids["plan_id"] and line.get("job_id") and "succeeded" in line["msg"]
                for line in job_lines), job_lines
