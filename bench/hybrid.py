@@ -120,6 +120,8 @@ def galvatron_table(rerun: bool) -> bool:
         ok &= ours >= theirs * (1 - 1e-9) and cpu <= 1.0
         mfu = out["estimate"]["mfu"]
         flag = " (implausible: the model's pipeline formula)" if mfu > 1 else ""
+        assert out["search"]["planner_step_time_s"] == out["estimate"]["step_time_s"] or abs(
+            out["search"]["planner_step_time_s"] / out["estimate"]["step_time_s"] - 1) < 1e-9  # one number
         print(f"| {name} | {theirs:.3f} | {ours:.3f} | {gain:+.1%} | {mfu:.0%}{flag} | {check} | "
               f"{galv.get('search_s', 0):.1f} | {cpu:.2f} | {summarize(out['strategy'])} |")
     return ok

@@ -23,7 +23,9 @@ layers' times with it; Galvatron's pipeline formula is
 do not grow along the pipeline (Galvatron partitions evenly); with a slow middle or last stage it can charge
 less than ``m`` times that stage, less than the stage's own work, which a planner free to partition
 unevenly will exploit. ``pipeline_formula = "bounded"`` keeps the pipeline part at least ``m max(C)``; it
-changes nothing where the first stage is the slowest, as in Galvatron's own plans. Default: Galvatron's.
+changes nothing where the first stage is the slowest, as in Galvatron's own plans, and is the default (so
+planners searching uneven partitions under this model cannot exploit the blind spot); ``"galvatron"`` keeps
+the formula as is.
 
 Memory (MB, per GPU). A layer: 4 x its parameters (/ tp unless Ulysses) times Galvatron's ZeRO-2 / ZeRO-3
 ratio over its data-parallel group (which depends on whether there are several micro-batches and on
@@ -109,8 +111,9 @@ class GalvatronCostModelSpec(BaseModel):
     min_tp: int | None = Field(default=None, gt=0)
     max_tp: int | None = Field(default=None, gt=0)
     layer_transitions: bool = False
-    # "galvatron": its formula as is (parity); "bounded": never below the slowest stage's own work
-    pipeline_formula: Literal["galvatron", "bounded"] = "galvatron"
+    # "bounded" (default): never below the slowest stage's own work; identical to Galvatron's formula on
+    # every plan Galvatron returned (tests/cost_model/test_galvatron.py). "galvatron": its formula as is.
+    pipeline_formula: Literal["galvatron", "bounded"] = "bounded"
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ class GalvatronOptions:
     min_tp: int | None = None
     max_tp: int | None = None
     layer_transitions: bool = False
-    pipeline_formula: Literal["galvatron", "bounded"] = "galvatron"
+    pipeline_formula: Literal["galvatron", "bounded"] = "bounded"
 
 
 @dataclass(frozen=True)

@@ -45,10 +45,6 @@ class PlannerOptions:
     use_bounds: bool = True
     peak_levels: int = 4  # transient-memory levels enumerated exactly per stage (more are rounded up)
     embedding_variants: int = 4  # Pareto-optimal embedding/LM-head strategies tried per configuration
-    # Every micro-batch passes through the slowest stage, so a step takes at least m times its time; a
-    # cost model's pipeline formula below that (Galvatron's reads the first/last stage only) would let the
-    # search starve those stages. The planner optimises max(model's pipeline time, that floor).
-    pipeline_floor: bool = True
     dp_work_limit: float = 2e5  # identical-layer stages: the DP only when this cheap (else the two-type table)
 
 @dataclass
@@ -163,11 +159,13 @@ class Planner:
         return options
 
     def _pipe(self, cc: stage_costs.ConfigCosts) -> partition.PipelineTime:
+        # The cost model's own pipeline formula, nothing on top: a formula that charges less than micro-batches
+        # x the slowest stage is the cost model's to fix (Galvatron's model bounds it by default), so that the
+        # plan's search value and its estimate are one number.
         ctx0 = cc.stages[0].ctx
-        m = ctx0.micro_batches if self.opt.pipeline_floor else 0
 
         def step(ts: Sequence[float], us: Sequence[float]) -> float:
-            return max(self.cm.pipeline_step_time(ts, us, ctx0), m * max(ts))
+            return float(self.cm.pipeline_step_time(ts, us, ctx0))
 
         return step
 

@@ -13,7 +13,7 @@ from tests.hybrid.brute_force import best_step_time
 from tests.hybrid.synthetic import MIB, SyntheticCostModel
 
 # memory bins of 1 MiB (the synthetic model's memory is whole MiB), every transient level, the DP everywhere
-EXACT = PlannerOptions(memory_unit_bytes=MIB, peak_levels=64, dp_work_limit=math.inf, pipeline_floor=False)
+EXACT = PlannerOptions(memory_unit_bytes=MIB, peak_levels=64, dp_work_limit=math.inf)
 
 
 @st.composite
