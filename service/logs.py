@@ -18,7 +18,7 @@ from typing import Any
 request_id: ContextVar[str | None] = ContextVar("paraplan_request_id", default=None)
 
 # Ids a log call may pass through ``extra=`` to become top-level JSON fields.
-ID_FIELDS = ("job_id", "plan_id", "run_id", "worker_id")
+ID_FIELDS = ("job_id", "plan_id", "run_id", "worker_id", "profile_id")
 _ACCESS_FIELDS = ("method", "path", "route", "status", "duration_ms")
 _SECRETS = re.compile(r"(?i)(bearer\s+)\S+|\bpp_[A-Za-z0-9_\-]{8,}")
 
