@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from solvers.cost_model.base import CostModel, Estimate
+from solvers.cost_model.base import CostModel, Estimate, LayerCosts
 from solvers.hybrid.space import ALL_RECOMPUTE, PipelineConfig, SearchSpace
 from solvers.hybrid.stage_costs import layout_transitions, stage_context
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute
@@ -65,6 +65,8 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
             continue
         # a uniform stage only re-lays out between a layout and itself: one matrix per configuration
         diag_all = np.diag(layout_transitions(cm, cands, stage_context(cfg, 0, batch)))
+        # layer costs do not depend on the embedding strategy: ask once per stage and kind for all candidates
+        layer_cache: dict[tuple[int, Hashable], LayerCosts] = {}
         groups: dict[EmbeddingStrategy, list[int]] = {}
         for i, x in enumerate(cands):
             groups.setdefault(megatron_embedding(x), []).append(i)
@@ -85,7 +87,9 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
                 mem[s] = fx.state_bytes + fx.other_bytes + infl * fx.activation_bytes
                 extra = np.zeros(len(sub))
                 for k, count in Counter(kinds[start:start + n]).items():
-                    lc = cm.layer_costs(first_of[k], sub, ctx)  # layers of one kind cost the same
+                    if (s, k) not in layer_cache:  # layers of one kind cost the same
+                        layer_cache[(s, k)] = cm.layer_costs(first_of[k], cands, ctx)
+                    lc = _rows(layer_cache[(s, k)], idx)
                     t[s] += count * lc.time_s
                     u[s] += count * lc.step_time_s
                     mem[s] += count * (lc.state_bytes + infl * lc.activation_bytes)
@@ -103,6 +107,11 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
                                         virtual_stages=cfg.virtual_stages, embedding=emb)
                     best = Baseline(name, plan, step)
     return best
+
+
+def _rows(c: LayerCosts, idx: list[int]) -> LayerCosts:
+    return LayerCosts(c.time_s[idx], c.step_time_s[idx], c.state_bytes[idx], c.activation_bytes[idx],
+                      c.peak_extra_bytes[idx])
 
 
 def _dp_strategies(n: int, zero: int, recomputes: Iterable[Recompute]) -> list[LayerStrategy]:
