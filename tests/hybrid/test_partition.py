@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,7 +12,7 @@ from solvers.hybrid import partition
 from solvers.hybrid.planner import kind_period
 
 
-def _brute(total: int, k: int, cost) -> float:  # type: ignore[no-untyped-def]
+def _brute(total: int, k: int, cost: Callable[[int, int, int], float]) -> float:
     best = np.inf
     for parts in partition._all_compositions(total, k):
         start, worst = 0, 0.0

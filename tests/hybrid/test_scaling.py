@@ -6,6 +6,7 @@ the search takes here (about 1 s each), and far below the minutes the regression
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ DEEP: dict[str, Any] = {  # the dashboard's big request (bench/screenshots.py)
 LIMIT_CPU_S = 8.0
 
 
-def _cpu(fn, *args: Any) -> tuple[float, Any]:  # type: ignore[no-untyped-def]
+def _cpu(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
     c0 = time.process_time()
     out = fn(*args)
     return time.process_time() - c0, out
