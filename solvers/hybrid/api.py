@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, cast
 
 from solvers.cost_model.api import estimate as _estimate
 from solvers.cost_model.base import CostModel
 from solvers.cost_model.factory import make_cost_model
 from solvers.errors import FieldProblem, InfeasibleError
 from solvers.hybrid import baselines
+from solvers.hybrid.cached import CachedStages
 from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import SpaceMode, build_space
 from solvers.request import HybridRequest, parse
@@ -54,7 +55,7 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
     configuration whose lower bound cannot beat it is never solved, and the plan never loses to it."""
     t0, c0 = time.perf_counter(), time.process_time()
     req: HybridRequest = parse(HybridRequest, request)
-    cm = make_cost_model(req)
+    cm = cast(CostModel, CachedStages(make_cost_model(req)))
     space = build_space(req, space_mode(req))
     kinds = layer_kinds(req.model)
     limit = req.constraints.time_limit_s or DEFAULT_TIME_LIMIT_S
