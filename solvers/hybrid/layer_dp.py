@@ -113,6 +113,8 @@ def run(layers: list[LayerTerms], classes: np.ndarray, class_trans: np.ndarray, 
         prevs.append(prev_cls[cls_rows, src_best])
         choices.append(choice)
         flat = int(np.argmin(v))
+        if not np.isfinite(v.flat[flat]):
+            break  # no prefix this long fits: no longer one can (memory only grows with layers)
         k_best, b_best = divmod(flat, width)
         out_obj[i] = v[k_best, b_best]
         out_t[i] = vt[k_best, b_best]
