@@ -10,7 +10,8 @@ Per layer and micro-batch on one GPU (``b`` samples per data-parallel rank, ``s`
   of the b s h activation on the TP group, the backward ones partly hidden behind the weight-gradient
   GEMMs (``tp_overlap``); Ulysses: 4 all-to-alls each way;
 - cp_comm = ring attention's K/V exchange not hidden behind the attention core;
-- ep_comm = MoE dispatch/combine all-to-alls over the expert-parallel group;
+- ep_comm = MoE dispatch/combine all-to-alls over the expert-parallel group (``solvers.cost_model.moe``:
+  capacity-capped load imbalance, parallel folding, optional LSH-MoE compression);
 - dp_comm_exposed = ZeRO-2/3 traffic per micro-batch not hidden behind compute, and per step the
   gradient sync not hidden behind the last backward;
 - optimizer = Adam's HBM traffic on the local shard, once per step.
@@ -25,6 +26,7 @@ import numpy as np
 
 from solvers.cost_model import communication as comm
 from solvers.cost_model import memory as mem
+from solvers.cost_model import moe as moe_cost
 from solvers.cost_model import pipeline
 from solvers.cost_model.aggregate import GIB, evaluate_plan
 from solvers.cost_model.base import Estimate, LayerCosts, StageContext, StageFixed
@@ -52,6 +54,7 @@ class Candidates:
     rc: np.ndarray
     ep: np.ndarray
     etp: np.ndarray  # tensor parallelism of the experts (parallel folding)
+    lsh: np.ndarray  # LSH-MoE compression of the all-to-alls
 
     @classmethod
     def of(cls, strategies: Sequence[LayerStrategy]) -> Candidates:
@@ -61,7 +64,7 @@ class Candidates:
         return cls(
             tp=col(lambda x: x.tp), dp=col(lambda x: x.dp), cp=col(lambda x: x.cp),
             sp=col(lambda x: _SP_CODE[x.sp]), zero=col(lambda x: x.zero), rc=col(lambda x: _RC_CODE[x.recompute]),
-            ep=col(lambda x: x.ep), etp=col(lambda x: x.expert_tp),
+            ep=col(lambda x: x.ep), etp=col(lambda x: x.expert_tp), lsh=col(lambda x: x.lsh),
         )
 
 
@@ -176,11 +179,9 @@ class AnalyticCostModel:
         # forward GEMMs with their per-rank shapes
         qkv = self._gemm(tok, (shape.q_width + 2 * shape.kv_width) / split, h)
         out = self._gemm(tok, h, shape.q_width / split)
-        if shape.is_moe:  # balanced routing: each local expert sees top_k * ep / E of the tokens
-            per_expert = tok * shape.top_k * c.ep / shape.num_experts
-            mlp = shape.num_experts / c.ep * self._mlp(per_expert, c.etp, shape) + self._gemm(tok, shape.num_experts, h)
-        else:
-            mlp = self._mlp(tok, split, shape)
+        # MoE: each rank routes its sequence-parallel share of the tokens (solvers.cost_model.moe)
+        expert = self._moe_terms(shape, c, tok / split) if shape.is_moe else None
+        mlp = expert.compute_fwd_s if expert is not None else self._mlp(tok, split, shape)
         heads, sq = shape.heads / c.tp, s / c.cp
         scores = self._gemm(sq, s, shape.head_dim) + self._gemm(sq, shape.head_dim, s)
         core = b * heads * self.causal_fraction * scores
@@ -194,9 +195,11 @@ class AnalyticCostModel:
         # tensor / sequence parallel collectives (one direction = forward)
         k_tp = comm.members_per_node(c.tp, 1.0, gpn)
         act = tok * np.where(uly, c.tp, 1.0) * h * e  # the b s h activation of this rank's cp slice
-        megatron_fwd = 2.0 * self._collective("allreduce", act, c.tp, k_tp)
+        attention_fwd = self._collective("allreduce", act, c.tp, k_tp)
+        # the MLP's all-reduce; an MoE layer's experts instead gather / scatter the routed rows over etp
+        mlp_fwd = expert.etp_fwd_s if expert is not None else np.where(uly, 0.0, attention_fwd)
         ulysses_fwd = self._collective("alltoall", tok * (2 * shape.q_width + 2 * shape.kv_width) * e, c.tp, k_tp)
-        tp_fwd = np.where(uly, ulysses_fwd, megatron_fwd)
+        tp_fwd = np.where(uly, ulysses_fwd, attention_fwd) + mlp_fwd
         # backward: Megatron issues the input-gradient all-reduce asynchronously and computes the weight
         # gradient meanwhile (a forward's worth of GEMMs), hiding up to tp_overlap of it
         weight_grads = qkv + out + mlp
@@ -212,11 +215,7 @@ class AnalyticCostModel:
         cp_comm = cp_fwd + np.maximum(0.0, 2 * ring - cal.cp_overlap * 2 * core)
 
         # MoE token dispatch and combine
-        if shape.is_moe:
-            k_ep = comm.members_per_node(c.ep, c.etp, gpn)  # folded: ep ranks follow the expert-TP ranks
-            ep_fwd = 2.0 * comm.alltoall_s(tok * shape.top_k * h * e, c.ep, k_ep, self.links)
-        else:
-            ep_fwd = np.zeros_like(tok)
+        ep_fwd = expert.alltoall_fwd_s if expert is not None else np.zeros_like(tok)
         ep_comm = 2.0 * ep_fwd
 
         recompute = np.where(c.rc == mem.RC_FULL, fwd + tp_fwd + cp_fwd + ep_fwd,
@@ -225,18 +224,25 @@ class AnalyticCostModel:
         # data parallelism: weights replicated over dp (and over the Ulysses group)
         dp_group = c.dp * np.where(uly, c.tp, 1.0)
         k_dp = np.where(uly, comm.members_per_node(dp_group, c.cp, gpn), comm.members_per_node(c.dp, c.tp * c.cp, gpn))
-        dense_params = shape.params - shape.expert_params
-        local_params = dense_params / split + shape.expert_params / (c.etp * c.ep)
-        grad_bytes = local_params * cal.grad_comm_bytes
+        # (parameters, replica group, its members per node): expert shards replicate over the expert-dp group
+        groups: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [
+            ((shape.params - shape.expert_params) / split, dp_group, k_dp)]
+        if expert is not None:
+            groups.append((expert.expert_params, expert.edp, expert.edp_per_node))
+        local_params = np.sum([p for p, _, _ in groups], axis=0)
         weight_bytes = local_params * self.state_per_param.params
-        sync = self._collective("allreduce", grad_bytes, dp_group, k_dp)
-        gather_w = self._collective("allgather", weight_bytes, dp_group, k_dp)
-        scatter_g = self._collective("reduce_scatter", grad_bytes, dp_group, k_dp)
+
+        def over_groups(op: CollectiveOp, per_param: float) -> np.ndarray:
+            return np.sum([self._collective(op, p * per_param, grp, k) for p, grp, k in groups], axis=0)
+
+        sync = over_groups("allreduce", cal.grad_comm_bytes)
+        gather_w = over_groups("allgather", self.state_per_param.params)
+        scatter_g = over_groups("reduce_scatter", cal.grad_comm_bytes)
         per_mb = np.where(c.zero == 3, 2 * gather_w + scatter_g, np.where(c.zero == 2, scatter_g, 0.0))
         dp_mb = np.maximum(0.0, per_mb - cal.zero_overlap * (compute + recompute))
         per_step = np.where(c.zero <= 1, sync, np.where(c.zero == 2, gather_w, 0.0))
         dp_step = np.maximum(0.0, per_step - cal.dp_overlap * (bwd + recompute))
-        opt_params = local_params / np.where(c.zero >= 1, dp_group, 1.0)
+        opt_params = np.sum([p / np.where(c.zero >= 1, grp, 1.0) for p, grp, _ in groups], axis=0)
         optimizer = self._hbm(opt_params * cal.optimizer_traffic_bytes)
 
         gpu = compute + recompute + tp_comm + cp_comm + ep_comm + dp_mb
@@ -244,8 +250,11 @@ class AnalyticCostModel:
         passes = 3.0 + (c.rc == mem.RC_FULL)
         launch = np.maximum(0.0, cal.kernel_overhead_s * passes - gpu)
         time = gpu + launch
-        w, g, o = mem.model_state_bytes(local_params, dp_group, c.zero, self.state_per_param)
+        states = [mem.model_state_bytes(p, grp, c.zero, self.state_per_param) for p, grp, _ in groups]
+        w, g, o = (np.sum([x[i] for x in states], axis=0) for i in range(3))
         kept, transient = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, c.rc, e, cal.flash_attention)
+        if expert is not None:
+            kept = kept + expert.extra_activation_bytes
         frag = 1.0 + cal.fragmentation
         gathered = np.where(c.zero == 3, 2.0 * weight_bytes, 0.0)  # this layer's weights and the prefetched next
         return LayerCosts(
@@ -260,6 +269,13 @@ class AnalyticCostModel:
             memory_parts_bytes={"parameters": w, "gradients": g, "optimizer": o},
         )
 
+    def _moe_terms(self, shape: LayerShape, c: Candidates, tokens: np.ndarray) -> moe_cost.MoETerms:
+        assert self.model.moe is not None
+        dims = moe_cost.MoEDims(shape.hidden, shape.ffn, shape.gated, shape.num_experts, shape.top_k,
+                                self.model.moe.capacity_factor)
+        return moe_cost.layer_terms(self._gemm, self._hbm, self.links, dims, shape.expert_params, tokens,
+                                    c.tp * c.cp * c.dp, c.ep, c.etp, c.lsh, self.elem_bytes)
+
     def transition_s(self, prev: Sequence[LayerStrategy], nxt: Sequence[LayerStrategy], ctx: StageContext
                      ) -> np.ndarray:
         """Re-laying out the activation between differently split layers: an all-to-all each way."""
@@ -272,13 +288,15 @@ class AnalyticCostModel:
         def layout(x: LayerStrategy) -> tuple[int, int, int, object]:
             return (x.tp, x.dp, x.cp, x.sp)
 
-        out = np.zeros((len(prev), len(nxt)))
         k = min(n_stage, self.cluster.gpus_per_node)
-        for i, a in enumerate(prev):
-            for j, bb in enumerate(nxt):
-                if layout(a) != layout(bb):
-                    out[i, j] = 2.0 * float(comm.alltoall_s(max(held(a), held(bb)), n_stage, k, self.links))
-        return out
+        # vectorised over all pairs (MoE expert layouts multiply the candidates)
+        ids = {x: i for i, x in enumerate(dict.fromkeys(layout(x) for x in (*prev, *nxt)))}
+        la = np.array([ids[layout(x)] for x in prev])
+        lb = np.array([ids[layout(x)] for x in nxt])
+        ha = np.array([held(x) for x in prev], dtype=float)
+        hb = np.array([held(x) for x in nxt], dtype=float)
+        moved = 2.0 * comm.alltoall_s(np.maximum(ha[:, None], hb[None, :]), n_stage, k, self.links)
+        return np.where(la[:, None] != lb[None, :], moved, 0.0).reshape(len(prev), len(nxt))
 
     def _embedding(self, ctx: StageContext) -> EmbeddingStrategy:
         return ctx.embedding if ctx.embedding is not None else EmbeddingStrategy()
@@ -363,6 +381,10 @@ class AnalyticCostModel:
         return head_forward_flops(self.model, self.training.seq_length)
 
     def evaluate(self, plan: PlanStrategy) -> Estimate:
-        return evaluate_plan(self, plan, global_batch_size=self.training.global_batch_size,
-                             seq_length=self.training.seq_length, model_flops_per_step=self.flops_per_step(),
-                             peak_flops_per_gpu=self.peak_flops)
+        est = evaluate_plan(self, plan, global_batch_size=self.training.global_batch_size,
+                            seq_length=self.training.seq_length, model_flops_per_step=self.flops_per_step(),
+                            peak_flops_per_gpu=self.peak_flops)
+        note = moe_cost.approximate_note(plan.layers)
+        if note:
+            est.notes.append(note)
+        return est

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, get_args
 
 from solvers.cost_model.analytic import AnalyticCostModel
@@ -18,7 +18,7 @@ from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Sch
 
 LAYER_KEYS = {f.name for f in fields(LayerStrategy)}
 SHORTHAND_KEYS = {"tp", "pp", "dp", "cp", "sp", "zero", "recompute", "micro_batch_size", "micro_batches",
-                  "schedule", "virtual_stages", "ep", "stage_layers", "embedding"}
+                  "schedule", "virtual_stages", "ep", "etp", "lsh", "stage_layers", "embedding"}
 
 
 def make_cost_model(req: HybridRequest) -> CostModel:
@@ -67,6 +67,9 @@ def plan_from_shorthand(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpe
     tp, pp, cp, ep = (_int(d, k, 1, problems) for k in ("tp", "pp", "cp", "ep"))
     zero = _int(d, "zero", 0, problems)
     v = _int(d, "virtual_stages", 1, problems)
+    etp = _int(d, "etp", None, problems)
+    if not isinstance(d.get("lsh", False), bool):
+        problems.append(FieldProblem(("strategy", "lsh"), f"must be true or false, got {d['lsh']!r}"))
     if problems:
         raise SpecError(problems)
     assert tp and pp and cp and ep and v and zero is not None
@@ -101,10 +104,13 @@ def plan_from_shorthand(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpe
     if pp > model.num_layers:
         raise SpecError.at(("strategy", "pp"), f"pp ({pp}) exceeds the model's {model.num_layers} layers")
     stage_layers = d.get("stage_layers") or balanced_stage_layers(model.num_layers, pp)
-    layer = LayerStrategy(tp=tp, dp=dp, cp=cp, sp=d.get("sp"), zero=zero, recompute=d.get("recompute", "none"), ep=ep)
+    layer = LayerStrategy(tp=tp, dp=dp, cp=cp, sp=d.get("sp"), zero=zero, recompute=d.get("recompute", "none"))
+    # expert fields apply to the MoE layers (a model may interleave dense ones)
+    moe_layer = replace(layer, ep=ep, etp=etp, lsh=bool(d.get("lsh", False)))
+    layers = tuple(moe_layer if model.is_moe_layer(i) else layer for i in range(model.num_layers))
     emb = d.get("embedding") or {"tp": tp, "dp": dp * cp, "zero": zero}
     try:
-        plan = PlanStrategy(pp=pp, micro_batches=m, layers=(layer,) * model.num_layers,
+        plan = PlanStrategy(pp=pp, micro_batches=m, layers=layers,
                             stage_layers=tuple(int(x) for x in stage_layers), schedule=schedule, virtual_stages=v,
                             embedding=EmbeddingStrategy(**emb))
     except (TypeError, ValueError) as err:

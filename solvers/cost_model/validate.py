@@ -43,13 +43,19 @@ def check_layer(x: LayerStrategy, index: int, model: ModelSpec, stage_gpus: int,
     per_rank = micro_batch_samples / x.dp
     if per_rank < 1 or abs(per_rank - round(per_rank)) > 1e-9:
         bad("dp", f"the micro-batch of {micro_batch_samples:g} samples does not split over dp={x.dp} ranks")
-    if x.ep > 1:
+    if x.etp is not None and (not isinstance(x.etp, int) or isinstance(x.etp, bool) or x.etp < 1):
+        bad("etp", f"must be a positive integer, got {x.etp!r}")
+    elif x.ep > 1 or x.etp is not None or x.lsh:
+        field = "ep" if x.ep > 1 else "etp" if x.etp is not None else "lsh"
         if not model.is_moe_layer(index):
-            bad("ep", "expert parallelism needs an MoE layer")
-        elif x.world % (x.ep * x.expert_tp) or (model.moe is not None and model.moe.num_experts % x.ep):
-            # parallel folding: the layer's tp*cp*dp ranks are re-read as expert-tp x ep x expert-dp
-            bad("ep", f"ep ({x.ep}) x expert tp ({x.expert_tp}) must divide the layer's {x.world} ranks, "
-                      "and ep the number of experts")
+            bad(field, "expert parallelism, expert TP and LSH compression need an MoE layer")
+        elif model.moe is not None and model.moe.num_experts % x.ep:
+            bad("ep", f"ep ({x.ep}) must divide the number of experts ({model.moe.num_experts})")
+        elif x.world % (x.ep * x.expert_tp):
+            # parallel folding: the layer's tp*cp*dp ranks are re-read as etp * ep * expert-dp
+            bad("ep", f"ep*etp ({x.ep}*{x.expert_tp}) must divide the layer's tp*cp*dp = {x.world} ranks")
+        elif model.expert_ffn_size % x.expert_tp:
+            bad("etp", f"etp ({x.expert_tp}) must divide the expert FFN width ({model.expert_ffn_size})")
     return out
 
 

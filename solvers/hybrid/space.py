@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from solvers.hybrid.moe import with_expert_layouts
 from solvers.request import HybridRequest
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute, Schedule, SpKind
 
@@ -53,6 +54,8 @@ class SearchSpace:
     micro_batches: tuple[int, ...] | None = None  # None: every divisor of the batch that makes sense
     virtual_stage_options: tuple[int, ...] = (2,)
     pipeline_parallel: bool = True
+    num_experts: int = 1  # > 1: MoE layers also choose expert layouts (solvers.hybrid.moe)
+    allow_approximate: bool = False
     notes: list[str] = field(default_factory=list, compare=False)
 
     # ------------------------------------------------------------------ outer space
@@ -123,6 +126,8 @@ class SearchSpace:
                     for zero in self._zero_options(dp):
                         for rc in self.recomputes:
                             out.append(LayerStrategy(tp=tp, dp=dp, cp=cp, sp=sp, zero=zero, recompute=rc))
+        if self.num_experts > 1:
+            out = with_expert_layouts(out, self.num_experts, self.gpus_per_node, self.allow_approximate)
         return out
 
     def allows(self, plan: PlanStrategy) -> bool:
@@ -204,6 +209,8 @@ def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:
         recomputes=ALL_RECOMPUTE if mode == "full" else ("none", "full"),
         schedules=schedules,
         micro_batches=micro,
+        num_experts=m.moe.num_experts if (m.moe is not None and mode == "full") else 1,
+        allow_approximate=c.allow_approximate,
         notes=notes,
     )
     return space

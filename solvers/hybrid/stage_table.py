@@ -58,6 +58,18 @@ def _undominated(cols: list[np.ndarray]) -> np.ndarray:
     x = np.stack(cols, axis=1)
     idx = np.flatnonzero(np.all(np.isfinite(x), axis=1))
     idx = idx[np.lexsort(x[idx].T[::-1])]  # by the first column, then the next...
+    if idx.size > 64:
+        # Vectorised pre-pass (MoE expert layouts make thousands of candidates): drop every point that an
+        # earlier point of the (first, second column) staircase dominates. Such a point would be skipped below
+        # anyway (dominance is transitive), so the result is unchanged; the loop then sees few points.
+        y = x[idx]
+        probes = np.flatnonzero(y[:, 1] < np.minimum.accumulate(np.concatenate([[np.inf], y[:-1, 1]])))
+        pos = np.arange(idx.size)
+        dominated = np.zeros(idx.size, dtype=bool)
+        for s in range(0, probes.size, 64):
+            p = probes[s:s + 64]
+            dominated |= (np.all(y[p][:, None, :] <= y[None, :, :], axis=2) & (p[:, None] < pos[None, :])).any(0)
+        idx = idx[~dominated]
     kept: list[int] = []
     for i in idx:
         # sorted by the first column, a dominating point can only come earlier
