@@ -62,13 +62,21 @@ def best_uniform(base: dict[str, Any], fixed: dict[str, Any]) -> tuple[dict[str,
 
 
 def layout(strategy: dict[str, Any]) -> str:
+    """The most common layer strategy, then how many layers differ and in what."""
     layers = strategy["layers"]
-    kinds = {tuple(sorted(x.items())) for x in layers}
-    x = layers[0]
+    counts: dict[tuple[tuple[str, Any], ...], int] = {}
+    for x in layers:
+        key = tuple(sorted(x.items()))
+        counts[key] = counts.get(key, 0) + 1
+    main, *others = sorted(counts, key=lambda k: -counts[k])
+    x = dict(main)
     desc = (f"pp{strategy['pp']} m{strategy['micro_batches']} tp{x['tp']} cp{x['cp']} dp{x['dp']} "
             f"ep{x.get('ep', 1)} etp{x.get('etp', x['tp'] if x.get('sp') != 'ulysses' else 1)} "
             f"sp={x['sp']} z{x['zero']} rc={x['recompute']}{' lsh' if x.get('lsh') else ''}")
-    return desc + (f" (+{len(kinds) - 1} other layer strategies)" if len(kinds) > 1 else "")
+    for k in others:
+        diff = ", ".join(f"{f}={v}" for f, v in k if x.get(f) != v)
+        desc += f"; {counts[k]} layers {diff}"
+    return desc
 
 
 def row(name: str, est: dict[str, Any], desc: str, wall: float, cpu: float) -> str:
