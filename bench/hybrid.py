@@ -3,6 +3,7 @@
     .venv/bin/python bench/hybrid.py                 # both tables (Galvatron outputs from bench/data/)
     .venv/bin/python bench/hybrid.py --galvatron     # only the Galvatron table
     .venv/bin/python bench/hybrid.py --analytic      # only the analytic-model table
+    .venv/bin/python bench/hybrid.py --deep          # only search time against depth (128-layer regression)
     .venv/bin/python bench/hybrid.py --rerun-galvatron   # re-run Galvatron (needs .venv-galvatron) and re-cache
 
 Galvatron side: ``../shared/peers/galvatron_pypi/run_galvatron_pypi.py`` runs hetu-galvatron 2.4.0's search
@@ -20,6 +21,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from solvers.api import estimate  # noqa: E402
+from solvers.errors import InfeasibleError  # noqa: E402
 from solvers.hybrid.api import solve  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "hybrid_galvatron"
@@ -163,17 +166,56 @@ def analytic_table() -> bool:
     return wins * 2 >= len(ANALYTIC_CASES) and losses == 0 and not slow
 
 
+DEEP = {"kind": "hybrid", "model": {"preset": "llama2-70b"},  # bench/screenshots.py's big request, any depth
+        "cluster": {"gpu": "H100-SXM", "nodes": 8, "gpus_per_node": 8},
+        "training": {"global_batch_size": 256, "seq_length": 4096}}
+MIXED = {"preset": "mixtral-8x7b", "moe": {"num_experts": 8, "top_k": 2, "moe_layer_frequency": 2}}
+
+
+def deep_table() -> None:
+    """Search time against depth: dense layers, an infeasible budget (the minimum-memory message), and
+    MoE every other layer (two layer kinds: one DP table per stage and phase)."""
+    print("\n## Search time against depth (8x8 H100; CPU s of this process, incl. baselines)\n")
+    print("| request | layers | search s (CPU) | wall s | configs solved / total | DP runs | time-limited | outcome |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows: list[tuple[str, dict[str, Any], int]] = []
+    for n in (32, 64, 128, 256):
+        rows.append(("llama2-70b shape, seq 4096, gbs 256",
+                     {**DEEP, "model": {"preset": "llama2-70b", "num_layers": n}}, n))
+    tight = {**DEEP, "model": {"preset": "llama2-70b", "num_layers": 128},
+             "training": {"global_batch_size": 256, "seq_length": 8192}, "constraints": {"memory_limit_gib": 24}}
+    rows.append(("same at seq 8192, 24 GiB (infeasible)", tight, 128))
+    for n in (16, 32, 64):
+        rows.append(("mixtral-8x7b shape, MoE every 2nd layer, gbs 64", {**DEEP, "model": {**MIXED, "num_layers": n},
+                     "training": {"global_batch_size": 64, "seq_length": 4096}}, n))
+    for name, req, n in rows:
+        c0, w0 = time.process_time(), time.perf_counter()
+        try:
+            out = solve(req)
+            s = out["search"]
+            outcome = f"{out['estimate']['throughput_samples_per_s']:.2f} samples/s, {s['plan_from']}"
+            stats = f"{s['configs_solved']} / {s['configs_total']} | {s['dp_runs']} | {s['time_limited']}"
+        except InfeasibleError as err:
+            need = err.min_memory_gib  # type: ignore[attr-defined]
+            outcome, stats = f"infeasible: needs ≥ {need:.1f} GiB", "- | - | -"
+        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+        print(f"| {name} | {n} | {cpu:.2f} | {wall:.2f} | {stats} | {outcome} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--galvatron", action="store_true")
     ap.add_argument("--analytic", action="store_true")
+    ap.add_argument("--deep", action="store_true", help="only the search-time-against-depth table")
     ap.add_argument("--rerun-galvatron", action="store_true")
     a = ap.parse_args()
-    both = not (a.galvatron or a.analytic)
+    both = not (a.galvatron or a.analytic or a.deep)
     if a.galvatron or both or a.rerun_galvatron:
         galvatron_table(a.rerun_galvatron)
     if a.analytic or both:
         analytic_table()
+    if a.deep or both:
+        deep_table()
 
 
 if __name__ == "__main__":
