@@ -81,6 +81,17 @@ def _request_id(scope: Scope) -> str:
     return uuid.uuid4().hex
 
 
+def _route_label(scope: Scope) -> str:
+    """The route template (bounded label cardinality). Starlette's own routes (/openapi.json, /docs) record
+    only their endpoint: their literal path is the label when they have no path parameters."""
+    route: Any = scope.get("route")
+    if getattr(route, "path", None):
+        return str(route.path)
+    if scope.get("endpoint") is not None and not scope.get("path_params"):
+        return str(scope["path"])
+    return "unmatched"
+
+
 class RequestMetrics:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -106,8 +117,7 @@ class RequestMetrics:
             await self.app(scope, receive, recording_send)
         finally:
             elapsed = time.perf_counter() - start
-            route: Any = scope.get("route")
-            path = getattr(route, "path", None) or "unmatched"
+            path = _route_label(scope)
             self.metrics.request_latency.labels(scope["method"], path, str(status)).observe(elapsed)
             # Path ids (plan, run, worker) become log fields so that a run's history can be grepped by its id.
             ids = {k: v for k, v in (scope.get("path_params") or {}).items() if k.endswith("_id")}
