@@ -60,6 +60,8 @@ def _traffic(server: LiveServer, admin: str, worker: str) -> dict[str, str]:
 
 def test_metrics_families_after_traffic(live_server: LiveServer) -> None:
     ids = _traffic(live_server, live_server.token("admin"), live_server.token("worker"))
+    for path in ("/openapi.json", "/no/such/a", "/no/such/b"):
+        httpx.get(f"{live_server.url}{path}")
     m = _samples(httpx.get(f"{live_server.url}/metrics").text)
 
     # request latency histogram by route and status; the 5 GETs of one plan are all counted
@@ -67,6 +69,8 @@ def test_metrics_families_after_traffic(live_server: LiveServer) -> None:
     counts = {(lab["method"], lab["route"], lab["status"]): v for lab, v in m[f"{latency}_count"]}
     assert counts[("GET", "/v1/plans/{plan_id}", "200")] >= 5
     assert counts[("POST", "/v1/plans", "422")] == 1 and counts[("GET", "/v1/plans/{plan_id}", "404")] == 1
+    # the schema route is named; unknown paths share one label (scanners cannot blow up the label set)
+    assert counts[("GET", "/openapi.json", "200")] == 1 and counts[("GET", "unmatched", "404")] == 2
     sums = {(lab["method"], lab["route"], lab["status"]): v for lab, v in m[f"{latency}_sum"]}
     assert 0 < sums[("GET", "/v1/plans/{plan_id}", "200")] < 5 * 5.0
     inf = [v for lab, v in m[f"{latency}_bucket"]
