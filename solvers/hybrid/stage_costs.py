@@ -145,7 +145,23 @@ def layout_classes(cm: CostModel, cands: list[LayerStrategy], ctx: StageContext)
     if not np.any(small):
         return np.zeros(len(cands), dtype=np.int64), np.zeros((1, 1))
     where = {k: i for i, k in enumerate(uniq)}
-    return np.array([where[k] for k in keys], dtype=np.int64), small
+    cls, small = merge_equivalent(np.array([where[k] for k in keys], dtype=np.int64), small)
+    return cls, small
+
+
+def merge_equivalent(cls: np.ndarray, trans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Classes with equal rows and equal columns of ``trans`` are interchangeable (then their mutual and
+    self transitions are equal too), so they become one class: e.g. MoE layouts that differ only in the
+    expert-parallel degree re-lay out activations alike. The layer DP's state and its class-to-class step
+    shrink with the square of the class count; every transition time is kept exactly."""
+    sig = [(trans[i].tobytes(), trans[:, i].tobytes()) for i in range(trans.shape[0])]
+    first = {k: None for k in sig}
+    group = {k: g for g, k in enumerate(first)}
+    if len(group) == len(sig):
+        return cls, trans
+    new_of_old = np.array([group[k] for k in sig], dtype=np.int64)
+    reps = np.array([sig.index(k) for k in first], dtype=np.int64)
+    return new_of_old[cls], trans[np.ix_(reps, reps)]
 
 
 def layout_transitions(cm: CostModel, cands: list[LayerStrategy], ctx: StageContext) -> np.ndarray:
