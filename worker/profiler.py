@@ -64,7 +64,9 @@ def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, rep
         if i:  # the first pass warms allocator and kernels up
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
-    return statistics.median(fwd), statistics.median(bwd)
+    # The fastest repeat: other processes on the host only ever add time, so the minimum is the estimate
+    # least disturbed by them (a median of few repeats on a busy host can invert batch 1 vs batch 8).
+    return min(fwd), min(bwd)
 
 
 def tensor_parallel_block(cfg: ModelConfig, tp: int, device: torch.device) -> tuple[Block, dist.ProcessGroup]:

@@ -23,7 +23,7 @@ def test_profile_is_measured_uploaded_and_readable_by_the_cost_model(
     server = live_server_factory(dispatcher=False)
     proc = subprocess.run(
         [*PARAPLAN, "worker", "profile", "--model", json.dumps(TINY_MODEL), "--nproc", "2", "--seqs", "64",
-         "--batches", "1,8", "--repeats", "3", "--server", server.url, "--token", server.token("worker")],
+         "--batches", "1,8", "--repeats", "5", "--server", server.url, "--token", server.token("worker")],
         capture_output=True, text=True, timeout=150, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     created = json.loads(proc.stdout.strip().splitlines()[-1])
