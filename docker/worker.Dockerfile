@@ -16,4 +16,5 @@ RUN pip install --no-deps . && pip install httpx pydantic-settings 'pydantic>=2.
     ortools highspy typer rich
 
 # The token comes from the environment (PARAPLAN_WORKER_TOKEN), never from the image.
-CMD ["sh", "-c", "paraplan worker --server \"$PARAPLAN_SERVER_URL\""]
+# Server URL and token come from the environment (PARAPLAN_SERVER_URL, PARAPLAN_WORKER_TOKEN).
+CMD ["paraplan", "worker"]

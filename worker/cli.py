@@ -26,14 +26,14 @@ def _fail(msg: str, code: int = 2) -> None:
 @app.callback(invoke_without_command=True)
 def worker(
     ctx: typer.Context,
-    server: str | None = typer.Option(None, "--server", help="paraplan server URL"),
+    server: str | None = typer.Option(None, "--server", envvar="PARAPLAN_SERVER_URL", help="paraplan server URL"),
     token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_WORKER_TOKEN"),
 ) -> None:
     """Run the worker daemon: pull runs, execute them with torch.distributed, report metrics."""
     if ctx.invoked_subcommand is not None:
         return
     if not server or not token:
-        _fail("--server and --token (or PARAPLAN_WORKER_TOKEN) are required to run the daemon")
+        _fail("--server (or PARAPLAN_SERVER_URL) and --token (or PARAPLAN_WORKER_TOKEN) are required to run the daemon")
     try:
         from worker.daemon import main as worker_main
     except ModuleNotFoundError as err:
