@@ -164,8 +164,8 @@ def test_galvatron_returned_plans_reproduced(name: str) -> None:
     case = load(os.path.join(DATA, "cases", name + ".json"))
     est = case_model(case).evaluate(case_plan(case))
     assert est.step_time_s == pytest.approx(case["est_iter_s"], rel=1e-9)  # the goal is 1%
-    bounded = case_model(case, pipeline_formula="bounded").evaluate(case_plan(case))
-    assert bounded.step_time_s == pytest.approx(est.step_time_s, rel=1e-12)  # the bound never binds on them
+    formula = case_model(case, pipeline_formula="galvatron").evaluate(case_plan(case))
+    assert formula.step_time_s == pytest.approx(est.step_time_s, rel=1e-12)  # the default bound never binds on them
     assert est.throughput_samples_per_s == pytest.approx(case["throughput"], rel=1e-9)
     assert [g * 1024 for g in est.memory_gib_per_stage] == pytest.approx(case["mem_cost_mb_per_stage"], abs=1e-6)
     assert est.fits
