@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import SearchSpace
+from solvers.strategy import Schedule
 from tests.hybrid.brute_force import best_step_time
 from tests.hybrid.synthetic import MIB, SyntheticCostModel
 
@@ -24,7 +25,8 @@ def small_case(draw: st.DrawFn, per_step: bool = True) -> tuple[SyntheticCostMod
     uniform = draw(st.booleans())
     scale = [] if uniform else [draw(st.sampled_from([0.5, 1.0, 1.5, 2.0])) for _ in range(layers)]
     limit = draw(st.integers(60, 1500))
-    sched = draw(st.sampled_from([("1f1b",), ("1f1b", "interleaved"), ("gpipe",)]))
+    schedules: list[tuple[Schedule, ...]] = [("1f1b",), ("1f1b", "interleaved"), ("gpipe",)]
+    sched = draw(st.sampled_from(schedules))
     cm = SyntheticCostModel(
         num_layers=layers, num_gpus=gpus, memory_limit_bytes=limit * MIB, global_batch=batch,
         layer_scale=scale, gpus_per_node=draw(st.sampled_from([2, 4, 8])),
