@@ -81,8 +81,9 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
         if incumbent is None:
             raise _infeasible(planner, cm) from None
         plan, step, source = incumbent.plan, incumbent.step_time_s, f"baseline:{incumbent.name}"
-        stats = {"configs_total": 0, "configs_solved": 0, "configs_pruned_by_bound": 0, "dp_runs": planner.dp_runs,
-                 "time_limited": planner.time_limited}
+        total, solved, pruned = planner.last_counts
+        stats = {"configs_total": total, "configs_solved": solved, "configs_pruned_by_bound": pruned,
+                 "dp_runs": planner.dp_runs, "time_limited": planner.time_limited}
     search_s, search_cpu = time.perf_counter() - t0, time.process_time() - c0
     est = cm.evaluate(plan)
     thr = est.throughput_samples_per_s

@@ -84,6 +84,7 @@ class Planner:
         self._picks: dict[tuple[PipelineConfig, tuple[int, ...]], tuple[int, ...]] = {}
         self.dp_runs = 0
         self.time_limited = False
+        self.last_counts: tuple[int, int, int] = (0, 0, 0)  # configurations: total, solved, pruned by bound
 
     def memory_bins(self) -> int:
         """The DP's memory resolution. Identical layers mostly skip the DP (the exact two-strategy table);
@@ -345,11 +346,13 @@ class Planner:
                 progress(0.3 + 0.7 * (j + 1) / len(bounded),
                          f"pp={cfg.pp} m={cfg.micro_batches} {cfg.schedule}: best {best_v:.4g} s/step")
         self.time_limited = time_limited
+        pruned += n_total - len(bounded)
+        # kept for the caller when nothing beats the incumbent: the search did run, and says how much
+        self.last_counts = (n_total, solved, pruned)
         if best is None:
             raise LookupError("no pipeline configuration fits in memory (or beats the incumbent)")
         ranking.sort(key=lambda o: o.step_time_s)
         plan = self.build_plan(*best)
-        pruned += n_total - len(bounded)
         return PlanResult(plan, best_v, n_total, solved, pruned, self.dp_runs, time.perf_counter() - t0, ranking,
                           time_limited)
 

@@ -163,3 +163,16 @@ def test_every_candidate_passes_the_plan_validator() -> None:
             seen_tp.add(x.tp)
             assert not check_layer(x, 0, req.model, g, mbs, req.training.seq_length, ("l",)), x
     assert {3, 6, 12} <= seen_tp  # non-power-of-two TP degrees are in the space
+
+
+def test_search_counts_are_reported_when_a_baseline_stands_as_the_plan() -> None:
+    # llama2-7b on 8 A100s: the ZeRO-3 baseline is so good that the bound prunes every configuration.
+    # The result must still say how much was searched, not report an empty search.
+    req = {"kind": "hybrid", "model": {"preset": "llama2-7b"},
+           "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
+           "training": {"global_batch_size": 64, "seq_length": 2048}}
+    search = solve(req)["search"]
+    assert search["configs_total"] > 0
+    assert search["configs_solved"] + search["configs_pruned_by_bound"] == search["configs_total"]
+    if search["plan_from"].startswith("baseline:"):
+        assert search["configs_solved"] == 0 or search["dp_runs"] > 0
