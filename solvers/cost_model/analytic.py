@@ -131,6 +131,14 @@ class AnalyticCostModel:
         use = (c.cp == 1) & (c.sp != mem.SP_ULYSSES) & np.isfinite(f)
         return np.where(use, f, fwd), np.where(use, bw, 2.0 * fwd)
 
+    def _wrapper_overhead(self, c: Candidates, ctx: StageContext) -> np.ndarray:
+        """Host time the FSDP2 wrapper adds per layer and micro-batch (profiled; zero without a profile). The
+        runtime shards with FSDP2 when dp > 1 and ZeRO >= 1, or ZeRO-0 under TP or PP (without resharding)."""
+        if self.profile is None or not self.profile.overheads:
+            return np.zeros_like(c.tp)
+        fsdp = (c.dp > 1) & ((c.zero >= 1) | (c.tp > 1) | (ctx.pp > 1))
+        return self.profile.fsdp_overhead_s(np.where(fsdp, np.where(c.zero >= 3, 3.0, 2.0), 0.0))
+
     def _hbm(self, nbytes: np.ndarray | float) -> np.ndarray:
         return np.asarray(nbytes, dtype=float) / self.hbm_Bps
 
@@ -162,7 +170,7 @@ class AnalyticCostModel:
             self._arrays_of.clear()
             self._by_identity.clear()
         token, arrays = self._candidate_set(candidates)
-        key = (self._shape_of_layer[layer], token, ctx.micro_batch_samples, ctx.micro_batches)
+        key = (self._shape_of_layer[layer], token, ctx.micro_batch_samples, ctx.micro_batches, ctx.pp > 1)
         hit = self._cache.get(key)
         if hit is None:
             hit = self._cache[key] = self._layer_costs(self._shapes[self._shape_of_layer[layer]], arrays, ctx)
@@ -248,7 +256,7 @@ class AnalyticCostModel:
         gpu = compute + recompute + tp_comm + cp_comm + ep_comm + dp_mb
         # the host issues ~a forward's worth of kernels per pass; small layers wait for it, not for the GPU
         passes = 3.0 + (c.rc == mem.RC_FULL)
-        launch = np.maximum(0.0, cal.kernel_overhead_s * passes - gpu)
+        launch = np.maximum(0.0, cal.kernel_overhead_s * passes - gpu) + self._wrapper_overhead(c, ctx)
         time = gpu + launch
         states = [mem.model_state_bytes(p, grp, c.zero, self.state_per_param) for p, grp, _ in groups]
         w, g, o = (np.sum([x[i] for x in states], axis=0) for i in range(3))
@@ -374,8 +382,11 @@ class AnalyticCostModel:
 
     def pipeline_step_time(self, stage_time_s: Sequence[float], stage_step_time_s: Sequence[float],
                            ctx: StageContext) -> float:
-        return pipeline.step_time_s(stage_time_s, stage_step_time_s, ctx.micro_batches, ctx.virtual_stages,
+        step = pipeline.step_time_s(stage_time_s, stage_step_time_s, ctx.micro_batches, ctx.virtual_stages,
                                     ctx.schedule)
+        if self.profile is None:
+            return step
+        return self.profile.host_bound_step_s(step, stage_time_s, stage_step_time_s, ctx.micro_batches)
 
     def head_flops(self) -> float:
         return head_forward_flops(self.model, self.training.seq_length)

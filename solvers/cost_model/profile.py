@@ -11,18 +11,30 @@ JSON form (what the worker uploads; ``cost_model.profile`` inline or ``cost_mode
         {"batch": 2, "seq": 2048, "tp": 2, "forward_ms": 12.4, "layer_type": "moe"}],
      "collectives": [                      # one collective, time per call
         {"op": "allreduce", "group_size": 8, "across_nodes": false, "message_bytes": 67108864, "time_ms": 0.61},
-        {"op": "allreduce", "group_size": 8, "across_nodes": false, "message_bytes": 4194304, "time_ms": 0.07}]}
+        {"op": "allreduce", "group_size": 8, "across_nodes": false, "message_bytes": 4194304, "time_ms": 0.07}],
+     "overheads": [                        # optional: what a parallelism's wrapper adds per layer and micro-batch
+        {"parallelism": "fsdp", "reshard": true, "forward_ms": 1.9, "backward_ms": 3.2}],
+     "host": {"busy_ranks": 4, "slowdown": 1.9}}   # optional: ranks share the host's cores (CPU "clusters")
 
 Rules: ``batch`` is samples per data-parallel rank; layer times exclude the layer's communication (that
 comes from ``collectives``). For a (seq, tp, layer type) with two or more batch sizes the time is the
 least-squares line in batch; with one, it scales in proportion to the batch. Collective times are fitted as
 ``latency + bytes / bandwidth`` per (op, group size, across nodes). Where nothing was measured, the
 analytic formula stands; ``cost_model.kind = "profile"`` requires a profile.
+
+``overheads`` are the wrapper's own cost beyond the plain layer and the collectives it issues: FSDP2's
+per-layer hooks, parameter copy-in/copy-out and DTensor bookkeeping. The profiler times one wrapped and one
+plain layer on the same ranks and subtracts the collectives' fitted time, so the overhead is a property of
+the software stack, not of a plan. ``host`` says that the layer times were taken with ``busy_ranks`` ranks
+computing at once and ran ``slowdown`` times slower than one rank alone: where ranks share cores (a CPU host)
+a pipeline bubble hands its cores to the busy ranks, so the step is bounded by the node's total work, not by
+the contended critical path (``host_bound_step_s``).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -56,11 +68,49 @@ class CollectiveTime(_Strict):
     time_ms: float = Field(gt=0)
 
 
+class LayerOverhead(_Strict):
+    parallelism: Literal["fsdp"]
+    reshard: bool  # FSDP2 reshard_after_forward (ZeRO-3) or not (ZeRO-1/2)
+    forward_ms: float = Field(ge=0)
+    backward_ms: float = Field(ge=0)
+
+
+class HostContention(_Strict):
+    busy_ranks: int = Field(gt=0)  # ranks of the node computing at once while the layer times were measured
+    slowdown: float = Field(ge=1)  # a layer's time with busy_ranks busy / its time on one rank alone
+
+
 class Profile(_Strict):
     name: str = "profile"
     gpu: str | None = None
     layer_times: list[LayerTime] = Field(default_factory=list)
     collectives: list[CollectiveTime] = Field(default_factory=list)
+    overheads: list[LayerOverhead] = Field(default_factory=list)
+    host: HostContention | None = None
+
+    def fsdp_overhead_s(self, mode: np.ndarray) -> np.ndarray:
+        """Forward + backward seconds per layer and micro-batch that FSDP2 adds: ``mode`` 0 = no FSDP,
+        2 = without resharding, 3 = resharding after forward. Zero where nothing was measured."""
+        mode = np.asarray(mode, dtype=float)
+        out = np.zeros(mode.shape)
+        for o in self.overheads:
+            if o.parallelism == "fsdp":
+                out = np.where(mode == (3 if o.reshard else 2), (o.forward_ms + o.backward_ms) / 1e3, out)
+        return out
+
+    def host_bound_step_s(self, step_s: float, stage_time_s: Sequence[float], stage_step_time_s: Sequence[float],
+                          micro_batches: int) -> float:
+        """The step time where ranks share the host's cores (``host.slowdown`` > 1).
+
+        Per-stage times were measured with every rank busy. Where a schedule leaves ranks idle (bubbles, an
+        uneven stage), the busy ones run up to ``slowdown`` times faster, so the step is the longer of the
+        critical path at uncontended speed and the average rank's work at contended speed (the cores' total
+        work divided among the ranks). With no idle rank (pp = 1) both bounds give ``step_s`` back."""
+        if self.host is None or self.host.slowdown <= 1.0 or not stage_time_s:
+            return step_s
+        work = [micro_batches * t + u for t, u in zip(stage_time_s, stage_step_time_s, strict=True)]
+        mean_work = sum(work) / len(work)
+        return min(step_s, max(step_s / self.host.slowdown, mean_work))
 
     def _layer_fit(self, seq: int, tp: int, layer_type: str, backward: bool) -> tuple[float, float] | None:
         pts = [x for x in self.layer_times if x.seq == seq and x.tp == tp and x.layer_type == layer_type]

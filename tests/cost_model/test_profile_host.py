@@ -1,0 +1,82 @@
+"""Profile terms for a host whose ranks share cores and for FSDP2's wrapper overhead: the host-bound step
+against a processor-sharing simulation of the pipeline, the overhead on exactly the layouts FSDP2 runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solvers.cost_model.aggregate import stage_context
+from solvers.cost_model.factory import make_cost_model
+from solvers.cost_model.pipeline import step_time_s
+from solvers.cost_model.profile import HostContention, Profile
+from solvers.request import HybridRequest, parse
+from solvers.strategy import LayerStrategy, PlanStrategy
+
+from .conftest import request
+
+
+def simulate_gpipe(pp: int, micro_batches: int, work_s: float, ranks: int, cores: float) -> float:
+    """Forward-only GPipe on a node of ``ranks`` ranks sharing ``cores`` cores (processor sharing, a rank uses at
+    most one core), ranks / pp identical pipelines in lockstep: stage i may start micro-batch j once stage i-1
+    finished it and stage i finished j-1. ``work_s`` is a stage's time per micro-batch on a core of its own.
+    Event-driven, exact."""
+    per_stage = ranks // pp
+    remaining: dict[int, float] = {0: work_s}  # busy stage -> work left on its current micro-batch
+    done = [0] * pp
+    now = 0.0
+    while remaining:
+        rate = min(1.0, cores / (per_stage * len(remaining)))
+        stage, left = min(remaining.items(), key=lambda kv: kv[1])
+        dt = left / rate
+        now += dt
+        for s in remaining:
+            remaining[s] -= dt * rate
+        del remaining[stage]
+        done[stage] += 1
+        for s in range(pp):
+            if done[s] < micro_batches and s not in remaining and (s == 0 or done[s - 1] > done[s]):
+                remaining[s] = work_s
+    return now
+
+
+@pytest.mark.parametrize(("pp", "m"), [(2, 2), (2, 8), (4, 4), (4, 8), (4, 16)])
+def test_host_bound_step_matches_a_processor_sharing_pipeline(pp: int, m: int) -> None:
+    ranks, cores = 4, 2.0
+    slowdown = ranks / cores
+    unloaded = 0.01
+    contended = unloaded * slowdown  # what the profiler measures with every rank busy
+    prof = Profile(host=HostContention(busy_ranks=ranks, slowdown=slowdown))
+    naive = step_time_s([contended] * pp, [0.0] * pp, m, 1, "gpipe")
+    got = prof.host_bound_step_s(naive, [contended] * pp, [0.0] * pp, m)
+    truth = simulate_gpipe(pp, m, unloaded, ranks, cores)
+    assert got <= naive
+    assert got == pytest.approx(truth, rel=0.15)
+    assert naive > 1.1 * truth  # the contended formula charges the bubble at contended speed
+
+
+def test_host_bound_step_leaves_unpipelined_and_uncontended_steps_alone() -> None:
+    busy = Profile(host=HostContention(busy_ranks=4, slowdown=2.0))
+    assert busy.host_bound_step_s(1.3, [0.3], [0.1], 4) == pytest.approx(1.3)  # pp = 1: no rank ever idles
+    alone = Profile(host=HostContention(busy_ranks=4, slowdown=1.0))
+    naive = step_time_s([0.1] * 4, [0.0] * 4, 4, 1, "gpipe")
+    assert alone.host_bound_step_s(naive, [0.1] * 4, [0.0] * 4, 4) == pytest.approx(naive)
+    assert Profile().host_bound_step_s(naive, [0.1] * 4, [0.0] * 4, 4) == pytest.approx(naive)
+
+
+def test_fsdp_overhead_lands_on_the_layouts_the_runtime_shards_with_fsdp() -> None:
+    profile = {"overheads": [{"parallelism": "fsdp", "reshard": True, "forward_ms": 3.0, "backward_ms": 5.0},
+                             {"parallelism": "fsdp", "reshard": False, "forward_ms": 1.0, "backward_ms": 2.0}]}
+    base = request(model={"preset": "llama2-7b", "num_layers": 4},
+                   cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})
+    plain = make_cost_model(parse(HybridRequest, base))
+    prof = make_cost_model(parse(HybridRequest, {**base, "cost_model": {"kind": "profile", "profile": profile}}))
+    cands = [LayerStrategy(dp=8, zero=3), LayerStrategy(dp=8, zero=2), LayerStrategy(dp=8, zero=0),
+             LayerStrategy(tp=2, dp=4, zero=0), LayerStrategy(tp=8, dp=1, zero=3)]
+    for pp, expected in ((1, [8e-3, 3e-3, 0.0, 3e-3, 0.0]), (2, [8e-3, 3e-3, 3e-3, 3e-3, 0.0])):
+        layers = (LayerStrategy(),) * 4
+        plan = PlanStrategy(pp=pp, micro_batches=8, layers=layers, stage_layers=(4 // pp,) * pp)
+        ctx = stage_context(plan, 0, 64)
+        extra = prof.layer_costs(0, cands, ctx).parts_s["launch_overhead"] - \
+            plain.layer_costs(0, cands, ctx).parts_s["launch_overhead"]
+        np.testing.assert_allclose(extra, expected, atol=1e-12)
