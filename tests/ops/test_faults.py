@@ -14,7 +14,6 @@ import shutil
 import signal
 import sqlite3
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,19 +23,11 @@ import httpx
 import pytest
 
 from tests.conftest import PG_URL, LiveServer, _pg_admin, _with_search_path, start_server
+from tests.service.helpers import wait_for
 from tests.service.requests import slow_spindle, tiny_spindle
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
-
-def _wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _plan(server: LiveServer, plan_id: str, wait: float = 0) -> dict[str, Any]:
@@ -53,7 +44,7 @@ def test_service_sigkilled_mid_solve_job_completes_after_restart(
     sub = httpx.post(f"{first.url}/v1/plans", json=slow_spindle(2.0), timeout=30)
     assert sub.status_code in (200, 201, 202), sub.text
     plan_id = sub.json()["id"]
-    _wait_for(lambda: _plan(first, plan_id)["status"] == "running"
+    wait_for(lambda: _plan(first, plan_id)["status"] == "running"
               and "exact" in str(_plan(first, plan_id)["progress"]["message"] or ""), 60, "the solve to be mid-way")
     os.kill(first.proc.pid, signal.SIGKILL)
     first.proc.wait(10)
@@ -61,7 +52,7 @@ def test_service_sigkilled_mid_solve_job_completes_after_restart(
         httpx.get(f"{first.url}/healthz", timeout=2)
 
     second = live_server_factory(job_lease_s=1.5)
-    view = _wait_for(lambda: (v := _plan(second, plan_id, wait=5))["status"] in ("succeeded", "failed") and v,
+    view = wait_for(lambda: (v := _plan(second, plan_id, wait=5))["status"] in ("succeeded", "failed") and v,
                      120, "the job to finish on the restarted service")
     assert view["status"] == "succeeded", view
     assert view["attempts"] == 2  # the killed attempt counted once, then the restarted service finished it
@@ -114,7 +105,7 @@ def test_postgres_restart_while_idle_service_recovers(pg_schema_url: str, tmp_pa
         assert httpx.get(f"{server.url}/readyz").json()["status"] == "ok"
         try:
             _pg_ctl("stop")  # downtime kept to a few seconds: other sessions may share this server
-            down = _wait_for(lambda: (r := httpx.get(f"{server.url}/readyz", timeout=10)).status_code == 503 and r,
+            down = wait_for(lambda: (r := httpx.get(f"{server.url}/readyz", timeout=10)).status_code == 503 and r,
                              20, "/readyz to report the outage")
             assert down.json()["status"] == "unavailable" and "database unreachable" in down.json()["reason"]
             during = httpx.get(f"{server.url}/v1/plans", timeout=10)
@@ -124,7 +115,7 @@ def test_postgres_restart_while_idle_service_recovers(pg_schema_url: str, tmp_pa
         finally:
             _pg_ctl("start")
         # no restart of the service, no manual step: it notices by itself
-        _wait_for(lambda: httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200, 60, "recovery")
+        wait_for(lambda: httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200, 60, "recovery")
         assert httpx.get(f"{server.url}/v1/plans/{done['id']}").json()["status"] == "succeeded"
         again = httpx.post(f"{server.url}/v1/plans?wait=30", json=tiny_spindle(1), timeout=60)
         assert again.json()["status"] == "succeeded", again.text

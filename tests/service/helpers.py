@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -34,3 +36,14 @@ def store_plan(db: Database, request: dict[str, Any] | None = None, result: dict
         job.status, job.lease_owner, job.attempts = "running", "test-dispatcher", 1
     assert jobs.complete_job(db, job.id, "test-dispatcher", result or RESULT)
     return str(view["id"])
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned) or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

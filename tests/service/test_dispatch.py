@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from service.dispatcher import Dispatcher
 from service.settings import Settings
 from service.validation import available_kinds
 from tests.conftest import PARAPLAN, LiveServer, server_env, start_solver
+from tests.service.helpers import wait_for
 from tests.service.requests import REQUESTS, slow_spindle, tiny_spindle
 
 pytestmark = [pytest.mark.db, pytest.mark.slow]
@@ -128,15 +128,6 @@ def test_four_dispatchers_drain_200_jobs_each_once(database_url: str, db: Databa
     assert owners == {s["owner"] for s in summaries if s["claimed"]} and len(owners) >= 2
 
 
-def _wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def test_sigkilled_dispatcher_job_is_released_and_completes(database_url: str, db: Database,
                                                             tmp_path: Path) -> None:
@@ -148,7 +139,7 @@ def test_sigkilled_dispatcher_job_is_released_and_completes(database_url: str, d
             view = plans.get_plan(s, plan_id)
         return view["status"] == "running" and view["progress"]["fraction"] >= 0.1
 
-    _wait_for(solving, 60, "mid-solve")
+    wait_for(solving, 60, "mid-solve")
     os.kill(first.pid, signal.SIGKILL)  # the dispatcher only: its solver child must die with it
     first.wait(10)
     second = start_solver(database_url, tmp_path, "--max-jobs", "1", job_lease_s=1.5)
@@ -160,7 +151,7 @@ def test_sigkilled_dispatcher_job_is_released_and_completes(database_url: str, d
     assert view["status"] == "succeeded" and view["attempts"] == 2 and f":{second.pid}:" in job.lease_owner
     assert view["result"]["estimate"]["iteration_time_s"] > 0
     # the killed dispatcher's forkserver and solver child did not outlive it
-    _wait_for(lambda: not _group_alive(first.pid), 15, "the killed dispatcher's children to exit")
+    wait_for(lambda: not _group_alive(first.pid), 15, "the killed dispatcher's children to exit")
 
 
 def _group_alive(pgid: int) -> bool:
