@@ -90,10 +90,14 @@ for _k, _v in list(MODEL_PRESETS.items()):
     MODEL_PRESETS.setdefault(_k.replace("gpt3-", "gpt-"), _v)
 
 
+def _read_config(path: str | Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(Path(path).read_text())
+    return data
+
+
 def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None = None) -> dict[str, Any]:
     """Map a Hugging Face ``config.json`` (dict or path) to ModelSpec fields."""
-    if not isinstance(config, dict):
-        config = json.loads(Path(config).read_text())
+    config = config if isinstance(config, dict) else _read_config(config)
 
     def pick(*keys: str, default: Any = None) -> Any:
         for k in keys:
