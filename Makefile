@@ -32,7 +32,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy solvers service worker paraplan_cli
 
-test: lint
+test: lint typecheck
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 bench: $(STAMP)
