@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from solvers.api import estimate  # noqa: E402
+from solvers.cost_model.calibration import DEFAULT_CALIBRATION  # noqa: E402
 from worker.launch import run_locally  # noqa: E402
 
 RANKS = 4
@@ -79,7 +80,12 @@ def request(strategy: dict[str, Any], profiled: dict[str, Any] | None, ranks: in
         dev = profiled["device"]
         gpu.update(peak_tflops=dev["peak_tflops"], peak_tflops_fp32=dev["peak_tflops"],
                    memory_bandwidth_GBps=dev["memory_bandwidth_GBps"])
-        cost_model = {"kind": "profile", "profile": profiled["profile"], "calibration": CPU_CALIBRATION}
+        calibration = dict(CPU_CALIBRATION)
+        if dev.get("optimizer_s_per_param"):
+            # the measured AdamW step, as the bytes per parameter that take that long at the measured bandwidth
+            hbm_Bps = dev["memory_bandwidth_GBps"] * 1e9 * DEFAULT_CALIBRATION.hbm_efficiency
+            calibration["optimizer_traffic_bytes"] = dev["optimizer_s_per_param"] * hbm_Bps
+        cost_model = {"kind": "profile", "profile": profiled["profile"], "calibration": calibration}
     return {"kind": "hybrid", "model": MODEL, "training": TRAINING,
             "cluster": {"gpu": gpu, "nodes": 1, "gpus_per_node": ranks},
             "strategy": strategy, "cost_model": cost_model}
@@ -178,6 +184,9 @@ def main() -> int:
     t0 = time.time()
     ranks, plans = args.ranks, PLANS[args.ranks]
     profiled = json.loads(args.profile.read_text()) if args.profile else run_profiler(work, args.repeats, ranks)
+    host, over = profiled["profile"].get("host"), profiled["profile"].get("overheads", [])
+    print(f"host: {host}; wrapper overheads: {over}; "
+          f"AdamW {1e9 * profiled['device'].get('optimizer_s_per_param', 0.0):.2f} ns/param")
     print(f"profile: {len(profiled['profile']['layer_times'])} layer points, "
           f"{len(profiled['profile']['collectives'])} collective points, {profiled['device']['peak_tflops']:.3f} "
           f"TFLOP/s and {profiled['device']['memory_bandwidth_GBps']:.1f} GB/s per rank ({time.time() - t0:.0f} s)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
@@ -24,9 +25,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from solvers.cost_model.profile import CollectiveOp
 from worker.runtime.model import Block, ModelConfig
 
 MESSAGE_BYTES = (16 * 2**10, 256 * 2**10, 2 * 2**20, 8 * 2**20)
@@ -64,9 +67,9 @@ def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, rep
         if i:  # the first pass warms allocator and kernels up
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
-    # The fastest repeat: other processes on the host only ever add time, so the minimum is the estimate
-    # least disturbed by them (a median of few repeats on a busy host can invert batch 1 vs batch 8).
-    return min(fwd), min(bwd)
+    # The median repeat, taken while every rank runs the same loop: training keeps all ranks busy, and the
+    # fastest repeat is the one where a neighbour happened to idle (it underestimated every plan by ~25 %).
+    return statistics.median(fwd), statistics.median(bwd)
 
 
 def tensor_parallel_block(cfg: ModelConfig, tp: int, device: torch.device) -> tuple[Block, dist.ProcessGroup]:
@@ -119,6 +122,85 @@ def profile_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int]
                 out.append({"batch": batch, "seq": seq, "tp": tp, "forward_ms": 1e3 * float(t[0]),
                             "backward_ms": 1e3 * float(t[1])})
     return out
+
+
+def host_contention(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int,
+                    busy_s: float) -> dict[str, Any] | None:
+    """How much slower a layer runs with every rank of the node busy (``busy_s``, measured by
+    ``profile_layers``) than on one rank alone while the others wait: on a CPU host the ranks share cores,
+    and the cost model gives an idle pipeline rank's cores back to the busy ones. None on GPUs (one each)."""
+    if device.type != "cpu":
+        return None
+    alone = torch.zeros(1, dtype=torch.float64)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        alone[0] = sum(layer_time(cfg, batch, seq, device, repeats))
+    dist.barrier()
+    dist.broadcast(alone, src=0)
+    return {"busy_ranks": dist.get_world_size(), "slowdown": max(1.0, busy_s / float(alone[0]))}
+
+
+def fsdp_overheads(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int,
+                   collectives: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """FSDP2's own cost per layer beyond the plain layer and its collectives (hooks, copy-in/copy-out,
+    DTensor bookkeeping), with and without resharding after forward, over all ranks of the node.
+
+    Two blocks under a parameterless root, as the runtime shards a model (the root's own parameters would
+    not be resharded); their time less two plain blocks' time less the collectives FSDP issues for them
+    (all-gather forward, reduce-scatter backward, all-gather again backward when resharding), timed by the
+    collective fit of this same profile."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from solvers.cost_model.profile import CollectiveTime, Profile
+
+    world = dist.get_world_size()
+    if world < 2:
+        return []
+    fit = Profile(collectives=[CollectiveTime.model_validate(c) for c in collectives])
+    mesh = init_device_mesh(device.type, (world,))
+
+    def pair() -> torch.nn.Sequential:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(Block(cfg), Block(cfg)).to(device)
+
+    dist.barrier()
+    plain_f, plain_b = layer_time(cfg, batch, seq, device, repeats, block=pair())
+    param_bytes = float(sum(p.numel() * p.element_size() for p in Block(cfg).parameters()))
+
+    def coll(op: CollectiveOp) -> float:
+        t = float(fit.collective_s(op, np.array(param_bytes), np.array(world), np.array(False)))
+        return t if math.isfinite(t) else 0.0
+
+    gather, scatter = coll("allgather"), coll("reduce_scatter")
+    out = []
+    for reshard in (True, False):
+        model = pair()
+        for block in model:
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        dist.barrier()
+        f, b = layer_time(cfg, batch, seq, device, repeats, block=model)
+        extra = torch.tensor([(f - plain_f) / 2 - gather, (b - plain_b) / 2 - scatter - (gather if reshard else 0.0)],
+                             dtype=torch.float64)
+        dist.all_reduce(extra)
+        extra /= world
+        out.append({"parallelism": "fsdp", "reshard": reshard, "forward_ms": 1e3 * max(0.0, float(extra[0])),
+                    "backward_ms": 1e3 * max(0.0, float(extra[1]))})
+    return out
+
+
+def optimizer_s_per_param(cfg: ModelConfig, device: torch.device, repeats: int) -> float:
+    """Seconds per parameter of one AdamW step (the runtime's optimizer) on a block, every rank at once."""
+    torch.manual_seed(0)
+    block = Block(cfg).to(device)
+    for p in block.parameters():
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(block.parameters(), lr=1e-4)
+    dist.barrier()
+    t = torch.tensor([_median_time(opt.step, repeats, warmup=2)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t[0]) / dist.get_world_size() / sum(p.numel() for p in block.parameters())
 
 
 def _groups(world: int, size: int) -> list[list[int]]:
@@ -256,11 +338,18 @@ def main(argv: list[str] | None = None) -> int:
     layers = profile_layers(cfg, [int(x) for x in args.batches.split(",")], [int(x) for x in args.seqs.split(",")],
                             tps, device, args.repeats)
     collectives = profile_collectives(world, device, args.repeats)
-    rates = device_rates(device)
+    # the overheads and the contention at a mid-sized batch of the first sequence length
+    seq0, plain = layers[0]["seq"], [x for x in layers if x["tp"] == 1 and x["seq"] == layers[0]["seq"]]
+    mid = plain[len(plain) // 2]
+    overheads = fsdp_overheads(cfg, int(mid["batch"]), seq0, device, args.repeats, collectives)
+    host = host_contention(cfg, int(mid["batch"]), seq0, device, args.repeats,
+                           (mid["forward_ms"] + mid["backward_ms"]) / 1e3)
+    rates = {**device_rates(device), "optimizer_s_per_param": optimizer_s_per_param(cfg, device, args.repeats)}
     if dist.get_rank() == 0:
         gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
         name = args.name or f"{gpu} x{world} {time.strftime('%Y-%m-%d %H:%M')}"
-        doc = {"profile": {"name": name, "gpu": gpu, "layer_times": layers, "collectives": collectives},
+        doc = {"profile": {"name": name, "gpu": gpu, "layer_times": layers, "collectives": collectives,
+                           "overheads": overheads, **({"host": host} if host else {})},
                "device": {"name": gpu, "ranks": world, **rates, "torch_version": torch.__version__,
                           "profile_time_s": time.perf_counter() - started}}
         args.out.write_text(json.dumps(doc, indent=1))

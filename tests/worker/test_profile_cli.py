@@ -37,6 +37,9 @@ def test_profile_is_measured_uploaded_and_readable_by_the_cost_model(
     ops = {c.op for c in profile.collectives}
     assert {"allreduce", "allgather", "alltoall", "p2p"} <= ops
     assert all(c.group_size == 2 for c in profile.collectives)
+    # FSDP2's wrapper overhead with and without resharding, and how much slower a layer runs with both ranks busy
+    assert sorted(o.reshard for o in profile.overheads) == [False, True]
+    assert profile.host is not None and profile.host.busy_ranks == 2 and profile.host.slowdown >= 1.0
 
 
 def test_profile_rejects_an_unknown_model_preset() -> None:
