@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from solvers.cost_model.profile import CollectiveOp
 from worker.runtime.model import Block, ModelConfig
@@ -47,12 +48,13 @@ def _median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> flo
 
 
 def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int,
-               block: torch.nn.Module | None = None) -> tuple[float, float]:
-    """(forward, backward) seconds of one block (a fresh one, or ``block``) on a (batch, seq, hidden) input."""
+               block: torch.nn.Module | None = None, seq_shards: int = 1) -> tuple[float, float]:
+    """(forward, backward) seconds of one block (a fresh one, or ``block``) on a (batch, seq, hidden) input;
+    with ``seq_shards`` > 1 each rank holds its sequence shard, as Megatron SP hands the residual between blocks."""
     torch.manual_seed(0)
     block = block if block is not None else Block(cfg).to(device)
-    x = torch.randn(batch, seq, cfg.hidden_size, device=device, requires_grad=True)
-    grad = torch.randn(batch, seq, cfg.hidden_size, device=device)
+    x = torch.randn(batch, seq // seq_shards, cfg.hidden_size, device=device, requires_grad=True)
+    grad = torch.randn(batch, seq // seq_shards, cfg.hidden_size, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     fwd, bwd = [], []
     for i in range(repeats + 1):
@@ -72,9 +74,10 @@ def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, rep
     return statistics.median(fwd), statistics.median(bwd)
 
 
-def tensor_parallel_block(cfg: ModelConfig, tp: int, device: torch.device) -> tuple[Block, dist.ProcessGroup]:
-    """One block sharded exactly as the runtime shards it (DTensor, Megatron layout) over contiguous groups
-    of ``tp`` ranks, every group at once."""
+def tensor_parallel_block(cfg: ModelConfig, tp: int, device: torch.device, sequence_parallel: bool = False
+                          ) -> tuple[Block, DeviceMesh]:
+    """One block sharded exactly as the runtime shards it (DTensor, Megatron layout, with or without SP) over
+    contiguous groups of ``tp`` ranks, every group at once."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from worker.runtime.model import Decoder
@@ -84,18 +87,21 @@ def tensor_parallel_block(cfg: ModelConfig, tp: int, device: torch.device) -> tu
     torch.manual_seed(0)
     model = Decoder(replace(cfg, num_layers=1)).to(device)
     model.tok_embeddings = model.norm = model.output = None
-    apply_tensor_parallel(model, mesh["tp"], sequence_parallel=False)
+    apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
     block = model.layers["0"]
     assert isinstance(block, Block)
-    return block, mesh["tp"].get_group()
+    return block, mesh["tp"]
 
 
-def tensor_parallel_layer_time(cfg: ModelConfig, block: Block, group: dist.ProcessGroup, batch: int, seq: int,
-                               device: torch.device, repeats: int) -> tuple[float, float]:
+def tensor_parallel_layer_time(cfg: ModelConfig, block: Block, tp_mesh: DeviceMesh, sequence_parallel: bool,
+                               batch: int, seq: int, device: torch.device, repeats: int) -> tuple[float, float]:
     """(forward, backward) seconds of a TP block as the runtime runs it, less its own collectives (two
-    all-reduces of the activation each way, timed here on the same group): the profile's layer times
-    exclude communication, which the cost model adds from the collective measurements."""
-    fwd, bwd = layer_time(cfg, batch, seq, device, repeats, block=block)
+    all-reduces of the activation each way, or under SP the all-gather + reduce-scatter pairs of the same
+    ring cost, timed here as all-reduces on the same group): the profile's layer times exclude
+    communication, which the cost model adds from the collective measurements."""
+    fwd, bwd = layer_time(cfg, batch, seq, device, repeats, block=block,
+                          seq_shards=tp_mesh.size() if sequence_parallel else 1)
+    group = tp_mesh.get_group()
     act = torch.ones(batch * seq * cfg.hidden_size, device=device)
     comm = _median_time(lambda: [dist.all_reduce(act, group=group) for _ in range(2)], repeats)
     # Keep a floor: on a loaded host a collective can measure slower alone than inside the layer.
@@ -108,19 +114,19 @@ def profile_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int]
     runtime runs them (DTensor), so its per-operator overhead is part of the profile."""
     out = []
     for seq in seqs:
-        for tp in tps:
-            sharded = tensor_parallel_block(cfg, tp, device) if tp > 1 else None
+        for tp, sp in [(1, False)] + [(t, sp) for t in tps if t > 1 and seq % t == 0 for sp in (False, True)]:
+            sharded = tensor_parallel_block(cfg, tp, device, sp) if tp > 1 else None
             for batch in batches:
                 dist.barrier()
                 if sharded is None:
                     f, b = layer_time(cfg, batch, seq, device, repeats)
                 else:
-                    f, b = tensor_parallel_layer_time(cfg, *sharded, batch, seq, device, repeats)
+                    f, b = tensor_parallel_layer_time(cfg, *sharded, sp, batch, seq, device, repeats)
                 t = torch.tensor([f, b], dtype=torch.float64, device=device)
                 dist.all_reduce(t)
                 t /= dist.get_world_size()
                 out.append({"batch": batch, "seq": seq, "tp": tp, "forward_ms": 1e3 * float(t[0]),
-                            "backward_ms": 1e3 * float(t[1])})
+                            "backward_ms": 1e3 * float(t[1]), **({"sp": True} if sp else {})})
     return out
 
 
@@ -339,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                             tps, device, args.repeats)
     collectives = profile_collectives(world, device, args.repeats)
     # the overheads and the contention at a mid-sized batch of the first sequence length
-    seq0, plain = layers[0]["seq"], [x for x in layers if x["tp"] == 1 and x["seq"] == layers[0]["seq"]]
+    seq0 = layers[0]["seq"]
+    plain = [x for x in layers if x["tp"] == 1 and x["seq"] == seq0]
     mid = plain[len(plain) // 2]
     overheads = fsdp_overheads(cfg, int(mid["batch"]), seq0, device, args.repeats, collectives)
     host = host_contention(cfg, int(mid["batch"]), seq0, device, args.repeats,

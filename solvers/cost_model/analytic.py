@@ -126,8 +126,9 @@ class AnalyticCostModel:
             return fwd, 2.0 * fwd
         kind = "moe" if shape.is_moe else "dense"
         seq = self.training.seq_length
-        f = self.profile.layer_s(b, seq, c.tp, kind)
-        bw = self.profile.layer_s(b, seq, c.tp, kind, backward=True)
+        sp = c.sp == mem.SP_MEGATRON
+        f = self.profile.layer_s(b, seq, c.tp, kind, sp=sp)
+        bw = self.profile.layer_s(b, seq, c.tp, kind, backward=True, sp=sp)
         use = (c.cp == 1) & (c.sp != mem.SP_ULYSSES) & np.isfinite(f)
         return np.where(use, f, fwd), np.where(use, bw, 2.0 * fwd)
 

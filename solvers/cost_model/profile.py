@@ -58,6 +58,7 @@ class LayerTime(_Strict):
     forward_ms: float = Field(gt=0)
     backward_ms: float | None = Field(default=None, gt=0)
     layer_type: Literal["dense", "moe"] = "dense"
+    sp: bool = False  # Megatron sequence parallelism (sequence-sharded residual, DTensor redistributions)
 
 
 class CollectiveTime(_Strict):
@@ -112,8 +113,14 @@ class Profile(_Strict):
         mean_work = sum(work) / len(work)
         return min(step_s, max(step_s / self.host.slowdown, mean_work))
 
-    def _layer_fit(self, seq: int, tp: int, layer_type: str, backward: bool) -> tuple[float, float] | None:
-        pts = [x for x in self.layer_times if x.seq == seq and x.tp == tp and x.layer_type == layer_type]
+    def _layer_fit(self, seq: int, tp: int, layer_type: str, backward: bool, sp: bool = False
+                   ) -> tuple[float, float] | None:
+        def points(sp: bool) -> list[LayerTime]:
+            return [x for x in self.layer_times
+                    if x.seq == seq and x.tp == tp and x.layer_type == layer_type and x.sp == sp]
+
+        # an SP layout without SP measurements falls back on the plain TP layout's
+        pts = points(sp) or (points(False) if sp else [])
         if not pts:
             return None
         xs = np.array([x.batch for x in pts])
@@ -125,15 +132,19 @@ class Profile(_Strict):
         return float(intercept), float(slope)
 
     def layer_s(self, batch: np.ndarray, seq: int, tp: np.ndarray, layer_type: str = "dense",
-                backward: bool = False) -> np.ndarray:
-        """Measured forward (or backward) seconds per candidate; NaN where this (seq, tp) was not profiled."""
+                backward: bool = False, sp: np.ndarray | None = None) -> np.ndarray:
+        """Measured forward (or backward) seconds per candidate; NaN where this (seq, tp) was not profiled.
+        ``sp`` marks the candidates running Megatron SP (only meaningful with tp > 1)."""
         batch, tp = np.asarray(batch, dtype=float), np.asarray(tp, dtype=float)
-        out = np.full(np.broadcast(batch, tp).shape, np.nan)
+        shape = np.broadcast(batch, tp).shape
+        sp_arr = np.broadcast_to(np.asarray(sp if sp is not None else False, dtype=bool), shape) & (tp > 1)
+        out = np.full(shape, np.nan)
         for t in np.unique(tp):
-            fit = self._layer_fit(seq, int(t), layer_type, backward)
-            if fit is not None:
-                sel = np.broadcast_to(tp == t, out.shape)
-                out = np.where(sel, np.maximum(0.0, fit[0] + fit[1] * batch), out)
+            for s in (False, True):
+                fit = self._layer_fit(seq, int(t), layer_type, backward, s)
+                if fit is not None:
+                    sel = np.broadcast_to(tp == t, shape) & (sp_arr == s)
+                    out = np.where(sel, np.maximum(0.0, fit[0] + fit[1] * batch), out)
         return out
 
     def _collective_fit(self, op: str, size: int, across: bool) -> tuple[float, float] | None:
