@@ -132,13 +132,17 @@ class AnalyticCostModel:
         use = (c.cp == 1) & (c.sp != mem.SP_ULYSSES) & np.isfinite(f)
         return np.where(use, f, fwd), np.where(use, bw, 2.0 * fwd)
 
-    def _wrapper_overhead(self, c: Candidates, ctx: StageContext) -> np.ndarray:
-        """Host time the FSDP2 wrapper adds per layer and micro-batch (profiled; zero without a profile). The
-        runtime shards with FSDP2 when dp > 1 and ZeRO >= 1, or ZeRO-0 under TP or PP (without resharding)."""
+    def _wrapper_overhead(self, c: Candidates, ctx: StageContext) -> tuple[np.ndarray, np.ndarray]:
+        """Host time the FSDP2 wrapper adds per layer: (per micro-batch, per step); profiled, zero without a
+        profile. The runtime shards with FSDP2 when dp > 1 and ZeRO >= 1, or ZeRO-0 under TP or PP (without
+        resharding). Resharding (ZeRO-3) re-gathers every micro-batch; without it the parameters are gathered
+        and the gradients reduce-scattered once a step (the schedule skips both on all but the last)."""
         if self.profile is None or not self.profile.overheads:
-            return np.zeros_like(c.tp)
+            return np.zeros_like(c.tp), np.zeros_like(c.tp)
         fsdp = (c.dp > 1) & ((c.zero >= 1) | (c.tp > 1) | (ctx.pp > 1))
-        return self.profile.fsdp_overhead_s(np.where(fsdp, np.where(c.zero >= 3, 3.0, 2.0), 0.0))
+        overhead = self.profile.fsdp_overhead_s(np.where(fsdp, np.where(c.zero >= 3, 3.0, 2.0), 0.0))
+        reshard = c.zero >= 3
+        return np.where(reshard, overhead, 0.0), np.where(reshard, 0.0, overhead)
 
     def _hbm(self, nbytes: np.ndarray | float) -> np.ndarray:
         return np.asarray(nbytes, dtype=float) / self.hbm_Bps
@@ -257,7 +261,8 @@ class AnalyticCostModel:
         gpu = compute + recompute + tp_comm + cp_comm + ep_comm + dp_mb
         # the host issues ~a forward's worth of kernels per pass; small layers wait for it, not for the GPU
         passes = 3.0 + (c.rc == mem.RC_FULL)
-        launch = np.maximum(0.0, cal.kernel_overhead_s * passes - gpu) + self._wrapper_overhead(c, ctx)
+        wrapper_mb, wrapper_step = self._wrapper_overhead(c, ctx)
+        launch = np.maximum(0.0, cal.kernel_overhead_s * passes - gpu) + wrapper_mb
         time = gpu + launch
         states = [mem.model_state_bytes(p, grp, c.zero, self.state_per_param) for p, grp, _ in groups]
         w, g, o = (np.sum([x[i] for x in states], axis=0) for i in range(3))
@@ -268,13 +273,13 @@ class AnalyticCostModel:
         gathered = np.where(c.zero == 3, 2.0 * weight_bytes, 0.0)  # this layer's weights and the prefetched next
         return LayerCosts(
             time_s=time,
-            step_time_s=dp_step + optimizer,
+            step_time_s=dp_step + optimizer + wrapper_step,
             state_bytes=w + g + o,
             activation_bytes=kept * frag,
             peak_extra_bytes=transient * frag + gathered,
             parts_s={"compute": compute, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,
                      "ep_comm": ep_comm, "dp_comm_exposed": dp_mb, "launch_overhead": launch},
-            step_parts_s={"dp_comm_exposed": dp_step, "optimizer": optimizer},
+            step_parts_s={"dp_comm_exposed": dp_step, "optimizer": optimizer, "launch_overhead": wrapper_step},
             memory_parts_bytes={"parameters": w, "gradients": g, "optimizer": o},
         )
 

@@ -73,10 +73,25 @@ def test_fsdp_overhead_lands_on_the_layouts_the_runtime_shards_with_fsdp() -> No
     prof = make_cost_model(parse(HybridRequest, {**base, "cost_model": {"kind": "profile", "profile": profile}}))
     cands = [LayerStrategy(dp=8, zero=3), LayerStrategy(dp=8, zero=2), LayerStrategy(dp=8, zero=0),
              LayerStrategy(tp=2, dp=4, zero=0), LayerStrategy(tp=8, dp=1, zero=3)]
-    for pp, expected in ((1, [8e-3, 3e-3, 0.0, 3e-3, 0.0]), (2, [8e-3, 3e-3, 3e-3, 3e-3, 0.0])):
+    # ZeRO-3 re-gathers every micro-batch; without resharding FSDP2 gathers and reduce-scatters once a step
+    for pp, per_mb, per_step in ((1, [8e-3, 0, 0, 0, 0], [0, 3e-3, 0, 3e-3, 0]),
+                                 (2, [8e-3, 0, 0, 0, 0], [0, 3e-3, 3e-3, 3e-3, 0])):
         layers = (LayerStrategy(),) * 4
         plan = PlanStrategy(pp=pp, micro_batches=8, layers=layers, stage_layers=(4 // pp,) * pp)
         ctx = stage_context(plan, 0, 64)
-        extra = prof.layer_costs(0, cands, ctx).parts_s["launch_overhead"] - \
-            plain.layer_costs(0, cands, ctx).parts_s["launch_overhead"]
-        np.testing.assert_allclose(extra, expected, atol=1e-12)
+        got, ref = prof.layer_costs(0, cands, ctx), plain.layer_costs(0, cands, ctx)
+        np.testing.assert_allclose(got.parts_s["launch_overhead"] - ref.parts_s["launch_overhead"], per_mb, atol=1e-12)
+        np.testing.assert_allclose(got.step_time_s - ref.step_time_s, per_step, atol=1e-12)
+
+
+def test_megatron_sp_candidates_use_sp_layer_times_and_fall_back_on_plain_tp() -> None:
+    plain_tp = {"batch": 2, "seq": 128, "tp": 2, "forward_ms": 10.0, "backward_ms": 20.0}
+    with_sp = Profile.model_validate(
+        {"layer_times": [plain_tp, {**plain_tp, "sp": True, "forward_ms": 14.0, "backward_ms": 30.0}]})
+    only_tp = Profile.model_validate({"layer_times": [plain_tp]})
+    sp = np.array([False, True, True])
+    tp = np.array([2.0, 2.0, 1.0])
+    np.testing.assert_allclose(with_sp.layer_s(np.array(4.0), 128, tp, sp=sp)[:2], [0.020, 0.028])
+    np.testing.assert_allclose(with_sp.layer_s(np.array(4.0), 128, tp, backward=True, sp=sp)[:2], [0.040, 0.060])
+    np.testing.assert_allclose(only_tp.layer_s(np.array(4.0), 128, tp, sp=sp)[:2], [0.020, 0.020])
+    assert np.isnan(with_sp.layer_s(np.array(4.0), 128, tp, sp=sp)[2])  # tp=1 not profiled here
