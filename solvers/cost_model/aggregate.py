@@ -129,7 +129,10 @@ def estimate_from_stages(
     pipe = float(model.pipeline_step_time(times, [0.0] * len(stages), ctx))
     crit = max(range(len(stages)), key=lambda i: times[i])
     busy = ctx.micro_batches * times[crit]
-    breakdown = {k: v * ctx.micro_batches for k, v in _scaled(stages[crit].parts_s, times[crit]).items()}
+    # a cost model may run the critical stage faster than its contended time (ranks sharing a host's cores
+    # get an idle stage's cores: profile ``host``); its parts then shrink to the pipeline time it predicts
+    breakdown = {k: v * ctx.micro_batches for k, v in _scaled(stages[crit].parts_s, min(times[crit], pipe /
+                 ctx.micro_batches)).items()}
     breakdown["pp_bubble"] = breakdown.get("pp_bubble", 0.0) + max(0.0, pipe - busy)
     slow = max(range(len(stages)), key=lambda i: steps[i])
     for k, v in _scaled(stages[slow].step_parts_s, max(0.0, step - pipe)).items():

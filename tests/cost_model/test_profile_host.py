@@ -95,3 +95,18 @@ def test_megatron_sp_candidates_use_sp_layer_times_and_fall_back_on_plain_tp() -
     np.testing.assert_allclose(with_sp.layer_s(np.array(4.0), 128, tp, backward=True, sp=sp)[:2], [0.040, 0.060])
     np.testing.assert_allclose(only_tp.layer_s(np.array(4.0), 128, tp, sp=sp)[:2], [0.020, 0.020])
     assert np.isnan(with_sp.layer_s(np.array(4.0), 128, tp, sp=sp)[2])  # tp=1 not profiled here
+
+
+def test_a_host_bound_pipeline_is_cheaper_and_its_breakdown_still_sums_to_the_step() -> None:
+    base = request(model={"preset": "llama2-7b", "num_layers": 4},
+                   cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 4})
+    layers = (LayerStrategy(),) * 4
+    plan = PlanStrategy(pp=4, micro_batches=4, schedule="gpipe", layers=layers, stage_layers=(1,) * 4)
+    host = {"busy_ranks": 4, "slowdown": 2.0}
+    free = make_cost_model(parse(HybridRequest, {**base, "cost_model": {"kind": "profile", "profile": {}}}))
+    shared = make_cost_model(parse(HybridRequest, {**base, "cost_model": {"kind": "profile",
+                                                                          "profile": {"host": host}}}))
+    a, b = free.evaluate(plan), shared.evaluate(plan)
+    assert b.step_time_s < a.step_time_s  # the 3 bubble slots of 7 run on freed cores
+    assert sum(b.breakdown_s.values()) == pytest.approx(b.step_time_s)
+    assert sum(a.breakdown_s.values()) == pytest.approx(a.step_time_s)
