@@ -6,6 +6,12 @@ cost model calibrated by that profile, run the plans with the worker runtime, co
     .venv/bin/python bench/closed_loop.py --ranks 2         # 7 plans on 2 ranks (one core per rank here)
     .venv/bin/python bench/closed_loop.py --interleave 4    # all plans in one launch, round-robin
 
+What the profile carries beyond layer and collective times (all measured by ``worker.profiler``, none fitted
+to these plans): layer times with every rank busy (median repeat), Megatron-SP layer times as the runtime
+runs them, FSDP2's per-layer wrapper overhead with and without resharding, the host contention (a layer with
+all ranks busy vs one rank alone: idle pipeline ranks hand their cores to busy ones) and the AdamW step time
+per parameter (passed to the cost model as ``optimizer_traffic_bytes`` at the measured bandwidth).
+
 Prints a table (predicted vs measured step time per plan), the MAPE and Spearman's rank correlation.
 Goal (issue 8): MAPE <= 20 %, Spearman >= 0.9. Measured step time = median of the steps after warm-up.
 The machine is shared: the load average is printed with the table, as noise on it is noise in the result.
