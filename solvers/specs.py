@@ -217,6 +217,8 @@ class Constraints(_Spec):
     max_cp: int | None = Field(default=None, gt=0)
     schedule: Literal["gpipe", "1f1b", "interleaved"] | None = None
     zero: int | None = Field(default=None, ge=0, le=3)
+    # Sequence-parallel kind of every layer with tp > 1 ("none" = plain Megatron TP); unset = searched.
+    sp: Literal["megatron", "ulysses", "none"] | None = None
     tp_across_nodes: bool = False
     allow_approximate: bool = False
     time_limit_s: float | None = Field(default=None, gt=0)

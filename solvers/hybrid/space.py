@@ -8,7 +8,7 @@ all-reduces on every layer and would otherwise cross the (10x slower) network.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from solvers.hybrid.moe import with_expert_layouts
 from solvers.request import HybridRequest
@@ -170,6 +170,12 @@ _CANDIDATES: dict[tuple[SearchSpace, tuple[int, int]], list[LayerStrategy]] = {}
 SpaceMode = Literal["full", "galvatron"]
 
 
+def _sp_kinds(asked: str | None, mode: SpaceMode) -> tuple[SpKind, ...]:
+    if asked is not None:
+        return (None,) if asked == "none" else (cast(SpKind, asked),)
+    return ALL_SP if mode == "full" else ("megatron",)
+
+
 def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:
     """The search space of a request; ``mode="galvatron"`` restricts it to what Galvatron 2.4 searches."""
     c, m, t = req.constraints, req.model, req.training
@@ -204,7 +210,7 @@ def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:
         # ring attention pays off for long sequences only: keep ≥ 2048 tokens per rank unless asked otherwise
         max_cp=(c.max_cp or max(1, t.seq_length // 2048)) if mode == "full" else 1,
         tp_across_nodes=c.tp_across_nodes,
-        sp_kinds=ALL_SP if mode == "full" else ("megatron",),
+        sp_kinds=_sp_kinds(c.sp, mode),
         zero_levels=zero_levels if mode == "full" or c.zero is not None else (0, 2, 3),
         recomputes=ALL_RECOMPUTE if mode == "full" else ("none", "full"),
         schedules=schedules,

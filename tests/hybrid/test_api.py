@@ -176,3 +176,15 @@ def test_search_counts_are_reported_when_a_baseline_stands_as_the_plan() -> None
     assert search["configs_solved"] + search["configs_pruned_by_bound"] == search["configs_total"]
     if search["plan_from"].startswith("baseline:"):
         assert search["configs_solved"] == 0 or search["dp_runs"] > 0
+
+
+@pytest.mark.parametrize("asked", ["megatron", "ulysses", "none"])
+def test_sequence_parallel_constraint_is_honoured(asked: str) -> None:
+    req = {"kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 4},
+           "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
+           "training": {"global_batch_size": 8, "seq_length": 2048},
+           # one sample per micro-batch and no pipeline/CP: every layer must use tensor (or Ulysses) groups
+           "constraints": {"sp": asked, "max_pp": 1, "zero": 0, "max_cp": 1, "micro_batches": 8}}
+    layers = solve(req)["strategy"]["layers"]
+    want = None if asked == "none" else asked
+    assert all(layer["tp"] == 8 and layer["sp"] == want for layer in layers)
