@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -14,16 +12,6 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "calibration"
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/calibration is not present")
-
-
-@pytest.fixture(scope="module")
-def fidelity() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_fidelity", ROOT / "bench" / "fidelity.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_fidelity"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

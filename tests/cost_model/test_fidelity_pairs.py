@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -13,16 +11,6 @@ import pytest
 from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def fidelity() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_fidelity_pairs", ROOT / "bench" / "fidelity.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_fidelity_pairs"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _row(fidelity: ModuleType, tp: int, dp: int, pp: int, mbs: int, measured: float) -> object:
