@@ -27,37 +27,30 @@ def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup, scatter_dim: int, gat
     return torch.cat([p.movedim(0, scatter_dim) for p in pieces], dim=gather_dim).contiguous()
 
 
-class _SeqToHeads(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        return _all_to_all(x, group, scatter_dim=2, gather_dim=1)
+class _AllToAll(torch.autograd.Function):
+    """Differentiable re-split: the backward of scattering A and gathering B scatters B and gathers A."""
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _all_to_all(grad, ctx.group, scatter_dim=1, gather_dim=2), None
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        return _all_to_all(x, group, scatter_dim=1, gather_dim=2)
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, scatter_dim: int,
+                gather_dim: int) -> torch.Tensor:
+        ctx.group, ctx.dims = group, (scatter_dim, gather_dim)
+        return _all_to_all(x, group, scatter_dim=scatter_dim, gather_dim=gather_dim)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _all_to_all(grad, ctx.group, scatter_dim=2, gather_dim=1), None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        scatter_dim, gather_dim = ctx.dims
+        return _all_to_all(grad, ctx.group, scatter_dim=gather_dim, gather_dim=scatter_dim), None, None, None
 
 
 def gather_sequence_scatter_heads(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """(b, s/sp, H, d) -> (b, s, H/sp, d), differentiable."""
-    out: torch.Tensor = _SeqToHeads.apply(x, group)
+    out: torch.Tensor = _AllToAll.apply(x, group, 2, 1)
     return out
 
 
 def gather_heads_scatter_sequence(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """(b, s, H/sp, d) -> (b, s/sp, H, d), differentiable."""
-    out: torch.Tensor = _HeadsToSeq.apply(x, group)
+    out: torch.Tensor = _AllToAll.apply(x, group, 1, 2)
     return out
 
 
