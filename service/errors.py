@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session
 
 from solvers.errors import SpecError
 
@@ -19,6 +20,17 @@ class DomainError(Exception):
 
 class NotFound(DomainError):
     pass
+
+
+_Row = TypeVar("_Row")
+
+
+def get_or_404(session: Session, model: type[_Row], ident: str, what: str) -> _Row:
+    """The row with primary key ``ident``, or NotFound naming ``what`` and the id."""
+    row = session.get(model, ident)
+    if row is None:
+        raise NotFound(f"{what} {ident} not found")
+    return row
 
 
 class Conflict(DomainError):

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, defer
 from service.canonical import content_hash
 from service.db.engine import Database
 from service.db.models import IdempotencyKey, Job, Plan, PlanRequest, utcnow
-from service.errors import Conflict, NotFound
+from service.errors import Conflict, NotFound, get_or_404
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -147,9 +147,7 @@ def list_plans(session: Session, status: str | None = None, kind: str | None = N
 
 def cancel_plan(db: Database, plan_id: str) -> dict[str, Any]:
     with db.writing() as session:
-        plan = session.get(Plan, plan_id)
-        if plan is None:
-            raise NotFound(f"plan {plan_id} not found")
+        plan = get_or_404(session, Plan, plan_id, "plan")
         if plan.status in TERMINAL:
             raise Conflict(f"plan {plan_id} is already {plan.status}")
         now = utcnow()

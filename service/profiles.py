@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.db.models import Profile
-from service.errors import NotFound
+from service.errors import get_or_404
 
 
 def profile_view(p: Profile, with_data: bool = True) -> dict[str, Any]:
@@ -26,9 +26,7 @@ def create_profile(session: Session, name: str, kind: str, host: str | None, dat
 
 
 def get_profile(session: Session, profile_id: str) -> dict[str, Any]:
-    profile = session.get(Profile, profile_id)
-    if profile is None:
-        raise NotFound(f"profile {profile_id} not found")
+    profile = get_or_404(session, Profile, profile_id, "profile")
     return profile_view(profile)
 
 
@@ -42,7 +40,5 @@ def list_profiles(session: Session, kind: str | None = None, host: str | None = 
 
 
 def delete_profile(session: Session, profile_id: str) -> None:
-    profile = session.get(Profile, profile_id)
-    if profile is None:
-        raise NotFound(f"profile {profile_id} not found")
+    profile = get_or_404(session, Profile, profile_id, "profile")
     session.delete(profile)

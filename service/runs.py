@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from service.db.engine import Database
 from service.db.models import Plan, PlanRequest, Run, utcnow
-from service.errors import Conflict, Forbidden, NotFound
+from service.errors import Conflict, Forbidden, NotFound, get_or_404
 from service.tokens import Principal
 from service.workers import owned_worker, workers_of_token
 
@@ -37,9 +37,7 @@ def run_view(run: Run) -> dict[str, Any]:
 
 
 def create_run(session: Session, plan_id: str, steps: int, max_attempts: int) -> dict[str, Any]:
-    plan = session.get(Plan, plan_id)
-    if plan is None:
-        raise NotFound(f"plan {plan_id} not found")
+    plan = get_or_404(session, Plan, plan_id, "plan")
     if plan.status != "succeeded":
         raise Conflict(f"plan {plan_id} is {plan.status}; only a succeeded plan can be run")
     run = Run(plan_id=plan_id, steps=steps, status="queued", max_attempts=max_attempts,
@@ -57,9 +55,7 @@ def _readable(session: Session, run: Run, principal: Principal) -> None:
 
 
 def get_run(session: Session, run_id: str, principal: Principal) -> dict[str, Any]:
-    run = session.get(Run, run_id)
-    if run is None:
-        raise NotFound(f"run {run_id} not found")
+    run = get_or_404(session, Run, run_id, "run")
     _readable(session, run, principal)
     return run_view(run)
 
@@ -170,9 +166,7 @@ def fail_run(db: Database, run_id: str, worker_id: str, principal: Principal, er
 
 def cancel_run(db: Database, run_id: str) -> dict[str, Any]:
     with db.writing() as session:
-        run = session.get(Run, run_id)
-        if run is None:
-            raise NotFound(f"run {run_id} not found")
+        run = get_or_404(session, Run, run_id, "run")
         if run.status in TERMINAL:
             raise Conflict(f"run {run_id} is already {run.status}")
         run.status, run.finished_at, run.lease_expires_at = "cancelled", utcnow(), None
