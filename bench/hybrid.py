@@ -84,7 +84,8 @@ def galvatron_request(case_dir: Path, nodes: int, mem: int, chunks: int) -> dict
 def summarize(strategy: dict[str, Any]) -> str:
     runs: list[list[Any]] = []
     for layer in strategy["layers"]:
-        key = f"tp{layer['tp']}{'sp' if layer['sp'] else ''} dp{layer['dp']} z{layer['zero']}" + (
+        cp = f" cp{layer['cp']}" if layer.get("cp", 1) > 1 else ""
+        key = f"tp{layer['tp']}{'sp' if layer['sp'] else ''}{cp} dp{layer['dp']} z{layer['zero']}" + (
             f" rc-{layer['recompute']}" if layer["recompute"] != "none" else "")
         if runs and runs[-1][1] == key:
             runs[-1][0] += 1

@@ -234,9 +234,11 @@ class AnalyticCostModel:
         recompute = np.where(c.rc == mem.RC_FULL, fwd + tp_fwd + cp_fwd + ep_fwd,
                              np.where(c.rc == mem.RC_SELECTIVE, core + core_elem, 0.0))
 
-        # data parallelism: weights replicated over dp (and over the Ulysses group)
-        dp_group = c.dp * np.where(uly, c.tp, 1.0)
-        k_dp = np.where(uly, comm.members_per_node(dp_group, c.cp, gpn), comm.members_per_node(c.dp, c.tp * c.cp, gpn))
+        # data parallelism: weights are replicated over dp and cp (each cp rank's gradients cover only its
+        # sequence slice, so they are summed over cp too, and ZeRO shards over dp x cp as Megatron's
+        # distributed optimizer does), and over the Ulysses group; ranks are ordered tp, cp, dp
+        dp_group = c.dp * c.cp * np.where(uly, c.tp, 1.0)
+        k_dp = comm.members_per_node(dp_group, np.where(uly, 1.0, c.tp), gpn)
         # (parameters, replica group, its members per node): expert shards replicate over the expert-dp group
         groups: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [
             ((shape.params - shape.expert_params) / split, dp_group, k_dp)]

@@ -123,7 +123,7 @@ class SearchSpace:
                         continue
                     if sp != "ulysses" and self.kv_heads % tp and tp % self.kv_heads:
                         continue
-                    for zero in self._zero_options(dp):
+                    for zero in self._zero_options(dp * cp):
                         for rc in self.recomputes:
                             out.append(LayerStrategy(tp=tp, dp=dp, cp=cp, sp=sp, zero=zero, recompute=rc))
         if self.num_experts > 1:
@@ -159,8 +159,9 @@ class SearchSpace:
         opts = [s for s in self.sp_kinds if s != "ulysses" or self.heads % tp == 0]
         return opts or [None]
 
-    def _zero_options(self, dp: int) -> list[int]:
-        if dp == 1:
+    def _zero_options(self, replicas: int) -> list[int]:
+        """ZeRO levels for weights replicated ``replicas`` times (dp x cp: ZeRO shards over both)."""
+        if replicas == 1:
             return [min(self.zero_levels)]  # nothing to shard: all levels are the same plan
         return list(self.zero_levels)
 

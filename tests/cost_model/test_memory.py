@@ -98,3 +98,18 @@ def test_layer_costs_states_match_closed_form() -> None:
     # activations: micro-batch of 8 over dp=4 -> b=2 samples per rank, plain TP, no recompute, + fragmentation
     kept = S * 2 * H * (10 + 24 / 2 + 5 * A * S / (H * 2))
     np.testing.assert_allclose(c.activation_bytes, kept * (1 + model.cal.fragmentation), rtol=1e-12)
+
+
+def test_context_parallel_ranks_are_weight_replicas() -> None:
+    """cp ranks hold the same weights and see different tokens: their gradients are summed (a DP-like sync
+    over dp x cp) and ZeRO shards over dp x cp, as Megatron's distributed optimizer does."""
+    cluster = ClusterSpec.model_validate({"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})
+    model = AnalyticCostModel(GPT, cluster, TrainingSpec(global_batch_size=32, seq_length=S))
+    ctx = StageContext(pp=1, stage=0, micro_batches=4, micro_batch_samples=8)
+    p = GPT.layer_params(0) / 2
+    cp_only = model.layer_costs(0, [LayerStrategy(tp=2, cp=4, dp=1, zero=z) for z in (0, 1)], ctx)
+    np.testing.assert_allclose(cp_only.state_bytes, [16 * p, 4 * p + 12 * p / 4], rtol=1e-12)
+    # the same 4-way replica group, once as cp and once as dp, needs the same gradient sync per step
+    as_dp = model.layer_costs(0, [LayerStrategy(tp=2, dp=4, zero=0)], ctx)
+    assert float(cp_only.step_parts_s["dp_comm_exposed"][0] + cp_only.step_parts_s["optimizer"][0]) > 0
+    np.testing.assert_allclose(cp_only.step_time_s[0], as_dp.step_time_s[0], rtol=1e-12)
