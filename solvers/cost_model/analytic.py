@@ -98,6 +98,7 @@ class AnalyticCostModel:
         self._token_of: dict[tuple[LayerStrategy, ...], int] = {}
         self._arrays_of: dict[int, Candidates] = {}
         self._by_identity: dict[int, tuple[tuple[LayerStrategy, ...], int, Candidates]] = {}
+        self._fixed: dict[tuple[object, ...], StageFixed] = {}
 
     # --- building blocks --------------------------------------------------------------------------
     def _gemm(self, m: np.ndarray | float, n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
@@ -318,7 +319,19 @@ class AnalyticCostModel:
         return ctx.embedding if ctx.embedding is not None else EmbeddingStrategy()
 
     def stage_fixed(self, ctx: StageContext) -> StageFixed:
-        """Embedding (first stage), final norm + LM head + loss (last stage), pipeline p2p, reserves."""
+        """Embedding (first stage), final norm + LM head + loss (last stage), pipeline p2p, reserves.
+
+        Cached by what it reads: a middle stage's terms do not depend on its index, schedule or the
+        embedding (the searches ask for every stage of hundreds of pipeline configurations)."""
+        first, last = ctx.stage == 0, ctx.stage == ctx.pp - 1
+        key = (ctx.pp, ctx.micro_batch_samples, ctx.virtual_stages, first, last,
+               self._embedding(ctx) if first or last else None)
+        hit = self._fixed.get(key)
+        if hit is None:
+            hit = self._fixed[key] = self._stage_fixed(ctx)
+        return hit
+
+    def _stage_fixed(self, ctx: StageContext) -> StageFixed:
         cal, s, h, e = self.cal, self.training.seq_length, self.model.hidden_size, self.elem_bytes
         V = self.model.vocab_size
         n_stage = self.num_gpus // ctx.pp
