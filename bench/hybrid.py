@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from solvers.api import estimate  # noqa: E402
 from solvers.errors import InfeasibleError  # noqa: E402
+from solvers.hybrid import space as space_module  # noqa: E402
 from solvers.hybrid.api import solve  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "hybrid_galvatron"
@@ -112,8 +113,7 @@ def galvatron_table(rerun: bool) -> bool:
             run_galvatron(nodes, mem, chunks)
         galv = json.loads((case_dir / "result.json").read_text())
         req = galvatron_request(case_dir, nodes, mem, chunks)
-        out = solve(req)
-        cpu = out["search"]["cpu_s"]
+        out, cpu = timed_solve(req)
         ours = out["estimate"]["throughput_samples_per_s"]
         theirs = galv.get("throughput") or 0.0
         check = ""
@@ -138,10 +138,22 @@ ANALYTIC_CASES: list[tuple[str, str, int, int, int]] = [
 ]
 
 
+def timed_solve(req: dict[str, Any], repeats: int = 3) -> tuple[dict[str, Any], float]:
+    """The result and the least CPU time of ``repeats`` cold searches (the shared VM's timing noise is up
+    to 2x between processes; the least is the search's own cost, as timeit reports)."""
+    best: dict[str, Any] = {}
+    for _ in range(repeats):
+        space_module._CANDIDATES.clear()  # cold: nothing from the previous repeat
+        out = solve(req)
+        if not best or out["search"]["cpu_s"] < best["search"]["cpu_s"]:
+            best = out
+    return best, best["search"]["cpu_s"]
+
+
 def analytic_table() -> bool:
     print("\n## Analytic model, full space (paraplan vs best uniform Megatron-style plan vs ZeRO-3 DP)\n")
-    print("| case | paraplan samples/s | Megatron-style best | gain | ZeRO-3 DP | search s (CPU, incl. baselines) | "
-          "of which DP search | wall s (shared machine) | paraplan plan |")
+    print("| case | paraplan samples/s | Megatron-style best | gain | ZeRO-3 DP | "
+          "search s (CPU, incl. baselines; least of 3) | of which DP search | wall s (shared) | paraplan plan |")
     print("|---|---|---|---|---|---|---|---|---|")
     wins = losses = 0
     slow = []
@@ -149,8 +161,7 @@ def analytic_table() -> bool:
         req = {"kind": "hybrid", "model": {"preset": model},
                "cluster": {"gpu": gpu, "nodes": n // 8, "gpus_per_node": 8},
                "training": {"global_batch_size": batch, "seq_length": seq}}
-        out = solve(req)
-        cpu = out["search"]["cpu_s"]
+        out, cpu = timed_solve(req)
         ours = out["estimate"]["throughput_samples_per_s"]
         meg = out["baselines"]["megatron"].get("throughput_samples_per_s")
         z3 = out["baselines"]["zero3_dp"].get("throughput_samples_per_s")

@@ -99,6 +99,7 @@ class AnalyticCostModel:
         self._arrays_of: dict[int, Candidates] = {}
         self._by_identity: dict[int, tuple[tuple[LayerStrategy, ...], int, Candidates]] = {}
         self._fixed: dict[tuple[object, ...], StageFixed] = {}
+        self._edges: dict[tuple[object, ...], tuple[dict[str, float], dict[str, float], dict[str, float], float]] = {}
 
     # --- building blocks --------------------------------------------------------------------------
     def _gemm(self, m: np.ndarray | float, n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
@@ -331,15 +332,25 @@ class AnalyticCostModel:
             hit = self._fixed[key] = self._stage_fixed(ctx)
         return hit
 
-    def _stage_fixed(self, ctx: StageContext) -> StageFixed:
+    def _edge_terms(self, n_stage: int, micro_batch_samples: float, first: bool, last: bool, pipelined: bool,
+                    emb: EmbeddingStrategy) -> tuple[dict[str, float], dict[str, float], dict[str, float], float]:
+        """The first stage's embedding and the last stage's head: (time parts, step parts, state bytes by
+        part, activation bytes). Shared by every schedule and stage count with the same stage size."""
+        key = (n_stage, micro_batch_samples, first, last, pipelined, emb)
+        hit = self._edges.get(key)
+        if hit is None:
+            hit = self._edges[key] = self._compute_edge_terms(n_stage, micro_batch_samples, first, last, pipelined,
+                                                              emb)
+        return hit
+
+    def _compute_edge_terms(self, n_stage: int, micro_batch_samples: float, first: bool, last: bool,
+                            pipelined: bool, emb: EmbeddingStrategy
+                            ) -> tuple[dict[str, float], dict[str, float], dict[str, float], float]:
         cal, s, h, e = self.cal, self.training.seq_length, self.model.hidden_size, self.elem_bytes
         V = self.model.vocab_size
-        n_stage = self.num_gpus // ctx.pp
-        emb = self._embedding(ctx)
         tp_e = max(1, min(emb.tp, n_stage))
         dp_e = max(1, n_stage // tp_e)  # the vocabulary-parallel embedding spans the whole stage
-        tokens = ctx.micro_batch_samples * s / dp_e
-        first, last = ctx.stage == 0, ctx.stage == ctx.pp - 1
+        tokens = micro_batch_samples * s / dp_e
         k_tp = float(comm.members_per_node(tp_e, 1, self.cluster.gpus_per_node))
         k_dp = float(comm.members_per_node(dp_e, tp_e, self.cluster.gpus_per_node))
         parts: dict[str, float] = {}
@@ -355,7 +366,7 @@ class AnalyticCostModel:
             parts["tp_comm"] = reduce
             act += tokens * h * (e + 1)  # embedding output and its dropout mask
         if last and V:
-            if ctx.pp > 1 or not self.model.tied_embeddings:
+            if pipelined or not self.model.tied_embeddings:
                 copies += 1
             m = tokens
             logits = float(self._gemm(m, V / tp_e, h))
@@ -369,11 +380,20 @@ class AnalyticCostModel:
             w, g, o = (float(x) for x in mem.model_state_bytes(params, dp_e, emb.zero, self.state_per_param))
             mparts.update({"parameters": w, "gradients": g, "optimizer": o})
             sync = float(comm.allreduce_s(params * cal.grad_comm_bytes, dp_e, k_dp, self.links))
-            if self.model.tied_embeddings and ctx.pp > 1:  # first and last stage sum the shared embedding's grads
+            if self.model.tied_embeddings and pipelined:  # first and last stage sum the shared embedding's grads
                 sync += float(comm.allreduce_s(V * h / tp_e * cal.grad_comm_bytes, 2, 1, self.links))
             step_parts["dp_comm_exposed"] = sync * (1.0 - cal.dp_overlap)
             shard = params / (dp_e if emb.zero >= 1 else 1)
             step_parts["optimizer"] = float(self._hbm(shard * cal.optimizer_traffic_bytes))
+        return parts, step_parts, mparts, act
+
+    def _stage_fixed(self, ctx: StageContext) -> StageFixed:
+        cal, s, h, e = self.cal, self.training.seq_length, self.model.hidden_size, self.elem_bytes
+        n_stage = self.num_gpus // ctx.pp
+        first, last = ctx.stage == 0, ctx.stage == ctx.pp - 1
+        edge = self._edge_terms(n_stage, ctx.micro_batch_samples, first, last, ctx.pp > 1, self._embedding(ctx))
+        parts, step_parts, mparts = (dict(x) for x in edge[:3])
+        act = edge[3]
         if ctx.pp > 1:
             # activations forward and gradients backward at each chunk boundary, scattered over the stage's GPUs
             sends = 2 * ctx.virtual_stages - (1 if first else 0) - (1 if last else 0)

@@ -64,48 +64,48 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
         if min(parts) < cfg.virtual_stages:
             continue
         # a uniform stage only re-lays out between a layout and itself: one matrix per configuration
-        diag_all = np.diag(layout_transitions(cm, cands, stage_context(cfg, 0, batch)))
-        # layer costs do not depend on the embedding strategy: ask once per stage and kind for all candidates
-        layer_cache: dict[tuple[int, Hashable], LayerCosts] = {}
-        groups: dict[EmbeddingStrategy, list[int]] = {}
-        for i, x in enumerate(cands):
-            groups.setdefault(megatron_embedding(x), []).append(i)
-        for emb, idx in groups.items():
-            c_cfg = replace(cfg, embedding=emb)
-            sub = [cands[i] for i in idx]
-            t = np.zeros((cfg.pp, len(sub)))
-            u = np.zeros_like(t)
-            mem = np.zeros_like(t)
-            start = 0
-            for s, n in enumerate(parts):
-                ctx = stage_context(c_cfg, s, batch)
-                fx = cm.stage_fixed(ctx)
-                infl = float(cm.in_flight_micro_batches(ctx))
-                diag = diag_all[idx]
-                t[s] = (n - 1) * diag + fx.time_s
-                u[s] = fx.step_time_s
-                mem[s] = fx.state_bytes + fx.other_bytes + infl * fx.activation_bytes
-                extra = np.zeros(len(sub))
-                for k, count in Counter(kinds[start:start + n]).items():
-                    if (s, k) not in layer_cache:  # layers of one kind cost the same
-                        layer_cache[(s, k)] = cm.layer_costs(first_of[k], cands, ctx)
-                    lc = _rows(layer_cache[(s, k)], idx)
-                    t[s] += count * lc.time_s
-                    u[s] += count * lc.step_time_s
-                    mem[s] += count * (lc.state_bytes + infl * lc.activation_bytes)
-                    extra = np.maximum(extra, lc.peak_extra_bytes)
-                mem[s] += extra
-                start += n
-            ctx0 = stage_context(c_cfg, 0, batch)
-            for j, x in enumerate(sub):
-                if not (np.all(np.isfinite(t[:, j])) and np.max(mem[:, j]) <= cm.memory_limit_bytes):
-                    continue
-                step = float(cm.pipeline_step_time(list(t[:, j]), list(u[:, j]), ctx0))
-                if math.isfinite(step) and (best is None or step < best.step_time_s):
-                    plan = PlanStrategy(pp=cfg.pp, micro_batches=cfg.micro_batches, layers=(x,) * n_layers,
-                                        stage_layers=parts, schedule=cfg.schedule,
-                                        virtual_stages=cfg.virtual_stages, embedding=emb)
-                    best = Baseline(name, plan, step)
+        diag = np.diag(layout_transitions(cm, cands, stage_context(cfg, 0, batch)))
+        # layers' terms per stage for every candidate (they do not depend on the embedding strategy)
+        t = np.zeros((cfg.pp, len(cands)))
+        u = np.zeros_like(t)
+        mem = np.zeros_like(t)
+        infl = np.zeros(cfg.pp)
+        start = 0
+        for s, n in enumerate(parts):
+            ctx = stage_context(cfg, s, batch)
+            infl[s] = float(cm.in_flight_micro_batches(ctx))
+            t[s] = (n - 1) * diag
+            extra = np.zeros(len(cands))
+            for k, count in Counter(kinds[start:start + n]).items():
+                lc = cm.layer_costs(first_of[k], cands, ctx)
+                t[s] += count * lc.time_s
+                u[s] += count * lc.step_time_s
+                mem[s] += count * (lc.state_bytes + infl[s] * lc.activation_bytes)
+                extra = np.maximum(extra, lc.peak_extra_bytes)
+            mem[s] += extra
+            start += n
+        # plus each stage's fixed terms under the candidate's embedding (Megatron: the layers' TP group)
+        embs = [megatron_embedding(x) for x in cands]
+        fixed: dict[tuple[int, EmbeddingStrategy], tuple[float, float, float]] = {}
+        ft, fu, fm = (np.zeros_like(t) for _ in range(3))
+        for s in range(cfg.pp):
+            for j, emb in enumerate(embs):
+                key = (s, emb)
+                if key not in fixed:
+                    fx = cm.stage_fixed(stage_context(replace(cfg, embedding=emb), s, batch))
+                    fixed[key] = (fx.time_s, fx.step_time_s, fx.state_bytes + fx.other_bytes
+                                  + infl[s] * fx.activation_bytes)
+                ft[s, j], fu[s, j], fm[s, j] = fixed[key]
+        t, u, mem = t + ft, u + fu, mem + fm
+        fits = np.all(np.isfinite(t), axis=0) & (np.max(mem, axis=0) <= cm.memory_limit_bytes)
+        ctx0 = stage_context(cfg, 0, batch)
+        for j in map(int, np.flatnonzero(fits)):
+            step = float(cm.pipeline_step_time(list(t[:, j]), list(u[:, j]), ctx0))
+            if math.isfinite(step) and (best is None or step < best.step_time_s):
+                plan = PlanStrategy(pp=cfg.pp, micro_batches=cfg.micro_batches, layers=(cands[j],) * n_layers,
+                                    stage_layers=parts, schedule=cfg.schedule,
+                                    virtual_stages=cfg.virtual_stages, embedding=embs[j])
+                best = Baseline(name, plan, step)
     return best
 
 

@@ -11,7 +11,6 @@ layers differ). Output: the layer counts per stage that minimise the pipeline st
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,34 +36,34 @@ class PartitionResult:
     variant: tuple[int, ...] = ()
 
 
-def best_variants(parts: tuple[int, ...], variants: StageVariants, pipe: PipelineTime,
-                  exhaustive_limit: int = 256) -> tuple[float, tuple[int, ...]]:
-    """Best combination of per-stage variants for ``parts``: all combinations when few, else coordinate
-    descent from the first variant of every stage."""
+def best_variants(parts: tuple[int, ...], variants: StageVariants, pipe: PipelineTime) -> tuple[float, tuple[int, ...]]:
+    """Best combination of per-stage variants for ``parts``, exactly, in O(stages x variants²).
+
+    The step time grows with every stage's time and with the largest stage step time, nothing else. So for
+    a cap U on the step times, each stage's fastest variant with step time ≤ U is best for the max, the sum
+    and every other stage-time term at once; the optimum is the best over U ∈ the variants' step times.
+    (Coordinate descent from one stage at a time misses moves where two stages must change together.)"""
     opts, start = [], 0
     for s, n in enumerate(parts):
         o = [x for x in variants(s, start, n) if math.isfinite(x[0])]
         if not o:
             return INF, ()
-        opts.append(list({(t, u): (t, u, v) for t, u, v in o}.values()))
+        opts.append(sorted({(t, u): (t, u, v) for t, u, v in o}.values()))  # by time, then step time
         start += n
-
-    def value(pick: Sequence[int]) -> float:
-        return float(pipe([opts[s][i][0] for s, i in enumerate(pick)], [opts[s][i][1] for s, i in enumerate(pick)]))
-
-    if math.prod(len(o) for o in opts) <= exhaustive_limit:
-        best = min(itertools.product(*(range(len(o)) for o in opts)), key=value)
-    else:
-        best = tuple(0 for _ in opts)
-        improved = True
-        while improved:
-            improved = False
-            for s, o in enumerate(opts):
-                for i in range(len(o)):
-                    trial = (*best[:s], i, *best[s + 1:])
-                    if value(trial) < value(best) - 1e-15:
-                        best, improved = trial, True
-    return value(best), tuple(opts[s][i][2] for s, i in enumerate(best))
+    best_v = INF
+    best_pick: tuple[int, ...] = ()
+    for cap in sorted({u for o in opts for _, u, _ in o}):
+        chosen = []
+        for o in opts:
+            hit = next((x for x in o if x[1] <= cap), None)  # sorted by time: the first fitting is fastest
+            if hit is None:
+                break
+            chosen.append(hit)
+        else:
+            v = float(pipe([x[0] for x in chosen], [x[1] for x in chosen]))
+            if v < best_v:
+                best_v, best_pick = v, tuple(x[2] for x in chosen)
+    return best_v, best_pick
 
 
 def compositions(total: int, k: int) -> int:

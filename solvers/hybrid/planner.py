@@ -240,6 +240,19 @@ class Planner:
         self._picks[(cc.config, res.parts)] = res.variant
         return res.step_time_s, res.parts
 
+    def refine(self, cc: stage_costs.ConfigCosts, parts: tuple[int, ...], step_s: float) -> float:
+        """The chosen plan's stages re-solved with more weights between time and step time; returns the
+        step time, improved or not."""
+        extra = [w for w in stage_costs.sweep_weights(float(cc.config.micro_batches)) if w not in cc.time_weights]
+        if not extra:
+            return step_s
+        cc.time_weights = (*cc.time_weights, *extra)  # earlier picks index a prefix: they stay valid
+        v, pick = partition.best_variants(parts, self._variants(cc), self._pipe(cc))
+        if v < step_s:
+            self._picks[(cc.config, parts)] = pick
+            return v
+        return step_s
+
     def _stage_matrix(self, cc: stage_costs.ConfigCosts, stage: int) -> np.ndarray:
         """Stage time by [start, layer count] (inf: infeasible), from one table per phase of the layer kinds."""
         n, v = len(self.kinds), cc.config.virtual_stages
@@ -352,6 +365,7 @@ class Planner:
         if best is None:
             raise LookupError("no pipeline configuration fits in memory (or beats the incumbent)")
         ranking.sort(key=lambda o: o.step_time_s)
+        best_v = self.refine(*best, best_v)
         plan = self.build_plan(*best)
         return PlanResult(plan, best_v, n_total, solved, pruned, self.dp_runs, time.perf_counter() - t0, ranking,
                           time_limited)

@@ -126,6 +126,16 @@ def build(cm: CostModel, cfg: PipelineConfig, candidates: list[LayerStrategy], k
     return ConfigCosts(cfg, cands, stages, kinds, time_weight=m, time_weights=tuple(dict.fromkeys((m, 1.0, 1e6 * m))))
 
 
+def sweep_weights(m: float) -> tuple[float, ...]:
+    """Weights between m and 1 (m / 4, m / 16, ...): a stage off the critical path counts its time about
+    once and its step time only if that is the largest of all stages, so its best trade lies between the
+    two ends; the final plan's stages are re-solved with these (``Planner.refine``)."""
+    out = [m / 4]
+    while out[-1] / 4 > 1.0:
+        out.append(out[-1] / 4)
+    return tuple(w for w in out if w > 1.0)
+
+
 def _layout(x: LayerStrategy) -> tuple[object, ...]:
     return (x.tp, x.dp, x.cp, x.sp, x.ep)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,3 +64,45 @@ def test_kind_period() -> None:
     assert kind_period(["d", "m"] * 5) == 2
     assert kind_period(["d", "d", "m"] * 3 + ["d"]) == 3
     assert kind_period(["d", "m", "m"]) == 3
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_best_variants_equals_enumeration(data: st.DataObject) -> None:
+    """Per-stage variants (time, step time): the threshold search equals trying every combination under the
+    1F1B / interleaved step-time formula, including moves where two stages must change together."""
+    import itertools
+
+    from solvers.cost_model.pipeline import step_time_s
+
+    k = data.draw(st.integers(1, 4))
+    m = data.draw(st.integers(1, 64))
+    v = data.draw(st.sampled_from([1, 2]))
+    vals = st.floats(0.01, 1.0, allow_nan=False)
+    opts = [data.draw(st.lists(st.tuples(vals, vals), min_size=1, max_size=4)) for _ in range(k)]
+
+    def variants(stage: int, start: int, count: int) -> list[tuple[float, float, int]]:
+        return [(t, u, i) for i, (t, u) in enumerate(opts[stage])]
+
+    def pipe(ts: list[float], us: list[float]) -> float:
+        return step_time_s(ts, us, m, v, "interleaved" if v > 1 else "1f1b")
+
+    got, pick = partition.best_variants((1,) * k, variants, pipe)
+    brute = min(pipe([opts[s][i][0] for s, i in enumerate(c)], [opts[s][i][1] for s, i in enumerate(c)])
+                for c in itertools.product(*(range(len(o)) for o in opts)))
+    assert got == pytest.approx(brute, rel=1e-12)
+    assert pipe([opts[s][i][0] for s, i in enumerate(pick)], [opts[s][i][1] for s, i in enumerate(pick)]) == \
+        pytest.approx(got, rel=1e-12)
+
+
+def test_best_variants_moves_two_stages_at_once() -> None:
+    """Lowering the largest step time needs both stages 1 and 2 to switch: one stage at a time gains nothing."""
+    opts = [[(1.0, 0.5)], [(0.9, 0.8), (1.0, 0.5)], [(0.9, 0.8), (1.0, 0.5)]]
+
+    def pipe(ts: list[float], us: list[float]) -> float:
+        return 10 * max(ts) + sum(ts) - max(ts) + max(us)
+
+    got, pick = partition.best_variants((1, 1, 1), lambda s, a, n: [(t, u, i) for i, (t, u) in enumerate(opts[s])],
+                                        pipe)
+    assert pick == (0, 1, 1)
+    assert got == pytest.approx(10 + 2.0 + 0.5)
