@@ -421,6 +421,12 @@ class AnalyticCostModel:
     def in_flight_micro_batches(self, ctx: StageContext) -> float:
         return pipeline.in_flight_micro_batches(ctx.schedule, ctx.pp, ctx.stage, ctx.micro_batches, ctx.virtual_stages)
 
+    @property
+    def linear_pipeline(self) -> bool:
+        """Whether ``pipeline_step_time`` is exactly ``pipeline.step_time_s`` (no measured host bound on top):
+        one stage then costs m x its time + its step time, which the planner's bounds rely on."""
+        return self.profile is None
+
     def pipeline_step_time(self, stage_time_s: Sequence[float], stage_step_time_s: Sequence[float],
                            ctx: StageContext) -> float:
         step = pipeline.step_time_s(stage_time_s, stage_step_time_s, ctx.micro_batches, ctx.virtual_stages,

@@ -1,12 +1,15 @@
-"""Lower bounds for the outer search: the LP relaxation of a stage of identical layers.
+"""Lower bounds for the outer search: relaxations of a stage's memory-constrained choice.
 
 Choosing one candidate per layer for ``n`` layers within a memory budget ``M`` costs at least ``n`` times
 the lower convex envelope of the candidates' (memory, cost) points at ``M / n``: the average of any
 feasible choice is a feasible point of the relaxation. Transitions (≥ 0) and the transient-memory maximum
-(≥ its smallest value) only add to the true cost, so the bound stays valid.
+(≥ its smallest value) only add to the true cost, so the bound stays valid. Layers of mixed kinds (dense
+and MoE) get the Lagrangian relaxation instead (``mixed_relaxed_cost``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -41,3 +44,38 @@ def relaxed_cost(mem: np.ndarray, val: np.ndarray, budget: np.ndarray) -> np.nda
         return np.full(budget.shape, np.inf)
     out = np.interp(budget, xs, ys)  # beyond the last vertex: its value (the cheapest point)
     return np.where(budget < xs[0], np.inf, out)
+
+
+def mixed_relaxed_cost(kind_of_layer: Sequence[int], period: int, mem: Sequence[np.ndarray],
+                       val: Sequence[np.ndarray], budget: float) -> np.ndarray:
+    """Lower bound on the cost of ``count`` consecutive layers of mixed kinds within ``budget`` bytes, by
+    the phase of the first layer: ``[start % period, count]`` (inf: even the leanest choice does not fit).
+
+    Lagrangian relaxation of the memory constraint: for any λ ≥ 0 each layer independently takes its
+    least ``cost + λ memory``, and Σ over the layers minus λ·budget bounds the constrained optimum from
+    below. The best λ is a slope of one kind's convex envelope (or 0), so those are tried. Layers of one
+    phase see the same kind sequence, so one row per phase covers every start."""
+    n = len(kind_of_layer)
+    kinds = sorted(set(kind_of_layer))
+    env = {k: convex_envelope(np.asarray(mem[k], dtype=float), np.asarray(val[k], dtype=float)) for k in kinds}
+    out = np.full((period, n + 1), np.inf)
+    if any(xs.size == 0 for xs, _ in env.values()):
+        return out
+    slopes = [np.zeros(1)]
+    for xs, ys in env.values():
+        if xs.size > 1:
+            slopes.append(-np.diff(ys) / np.diff(xs))
+    lam = np.unique(np.concatenate(slopes))
+    # f[k][j] = least cost + λ_j memory for a layer of kind k; lean[k] its least memory
+    f = {k: np.min(ys[None, :] + lam[:, None] * xs[None, :], axis=1) for k, (xs, ys) in env.items()}
+    lean = {k: float(xs[0]) for k, (xs, _) in env.items()}
+    for phase in range(min(period, n)):
+        seq = [kind_of_layer[i] for i in range(phase, n)]
+        cum = np.zeros((lam.size, len(seq) + 1))
+        cum[:, 1:] = np.cumsum(np.stack([f[k] for k in seq], axis=1), axis=1)
+        lean_cum = np.concatenate([[0.0], np.cumsum([lean[k] for k in seq])])
+        best = np.max(cum - lam[:, None] * budget, axis=0)
+        m = len(seq) + 1
+        out[phase, :m] = np.where(lean_cum <= budget, best, np.inf)
+        out[phase, 0] = 0.0
+    return out

@@ -130,6 +130,15 @@ def _min_max_tables(total: int, tables: Sequence[np.ndarray]) -> tuple[int, ...]
 
     ``tables[s]`` is either 1-D, stage s's time by layer count (``[n - 1]``: identical layers, the start
     does not matter), or 2-D ``[start, n]`` (inf where invalid) when it does."""
+    return _min_max(total, tables)[1]
+
+
+def min_max_value(total: int, tables: Sequence[np.ndarray]) -> float:
+    """Least possible slowest-stage value over all partitions (tables as for ``_min_max_tables``)."""
+    return _min_max(total, tables)[0]
+
+
+def _min_max(total: int, tables: Sequence[np.ndarray]) -> tuple[float, tuple[int, ...] | None]:
     k = len(tables)
     j, n = np.meshgrid(np.arange(total + 1), np.arange(total + 1), indexing="ij")
     valid = (n >= 1) & (n <= j)
@@ -154,13 +163,13 @@ def _min_max_tables(total: int, tables: Sequence[np.ndarray]) -> tuple[int, ...]
         best = cand[np.arange(total + 1), arg]
         args.append(arg)
     if not math.isfinite(best[total]):
-        return None
+        return INF, None
     parts, rest = [], total
     for s in range(k - 1, -1, -1):
         c = int(args[s][rest])
         parts.append(c)
         rest -= c
-    return tuple(reversed(parts))
+    return float(best[total]), tuple(reversed(parts))
 
 
 def min_max_partition(total: int, k: int, lookup: StageLookup,

@@ -77,6 +77,8 @@ class Planner:
         self.opt = options or PlannerOptions()
         self.limit = float(cm.memory_limit_bytes)
         self.period = kind_period(self.kinds)
+        # one stage then costs m x time + step time: its weight-m table is exact and bounds may add the two
+        self.linear = bool(getattr(cm, "linear_pipeline", False))
         self.unit = self.opt.memory_unit_bytes or stage_costs.memory_unit(self.limit, self.memory_bins())
         self._costs: dict[PipelineConfig, stage_costs.ConfigCosts | None] = {}
         self._tables: dict[tuple[object, ...], stage_table.StageTable] = {}
@@ -171,53 +173,82 @@ class Planner:
         return step
 
     # ------------------------------------------------------------------ bounds
-    def lower_bound(self, cc: stage_costs.ConfigCosts) -> float:
-        """A lower bound on the configuration's step time: per stage, identical layers get the LP relaxation
-        of the memory-constrained choice (``bounds``); other layer mixes their fastest candidates."""
+    def _relaxed(self, cc: stage_costs.ConfigCosts, values: list[dict[Hashable, np.ndarray]], stage: int
+                 ) -> list[np.ndarray]:
+        """Per value (one array per layer kind, by candidate): the stage's least total under its memory
+        budget, relaxed (``bounds``: the LP for identical layers, the Lagrangian for mixed kinds); by layer
+        count (identical layers) or [start phase, count]."""
+        st = cc.stages[stage]
         n = len(self.kinds)
-        counts = np.arange(n + 1, dtype=float)
+        budget = self.limit - st.fixed_memory() - min(float(np.min(c.peak_extra_bytes)) for c in st.costs.values())
+        if cc.uniform:
+            counts = np.maximum(np.arange(n + 1, dtype=float), 1)
+            mem = st.memory(self.kinds[0])
+            return [counts * bounds.relaxed_cost(mem, v[self.kinds[0]], budget / counts) for v in values]
+        ids = list(dict.fromkeys(self.kinds))
+        kind_of_layer = [ids.index(k) for k in self.kinds]
+        mems = [st.memory(k) for k in ids]
+        return [bounds.mixed_relaxed_cost(kind_of_layer, self.period, mems, [v[k] for k in ids], budget)
+                for v in values]
+
+    def _by_start(self, cc: stage_costs.ConfigCosts, rows: list[np.ndarray]) -> list[np.ndarray]:
+        """Per-stage relaxed values as the partition search takes them: by count, or [start, count]."""
+        n, v = len(self.kinds), cc.config.virtual_stages
+        if cc.uniform:
+            return [np.where(np.arange(1, n + 1) < v, math.inf, row[1:]) for row in rows]
+        start, count = np.meshgrid(np.arange(n), np.arange(n + 1), indexing="ij")
+        ok = (count >= v) & (start + count <= n)
+        return [np.where(ok, row[start % self.period, count], math.inf) for row in rows]
+
+    def lower_bound(self, cc: stage_costs.ConfigCosts) -> float:
+        """A lower bound on the configuration's step time from each stage's relaxed time and step time (for
+        one stage of a linear pipeline: its relaxed m t + u, the step itself)."""
+        n = len(self.kinds)
+        m = float(cc.config.micro_batches)
+        single = self.linear and cc.config.pp == 1
         per_stage = []
-        for st in cc.stages:
-            f = st.fixed
-            if cc.uniform:
-                (c,) = st.costs.values()
-                mem = st.memory(self.kinds[0])
-                budget = self.limit - st.fixed_memory() - float(np.min(c.peak_extra_bytes))
-                per_layer = budget / np.maximum(counts, 1)
-                t = np.maximum(counts, 1) * bounds.relaxed_cost(mem, c.time_s, per_layer)
-                u = np.maximum(counts, 1) * bounds.relaxed_cost(mem, c.step_time_s, per_layer)
-                per_stage.append((t, u, f, True))
+        for s, st in enumerate(cc.stages):
+            if single:  # relaxed together: tighter than t and u each with the whole memory budget
+                (joint,) = self._relaxed(cc, [{k: m * c.time_s + c.step_time_s for k, c in st.costs.items()}], s)
+                t, u = joint / m, np.zeros_like(joint)
             else:
-                t_min = {k: float(np.min(c.time_s)) for k, c in st.costs.items()}
-                u_min = {k: float(np.min(c.step_time_s)) for k, c in st.costs.items()}
-                ct = np.concatenate([[0.0], np.cumsum([t_min[k] for k in self.kinds])])
-                cu = np.concatenate([[0.0], np.cumsum([u_min[k] for k in self.kinds])])
-                per_stage.append((ct, cu, f, False))
+                t, u = self._relaxed(cc, [{k: c.time_s for k, c in st.costs.items()},
+                                          {k: c.step_time_s for k, c in st.costs.items()}], s)
+            per_stage.append((t, u, st.fixed))
 
         def look(stage: int, start: int, count: int) -> tuple[float, float]:
             if count < cc.config.virtual_stages:
                 return math.inf, math.inf
-            ct, cu, f, uniform = per_stage[stage]
-            if uniform:
-                return float(ct[count]) + f.time_s, float(cu[count]) + f.step_time_s
-            end = start + count
-            return float(ct[end] - ct[start]) + f.time_s, float(cu[end] - cu[start]) + f.step_time_s
+            t, u, f = per_stage[stage]
+            if cc.uniform:
+                return float(t[count]) + f.time_s, float(u[count]) + f.step_time_s
+            phase = start % self.period
+            return float(t[phase, count]) + f.time_s, float(u[phase, count]) + f.step_time_s
 
         tables = step_tables = matrices = None
-        v = cc.config.virtual_stages
         if cc.uniform:
-            tables = [np.where(np.arange(1, n + 1) < v, math.inf, t[1:] + f.time_s) for t, _, f, _ in per_stage]
-            step_tables = [u[1:] + f.step_time_s for _, u, f, _ in per_stage]
+            tables = self._by_start(cc, [t + f.time_s for t, _, f in per_stage])
+            step_tables = [u[1:] + f.step_time_s for _, u, f in per_stage]
         else:
-            start, count = np.meshgrid(np.arange(n), np.arange(n + 1), indexing="ij")
-            end = np.minimum(start + count, n)
-            ok = (count >= v) & (start + count <= n)
-            matrices = [np.where(ok, ct[end] - ct[start] + f.time_s, math.inf) for ct, _, f, _ in per_stage]
+            matrices = self._by_start(cc, [t + f.time_s for t, _, f in per_stage])
         # small: every partition (a true bound); large: the min-max and even partitions of the relaxation
         res = partition.search(n, cc.config.pp, look, self._pipe(cc),
                                exhaustive_limit=self.opt.exhaustive_partition_limit, tables=tables,
                                step_tables=step_tables, climb=False, matrices=matrices)
         return res.step_time_s
+
+    def joint_bound(self, cc: stage_costs.ConfigCosts) -> float:
+        """Another lower bound for a linear pipeline of several stages, checked just before a configuration
+        is solved: the step is at least m t_s + u_s of every stage s (m max t ≥ m t_s, max u ≥ u_s), so the
+        min-max partition of each stage's relaxed m t + u bounds it."""
+        if not self.linear or cc.config.pp == 1:
+            return 0.0
+        m = float(cc.config.micro_batches)
+        rows = []
+        for s, st in enumerate(cc.stages):
+            (joint,) = self._relaxed(cc, [{k: m * c.time_s + c.step_time_s for k, c in st.costs.items()}], s)
+            rows.append(joint + m * st.fixed.time_s + st.fixed.step_time_s)
+        return partition.min_max_value(len(self.kinds), self._by_start(cc, rows))
 
     # ------------------------------------------------------------------ one configuration
     def solve_config(self, cc: stage_costs.ConfigCosts) -> tuple[float, tuple[int, ...]]:
@@ -233,10 +264,12 @@ class Planner:
                 step_tables.append(tab.step_s)
         elif partition.compositions(n, cc.config.pp) > self.opt.exhaustive_partition_limit:
             matrices = [self._stage_matrix(cc, s) for s in range(cc.config.pp)]
+        # one stage of a linear pipeline is always the critical one: the weight-m table is its optimum
+        variants = None if self.linear and cc.config.pp == 1 else self._variants(cc)
         res = partition.search(n, cc.config.pp, self._lookup(cc), self._pipe(cc),
                                memory_weights=self._memory_weights(cc),
                                exhaustive_limit=self.opt.exhaustive_partition_limit, tables=tables,
-                               step_tables=step_tables, variants=self._variants(cc), matrices=matrices)
+                               step_tables=step_tables, variants=variants, matrices=matrices)
         self._picks[(cc.config, res.parts)] = res.variant
         return res.step_time_s, res.parts
 
@@ -244,7 +277,7 @@ class Planner:
         """The chosen plan's stages re-solved with more weights between time and step time; returns the
         step time, improved or not."""
         extra = [w for w in stage_costs.sweep_weights(float(cc.config.micro_batches)) if w not in cc.time_weights]
-        if not extra:
+        if not extra or (self.linear and cc.config.pp == 1):
             return step_s
         cc.time_weights = (*cc.time_weights, *extra)  # earlier picks index a prefix: they stay valid
         v, pick = partition.best_variants(parts, self._variants(cc), self._pipe(cc))
@@ -343,13 +376,16 @@ class Planner:
         time_limited = False
         for j, (lb, cfg, cc) in enumerate(bounded):
             if lb >= best_v * (1 - 1e-12):
-                pruned = len(bounded) - j
+                pruned += len(bounded) - j
                 break
             over_time = self.opt.time_limit_s is not None and time.perf_counter() - t0 > self.opt.time_limit_s
             if over_time and (best is not None or math.isfinite(incumbent_s)):
-                pruned = len(bounded) - j
+                pruned += len(bounded) - j
                 time_limited = True
                 break
+            if self.opt.use_bounds and self.joint_bound(cc) >= best_v * (1 - 1e-12):
+                pruned += 1
+                continue
             v, parts = self.solve_config(cc)
             solved += 1
             ranking.append(ConfigOutcome(cfg, v, parts, lb))

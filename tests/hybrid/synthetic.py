@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from solvers.cost_model.base import Estimate, LayerCosts, StageContext, StageFixed
+from solvers.cost_model.pipeline import step_time_s
 from solvers.strategy import LayerStrategy, PlanStrategy
 
 MIB = 2**20
@@ -42,6 +43,9 @@ class SyntheticCostModel:
     embed_time_s: float = 0.004
     embed_mib: float = 40.0
     reserve_mib: float = 10.0
+    # True: the analytic model's pipeline formula (the planner then uses its linear-pipeline bounds);
+    # False: another monotone formula, (m - 1) max(t) + sum(t) / v + max(u), where only the generic paths apply
+    linear_pipeline: bool = True
     calls: dict[str, int] = field(default_factory=dict)
 
     def _scale(self, layer: int) -> float:
@@ -114,6 +118,8 @@ class SyntheticCostModel:
     def pipeline_step_time(self, stage_time_s: Sequence[float], stage_step_time_s: Sequence[float],
                            ctx: StageContext) -> float:
         v = ctx.virtual_stages if ctx.schedule == "interleaved" else 1
+        if self.linear_pipeline:
+            return step_time_s(stage_time_s, stage_step_time_s, ctx.micro_batches, v, ctx.schedule)
         fill = sum(stage_time_s) / v
         return (ctx.micro_batches - 1) * max(stage_time_s) + fill + max(stage_step_time_s)
 

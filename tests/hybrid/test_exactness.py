@@ -33,6 +33,7 @@ def small_case(draw: st.DrawFn, per_step: bool = True) -> tuple[SyntheticCostMod
         dp_sync_s=draw(st.sampled_from([0.02, 0.2])) if per_step else 0.0,
         act_mib_per_sample=draw(st.sampled_from([4.0, 16.0, 64.0])),
         param_mib=draw(st.sampled_from([5.0, 20.0, 60.0])),
+        linear_pipeline=draw(st.booleans()),
     )
     space = SearchSpace(
         num_gpus=gpus, gpus_per_node=cm.gpus_per_node, num_layers=layers, global_batch_size=batch,
@@ -75,7 +76,7 @@ def test_planner_near_exhaustive_with_per_step_costs(case: tuple[SyntheticCostMo
     assert found >= truth * (1 - 1e-9)  # never better than enumeration: the plan is real
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(small_case())
 def test_lower_bound_never_exceeds_the_solved_configuration(case: tuple[SyntheticCostModel, SearchSpace]) -> None:
     cm, space = case
@@ -87,3 +88,4 @@ def test_lower_bound_never_exceeds_the_solved_configuration(case: tuple[Syntheti
             continue
         step, _ = planner.solve_config(cc)
         assert planner.lower_bound(cc) <= step * (1 + 1e-12)
+        assert planner.joint_bound(cc) <= step * (1 + 1e-12)
