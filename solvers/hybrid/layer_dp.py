@@ -56,12 +56,14 @@ class PrefixTable:
 
 
 def run(layers: list[LayerTerms], classes: np.ndarray, class_trans: np.ndarray, cap: int,
-        trans_weight: float = 1.0) -> PrefixTable:
+        trans_weight: float = 1.0, prefix_caps: np.ndarray | None = None) -> PrefixTable:
     """Forward DP over ``layers`` with total memory ≤ ``cap`` bins; optimum for every prefix length.
 
     ``classes`` must be sorted (candidates of a class contiguous, every class non-empty). ``class_trans``
     is the class-to-class transition time per micro-batch; the objective weighs it by ``trans_weight``
-    (the weight the layer objective puts on per-micro-batch time)."""
+    (the weight the layer objective puts on per-micro-batch time). ``prefix_caps[i]`` (≤ ``cap``, not
+    increasing): the bins the first i + 1 layers may use, when that depends on the prefix (memory counted
+    above a per-layer base that is subtracted from the budget exactly)."""
     n_cls = class_trans.shape[0]
     width = max(int(cap), 0) + 1
     bins = np.arange(width)
@@ -112,10 +114,12 @@ def run(layers: list[LayerTerms], classes: np.ndarray, class_trans: np.ndarray, 
         vu = ru[classes[choice], src_best] + lt.step_s[choice]
         prevs.append(prev_cls[cls_rows, src_best])
         choices.append(choice)
-        flat = int(np.argmin(v))
-        if not np.isfinite(v.flat[flat]):
+        lim = width if prefix_caps is None else int(prefix_caps[i]) + 1
+        sub = v[:, :lim]
+        flat = int(np.argmin(sub)) if lim > 0 else 0
+        if lim <= 0 or not np.isfinite(sub.flat[flat]):
             break  # no prefix this long fits: no longer one can (memory only grows with layers)
-        k_best, b_best = divmod(flat, width)
+        k_best, b_best = divmod(flat, lim)
         out_obj[i] = v[k_best, b_best]
         out_t[i] = vt[k_best, b_best]
         out_u[i] = vu[k_best, b_best]

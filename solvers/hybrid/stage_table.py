@@ -109,7 +109,16 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
     runs: list[_Run] = []
     all_classes, all_trans = st.transitions()
     for level in peak_thresholds(extra_all, peak_levels, unit):
-        cap = cap_units(avail - float(level), unit)
+        # Each layer's least memory (its kind's leanest allowed candidate) is taken off the budget exactly; the
+        # bins count only what a candidate needs above it. Rounding up then costs nothing for lean layers, and
+        # a deep stage no longer loses up to a bin per layer (at 128 layers and 128 bins: the whole budget).
+        base: dict[Hashable, float] = {}
+        for k in kind_set:
+            allowed = st.memory(k)[st.costs[k].peak_extra_bytes <= level]
+            base[k] = float(np.min(allowed)) if allowed.size else INF
+        spent = np.cumsum([base[k] for k in seq])
+        prefix_caps = np.array([cap_units(avail - float(level) - b, unit) if np.isfinite(b) else -1 for b in spent])
+        cap = int(prefix_caps[0])
         if cap < 0 or (len(kind_set) == 1 and n * (cap + 1) > dp_work_limit):
             continue  # (identical layers: the two-strategy table below covers the stage)
         per_kind: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
@@ -117,7 +126,7 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
         for k in kind_set:
             c = st.costs[k]
             obj = np.where(c.peak_extra_bytes <= level, time_weight * c.time_s + c.step_time_s, INF)
-            units = units_of(st.memory(k), unit)
+            units = units_of(np.maximum(st.memory(k) - base[k], 0.0), unit)
             obj = np.where(units <= cap, obj, INF)
             per_kind[k] = (obj, units)
             keep |= prune.pareto_mask(obj, units, all_classes)
@@ -135,7 +144,8 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
         lt = [terms[k] for k in seq]
         if n * (cap + 1) * (local.size + class_trans.size) > dp_work_limit and len(kind_set) == 1:
             continue
-        table = layer_dp.run(lt, classes.reshape(-1), class_trans, cap, trans_weight=time_weight)
+        table = layer_dp.run(lt, classes.reshape(-1), class_trans, cap, trans_weight=time_weight,
+                             prefix_caps=prefix_caps)
         better = table.obj < obj_best
         obj_best = np.where(better, table.obj, obj_best)
         t_best = np.where(better, table.time_s, t_best)

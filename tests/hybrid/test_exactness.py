@@ -89,3 +89,30 @@ def test_lower_bound_never_exceeds_the_solved_configuration(case: tuple[Syntheti
         step, _ = planner.solve_config(cc)
         assert planner.lower_bound(cc) <= step * (1 + 1e-12)
         assert planner.joint_bound(cc) <= step * (1 + 1e-12)
+
+
+def test_coarse_memory_bins_lose_at_most_the_transient_rounding() -> None:
+    """Layers' least memory is taken off the budget exactly and only the excess is binned: with 8 or 32 MiB
+    bins, a budget 2 bins above the least any plan needs (found with exact 1 MiB bins) still plans, and the
+    plan fits. Rounding every layer's whole memory up lost up to a bin per layer (8 layers: no plan)."""
+
+    def plan(limit_mib: int, unit_mib: int) -> float:
+        cm = SyntheticCostModel(num_layers=8, num_gpus=2, memory_limit_bytes=limit_mib * MIB, global_batch=4,
+                                layer_scale=[1.0, 2.0] * 4, gpus_per_node=2)
+        space = SearchSpace(num_gpus=2, gpus_per_node=2, num_layers=8, global_batch_size=4, seq_length=1024,
+                            heads=12, kv_heads=12, max_tp=2, max_pp=1, max_cp=1, sp_kinds=(None,),
+                            zero_levels=(0, 3), recomputes=("none", "full"), schedules=("1f1b",))
+        planner = Planner(cm, space, options=PlannerOptions(memory_unit_bytes=unit_mib * MIB, peak_levels=64))
+        try:
+            result = planner.search()
+        except LookupError:
+            return math.inf
+        assert cm.evaluate(result.plan).fits
+        return result.step_time_s
+
+    lo, hi = 1, 20_000  # the least budget any plan fits in, by bisection on the exact planner
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if math.isfinite(plan(mid, 1)) else (mid + 1, hi)
+    for unit in (8, 32):
+        assert math.isfinite(plan(lo + 2 * unit, unit))
