@@ -239,16 +239,24 @@ class Planner:
 
     def joint_bound(self, cc: stage_costs.ConfigCosts) -> float:
         """Another lower bound for a linear pipeline of several stages, checked just before a configuration
-        is solved: the step is at least m t_s + u_s of every stage s (m max t ≥ m t_s, max u ≥ u_s), so the
-        min-max partition of each stage's relaxed m t + u bounds it."""
+        is solved. With t_a the slowest stage and u_b the largest step time, the step is
+        (m - 1/v) t_a + u_b + Σ t / v. Since m t_a + u_b ≥ m t_s + u_s for every stage s, the min-max partition
+        J of each stage's relaxed m t + u bounds the first part: the step is ≥ J, and ≥ (1 - 1/(v m)) J plus
+        Σ t / v, at least every layer's fastest candidate and every stage's fixed time over v (the fill and
+        drain of the pipeline)."""
         if not self.linear or cc.config.pp == 1:
             return 0.0
-        m = float(cc.config.micro_batches)
+        cfg = cc.config
+        m = float(cfg.micro_batches)
+        v = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
         rows = []
         for s, st in enumerate(cc.stages):
             (joint,) = self._relaxed(cc, [{k: m * c.time_s + c.step_time_s for k, c in st.costs.items()}], s)
             rows.append(joint + m * st.fixed.time_s + st.fixed.step_time_s)
-        return partition.min_max_value(len(self.kinds), self._by_start(cc, rows))
+        j = partition.min_max_value(len(self.kinds), self._by_start(cc, rows))
+        fastest = {k: min(float(np.min(st.costs[k].time_s)) for st in cc.stages) for k in cc.stages[0].costs}
+        sum_t = sum(fastest[k] for k in self.kinds) + sum(st.fixed.time_s for st in cc.stages)
+        return max(j, (1 - 1 / (v * m)) * j + sum_t / v)
 
     # ------------------------------------------------------------------ one configuration
     def solve_config(self, cc: stage_costs.ConfigCosts) -> tuple[float, tuple[int, ...]]:
