@@ -197,7 +197,7 @@ def deep_table() -> None:
     tight = {**DEEP, "model": {"preset": "llama2-70b", "num_layers": 128},
              "training": {"global_batch_size": 256, "seq_length": 8192}, "constraints": {"memory_limit_gib": 24}}
     rows.append(("same at seq 8192, 24 GiB (infeasible)", tight, 128))
-    for n in (16, 32, 64):
+    for n in (16, 32, 64, 128):
         rows.append(("mixtral-8x7b shape, MoE every 2nd layer, gbs 64", {**DEEP, "model": {**MIXED, "num_layers": n},
                      "training": {"global_batch_size": 64, "seq_length": 4096}}, n))
     for name, req, n in rows:
