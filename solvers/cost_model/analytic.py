@@ -257,7 +257,11 @@ class AnalyticCostModel:
         scatter_g = over_groups("reduce_scatter", cal.grad_comm_bytes)
         per_mb = np.where(c.zero == 3, 2 * gather_w + scatter_g, np.where(c.zero == 2, scatter_g, 0.0))
         dp_mb = np.maximum(0.0, per_mb - cal.zero_overlap * (compute + recompute))
-        per_step = np.where(c.zero <= 1, sync, np.where(c.zero == 2, gather_w, 0.0))
+        # ZeRO-0: one all-reduce of the accumulated gradients; ZeRO-1 (Megatron's distributed optimizer):
+        # reduce-scatter them, update the local shard, all-gather the new weights (at their own width);
+        # ZeRO-2 reduce-scatters every micro-batch and gathers per step; ZeRO-3 gathers per micro-batch
+        per_step = np.where(c.zero == 0, sync,
+                            np.where(c.zero == 1, scatter_g + gather_w, np.where(c.zero == 2, gather_w, 0.0)))
         dp_step = np.maximum(0.0, per_step - cal.dp_overlap * (bwd + recompute))
         opt_params = np.sum([p / np.where(c.zero >= 1, grp, 1.0) for p, grp, _ in groups], axis=0)
         optimizer = self._hbm(opt_params * cal.optimizer_traffic_bytes)
@@ -379,7 +383,11 @@ class AnalyticCostModel:
             params = copies * V * h / tp_e
             w, g, o = (float(x) for x in mem.model_state_bytes(params, dp_e, emb.zero, self.state_per_param))
             mparts.update({"parameters": w, "gradients": g, "optimizer": o})
-            sync = float(comm.allreduce_s(params * cal.grad_comm_bytes, dp_e, k_dp, self.links))
+            if emb.zero == 0:
+                sync = float(comm.allreduce_s(params * cal.grad_comm_bytes, dp_e, k_dp, self.links))
+            else:  # reduce-scatter the gradients (an all-gather's cost), all-gather the updated weights
+                sync = float(comm.allgather_s(params * cal.grad_comm_bytes, dp_e, k_dp, self.links)
+                             + comm.allgather_s(params * self.state_per_param.params, dp_e, k_dp, self.links))
             if self.model.tied_embeddings and pipelined:  # first and last stage sum the shared embedding's grads
                 sync += float(comm.allreduce_s(V * h / tp_e * cal.grad_comm_bytes, 2, 1, self.links))
             step_parts["dp_comm_exposed"] = sync * (1.0 - cal.dp_overlap)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from solvers.cost_model import memory as mem
 from solvers.cost_model.analytic import AnalyticCostModel
 from solvers.cost_model.base import StageContext
+from solvers.cost_model.calibration import DEFAULT_CALIBRATION
 from solvers.cost_model.shapes import layer_shape
 from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
 from solvers.strategy import LayerStrategy
@@ -113,3 +116,20 @@ def test_context_parallel_ranks_are_weight_replicas() -> None:
     as_dp = model.layer_costs(0, [LayerStrategy(tp=2, dp=4, zero=0)], ctx)
     assert float(cp_only.step_parts_s["dp_comm_exposed"][0] + cp_only.step_parts_s["optimizer"][0]) > 0
     np.testing.assert_allclose(cp_only.step_time_s[0], as_dp.step_time_s[0], rtol=1e-12)
+
+
+def test_zero1_reduce_scatters_gradients_and_gathers_weights() -> None:
+    """ZeRO-1 (Megatron's distributed optimizer) moves the fp32 gradients once (a reduce-scatter) and the
+    bf16 weights once (an all-gather): half an all-reduce of each, where ZeRO-0 all-reduces the gradients."""
+    cluster = ClusterSpec.model_validate({"gpu": "A100-80GB", "nodes": 2, "gpus_per_node": 8})
+    ctx = StageContext(pp=1, stage=0, micro_batches=4, micro_batch_samples=16)
+
+    def exposed(zero: int, grad_bytes: float) -> float:
+        cal = replace(DEFAULT_CALIBRATION, dp_overlap=0.0, grad_comm_bytes=grad_bytes)
+        model = AnalyticCostModel(GPT, cluster, TrainingSpec(global_batch_size=64, seq_length=S), calibration=cal)
+        c = model.layer_costs(0, [LayerStrategy(tp=2, dp=8, zero=zero)], ctx)
+        return float(c.step_parts_s["dp_comm_exposed"][0])
+
+    grads_all_reduced, weights_all_reduced = exposed(0, 4.0), exposed(0, 2.0)
+    assert exposed(1, 4.0) == pytest.approx(0.5 * grads_all_reduced + 0.5 * weights_all_reduced, rel=1e-12)
+    assert exposed(1, 4.0) < grads_all_reduced
