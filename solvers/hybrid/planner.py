@@ -46,6 +46,7 @@ class PlannerOptions:
     peak_levels: int = 4  # transient-memory levels enumerated exactly per stage (more are rounded up)
     embedding_variants: int = 4  # Pareto-optimal embedding/LM-head strategies tried per configuration
     dp_work_limit: float = 2e5  # identical-layer stages: the DP only when this cheap (else the two-type table)
+    polish_factor: int = 4  # mixed layer kinds: the chosen configuration re-solved with this many times finer bins
 
 @dataclass
 class ConfigOutcome:
@@ -84,6 +85,8 @@ class Planner:
         self._tables: dict[tuple[object, ...], stage_table.StageTable] = {}
         self._memo: dict[tuple[object, ...], object] = {}
         self._picks: dict[tuple[PipelineConfig, tuple[int, ...]], tuple[int, ...]] = {}
+        # per-stage tables of exactly a plan's stages (``polish``), used instead of the shared prefix tables
+        self._final_tables: dict[tuple[PipelineConfig, tuple[int, ...]], list[stage_table.StageTable]] = {}
         self.dp_runs = 0
         self.time_limited = False
         self.last_counts: tuple[int, int, int] = (0, 0, 0)  # configurations: total, solved, pruned by bound
@@ -294,6 +297,31 @@ class Planner:
             return v
         return step_s
 
+    def polish(self, cc: stage_costs.ConfigCosts, parts: tuple[int, ...], step_s: float) -> float:
+        """Mixed layer kinds plan on the DP alone, whose memory bins round up: the chosen plan's stages (its
+        partition and per-stage weights fixed) are solved once more with ``polish_factor`` times finer bins,
+        kept when faster. Identical layers also get the exact-memory two-strategy table: left alone."""
+        f = self.opt.polish_factor
+        if cc.uniform or f <= 1:
+            return step_s
+        pick = self._picks.get((cc.config, parts)) or (0,) * len(parts)
+        coarse = (self.unit, self._tables)
+        self.unit, self._tables = self.unit / f, {}
+        tables, start = [], 0
+        for s, n in enumerate(parts):
+            tab = self.table(cc, s, list(range(start, start + n)), cc.time_weights[pick[s]])
+            if not tab.feasible(n):
+                break
+            tables.append(tab)
+            start += n
+        else:
+            v = self._pipe(cc)([float(t.time_s[-1]) for t in tables], [float(t.step_s[-1]) for t in tables])
+            if v < step_s:
+                self._final_tables[(cc.config, parts)] = tables
+                return v
+        self.unit, self._tables = coarse
+        return step_s
+
     def _stage_matrix(self, cc: stage_costs.ConfigCosts, stage: int) -> np.ndarray:
         """Stage time by [start, layer count] (inf: infeasible), from one table per phase of the layer kinds."""
         n, v = len(self.kinds), cc.config.virtual_stages
@@ -319,8 +347,9 @@ class Planner:
         layers: list[LayerStrategy] = []
         start = 0
         pick = self._picks.get((cc.config, parts)) or (0,) * len(parts)
+        final = self._final_tables.get((cc.config, parts))
         for s, n in enumerate(parts):
-            tab = self.table(cc, s, self._max_len(cc, s, start), cc.time_weights[pick[s]])
+            tab = final[s] if final else self.table(cc, s, self._max_len(cc, s, start), cc.time_weights[pick[s]])
             layers.extend(cc.candidates[c] for c in tab.choice(n))
             start += n
         cfg = cc.config
@@ -410,6 +439,7 @@ class Planner:
             raise LookupError("no pipeline configuration fits in memory (or beats the incumbent)")
         ranking.sort(key=lambda o: o.step_time_s)
         best_v = self.refine(*best, best_v)
+        best_v = self.polish(*best, best_v)
         plan = self.build_plan(*best)
         return PlanResult(plan, best_v, n_total, solved, pruned, self.dp_runs, time.perf_counter() - t0, ranking,
                           time_limited)
