@@ -401,6 +401,9 @@ class Planner:
                 if cc is None:
                     continue
                 lb = self.lower_bound(cc) if self.opt.use_bounds else 0.0
+                if self.opt.use_bounds and not cc.uniform and lb < incumbent_s:
+                    # mixed kinds solve on the DP alone (costly): order them by the tighter bound too
+                    lb = max(lb, self.joint_bound(cc))
                 if math.isfinite(lb) and lb < incumbent_s:
                     bounded.append((lb, var, cc))
             if progress and i % 16 == 0:
