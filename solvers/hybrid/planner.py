@@ -241,12 +241,12 @@ class Planner:
         return res.step_time_s
 
     def joint_bound(self, cc: stage_costs.ConfigCosts) -> float:
-        """Another lower bound for a linear pipeline of several stages, checked just before a configuration
-        is solved. With t_a the slowest stage and u_b the largest step time, the step is
-        (m - 1/v) t_a + u_b + Σ t / v. Since m t_a + u_b ≥ m t_s + u_s for every stage s, the min-max partition
-        J of each stage's relaxed m t + u bounds the first part: the step is ≥ J, and ≥ (1 - 1/(v m)) J plus
-        Σ t / v, at least every layer's fastest candidate and every stage's fixed time over v (the fill and
-        drain of the pipeline)."""
+        """Another lower bound for a linear pipeline of several stages (for identical layers checked just
+        before a configuration is solved, for mixed kinds part of its ordering bound). With t_a the slowest
+        stage and u_b the largest step time, the step is (m - 1/v) t_a + u_b + Σ t / v. Since
+        m t_a + u_b ≥ m t_s + u_s for every stage s, the min-max partition J of each stage's relaxed m t + u
+        bounds the first part: the step is ≥ J, and ≥ (1 - 1/(v m)) J plus Σ t / v, at least every layer's
+        fastest candidate and every stage's fixed time over v (the fill and drain of the pipeline)."""
         if not self.linear or cc.config.pp == 1:
             return 0.0
         cfg = cc.config
@@ -423,7 +423,8 @@ class Planner:
                 pruned += len(bounded) - j
                 time_limited = True
                 break
-            if self.opt.use_bounds and self.joint_bound(cc) >= best_v * (1 - 1e-12):
+            # (mixed kinds have it in lb already)
+            if self.opt.use_bounds and cc.uniform and self.joint_bound(cc) >= best_v * (1 - 1e-12):
                 pruned += 1
                 continue
             v, parts = self.solve_config(cc)
