@@ -380,8 +380,8 @@ class Planner:
             uniq.setdefault(tuple(a), e)  # options the cost model cannot tell apart: keep the first
         ordered = [uniq[k] for k in sorted(uniq, key=lambda a: (a[0] + a[-3], a[2] + a[-1]))]
         k = self.opt.embedding_variants
-        if len(ordered) > k:
-            ordered = [ordered[round(i * (len(ordered) - 1) / (k - 1))] for i in range(k)]
+        if len(ordered) > k:  # spread over the front, both ends kept (k = 1: the first, the fastest)
+            ordered = [ordered[round(i * (len(ordered) - 1) / max(k - 1, 1))] for i in range(max(k, 1))]
         return [replace(cfg, embedding=e) for e in ordered]
 
     # ------------------------------------------------------------------ the search

@@ -15,7 +15,8 @@ from solvers.api import estimate, solve
 from solvers.cost_model.factory import make_cost_model
 from solvers.errors import InfeasibleError, SpecError
 from solvers.hybrid.api import layer_kinds
-from solvers.hybrid.planner import Planner
+from solvers.hybrid.api import solve as solve_hybrid
+from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import PipelineConfig, build_space
 from solvers.hybrid.stage_costs import layout_transitions, stage_context
 from solvers.request import HybridRequest, parse
@@ -200,3 +201,12 @@ def test_a_larger_space_never_plans_worse() -> None:
     narrow = solve({**req, "constraints": {"max_cp": 2}})
     wide = solve({**req, "constraints": {"max_cp": 4}})
     assert wide["estimate"]["step_time_s"] <= narrow["estimate"]["step_time_s"] * (1 + 1e-9)
+
+
+def test_one_embedding_variant_per_configuration_is_allowed() -> None:
+    """``embedding_variants=1`` keeps the fastest variant (it divided by zero when spreading over the front)."""
+    req = {"kind": "hybrid", "model": {"preset": "llama2-7b"},
+           "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
+           "training": {"global_batch_size": 64, "seq_length": 2048}}
+    out = solve_hybrid(req, options=PlannerOptions(embedding_variants=1))
+    assert out["estimate"]["fits"] and out["baselines"]["megatron"]["gain"] >= -1e-9
