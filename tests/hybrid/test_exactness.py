@@ -116,3 +116,49 @@ def test_coarse_memory_bins_lose_at_most_the_transient_rounding() -> None:
         lo, hi = (lo, mid) if math.isfinite(plan(mid, 1)) else (mid + 1, hi)
     for unit in (8, 32):
         assert math.isfinite(plan(lo + 2 * unit, unit))
+
+
+@st.composite
+def eight_layer_case(draw: st.DrawFn) -> tuple[SyntheticCostModel, SearchSpace]:
+    """Up to 8 layers on up to 8 GPUs with a reduced per-layer set (TP 1 or 2, ZeRO-3, recompute none or
+    full: 4 candidates, 4^8 assignments per stage for the enumeration)."""
+    gpus = draw(st.sampled_from([2, 4, 8]))
+    layers = draw(st.integers(5, 8))
+    batch = draw(st.sampled_from([8, 16]))
+    uniform = draw(st.booleans())
+    scale = [] if uniform else [draw(st.sampled_from([0.5, 1.0, 2.0])) for _ in range(layers)]
+    cm = SyntheticCostModel(
+        num_layers=layers, num_gpus=gpus, memory_limit_bytes=draw(st.integers(300, 8000)) * MIB, global_batch=batch,
+        layer_scale=scale, gpus_per_node=8, dp_sync_s=0.0, act_mib_per_sample=draw(st.sampled_from([4.0, 16.0, 64.0])),
+        param_mib=draw(st.sampled_from([5.0, 20.0, 60.0])), linear_pipeline=draw(st.booleans()),
+    )
+    space = SearchSpace(
+        num_gpus=gpus, gpus_per_node=8, num_layers=layers, global_batch_size=batch, seq_length=1024, heads=12,
+        kv_heads=12, max_tp=2, max_pp=4, max_cp=1, sp_kinds=("megatron",), zero_levels=(3,),
+        recomputes=("none", "full"), schedules=draw(st.sampled_from([("1f1b",), ("1f1b", "interleaved")])),
+    )
+    return cm, space
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(eight_layer_case())
+def test_planner_matches_enumeration_up_to_eight_layers(case: tuple[SyntheticCostModel, SearchSpace]) -> None:
+    found, truth = _solve(*case)
+    assert found == truth or math.isclose(found, truth, rel_tol=1e-9), (found, truth)
+
+
+def test_planner_matches_enumeration_at_eight_layers_on_eight_gpus() -> None:
+    """The largest case, fixed (Hypothesis prefers small ones): 8 mixed layers on 8 GPUs, from a budget
+    where only lean plans fit to one where memory hardly binds."""
+    feasible = 0
+    for limit_mib in (700, 800, 900, 1000, 1050, 1200):  # infeasible, then tight, then not binding
+        cm = SyntheticCostModel(num_layers=8, num_gpus=8, memory_limit_bytes=limit_mib * MIB, global_batch=16,
+                                layer_scale=[1.0, 2.0, 0.5, 1.0, 2.0, 1.0, 0.5, 1.0], gpus_per_node=8, dp_sync_s=0.0,
+                                act_mib_per_sample=16.0, param_mib=60.0)
+        space = SearchSpace(num_gpus=8, gpus_per_node=8, num_layers=8, global_batch_size=16, seq_length=1024,
+                            heads=12, kv_heads=12, max_tp=2, max_pp=4, max_cp=1, sp_kinds=("megatron",),
+                            zero_levels=(3,), recomputes=("none", "full"), schedules=("1f1b", "interleaved"))
+        found, truth = _solve(cm, space)
+        assert found == truth or math.isclose(found, truth, rel_tol=1e-9), (limit_mib, found, truth)
+        feasible += math.isfinite(truth)
+    assert feasible == 5
