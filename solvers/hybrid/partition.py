@@ -11,8 +11,9 @@ layers differ). Output: the layer counts per stage that minimise the pipeline st
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,13 +37,15 @@ class PartitionResult:
     variant: tuple[int, ...] = ()
 
 
-def best_variants(parts: tuple[int, ...], variants: StageVariants, pipe: PipelineTime) -> tuple[float, tuple[int, ...]]:
-    """Best combination of per-stage variants for ``parts``, exactly, in O(stages x variants²).
+def best_variants(parts: tuple[int, ...], variants: StageVariants, pipe: PipelineTime,
+                  exhaustive_limit: int = 256) -> tuple[float, tuple[int, ...]]:
+    """Best combination of per-stage variants for ``parts``.
 
-    The step time grows with every stage's time and with the largest stage step time, nothing else. So for
-    a cap U on the step times, each stage's fastest variant with step time ≤ U is best for the max, the sum
-    and every other stage-time term at once; the optimum is the best over U ∈ the variants' step times.
-    (Coordinate descent from one stage at a time misses moves where two stages must change together.)"""
+    Few combinations (≤ ``exhaustive_limit``): all are tried, exact for any monotone pipeline formula. Else a
+    cap U on the step times: each stage takes its fastest variant with step time ≤ U, the best over U ∈ the
+    variants' step times. That is exact when the step time depends on the stages' step times only through
+    their maximum (the analytic model's formula), in O(stages x variants²); coordinate descent, one stage at
+    a time, misses moves where two stages must change together."""
     opts, start = [], 0
     for s, n in enumerate(parts):
         o = [x for x in variants(s, start, n) if math.isfinite(x[0])]
@@ -50,20 +53,22 @@ def best_variants(parts: tuple[int, ...], variants: StageVariants, pipe: Pipelin
             return INF, ()
         opts.append(sorted({(t, u): (t, u, v) for t, u, v in o}.values()))  # by time, then step time
         start += n
-    best_v = INF
-    best_pick: tuple[int, ...] = ()
-    for cap in sorted({u for o in opts for _, u, _ in o}):
-        chosen = []
-        for o in opts:
-            hit = next((x for x in o if x[1] <= cap), None)  # sorted by time: the first fitting is fastest
-            if hit is None:
-                break
-            chosen.append(hit)
-        else:
-            v = float(pipe([x[0] for x in chosen], [x[1] for x in chosen]))
-            if v < best_v:
-                best_v, best_pick = v, tuple(x[2] for x in chosen)
-    return best_v, best_pick
+
+    def value(chosen: Sequence[tuple[float, float, int]]) -> float:
+        return float(pipe([x[0] for x in chosen], [x[1] for x in chosen]))
+
+    if math.prod(len(o) for o in opts) <= exhaustive_limit:
+        combos: Iterable[Sequence[tuple[float, float, int]]] = itertools.product(*opts)
+    else:
+        combos = []
+        for cap in sorted({u for o in opts for _, u, _ in o}):
+            fitting = [next((x for x in o if x[1] <= cap), None) for o in opts]  # the first fitting is fastest
+            if all(x is not None for x in fitting):
+                combos.append([x for x in fitting if x is not None])
+    best = min(combos, key=value, default=None)
+    if best is None:
+        return INF, ()
+    return value(best), tuple(x[2] for x in best)
 
 
 def compositions(total: int, k: int) -> int:
