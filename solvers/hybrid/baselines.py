@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from solvers.cost_model.base import CostModel, Estimate, LayerCosts
+from solvers.cost_model.base import CostModel, Estimate
 from solvers.hybrid.space import ALL_RECOMPUTE, PipelineConfig, SearchSpace
 from solvers.hybrid.stage_costs import layout_transitions, stage_context
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute
@@ -107,11 +107,6 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
                                     virtual_stages=cfg.virtual_stages, embedding=embs[j])
                 best = Baseline(name, plan, step)
     return best
-
-
-def _rows(c: LayerCosts, idx: list[int]) -> LayerCosts:
-    return LayerCosts(c.time_s[idx], c.step_time_s[idx], c.state_bytes[idx], c.activation_bytes[idx],
-                      c.peak_extra_bytes[idx])
 
 
 def _dp_strategies(n: int, zero: int, recomputes: Iterable[Recompute]) -> list[LayerStrategy]:

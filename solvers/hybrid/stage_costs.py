@@ -155,8 +155,7 @@ def layout_classes(cm: CostModel, cands: list[LayerStrategy], ctx: StageContext)
     if not np.any(small):
         return np.zeros(len(cands), dtype=np.int64), np.zeros((1, 1))
     where = {k: i for i, k in enumerate(uniq)}
-    cls, small = merge_equivalent(np.array([where[k] for k in keys], dtype=np.int64), small)
-    return cls, small
+    return merge_equivalent(np.array([where[k] for k in keys], dtype=np.int64), small)
 
 
 def merge_equivalent(cls: np.ndarray, trans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
