@@ -1,9 +1,10 @@
 """The hybrid planner's outer search: pipeline degree × micro-batches × schedule, each solved by the layer DP.
 
-Every pipeline configuration gets a lower bound first (each layer at its fastest candidate, memory ignored,
-best partition of that relaxation); configurations are solved in bound order and the search stops as soon
-as the next bound cannot beat the best plan found. Cost-model answers are cached per (layer kind, stage
-context) and DP tables per (configuration, stage, start layer), so nothing is computed twice.
+Every pipeline configuration gets a lower bound first (each stage's memory-constrained choice relaxed, see
+``bounds``; best partition of that relaxation); configurations are solved in bound order and the search stops
+as soon as the next bound cannot beat the best plan found. Cost-model answers are cached per (layer kind,
+stage context) and DP tables per (configuration, stage, phase of the layer kinds), so nothing is computed
+twice. The chosen plan is then refined (more time weights) and, for mixed layer kinds, polished (finer bins).
 """
 
 from __future__ import annotations
@@ -194,6 +195,11 @@ class Planner:
         return [bounds.mixed_relaxed_cost(kind_of_layer, self.period, mems, [v[k] for k in ids], budget)
                 for v in values]
 
+    @staticmethod
+    def _step_values(st: stage_costs.StageInputs, m: float) -> dict[Hashable, np.ndarray]:
+        """Per layer kind and candidate, m x time + step time: one stage's share of a linear pipeline's step."""
+        return {k: m * c.time_s + c.step_time_s for k, c in st.costs.items()}
+
     def _by_start(self, cc: stage_costs.ConfigCosts, rows: list[np.ndarray]) -> list[np.ndarray]:
         """Per-stage relaxed values as the partition search takes them: by count, or [start, count]."""
         n, v = len(self.kinds), cc.config.virtual_stages
@@ -212,7 +218,7 @@ class Planner:
         per_stage = []
         for s, st in enumerate(cc.stages):
             if single:  # relaxed together: tighter than t and u each with the whole memory budget
-                (joint,) = self._relaxed(cc, [{k: m * c.time_s + c.step_time_s for k, c in st.costs.items()}], s)
+                (joint,) = self._relaxed(cc, [self._step_values(st, m)], s)
                 t, u = joint / m, np.zeros_like(joint)
             else:
                 t, u = self._relaxed(cc, [{k: c.time_s for k, c in st.costs.items()},
@@ -254,7 +260,7 @@ class Planner:
         v = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
         rows = []
         for s, st in enumerate(cc.stages):
-            (joint,) = self._relaxed(cc, [{k: m * c.time_s + c.step_time_s for k, c in st.costs.items()}], s)
+            (joint,) = self._relaxed(cc, [self._step_values(st, m)], s)
             rows.append(joint + m * st.fixed.time_s + st.fixed.step_time_s)
         j = partition.min_max_value(len(self.kinds), self._by_start(cc, rows))
         fastest = {k: min(float(np.min(st.costs[k].time_s)) for st in cc.stages) for k in cc.stages[0].costs}
@@ -305,22 +311,21 @@ class Planner:
         if cc.uniform or f <= 1:
             return step_s
         pick = self._picks.get((cc.config, parts)) or (0,) * len(parts)
-        coarse = (self.unit, self._tables)
-        self.unit, self._tables = self.unit / f, {}
         tables, start = [], 0
         for s, n in enumerate(parts):
-            tab = self.table(cc, s, list(range(start, start + n)), cc.time_weights[pick[s]])
+            self.dp_runs += 1
+            tab = stage_table.solve(cc.stages[s], list(range(start, start + n)), self.kinds,
+                                    cc.time_weights[pick[s]], self.unit / f, self.limit, self.opt.peak_levels,
+                                    self.opt.dp_work_limit)
             if not tab.feasible(n):
-                break
+                return step_s
             tables.append(tab)
             start += n
-        else:
-            v = self._pipe(cc)([float(t.time_s[-1]) for t in tables], [float(t.step_s[-1]) for t in tables])
-            if v < step_s:
-                self._final_tables[(cc.config, parts)] = tables
-                return v
-        self.unit, self._tables = coarse
-        return step_s
+        v = self._pipe(cc)([float(t.time_s[-1]) for t in tables], [float(t.step_s[-1]) for t in tables])
+        if v >= step_s:
+            return step_s
+        self._final_tables[(cc.config, parts)] = tables
+        return v
 
     def _stage_matrix(self, cc: stage_costs.ConfigCosts, stage: int) -> np.ndarray:
         """Stage time by [start, layer count] (inf: infeasible), from one table per phase of the layer kinds."""
