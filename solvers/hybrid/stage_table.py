@@ -112,10 +112,9 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
         # Each layer's least memory (its kind's leanest allowed candidate) is taken off the budget exactly; the
         # bins count only what a candidate needs above it. Rounding up then costs nothing for lean layers, and
         # a deep stage no longer loses up to a bin per layer (at 128 layers and 128 bins: the whole budget).
-        base: dict[Hashable, float] = {}
-        for k in kind_set:
-            allowed = st.memory(k)[st.costs[k].peak_extra_bytes <= level]
-            base[k] = float(np.min(allowed)) if allowed.size else INF
+        mem = {k: st.memory(k) for k in kind_set}
+        allowed = {k: st.costs[k].peak_extra_bytes <= level for k in kind_set}
+        base = {k: float(np.min(mem[k][allowed[k]])) if np.any(allowed[k]) else INF for k in kind_set}
         spent = np.cumsum([base[k] for k in seq])
         prefix_caps = np.array([cap_units(avail - float(level) - b, unit) if np.isfinite(b) else -1 for b in spent])
         cap = int(prefix_caps[0])
@@ -125,8 +124,8 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
         keep = np.zeros(len(all_classes), dtype=bool)
         for k in kind_set:
             c = st.costs[k]
-            obj = np.where(c.peak_extra_bytes <= level, time_weight * c.time_s + c.step_time_s, INF)
-            units = units_of(np.maximum(st.memory(k) - base[k], 0.0), unit)
+            obj = np.where(allowed[k], time_weight * c.time_s + c.step_time_s, INF)
+            units = units_of(np.maximum(mem[k] - base[k], 0.0), unit)
             obj = np.where(units <= cap, obj, INF)
             per_kind[k] = (obj, units)
             keep |= prune.pareto_mask(obj, units, all_classes)
