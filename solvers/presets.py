@@ -43,9 +43,10 @@ GPU_PRESETS["rtx4090"] = GPU_PRESETS["rtx-4090"]
 GPU_PRESETS["h100"] = GPU_PRESETS["h100-sxm"]
 
 _GPT = {"mlp": "gelu", "vocab_size": 51200}
-_LLAMA2 = {"mlp": "swiglu", "vocab_size": 32000}
-_LLAMA3 = {"mlp": "swiglu", "vocab_size": 128256}
-_QWEN2 = {"mlp": "swiglu", "vocab_size": 152064}
+_NO_DROPOUT = {"attention_dropout": 0.0, "hidden_dropout": 0.0}
+_LLAMA2 = {"mlp": "swiglu", "vocab_size": 32000, **_NO_DROPOUT}
+_LLAMA3 = {"mlp": "swiglu", "vocab_size": 128256, **_NO_DROPOUT}
+_QWEN2 = {"mlp": "swiglu", "vocab_size": 152064, **_NO_DROPOUT}
 
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "gpt3-1.3b": {**_GPT, "name": "gpt3-1.3b", "num_layers": 24, "hidden_size": 2048, "num_attention_heads": 16},
@@ -75,7 +76,7 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
                   "num_attention_heads": 64, "num_kv_heads": 8, "ffn_hidden_size": 29568},
     # Encoders: bidirectional attention, no LM head over a vocabulary for ViT.
     "vit-huge": {"name": "vit-huge", "num_layers": 32, "hidden_size": 1280, "num_attention_heads": 16,
-                 "ffn_hidden_size": 5120, "vocab_size": 0, "mlp": "gelu", "causal": False},
+                 "ffn_hidden_size": 5120, "vocab_size": 0, "mlp": "gelu", "causal": False, **_NO_DROPOUT},
     "bert-large": {"name": "bert-large", "num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16,
                    "ffn_hidden_size": 4096, "vocab_size": 30522, "mlp": "gelu", "causal": False,
                    "tied_embeddings": True},
@@ -124,6 +125,13 @@ def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None =
         "mlp": "swiglu" if gated else "gelu",
         "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
     }
+    # absent from many decoder configs (older Llama ones): those architectures train without dropout
+    no_dropout = 0.0 if mtype in {"llama", "mistral", "mixtral", "qwen2"} else None
+    for field, keys in (("attention_dropout", ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")),
+                        ("hidden_dropout", ("hidden_dropout", "resid_pdrop", "hidden_dropout_prob", "dropout_rate"))):
+        p = pick(*keys, default=no_dropout)
+        if p is not None:
+            spec[field] = float(p)
     if config.get("head_dim") or config.get("d_kv"):
         spec["head_dim"] = pick("head_dim", "d_kv")
     if spec["ffn_hidden_size"] is None:

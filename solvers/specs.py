@@ -63,6 +63,11 @@ class ModelSpec(_Spec):
     mlp: MlpKind = "gelu"
     tied_embeddings: bool = False
     causal: bool = True
+    # Dropout keeps a mask and a copy of what it drops from (Korthikanti et al. count both); at p = 0
+    # PyTorch returns its input and nothing is kept. Megatron-LM's default is 0.1; Llama, Qwen2 and
+    # Mixtral train without dropout (their presets say 0).
+    attention_dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
+    hidden_dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
     moe: MoESpec | None = None
 
     @model_validator(mode="before")

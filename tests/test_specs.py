@@ -76,3 +76,13 @@ def test_hf_config_import() -> None:
     assert m == ModelSpec.model_validate({"preset": "llama3-8b", "name": "l3"})
     mix = model_from_hf_config({**cfg, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2})
     assert ModelSpec.model_validate(mix).moe is not None
+    # dropout as each family spells it; a Llama config without the key trains without dropout
+    assert (m.attention_dropout, m.hidden_dropout) == (0.0, 0.0)
+    gpt2 = ModelSpec.model_validate(model_from_hf_config(
+        {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257,
+         "attn_pdrop": 0.1, "resid_pdrop": 0.05}))
+    assert (gpt2.attention_dropout, gpt2.hidden_dropout) == (0.1, 0.05)
+    bert = ModelSpec.model_validate(model_from_hf_config(
+        {"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+         "attention_probs_dropout_prob": 0.0, "hidden_dropout_prob": 0.2}))
+    assert (bert.attention_dropout, bert.hidden_dropout) == (0.0, 0.2)

@@ -368,7 +368,8 @@ class AnalyticCostModel:
             reduce = float(comm.allreduce_s(tokens * h * e, tp_e, k_tp, self.links))
             parts["compute"] = lookup
             parts["tp_comm"] = reduce
-            act += tokens * h * (e + 1)  # embedding output and its dropout mask
+            # the embedding output, and its dropout mask where the model has hidden dropout
+            act += tokens * h * (e + (1 if self.model.hidden_dropout > 0 else 0))
         if last and V:
             if pipelined or not self.model.tied_embeddings:
                 copies += 1

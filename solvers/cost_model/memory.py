@@ -14,6 +14,8 @@ layer for s tokens, b samples, h hidden, a heads, t tensor-parallel ranks, with 
 Written per tensor so that GQA, SwiGLU, other FFN widths and MoE follow: 10 s b h is what tensor
 parallelism replicates (two LayerNorm inputs, the QKV and MLP inputs, two dropout masks), the rest is
 split over t. Ulysses splits everything over its group, context parallelism over cp.
+Without dropout (p = 0: PyTorch returns the input, no mask, no copy) the masks go and the attention core
+keeps only the softmax output, 2 a s^2 b: 32 s b h + 2 a s^2 b for the GPT layer above.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class ActivationTerms:
     replicated: float  # elements per token kept whole on every tensor-parallel rank unless SP
     replicated_masks: float  # of which 1-byte masks
     split: float  # elements per token split over tensor-parallel ranks
-    core_per_seq_token: float  # attention-core bytes per query per key: softmax 2a, mask a, dropout 2a
+    core_per_seq_token: float  # attention-core bytes per query per key: softmax 2a (+ mask a, dropout 2a)
     core_masks: float
     layer_input: float  # what full recompute keeps (the layer input)
 
@@ -78,12 +80,15 @@ def activation_terms(shape: LayerShape) -> ActivationTerms:
     h = shape.hidden
     # gelu keeps the activation's input and output; swiglu the gate, the up projection and their product
     mlp = (3 if shape.gated else 2) * shape.ffn * shape.top_k
+    masks = 2.0 * h if shape.hidden_dropout else 0.0  # after the attention projection and after the MLP
+    # softmax output (what the probabilities-times-V GEMM reads); dropout adds its mask and output
+    core, core_masks = (5.0, 1.0) if shape.attention_dropout else (2.0, 0.0)
     return ActivationTerms(
-        replicated=10.0 * h,
-        replicated_masks=2.0 * h,
+        replicated=8.0 * h + masks,
+        replicated_masks=masks,
         split=4.0 * shape.q_width + 4.0 * shape.kv_width + 2.0 * mlp,  # Q, K, V, out-proj input, MLP
-        core_per_seq_token=5.0 * shape.heads,
-        core_masks=1.0 * shape.heads,
+        core_per_seq_token=core * shape.heads,
+        core_masks=core_masks * shape.heads,
         layer_input=2.0 * h,
     )
 

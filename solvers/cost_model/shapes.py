@@ -19,6 +19,8 @@ class LayerShape:
     expert_params: int  # weights that live in experts (sharded over ep); 0 for dense layers
     num_experts: int = 1
     top_k: int = 1
+    attention_dropout: bool = True  # the attention probabilities go through dropout (p > 0)
+    hidden_dropout: bool = True  # the attention and MLP outputs do
 
     @property
     def q_width(self) -> int:
@@ -54,4 +56,6 @@ def layer_shape(model: ModelSpec, index: int) -> LayerShape:
         expert_params=experts * model.mlp_params(ffn) if moe else 0,
         num_experts=experts,
         top_k=model.moe.top_k if (moe and model.moe) else 1,
+        attention_dropout=model.attention_dropout > 0,
+        hidden_dropout=model.hidden_dropout > 0,
     )

@@ -67,6 +67,42 @@ def test_korthikanti_selective_and_full() -> None:
     assert _act(t, mem.SP_NONE, mem.RC_SELECTIVE)[1] == pytest.approx(5 * A * S * S * B / t)
 
 
+NO_DROPOUT = GPT.model_copy(update={"attention_dropout": 0.0, "hidden_dropout": 0.0})
+
+
+@pytest.mark.parametrize("t", [1, 8])
+def test_without_dropout_no_masks_and_only_the_softmax_output(t: int) -> None:
+    # Korthikanti's 34 s b h + 5 a s^2 b less the two 1-byte hidden masks (2 s b h) and the attention
+    # dropout's mask (a s^2 b) and output (2 a s^2 b): 32 s b h + 2 a s^2 b with SP
+    shape = layer_shape(NO_DROPOUT, 0)
+    kept = float(mem.activation_bytes(shape, S, B, t, 1, mem.SP_MEGATRON, mem.RC_NONE)[0])
+    assert kept == pytest.approx(S * B * H / t * (32 + 2 * A * S / H), rel=1e-12)
+    # without SP the replicated part is 8 s b h (was 10: the masks)
+    kept = float(mem.activation_bytes(shape, S, B, t, 1, mem.SP_NONE, mem.RC_NONE)[0])
+    assert kept == pytest.approx(S * B * H * (8 + 24 / t + 2 * A * S / (H * t)), rel=1e-12)
+    # selective recomputation now saves only the softmax output; full recomputation is unchanged
+    sel = mem.activation_bytes(shape, S, B, t, 1, mem.SP_MEGATRON, mem.RC_SELECTIVE)
+    assert float(sel[0]) == pytest.approx(32 * S * B * H / t)
+    assert float(sel[1]) == pytest.approx(2 * A * S * S * B / t)
+    full = mem.activation_bytes(shape, S, B, t, 1, mem.SP_MEGATRON, mem.RC_FULL)[0]
+    assert float(full) == pytest.approx(2 * S * B * H / t)
+
+
+def test_dropout_only_where_the_model_has_it() -> None:
+    attention_only = GPT.model_copy(update={"hidden_dropout": 0.0})
+    hidden_only = GPT.model_copy(update={"attention_dropout": 0.0})
+    base = float(_act(1, mem.SP_NONE, mem.RC_NONE)[0])
+
+    def kept(m: ModelSpec) -> float:
+        return float(mem.activation_bytes(layer_shape(m, 0), S, B, 1, 1, mem.SP_NONE, mem.RC_NONE)[0])
+
+    assert base - kept(attention_only) == pytest.approx(2 * S * B * H)
+    assert base - kept(hidden_only) == pytest.approx(3 * A * S * S * B)
+    # the Llama-family presets train without dropout, GPT-3's keep Megatron's 0.1
+    assert ModelSpec.model_validate({"preset": "llama2-70b"}).attention_dropout == 0.0
+    assert ModelSpec.model_validate({"preset": "gpt3-175b"}).attention_dropout == pytest.approx(0.1)
+
+
 def test_gqa_and_swiglu_change_only_their_tensors() -> None:
     gqa = GPT.model_copy(update={"num_kv_heads": 8})
     dense = layer_shape(GPT, 0)
