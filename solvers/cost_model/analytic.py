@@ -384,11 +384,23 @@ class AnalyticCostModel:
             params = copies * V * h / tp_e
             w, g, o = (float(x) for x in mem.model_state_bytes(params, dp_e, emb.zero, self.state_per_param))
             mparts.update({"parameters": w, "gradients": g, "optimizer": o})
-            if emb.zero == 0:
-                sync = float(comm.allreduce_s(params * cal.grad_comm_bytes, dp_e, k_dp, self.links))
-            else:  # reduce-scatter the gradients (an all-gather's cost), all-gather the updated weights
-                sync = float(comm.allgather_s(params * cal.grad_comm_bytes, dp_e, k_dp, self.links)
-                             + comm.allgather_s(params * self.state_per_param.params, dp_e, k_dp, self.links))
+            # the layers' rule (``_layer_costs``): ZeRO-0 all-reduces the accumulated gradients per step,
+            # ZeRO-1 reduce-scatters them and all-gathers the weights per step, ZeRO-2 reduce-scatters per
+            # micro-batch, ZeRO-3 also gathers the weights for forward and backward (held while they run)
+            size, k = np.array([float(dp_e)]), np.array([k_dp])
+
+            def collective(op: CollectiveOp, per_param: float) -> float:
+                return float(self._collective(op, np.array([params * per_param]), size, k)[0])
+
+            gather_w = collective("allgather", self.state_per_param.params)
+            scatter_g = collective("reduce_scatter", cal.grad_comm_bytes)
+            per_mb = {3: 2 * gather_w + scatter_g, 2: scatter_g}.get(emb.zero, 0.0)
+            if per_mb:
+                parts["dp_comm_exposed"] = max(0.0, per_mb - cal.zero_overlap * parts.get("compute", 0.0))
+            if emb.zero == 3:
+                mparts["gathered"] = params * self.state_per_param.params - w
+            sync = {0: collective("allreduce", cal.grad_comm_bytes), 1: scatter_g + gather_w, 2: gather_w}.get(
+                emb.zero, 0.0)
             if self.model.tied_embeddings and pipelined:  # first and last stage sum the shared embedding's grads
                 sync += float(comm.allreduce_s(V * h / tp_e * cal.grad_comm_bytes, 2, 1, self.links))
             step_parts["dp_comm_exposed"] = sync * (1.0 - cal.dp_overlap)

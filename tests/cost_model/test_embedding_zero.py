@@ -1,0 +1,54 @@
+"""The embedding and LM head follow the layers' ZeRO rule: ZeRO-2 reduce-scatters every micro-batch,
+ZeRO-3 also gathers the weights for forward and backward and holds them while they run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from solvers.cost_model import communication as comm
+from solvers.cost_model.aggregate import stage_context
+from solvers.cost_model.analytic import AnalyticCostModel
+from solvers.request import HybridRequest, parse
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
+
+from .conftest import request
+
+
+def _fixed(zero: int, dp_overlap: float = 1.0) -> tuple[AnalyticCostModel, dict[str, float], dict[str, float],
+                                                          dict[str, float]]:
+    req = parse(HybridRequest, request(model={"preset": "llama2-7b", "num_layers": 2},
+                                       cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8}))
+    model = AnalyticCostModel(req.model, req.cluster, req.training)
+    model.cal = replace(model.cal, dp_overlap=dp_overlap)
+    plan = PlanStrategy(pp=1, micro_batches=8, layers=(LayerStrategy(dp=8),) * 2, stage_layers=(2,),
+                        embedding=EmbeddingStrategy(tp=1, dp=8, zero=zero))
+    fixed = model.stage_fixed(stage_context(plan, 0, 64))
+    return model, fixed.parts_s, fixed.step_parts_s, fixed.memory_parts_bytes
+
+
+def test_embedding_zero_traffic_and_gathered_weights() -> None:
+    model, *_ = _fixed(0)
+    params = 2 * 32000 * 4096  # embedding and untied head on the one stage, tp 1
+    gather = float(comm.allgather_s(params * 2.0, 8, 8, model.links)[()])
+    scatter = float(comm.allgather_s(params * model.cal.grad_comm_bytes, 8, 8, model.links)[()])
+    allreduce = float(comm.allreduce_s(params * model.cal.grad_comm_bytes, 8, 8, model.links)[()])
+
+    _, parts, _, memory = _fixed(3)
+    hide = model.cal.zero_overlap * parts["compute"]
+    assert parts["dp_comm_exposed"] == pytest.approx(max(0.0, 2 * gather + scatter - hide), rel=1e-9)
+    assert parts["dp_comm_exposed"] > 0  # a lookup and one head GEMM cannot hide 3 collectives of 0.5 GB
+    assert memory["gathered"] == pytest.approx(params * 2.0 * 7 / 8)
+    _, parts, _, memory = _fixed(2)
+    assert parts["dp_comm_exposed"] == pytest.approx(max(0.0, scatter - hide), rel=1e-9)
+    assert "gathered" not in memory
+    for zero in (0, 1):
+        _, parts, _, memory = _fixed(zero)
+        assert "dp_comm_exposed" not in parts and "gathered" not in memory
+
+    # per step, with nothing hidden: ZeRO-0 all-reduces, ZeRO-1 reduce-scatters and gathers, ZeRO-2 gathers
+    per_step = {0: allreduce, 1: scatter + gather, 2: gather, 3: 0.0}
+    for zero, expected in per_step.items():
+        _, _, step, _ = _fixed(zero, dp_overlap=0.0)
+        assert step["dp_comm_exposed"] == pytest.approx(expected, rel=1e-9)
