@@ -392,15 +392,17 @@ class AnalyticCostModel:
             def collective(op: CollectiveOp, per_param: float) -> float:
                 return float(self._collective(op, np.array([params * per_param]), size, k)[0])
 
-            gather_w = collective("allgather", self.state_per_param.params)
-            scatter_g = collective("reduce_scatter", cal.grad_comm_bytes)
-            per_mb = {3: 2 * gather_w + scatter_g, 2: scatter_g}.get(emb.zero, 0.0)
-            if per_mb:
-                parts["dp_comm_exposed"] = max(0.0, per_mb - cal.zero_overlap * parts.get("compute", 0.0))
-            if emb.zero == 3:
-                mparts["gathered"] = params * self.state_per_param.params - w
-            sync = {0: collective("allreduce", cal.grad_comm_bytes), 1: scatter_g + gather_w, 2: gather_w}.get(
-                emb.zero, 0.0)
+            if emb.zero == 0:
+                sync = collective("allreduce", cal.grad_comm_bytes)
+            else:
+                gather_w = collective("allgather", self.state_per_param.params)
+                scatter_g = collective("reduce_scatter", cal.grad_comm_bytes)
+                per_mb = {3: 2 * gather_w + scatter_g, 2: scatter_g}.get(emb.zero, 0.0)
+                if per_mb:
+                    parts["dp_comm_exposed"] = max(0.0, per_mb - cal.zero_overlap * parts.get("compute", 0.0))
+                if emb.zero == 3:
+                    mparts["gathered"] = params * self.state_per_param.params - w
+                sync = {1: scatter_g + gather_w, 2: gather_w}.get(emb.zero, 0.0)
             if self.model.tied_embeddings and pipelined:  # first and last stage sum the shared embedding's grads
                 sync += float(comm.allreduce_s(V * h / tp_e * cal.grad_comm_bytes, 2, 1, self.links))
             step_parts["dp_comm_exposed"] = sync * (1.0 - cal.dp_overlap)
