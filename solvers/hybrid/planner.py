@@ -9,14 +9,17 @@ twice. The chosen plan is then refined (more time weights) and, for mixed layer 
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
-from solvers.cost_model.base import CostModel
+from solvers.cost_model.base import CostModel, StageFixed
 from solvers.hybrid import bounds, partition, stage_costs, stage_table
 from solvers.hybrid.space import PipelineConfig, SearchSpace
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
@@ -389,6 +392,28 @@ class Planner:
             ordered = [ordered[round(i * (len(ordered) - 1) / max(k - 1, 1))] for i in range(max(k, 1))]
         return [replace(cfg, embedding=e) for e in ordered]
 
+    def _ordering_bound(self, cc: stage_costs.ConfigCosts, cap: float) -> float:
+        lb = self.lower_bound(cc) if self.opt.use_bounds else 0.0
+        if self.opt.use_bounds and not cc.uniform and lb < cap:
+            # mixed kinds solve on the DP alone (costly): order them by the tighter bound too
+            lb = max(lb, self.joint_bound(cc))
+        return lb
+
+    def _embedding_relaxation(self, variants: Sequence[PipelineConfig]) -> stage_costs.ConfigCosts | None:
+        """The configuration with its edge stages' fixed terms at their least over the embedding variants
+        (time, step time and each memory part separately): its bounds hold for every variant, since the
+        layers' costs do not depend on the embedding and less fixed time or memory never raises a bound."""
+        first = self.config_costs(variants[0])
+        if first is None:
+            return None
+        stages = list(first.stages)
+        for s in {0, len(stages) - 1}:
+            fs = [self.cm.stage_fixed(stage_costs.stage_context(v, s, self.space.global_batch_size)) for v in variants]
+            least = StageFixed(**{k: min(getattr(f, k) for f in fs) for k in
+                                  ("time_s", "step_time_s", "state_bytes", "activation_bytes", "other_bytes")})
+            stages[s] = replace(stages[s], fixed=least)
+        return replace(first, stages=stages, dp_cache={})
+
     # ------------------------------------------------------------------ the search
     def search(self, progress: Progress | None = None, configs: Sequence[PipelineConfig] | None = None,
                incumbent_s: float = math.inf) -> PlanResult:
@@ -397,51 +422,62 @@ class Planner:
         t0 = time.perf_counter()
         base = list(configs) if configs is not None else self.space.pipeline_configs()
         n_total = 0
-        bounded: list[tuple[float, PipelineConfig, stage_costs.ConfigCosts]] = []
+        # (bound, pp, m, tie, config, its costs) or, for a configuration's embedding variants bounded
+        # together, (bound, pp, m, tie, None, the variants): expanded when they reach the front
+        heap: list[tuple[float, int, int, int, PipelineConfig | None, Any]] = []
+        tie = itertools.count()
+
+        def push(var: PipelineConfig, cap: float) -> None:
+            cc = self.config_costs(var)
+            if cc is not None:
+                lb = self._ordering_bound(cc, cap)
+                if math.isfinite(lb) and lb < cap:
+                    heapq.heappush(heap, (lb, var.pp, var.micro_batches, next(tie), var, cc))
+
         for i, cfg in enumerate(base):
             variants = self.embedding_variants(cfg)
             n_total += len(variants)
-            for var in variants:
-                cc = self.config_costs(var)
-                if cc is None:
-                    continue
-                lb = self.lower_bound(cc) if self.opt.use_bounds else 0.0
-                if self.opt.use_bounds and not cc.uniform and lb < incumbent_s:
-                    # mixed kinds solve on the DP alone (costly): order them by the tighter bound too
-                    lb = max(lb, self.joint_bound(cc))
+            group = self._embedding_relaxation(variants) if self.opt.use_bounds and len(variants) > 1 else None
+            if group is not None:
+                lb = self._ordering_bound(group, incumbent_s)
                 if math.isfinite(lb) and lb < incumbent_s:
-                    bounded.append((lb, var, cc))
+                    heapq.heappush(heap, (lb, cfg.pp, cfg.micro_batches, next(tie), None, variants))
+            else:
+                for var in variants:
+                    push(var, incumbent_s)
             if progress and i % 16 == 0:
                 progress(0.3 * (i + 1) / len(base), f"bounded {i + 1}/{len(base)} pipeline configurations")
-        bounded.sort(key=lambda x: (x[0], x[1].pp, x[1].micro_batches))
         best_v = incumbent_s
         best: tuple[stage_costs.ConfigCosts, tuple[int, ...]] | None = None
         ranking: list[ConfigOutcome] = []
-        solved = pruned = 0
+        solved = 0
         time_limited = False
-        for j, (lb, cfg, cc) in enumerate(bounded):
+        while heap:
+            lb, _, _, _, popped, payload = heapq.heappop(heap)
             if lb >= best_v * (1 - 1e-12):
-                pruned += len(bounded) - j
                 break
+            if popped is None:  # embedding variants bounded together: now each with its own bound
+                for variant in payload:
+                    push(variant, best_v)
+                continue
+            cfg, cc = popped, payload
             over_time = self.opt.time_limit_s is not None and time.perf_counter() - t0 > self.opt.time_limit_s
             if over_time and (best is not None or math.isfinite(incumbent_s)):
-                pruned += len(bounded) - j
                 time_limited = True
                 break
             # (mixed kinds have it in lb already)
             if self.opt.use_bounds and cc.uniform and self.joint_bound(cc) >= best_v * (1 - 1e-12):
-                pruned += 1
                 continue
             v, parts = self.solve_config(cc)
             solved += 1
             ranking.append(ConfigOutcome(cfg, v, parts, lb))
             if v < best_v:
                 best_v, best = v, (cc, parts)
-            if progress and (j % 4 == 0):
-                progress(0.3 + 0.7 * (j + 1) / len(bounded),
+            if progress and (solved % 4 == 1):
+                progress(0.3 + 0.7 * min(1.0, solved / max(1, len(heap) + solved)),
                          f"pp={cfg.pp} m={cfg.micro_batches} {cfg.schedule}: best {best_v:.4g} s/step")
         self.time_limited = time_limited
-        pruned += n_total - len(bounded)
+        pruned = n_total - solved  # by a bound (or by the time limit)
         # kept for the caller when nothing beats the incumbent: the search did run, and says how much
         self.last_counts = (n_total, solved, pruned)
         if best is None:

@@ -97,3 +97,30 @@ def test_polishing_the_chosen_configuration_with_finer_bins_only_helps() -> None
     assert fine["estimate"]["fits"]
     assert fine["estimate"]["step_time_s"] < coarse["estimate"]["step_time_s"]
     assert fine["estimate"]["step_time_s"] == pytest.approx(fine["search"]["planner_step_time_s"], rel=1e-9)
+
+
+def test_embedding_variants_bounded_together_bound_each_and_the_solved_step() -> None:
+    """A configuration's embedding variants are first bounded together (edge stages' fixed terms at their
+    least over the variants); that bound must not exceed any variant's own bound or solved step time."""
+    req = parse(HybridRequest, {"kind": "hybrid", "model": {"preset": "gpt3-175b", "num_layers": 8},
+                                "cluster": {"gpu": "A100-80GB", "nodes": 2, "gpus_per_node": 8},
+                                "training": {"global_batch_size": 64, "seq_length": 2048}})
+    planner = Planner(make_cost_model(req), build_space(req), layer_kinds(req.model))
+    groups = 0
+    for cfg in build_space(req).pipeline_configs():
+        variants = planner.embedding_variants(cfg)
+        group = planner._embedding_relaxation(variants) if len(variants) > 1 else None
+        if group is None:
+            continue
+        together = planner.lower_bound(group)
+        distinct = set()
+        for var in variants:
+            cc = planner.config_costs(var)
+            assert cc is not None
+            own = planner.lower_bound(cc)
+            distinct.add(round(own, 9))
+            assert together <= own * (1 + 1e-12)
+            step, _ = planner.solve_config(cc)
+            assert together <= step * (1 + 1e-12)
+        groups += len(distinct) > 1
+    assert groups >= 5  # variants that the bounds tell apart
