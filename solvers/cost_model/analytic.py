@@ -42,6 +42,19 @@ _RC_CODE = {"none": mem.RC_NONE, "selective": mem.RC_SELECTIVE, "full": mem.RC_F
 _CACHE_LIMIT = 4096
 
 
+def zero_traffic_s(zero: np.ndarray | int, allreduce: np.ndarray | float, gather_w: np.ndarray | float,
+                   scatter_g: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """(per micro-batch, per step) data-parallel traffic of a ZeRO level, from the collectives' times over
+    the replica group. ZeRO-0: one all-reduce of the accumulated gradients per step; ZeRO-1 (Megatron's
+    distributed optimizer): reduce-scatter them, update the local shard, all-gather the new weights (at
+    their own width) per step; ZeRO-2 reduce-scatters every micro-batch and gathers per step; ZeRO-3
+    gathers for forward and backward and reduce-scatters every micro-batch."""
+    per_mb = np.where(zero == 3, 2 * np.asarray(gather_w) + scatter_g, np.where(zero == 2, scatter_g, 0.0))
+    per_step = np.where(zero == 0, allreduce,
+                        np.where(zero == 1, np.asarray(scatter_g) + gather_w, np.where(zero == 2, gather_w, 0.0)))
+    return per_mb, per_step
+
+
 @dataclass(frozen=True)
 class Candidates:
     """Candidate layer strategies as aligned float arrays."""
@@ -255,13 +268,8 @@ class AnalyticCostModel:
         sync = over_groups("allreduce", cal.grad_comm_bytes)
         gather_w = over_groups("allgather", self.state_per_param.params)
         scatter_g = over_groups("reduce_scatter", cal.grad_comm_bytes)
-        per_mb = np.where(c.zero == 3, 2 * gather_w + scatter_g, np.where(c.zero == 2, scatter_g, 0.0))
+        per_mb, per_step = zero_traffic_s(c.zero, sync, gather_w, scatter_g)
         dp_mb = np.maximum(0.0, per_mb - cal.zero_overlap * (compute + recompute))
-        # ZeRO-0: one all-reduce of the accumulated gradients; ZeRO-1 (Megatron's distributed optimizer):
-        # reduce-scatter them, update the local shard, all-gather the new weights (at their own width);
-        # ZeRO-2 reduce-scatters every micro-batch and gathers per step; ZeRO-3 gathers per micro-batch
-        per_step = np.where(c.zero == 0, sync,
-                            np.where(c.zero == 1, scatter_g + gather_w, np.where(c.zero == 2, gather_w, 0.0)))
         dp_step = np.maximum(0.0, per_step - cal.dp_overlap * (bwd + recompute))
         opt_params = np.sum([p / np.where(c.zero >= 1, grp, 1.0) for p, grp, _ in groups], axis=0)
         optimizer = self._hbm(opt_params * cal.optimizer_traffic_bytes)
@@ -384,25 +392,22 @@ class AnalyticCostModel:
             params = copies * V * h / tp_e
             w, g, o = (float(x) for x in mem.model_state_bytes(params, dp_e, emb.zero, self.state_per_param))
             mparts.update({"parameters": w, "gradients": g, "optimizer": o})
-            # the layers' rule (``_layer_costs``): ZeRO-0 all-reduces the accumulated gradients per step,
-            # ZeRO-1 reduce-scatters them and all-gathers the weights per step, ZeRO-2 reduce-scatters per
-            # micro-batch, ZeRO-3 also gathers the weights for forward and backward (held while they run)
+            # the layers' ZeRO rule; only the collectives this level uses are costed
             size, k = np.array([float(dp_e)]), np.array([k_dp])
 
             def collective(op: CollectiveOp, per_param: float) -> float:
                 return float(self._collective(op, np.array([params * per_param]), size, k)[0])
 
-            if emb.zero == 0:
-                sync = collective("allreduce", cal.grad_comm_bytes)
-            else:
-                gather_w = collective("allgather", self.state_per_param.params)
-                scatter_g = collective("reduce_scatter", cal.grad_comm_bytes)
-                per_mb = {3: 2 * gather_w + scatter_g, 2: scatter_g}.get(emb.zero, 0.0)
-                if per_mb:
-                    parts["dp_comm_exposed"] = max(0.0, per_mb - cal.zero_overlap * parts.get("compute", 0.0))
-                if emb.zero == 3:
-                    mparts["gathered"] = params * self.state_per_param.params - w
-                sync = {1: scatter_g + gather_w, 2: gather_w}.get(emb.zero, 0.0)
+            zero = emb.zero
+            allreduce = collective("allreduce", cal.grad_comm_bytes) if zero == 0 else 0.0
+            gather_w = collective("allgather", self.state_per_param.params) if zero else 0.0
+            scatter_g = collective("reduce_scatter", cal.grad_comm_bytes) if zero else 0.0
+            per_mb, per_step = (float(x) for x in zero_traffic_s(zero, allreduce, gather_w, scatter_g))
+            if per_mb:
+                parts["dp_comm_exposed"] = max(0.0, per_mb - cal.zero_overlap * parts.get("compute", 0.0))
+            if zero == 3:  # gathered for forward and backward, held while they run
+                mparts["gathered"] = params * self.state_per_param.params - w
+            sync = per_step
             if self.model.tied_embeddings and pipelined:  # first and last stage sum the shared embedding's grads
                 sync += float(comm.allreduce_s(V * h / tp_e * cal.grad_comm_bytes, 2, 1, self.links))
             step_parts["dp_comm_exposed"] = sync * (1.0 - cal.dp_overlap)

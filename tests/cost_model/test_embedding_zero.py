@@ -10,6 +10,7 @@ import pytest
 from solvers.cost_model import communication as comm
 from solvers.cost_model.aggregate import stage_context
 from solvers.cost_model.analytic import AnalyticCostModel
+from solvers.cost_model.calibration import DEFAULT_CALIBRATION
 from solvers.request import HybridRequest, parse
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
@@ -20,8 +21,8 @@ def _fixed(zero: int, dp_overlap: float = 1.0) -> tuple[AnalyticCostModel, dict[
                                                           dict[str, float]]:
     req = parse(HybridRequest, request(model={"preset": "llama2-7b", "num_layers": 2},
                                        cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8}))
-    model = AnalyticCostModel(req.model, req.cluster, req.training)
-    model.cal = replace(model.cal, dp_overlap=dp_overlap)
+    model = AnalyticCostModel(req.model, req.cluster, req.training,
+                              calibration=replace(DEFAULT_CALIBRATION, dp_overlap=dp_overlap))
     plan = PlanStrategy(pp=1, micro_batches=8, layers=(LayerStrategy(dp=8),) * 2, stage_layers=(2,),
                         embedding=EmbeddingStrategy(tp=1, dp=8, zero=zero))
     fixed = model.stage_fixed(stage_context(plan, 0, 64))
