@@ -21,7 +21,7 @@ import numpy as np
 
 from solvers.cost_model.base import CostModel, Estimate
 from solvers.hybrid.space import ALL_RECOMPUTE, PipelineConfig, SearchSpace
-from solvers.hybrid.stage_costs import layout_transitions, stage_context
+from solvers.hybrid.stage_costs import fixed_memory_bytes, layout_transitions, stage_context
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute
 
 
@@ -93,8 +93,7 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
                 key = (s, emb)
                 if key not in fixed:
                     fx = cm.stage_fixed(stage_context(replace(cfg, embedding=emb), s, batch))
-                    fixed[key] = (fx.time_s, fx.step_time_s, fx.state_bytes + fx.other_bytes
-                                  + infl[s] * fx.activation_bytes)
+                    fixed[key] = (fx.time_s, fx.step_time_s, fixed_memory_bytes(fx, infl[s]))
                 ft[s, j], fu[s, j], fm[s, j] = fixed[key]
         t, u, mem = t + ft, u + fu, mem + fm
         fits = np.all(np.isfinite(t), axis=0) & (np.max(mem, axis=0) <= cm.memory_limit_bytes)

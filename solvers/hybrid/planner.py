@@ -377,7 +377,7 @@ class Planner:
                 ctx = stage_costs.stage_context(c, s, self.space.global_batch_size)
                 f = self.cm.stage_fixed(ctx)
                 infl = float(self.cm.in_flight_micro_batches(ctx))
-                vec += [f.time_s, f.step_time_s, f.state_bytes + f.other_bytes + infl * f.activation_bytes]
+                vec += [f.time_s, f.step_time_s, stage_costs.fixed_memory_bytes(f, infl)]
             arr = np.asarray(vec, dtype=float)
             if np.all(np.isfinite(arr)):
                 rows.append((emb, arr))

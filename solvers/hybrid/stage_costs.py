@@ -13,9 +13,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from solvers.cost_model.aggregate import stage_memory_bytes
 from solvers.cost_model.base import CostModel, LayerCosts, StageContext, StageFixed
 from solvers.hybrid.space import PipelineConfig
 from solvers.strategy import LayerStrategy
+
+
+def fixed_memory_bytes(fixed: StageFixed, in_flight: float) -> float:
+    """A stage's memory outside its layers: edge-layer states, reserves and ``in_flight`` micro-batches of
+    the edge layers' activations (the evaluator's formula, without a layer transient)."""
+    return stage_memory_bytes(fixed.state_bytes, fixed.activation_bytes, in_flight, 0.0, fixed.other_bytes)
 
 
 @dataclass
@@ -39,8 +46,7 @@ class StageInputs:
         return c.state_bytes + self.in_flight * c.activation_bytes
 
     def fixed_memory(self) -> float:
-        f = self.fixed
-        return f.state_bytes + f.other_bytes + self.in_flight * f.activation_bytes
+        return fixed_memory_bytes(self.fixed, self.in_flight)
 
     def transitions(self) -> tuple[np.ndarray, np.ndarray]:
         """(layout class of each candidate, class-to-class transition seconds per micro-batch)."""
