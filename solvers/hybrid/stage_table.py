@@ -108,11 +108,11 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
     which = np.full(n, -1, dtype=np.int64)
     runs: list[_Run] = []
     all_classes, all_trans = st.transitions()
+    mem = {k: st.memory(k) for k in kind_set}
     for level in peak_thresholds(extra_all, peak_levels, unit):
         # Each layer's least memory (its kind's leanest allowed candidate) is taken off the budget exactly; the
         # bins count only what a candidate needs above it. Rounding up then costs nothing for lean layers, and
         # a deep stage no longer loses up to a bin per layer (at 128 layers and 128 bins: the whole budget).
-        mem = {k: st.memory(k) for k in kind_set}
         allowed = {k: st.costs[k].peak_extra_bytes <= level for k in kind_set}
         base = {k: float(np.min(mem[k][allowed[k]])) if np.any(allowed[k]) else INF for k in kind_set}
         spent = np.cumsum([base[k] for k in seq])
