@@ -57,7 +57,7 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
     n_layers, batch = space.num_layers, space.global_batch_size
     for cfg in configs:
         g, mbs = space.num_gpus // cfg.pp, batch // cfg.micro_batches
-        cands = [x for x in strategies if x.world == g and mbs % x.dp == 0]
+        cands = tuple(x for x in strategies if x.world == g and mbs % x.dp == 0)  # a tuple: asked by identity
         if not cands:
             continue
         parts = even_split(n_layers, cfg.pp)

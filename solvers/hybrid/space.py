@@ -98,14 +98,17 @@ class SearchSpace:
             and (self.tp_across_nodes or self.gpus_per_node % t == 0 or t == 1)
         ]
 
-    def layer_candidates(self, stage_gpus: int, micro_batch_samples: int) -> list[LayerStrategy]:
-        """Every legal layer strategy on a stage of ``stage_gpus`` GPUs for micro-batches of that many samples."""
+    def layer_candidates(self, stage_gpus: int, micro_batch_samples: int) -> tuple[LayerStrategy, ...]:
+        """Every legal layer strategy on a stage of ``stage_gpus`` GPUs for micro-batches of that many samples.
+
+        A tuple, the same object on every call: the cost model recognises it by identity instead of hashing
+        hundreds of strategies per question."""
         key = (stage_gpus, micro_batch_samples)
         hit = _CANDIDATES.get((self, key))
         if hit is None:
             if len(_CANDIDATES) > 4096:  # a process serving many requests: keep the cache bounded
                 _CANDIDATES.clear()
-            hit = _CANDIDATES[(self, key)] = self._layer_candidates(stage_gpus, micro_batch_samples)
+            hit = _CANDIDATES[(self, key)] = tuple(self._layer_candidates(stage_gpus, micro_batch_samples))
         return hit
 
     def _layer_candidates(self, stage_gpus: int, micro_batch_samples: int) -> list[LayerStrategy]:
@@ -166,7 +169,7 @@ class SearchSpace:
         return list(self.zero_levels)
 
 
-_CANDIDATES: dict[tuple[SearchSpace, tuple[int, int]], list[LayerStrategy]] = {}
+_CANDIDATES: dict[tuple[SearchSpace, tuple[int, int]], tuple[LayerStrategy, ...]] = {}
 
 SpaceMode = Literal["full", "galvatron"]
 

@@ -98,7 +98,7 @@ def _subset(c: LayerCosts, keep: np.ndarray) -> LayerCosts:
                       c.peak_extra_bytes[keep])
 
 
-def build(cm: CostModel, cfg: PipelineConfig, candidates: list[LayerStrategy], kinds: Sequence[Hashable],
+def build(cm: CostModel, cfg: PipelineConfig, candidates: Sequence[LayerStrategy], kinds: Sequence[Hashable],
           global_batch: int, memo: dict[tuple[object, ...], object] | None = None) -> ConfigCosts:
     """Ask the cost model about ``candidates`` on every stage of ``cfg`` (once per layer kind).
 
@@ -146,7 +146,7 @@ def _layout(x: LayerStrategy) -> tuple[object, ...]:
     return (x.tp, x.dp, x.cp, x.sp, x.ep)
 
 
-def layout_classes(cm: CostModel, cands: list[LayerStrategy], ctx: StageContext) -> tuple[np.ndarray, np.ndarray]:
+def layout_classes(cm: CostModel, cands: Sequence[LayerStrategy], ctx: StageContext) -> tuple[np.ndarray, np.ndarray]:
     """Candidates grouped by layout (tp, dp, cp, sp, ep), and ``transition_s`` between layouts.
 
     Re-layout moves activations between differently split layers; ZeRO and recompute do not change where
@@ -179,7 +179,7 @@ def merge_equivalent(cls: np.ndarray, trans: np.ndarray) -> tuple[np.ndarray, np
     return new_of_old[cls], trans[np.ix_(reps, reps)]
 
 
-def layout_transitions(cm: CostModel, cands: list[LayerStrategy], ctx: StageContext) -> np.ndarray:
+def layout_transitions(cm: CostModel, cands: Sequence[LayerStrategy], ctx: StageContext) -> np.ndarray:
     """``transition_s`` for all candidate pairs (expanded from the per-layout matrix)."""
     cls, small = layout_classes(cm, cands, ctx)
     return small[np.ix_(cls, cls)]
