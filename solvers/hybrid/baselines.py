@@ -55,6 +55,7 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
         first_of.setdefault(k, i)
     best: Baseline | None = None
     n_layers, batch = space.num_layers, space.global_batch_size
+    linear = bool(getattr(cm, "linear_pipeline", False))
     for cfg in configs:
         g, mbs = space.num_gpus // cfg.pp, batch // cfg.micro_batches
         cands = tuple(x for x in strategies if x.world == g and mbs % x.dp == 0)  # a tuple: asked by identity
@@ -84,12 +85,19 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
                 extra = np.maximum(extra, lc.peak_extra_bytes)
             mem[s] += extra
             start += n
+        # fixed terms only add time and memory: a candidate that misses without them misses with them
+        alive = np.max(mem, axis=0) <= cm.memory_limit_bytes
+        if linear:
+            alive &= _linear_step(t, u, cfg) < (best.step_time_s if best else math.inf)
+        if not alive.any():
+            continue
         # plus each stage's fixed terms under the candidate's embedding (Megatron: the layers' TP group)
         embs = [megatron_embedding(x) for x in cands]
         fixed: dict[tuple[int, EmbeddingStrategy], tuple[float, float, float]] = {}
-        ft, fu, fm = (np.zeros_like(t) for _ in range(3))
+        ft, fu, fm = (np.full_like(t, np.inf) for _ in range(3))
         for s in range(cfg.pp):
-            for j, emb in enumerate(embs):
+            for j in map(int, np.flatnonzero(alive)):
+                emb = embs[j]
                 key = (s, emb)
                 if key not in fixed:
                     fx = cm.stage_fixed(stage_context(replace(cfg, embedding=emb), s, batch))
@@ -108,6 +116,13 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
     return best
 
 
+def _linear_step(t: np.ndarray, u: np.ndarray, cfg: PipelineConfig) -> np.ndarray:
+    """``pipeline.step_time_s`` for every candidate (columns) of per-stage times (rows) at once."""
+    v = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
+    slowest = np.max(t, axis=0)
+    return cfg.micro_batches * slowest + (np.sum(t, axis=0) - slowest) / v + np.max(u, axis=0)
+
+
 def _dp_strategies(n: int, zero: int, recomputes: Iterable[Recompute]) -> list[LayerStrategy]:
     return [LayerStrategy(tp=1, dp=n, zero=zero if n > 1 else 0, recompute=r) for r in recomputes]
 
@@ -116,7 +131,9 @@ def _single_stage(space: SearchSpace) -> list[PipelineConfig]:
     return [PipelineConfig(1, m) for m in space.micro_batch_options(1)]
 
 
-def megatron(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> Baseline | None:
+def megatron_grid(space: SearchSpace) -> tuple[list[PipelineConfig], list[LayerStrategy]]:
+    """The Megatron-LM style grid: 1F1B or interleaved configurations, and per pipeline degree every TP
+    (with Megatron SP) × ZeRO-0/1 × recompute, data parallel over the rest of the stage."""
     configs = [c for c in space.pipeline_configs() if c.schedule in ("1f1b", "interleaved")]
     strategies = []
     for pp in space.pp_options():
@@ -126,7 +143,12 @@ def megatron(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> Ba
                 for rc in ALL_RECOMPUTE:
                     strategies.append(LayerStrategy(tp=tp, dp=g // tp, sp="megatron" if tp > 1 else None,
                                                     zero=zero if g // tp > 1 else 0, recompute=rc))
-    return best_uniform(cm, space, kinds, configs, dict.fromkeys(strategies), "megatron")
+    return configs, list(dict.fromkeys(strategies))
+
+
+def megatron(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> Baseline | None:
+    configs, strategies = megatron_grid(space)
+    return best_uniform(cm, space, kinds, configs, strategies, "megatron")
 
 
 def zero3_dp(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> Baseline | None:

@@ -1,0 +1,103 @@
+"""The uniform baselines are the best plans of their grids: equal to evaluating every uniform plan.
+
+``best_uniform`` skips a candidate whose layers alone (before the embedding and pipeline terms) already
+miss the memory limit or, for a linear pipeline, the best step found so far; these tests enumerate the
+grid with the cost model's own ``evaluate`` and nothing skipped."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+
+from solvers.cost_model import pipeline
+from solvers.cost_model.base import CostModel
+from solvers.cost_model.factory import make_cost_model
+from solvers.hybrid import baselines
+from solvers.hybrid.api import layer_kinds
+from solvers.hybrid.space import PipelineConfig, SearchSpace, build_space
+from solvers.request import HybridRequest, parse
+from solvers.strategy import LayerStrategy, PlanStrategy, Schedule
+from tests.hybrid.synthetic import SyntheticCostModel
+from tests.hybrid.test_exactness import small_case
+
+
+def enumerated_best(cm: CostModel, space: SearchSpace, configs: Sequence[PipelineConfig],
+                    strategies: Sequence[LayerStrategy]) -> float:
+    """Every uniform plan of the grid through ``cm.evaluate``; the least step time of those that fit."""
+    best = math.inf
+    for cfg in configs:
+        g, mbs = space.num_gpus // cfg.pp, space.global_batch_size // cfg.micro_batches
+        parts = baselines.even_split(space.num_layers, cfg.pp)
+        if min(parts) < cfg.virtual_stages:
+            continue
+        for x in strategies:
+            if x.world != g or mbs % x.dp:
+                continue
+            plan = PlanStrategy(pp=cfg.pp, micro_batches=cfg.micro_batches, layers=(x,) * space.num_layers,
+                                stage_layers=parts, schedule=cfg.schedule, virtual_stages=cfg.virtual_stages,
+                                embedding=baselines.megatron_embedding(x))
+            est = cm.evaluate(plan)
+            if est.fits and est.step_time_s < best:
+                best = est.step_time_s
+    return best
+
+
+def _check(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> float:
+    configs, strategies = baselines.megatron_grid(space)
+    found = baselines.megatron(cm, space, kinds)
+    truth = enumerated_best(cm, space, configs, strategies)
+    if found is None:
+        assert truth == math.inf
+        return truth
+    assert math.isclose(found.step_time_s, truth, rel_tol=1e-9), (found.step_time_s, truth)
+    assert cm.evaluate(found.plan).fits
+    return truth
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_case())
+def test_megatron_baseline_equals_enumeration_of_its_grid(case: tuple[SyntheticCostModel, SearchSpace]) -> None:
+    """Synthetic models, linear pipelines (time pruning on) and not (memory pruning only), tight budgets."""
+    cm, space = case
+    _check(cm, space, list(range(cm.num_layers)) if cm.layer_scale else [0] * cm.num_layers)
+
+
+def _llama_request(limit_gib: float) -> HybridRequest:
+    return parse(HybridRequest, {
+        "kind": "hybrid", "model": {"preset": "llama2-7b"},
+        "cluster": {"gpu": "A100-40GB", "nodes": 1, "gpus_per_node": 8},
+        "training": {"global_batch_size": 16, "seq_length": 4096},
+        "constraints": {"memory_limit_gib": limit_gib}})
+
+
+def test_megatron_baseline_equals_enumeration_on_the_analytic_model() -> None:
+    """The analytic model, where the embedding's strategy changes the edge stages: at a loose limit, at a
+    limit just above the loose winner's peak memory (its layers alone then take nearly all of it) and at a
+    limit where few uniform plans fit."""
+    found: list[tuple[float, float]] = []
+    for limit in (40.0, None, 16.0):
+        if limit is None:  # just above the previous winner's peak
+            limit = found[-1][1] + 1e-6
+        req = _llama_request(limit)
+        cm, space = make_cost_model(req), build_space(req)
+        step = _check(cm, space, layer_kinds(req.model))
+        winner = baselines.megatron(cm, space, layer_kinds(req.model))
+        assert winner is not None
+        found.append((step, cm.evaluate(winner.plan).peak_memory_gib))
+    assert found[1][0] == found[0][0] < found[2][0]  # the tight limit keeps the winner; the low one binds
+
+
+def test_the_vectorised_step_is_the_pipeline_formula() -> None:
+    """``_linear_step`` prunes candidates: it must be exactly ``pipeline.step_time_s`` per candidate."""
+    rng = np.random.default_rng(0)
+    cases: tuple[tuple[Schedule, int, int, int], ...] = (
+        ("1f1b", 4, 8, 1), ("interleaved", 4, 8, 2), ("gpipe", 3, 5, 1), ("1f1b", 1, 3, 1))
+    for schedule, pp, m, v in cases:
+        t, u = rng.uniform(0.1, 2.0, (pp, 6)), rng.uniform(0.0, 1.0, (pp, 6))
+        cfg = PipelineConfig(pp, m, schedule=schedule, virtual_stages=v)
+        got = baselines._linear_step(t, u, cfg)
+        want = [pipeline.step_time_s(list(t[:, j]), list(u[:, j]), m, v, schedule) for j in range(6)]
+        np.testing.assert_allclose(got, want, rtol=1e-12)
