@@ -270,6 +270,23 @@ class Planner:
         sum_t = sum(fastest[k] for k in self.kinds) + sum(st.fixed.time_s for st in cc.stages)
         return max(j, (1 - 1 / (v * m)) * j + sum_t / v)
 
+    def compute_floor(self, cfg: PipelineConfig) -> float:
+        """A lower bound for a linear pipeline that needs no memory relaxation, checked before anything else
+        about ``cfg`` is computed: every layer at its fastest candidate (fixed terms ≥ 0 dropped), so the
+        stage times sum to at least Σ t, the slowest is at least Σ t / p, and the step
+        (m - 1/v) t_max + Σ t / v is at least ((m - 1/v) / p + 1/v) Σ t. It prunes configurations whose
+        bubble alone loses to the incumbent (deep pipelines with few micro-batches) at the cost of the layer
+        costs, which the configuration's embedding variants share."""
+        if not (self.linear and self.opt.use_bounds):
+            return 0.0
+        cc = self.config_costs(cfg)
+        if cc is None:
+            return math.inf
+        m = float(cfg.micro_batches)
+        v = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
+        fastest = {k: min(float(np.min(st.costs[k].time_s)) for st in cc.stages) for k in cc.stages[0].costs}
+        return ((m - 1 / v) / cfg.pp + 1 / v) * sum(fastest[k] for k in self.kinds)
+
     # ------------------------------------------------------------------ one configuration
     def solve_config(self, cc: stage_costs.ConfigCosts) -> tuple[float, tuple[int, ...]]:
         n, v = len(self.kinds), cc.config.virtual_stages
@@ -435,6 +452,9 @@ class Planner:
                     heapq.heappush(heap, (lb, var.pp, var.micro_batches, next(tie), var, cc))
 
         for i, cfg in enumerate(base):
+            if self.compute_floor(cfg) >= incumbent_s:
+                n_total += 1
+                continue
             variants = self.embedding_variants(cfg)
             n_total += len(variants)
             group = self._embedding_relaxation(variants) if self.opt.use_bounds and len(variants) > 1 else None

@@ -89,6 +89,32 @@ def test_lower_bound_never_exceeds_the_solved_configuration(case: tuple[Syntheti
         step, _ = planner.solve_config(cc)
         assert planner.lower_bound(cc) <= step * (1 + 1e-12)
         assert planner.joint_bound(cc) <= step * (1 + 1e-12)
+        assert planner.compute_floor(cfg) <= step * (1 + 1e-12)
+
+
+def test_compute_floor_is_tight_when_only_the_layers_cost() -> None:
+    """No memory pressure, no gradient sync, no embedding time, identical layers split evenly: every
+    configuration's step is its compute floor plus the edge stages' fixed 2 ms per step each (the floor drops
+    fixed terms; one stage holds both edges at pp = 1), so the floor is neither loose by more than that nor
+    ever above the step."""
+    cm = SyntheticCostModel(num_layers=4, num_gpus=4, memory_limit_bytes=20_000 * MIB, global_batch=8,
+                            dp_sync_s=0.0, embed_time_s=0.0, tp_comm_s_per_sample=0.0)
+    space = SearchSpace(num_gpus=4, gpus_per_node=4, num_layers=4, global_batch_size=8, seq_length=1024,
+                        heads=12, kv_heads=12, max_tp=1, max_pp=4, max_cp=1, sp_kinds=(None,), zero_levels=(0,),
+                        recomputes=("none",), schedules=("1f1b", "interleaved"))
+    planner = Planner(cm, space, kinds=[0] * 4)
+    checked = 0
+    for cfg in space.pipeline_configs():
+        cc = planner.config_costs(cfg)
+        if cc is None or 4 % cfg.pp or (cfg.pp == 1 and cfg.virtual_stages > 1):
+            continue
+        step, parts = planner.solve_config(cc)
+        if parts != (4 // cfg.pp,) * cfg.pp:
+            continue
+        floor = planner.compute_floor(cfg)
+        assert floor <= step <= floor + (0.004 if cfg.pp == 1 else 0.002) + 1e-9, (cfg, floor, step)
+        checked += 1
+    assert checked >= 4
 
 
 def test_coarse_memory_bins_lose_at_most_the_transient_rounding() -> None:
