@@ -279,12 +279,16 @@ class Planner:
         costs, which the configuration's embedding variants share."""
         if not (self.linear and self.opt.use_bounds):
             return 0.0
-        cc = self.config_costs(cfg)
-        if cc is None:
+        cands = self.space.layer_candidates(self.space.num_gpus // cfg.pp,
+                                            self.space.global_batch_size // cfg.micro_batches)
+        if not cands:
             return math.inf
+        stages = stage_costs.layer_costs_by_stage(self.cm, cfg, cands, self.kinds, self.space.global_batch_size,
+                                                  self._memo)
         m = float(cfg.micro_batches)
         v = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
-        fastest = {k: min(float(np.min(st.costs[k].time_s)) for st in cc.stages) for k in cc.stages[0].costs}
+        fastest = {k: min(float(np.min(c[k].time_s, initial=math.inf, where=np.isfinite(c[k].time_s)))
+                           for _, c in stages) for k in stages[0][1]}
         return ((m - 1 / v) / cfg.pp + 1 / v) * sum(fastest[k] for k in self.kinds)
 
     # ------------------------------------------------------------------ one configuration

@@ -98,19 +98,15 @@ def _subset(c: LayerCosts, keep: np.ndarray) -> LayerCosts:
                       c.peak_extra_bytes[keep])
 
 
-def build(cm: CostModel, cfg: PipelineConfig, candidates: Sequence[LayerStrategy], kinds: Sequence[Hashable],
-          global_batch: int, memo: dict[tuple[object, ...], object] | None = None) -> ConfigCosts:
-    """Ask the cost model about ``candidates`` on every stage of ``cfg`` (once per layer kind).
-
-    ``memo`` shares layer costs and transitions between configurations that differ only in the embedding
-    strategy (which changes the first/last stage's fixed terms, not the layers)."""
-    memo = {} if memo is None else memo
+def layer_costs_by_stage(cm: CostModel, cfg: PipelineConfig, candidates: Sequence[LayerStrategy],
+                         kinds: Sequence[Hashable], global_batch: int, memo: dict[tuple[object, ...], object]
+                         ) -> list[tuple[StageContext, dict[Hashable, LayerCosts]]]:
+    """Each stage's context and its candidates' costs per layer kind, memoised in ``memo`` (the layers'
+    costs do not depend on the embedding strategy, so a configuration's embedding variants share them)."""
     first_of: dict[Hashable, int] = {}
     for i, k in enumerate(kinds):
         first_of.setdefault(k, i)
-    stages: list[StageInputs] = []
-    keep = np.ones(len(candidates), dtype=bool)
-    raw: list[tuple[StageContext, dict[Hashable, LayerCosts]]] = []
+    out: list[tuple[StageContext, dict[Hashable, LayerCosts]]] = []
     for s in range(cfg.pp):
         ctx = stage_context(cfg, s, global_batch)
         base = (cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages, s)
@@ -120,9 +116,23 @@ def build(cm: CostModel, cfg: PipelineConfig, candidates: Sequence[LayerStrategy
             if not isinstance(hit, LayerCosts):
                 hit = memo[(*base, "layer", k)] = cm.layer_costs(i, candidates, ctx)
             costs[k] = hit
+        out.append((ctx, costs))
+    return out
+
+
+def build(cm: CostModel, cfg: PipelineConfig, candidates: Sequence[LayerStrategy], kinds: Sequence[Hashable],
+          global_batch: int, memo: dict[tuple[object, ...], object] | None = None) -> ConfigCosts:
+    """Ask the cost model about ``candidates`` on every stage of ``cfg`` (once per layer kind).
+
+    ``memo`` shares layer costs and transitions between configurations that differ only in the embedding
+    strategy (which changes the first/last stage's fixed terms, not the layers)."""
+    memo = {} if memo is None else memo
+    stages: list[StageInputs] = []
+    keep = np.ones(len(candidates), dtype=bool)
+    raw = layer_costs_by_stage(cm, cfg, candidates, kinds, global_batch, memo)
+    for _, costs in raw:
         for c in costs.values():
             keep &= _finite_mask(c)  # a cost model marks what it cannot model with inf/nan
-        raw.append((ctx, costs))
     cands = [c for c, k in zip(candidates, keep, strict=True) if k]
     for ctx, costs in raw:
         sub = {k: _subset(c, keep) for k, c in costs.items()}
