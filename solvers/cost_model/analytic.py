@@ -113,6 +113,8 @@ class AnalyticCostModel:
         self._by_identity: dict[int, tuple[tuple[LayerStrategy, ...], int, Candidates]] = {}
         self._fixed: dict[tuple[object, ...], StageFixed] = {}
         self._edges: dict[tuple[object, ...], tuple[dict[str, float], dict[str, float], dict[str, float], float]] = {}
+        self._edge_work: dict[tuple[object, ...], tuple[dict[str, float], float]] = {}
+        self._edge_states: dict[tuple[object, ...], tuple[dict[str, float], dict[str, float], float]] = {}
 
     # --- building blocks --------------------------------------------------------------------------
     def _gemm(self, m: np.ndarray | float, n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
@@ -358,20 +360,30 @@ class AnalyticCostModel:
     def _compute_edge_terms(self, n_stage: int, micro_batch_samples: float, first: bool, last: bool,
                             pipelined: bool, emb: EmbeddingStrategy
                             ) -> tuple[dict[str, float], dict[str, float], dict[str, float], float]:
+        tp_e = max(1, min(emb.tp, n_stage))
+        parts, act = self._edge_activity(n_stage, micro_batch_samples, first, last, tp_e)
+        step_parts, mparts, per_mb = self._edge_state(n_stage, first, last, pipelined, emb)
+        parts = dict(parts)
+        if per_mb:  # ZeRO-2/3 traffic every micro-batch, partly hidden behind the edge layers' compute
+            parts["dp_comm_exposed"] = max(0.0, per_mb - self.cal.zero_overlap * parts.get("compute", 0.0))
+        return parts, step_parts, mparts, act
+
+    def _edge_activity(self, n_stage: int, micro_batch_samples: float, first: bool, last: bool, tp_e: int
+                       ) -> tuple[dict[str, float], float]:
+        """The edge layers' work per micro-batch: (time parts, activation bytes). Depends on the tokens and the
+        vocabulary split, not on the ZeRO level (cached apart from the state, which does not see the tokens)."""
+        key = (n_stage, micro_batch_samples, first, last, tp_e)
+        hit = self._edge_work.get(key)
+        if hit is not None:
+            return hit
         cal, s, h, e = self.cal, self.training.seq_length, self.model.hidden_size, self.elem_bytes
         V = self.model.vocab_size
-        tp_e = max(1, min(emb.tp, n_stage))
         dp_e = max(1, n_stage // tp_e)  # the vocabulary-parallel embedding spans the whole stage
         tokens = micro_batch_samples * s / dp_e
         k_tp = float(comm.members_per_node(tp_e, 1, self.cluster.gpus_per_node))
-        k_dp = float(comm.members_per_node(dp_e, tp_e, self.cluster.gpus_per_node))
         parts: dict[str, float] = {}
-        step_parts: dict[str, float] = {}
-        mparts: dict[str, float] = {}
         act = 0.0
-        copies = 0
         if first and V:
-            copies += 1
             lookup = float(self._hbm(3.0 * tokens * h * e))  # gather rows, write, scatter-add gradient
             reduce = float(comm.allreduce_s(tokens * h * e, tp_e, k_tp, self.links))
             parts["compute"] = lookup
@@ -379,8 +391,6 @@ class AnalyticCostModel:
             # the embedding output, and its dropout mask where the model has hidden dropout
             act += tokens * h * (e + (1 if self.model.hidden_dropout > 0 else 0))
         if last and V:
-            if pipelined or not self.model.tied_embeddings:
-                copies += 1
             m = tokens
             logits = float(self._gemm(m, V / tp_e, h))
             head = 3.0 * logits + float(self._hbm(cal.elementwise_traffic * m * V / tp_e * 4.0))
@@ -388,11 +398,30 @@ class AnalyticCostModel:
             parts["tp_comm"] = parts.get("tp_comm", 0.0) + 2.0 * float(
                 comm.allreduce_s(tokens * h * e, tp_e, k_tp, self.links))
             act += m * V / tp_e * (4.0 + e) + tokens * h * e  # fp32 softmax, logits, final-norm input
+        hit = self._edge_work[key] = (parts, act)
+        return hit
+
+    def _edge_state(self, n_stage: int, first: bool, last: bool, pipelined: bool, emb: EmbeddingStrategy
+                    ) -> tuple[dict[str, float], dict[str, float], float]:
+        """The edge layers' weights under ``emb``: (per-step time parts, state bytes by part, ZeRO traffic per
+        micro-batch). Independent of the micro-batch (cached apart from the work, which depends on it)."""
+        key = (n_stage, first, last, pipelined, emb)
+        hit = self._edge_states.get(key)
+        if hit is not None:
+            return hit
+        cal, h, V = self.cal, self.model.hidden_size, self.model.vocab_size
+        tp_e = max(1, min(emb.tp, n_stage))
+        dp_e = max(1, n_stage // tp_e)
+        copies = int(bool(first and V)) + int(bool(last and V and (pipelined or not self.model.tied_embeddings)))
+        step_parts: dict[str, float] = {}
+        mparts: dict[str, float] = {}
+        per_mb = 0.0
         if V and copies:
             params = copies * V * h / tp_e
             w, g, o = (float(x) for x in mem.model_state_bytes(params, dp_e, emb.zero, self.state_per_param))
             mparts.update({"parameters": w, "gradients": g, "optimizer": o})
             # the layers' ZeRO rule; only the collectives this level uses are costed
+            k_dp = float(comm.members_per_node(dp_e, tp_e, self.cluster.gpus_per_node))
             size, k = np.array([float(dp_e)]), np.array([k_dp])
 
             def collective(op: CollectiveOp, per_param: float) -> float:
@@ -402,9 +431,8 @@ class AnalyticCostModel:
             allreduce = collective("allreduce", cal.grad_comm_bytes) if zero == 0 else 0.0
             gather_w = collective("allgather", self.state_per_param.params) if zero else 0.0
             scatter_g = collective("reduce_scatter", cal.grad_comm_bytes) if zero else 0.0
-            per_mb, per_step = (float(x) for x in zero_traffic_s(zero, allreduce, gather_w, scatter_g))
-            if per_mb:
-                parts["dp_comm_exposed"] = max(0.0, per_mb - cal.zero_overlap * parts.get("compute", 0.0))
+            mb, per_step = (float(x) for x in zero_traffic_s(zero, allreduce, gather_w, scatter_g))
+            per_mb = mb
             if zero == 3:  # gathered for forward and backward, held while they run
                 mparts["gathered"] = params * self.state_per_param.params - w
             sync = per_step
@@ -413,7 +441,8 @@ class AnalyticCostModel:
             step_parts["dp_comm_exposed"] = sync * (1.0 - cal.dp_overlap)
             shard = params / (dp_e if emb.zero >= 1 else 1)
             step_parts["optimizer"] = float(self._hbm(shard * cal.optimizer_traffic_bytes))
-        return parts, step_parts, mparts, act
+        hit = self._edge_states[key] = (step_parts, mparts, per_mb)
+        return hit
 
     def _stage_fixed(self, ctx: StageContext) -> StageFixed:
         cal, s, h, e = self.cal, self.training.seq_length, self.model.hidden_size, self.elem_bytes
