@@ -499,7 +499,29 @@ class AnalyticCostModel:
         est = evaluate_plan(self, plan, global_batch_size=self.training.global_batch_size,
                             seq_length=self.training.seq_length, model_flops_per_step=self.flops_per_step(),
                             peak_flops_per_gpu=self.peak_flops)
-        note = moe_cost.approximate_note(plan.layers)
-        if note:
-            est.notes.append(note)
+        for note in (moe_cost.approximate_note(plan.layers), self._unfused_attention_note(plan)):
+            if note:
+                est.notes.append(note)
         return est
+
+    def _unfused_attention_note(self, plan: PlanStrategy) -> str | None:
+        """Say so where the unfused attention's s² tensors are much of what a layer keeps: fused kernels
+        (FlashAttention, cuDNN) keep none of them and skip the masked half of causal scores, and a plan for a
+        stack that uses them should be asked with ``flash_attention``."""
+        if self.cal.flash_attention:
+            return None
+        s, e = self.training.seq_length, self.elem_bytes
+        mbs = self.training.global_batch_size / plan.micro_batches
+        worst_core, worst_share = 0.0, 0.0
+        for shape_id, x in dict.fromkeys(zip(self._shape_of_layer, plan.layers, strict=True)):
+            args = (self._shapes[shape_id], s, mbs / x.dp, x.tp, x.cp, _SP_CODE[x.sp], _RC_CODE[x.recompute], e)
+            kept = float(mem.activation_bytes(*args, flash=False)[0])
+            core = kept - float(mem.activation_bytes(*args, flash=True)[0])
+            if kept > 0 and core > worst_core:
+                worst_core, worst_share = core, core / kept
+        if worst_share < 0.25:
+            return None
+        return (f"unfused attention assumed (cost_model.calibration.flash_attention = false): the attention scores "
+                f"keep {worst_core / GIB:.2f} GiB per layer and micro-batch, {worst_share:.0%} of what such a layer "
+                f"keeps; fused attention (FlashAttention) keeps none of them and computes only the unmasked half "
+                f"of causal scores")

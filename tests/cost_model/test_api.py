@@ -90,3 +90,17 @@ def test_non_power_of_two_cluster() -> None:
     assert base["fits"] and piped["fits"]
     assert piped["strategy"]["stage_layers"] == [8, 8, 8]
     assert piped["breakdown_s"]["pp_bubble"] > 0 == base["breakdown_s"]["pp_bubble"]
+
+
+def test_unfused_attention_is_named_where_its_scores_dominate_a_layer() -> None:
+    """gpt3-1.3b (h 2048, 16 heads, dropout) at seq 4096, tp 2 without SP, one sample per rank (Korthikanti):
+    the attention core keeps 5 a s² b / t = 5 x 16 x 4096² / 2 bytes = 0.625 GiB per layer, the rest
+    (10 + 24 / t) s b h = 22 x 4096 x 2048 bytes = 0.172 GiB: 78 % of what the layer keeps. Full recompute
+    keeps no scores, and flash attention none at all."""
+    req = request(model={"preset": "gpt3-1.3b"}, training={"global_batch_size": 8, "seq_length": 4096},
+                  strategy={"tp": 2, "pp": 1, "dp": 8, "micro_batch_size": 1, "recompute": "none"})
+    note = [n for n in estimate(req)["notes"] if n.startswith("unfused attention")]
+    assert len(note) == 1 and "keep 0.62 GiB per layer" in note[0] and "78%" in note[0]
+    full = estimate({**req, "strategy": {**req["strategy"], "recompute": "full"}})
+    flash = estimate({**req, "cost_model": {"kind": "analytic", "calibration": {"flash_attention": True}}})
+    assert not any(n.startswith("unfused attention") for n in full["notes"] + flash["notes"])
