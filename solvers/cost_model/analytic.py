@@ -431,8 +431,7 @@ class AnalyticCostModel:
             allreduce = collective("allreduce", cal.grad_comm_bytes) if zero == 0 else 0.0
             gather_w = collective("allgather", self.state_per_param.params) if zero else 0.0
             scatter_g = collective("reduce_scatter", cal.grad_comm_bytes) if zero else 0.0
-            mb, per_step = (float(x) for x in zero_traffic_s(zero, allreduce, gather_w, scatter_g))
-            per_mb = mb
+            per_mb, per_step = (float(x) for x in zero_traffic_s(zero, allreduce, gather_w, scatter_g))
             if zero == 3:  # gathered for forward and backward, held while they run
                 mparts["gathered"] = params * self.state_per_param.params - w
             sync = per_step
