@@ -220,6 +220,9 @@ class Constraints(_Spec):
     max_tp: int | None = Field(default=None, gt=0)
     max_pp: int | None = Field(default=None, gt=0)
     max_cp: int | None = Field(default=None, gt=0)
+    # interleaved 1F1B: model chunks per GPU tried, 2..this (unset: 2; 1: no interleaving). More chunks shrink
+    # the bubble of deep pipelines (Llama 3 405B ran 16 stages) and cost search time and p2p.
+    max_virtual_stages: int | None = Field(default=None, gt=0)
     schedule: Literal["gpipe", "1f1b", "interleaved"] | None = None
     zero: int | None = Field(default=None, ge=0, le=3)
     # Sequence-parallel kind of every layer with tp > 1 ("none" = plain Megatron TP); unset = searched.

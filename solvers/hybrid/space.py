@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
+from solvers.errors import SpecError
 from solvers.hybrid.moe import with_expert_layouts
 from solvers.request import HybridRequest
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute, Schedule, SpKind
@@ -137,7 +138,8 @@ class SearchSpace:
         """Whether ``plan`` lies in this space (all its choices honour the request's constraints)."""
         if plan.pp not in self.pp_options() or plan.micro_batches not in self.micro_batch_options(plan.pp):
             return False
-        if plan.schedule not in self.schedules:
+        if plan.schedule not in self.schedules or (
+                plan.schedule == "interleaved" and plan.virtual_stages not in self.virtual_stage_options):
             return False
         g = self.num_gpus // plan.pp
         legal = set(self.layer_candidates(g, self.global_batch_size // plan.micro_batches))
@@ -194,9 +196,10 @@ def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:
         schedules = ("1f1b", "interleaved")
     zero_levels = (c.zero,) if c.zero is not None else (0, 1, 2, 3)
     micro = (c.micro_batches,) if c.micro_batches is not None else None
+    if c.schedule == "interleaved" and c.max_virtual_stages == 1:
+        raise SpecError.at(("constraints", "max_virtual_stages"),
+                           "the interleaved schedule needs at least 2 virtual stages per GPU")
     if c.micro_batches is not None and t.global_batch_size % c.micro_batches:
-        from solvers.errors import SpecError
-
         raise SpecError.at(
             ("constraints", "micro_batches"),
             f"{c.micro_batches} micro-batches do not divide global_batch_size {t.global_batch_size}",
@@ -221,6 +224,7 @@ def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:
         micro_batches=micro,
         num_experts=m.moe.num_experts if (m.moe is not None and mode == "full") else 1,
         allow_approximate=c.allow_approximate,
+        virtual_stage_options=tuple(range(2, (c.max_virtual_stages or 2) + 1)),
         notes=notes,
     )
     return space
