@@ -498,10 +498,20 @@ class AnalyticCostModel:
         est = evaluate_plan(self, plan, global_batch_size=self.training.global_batch_size,
                             seq_length=self.training.seq_length, model_flops_per_step=self.flops_per_step(),
                             peak_flops_per_gpu=self.peak_flops)
-        for note in (moe_cost.approximate_note(plan.layers), self._unfused_attention_note(plan)):
+        for note in (moe_cost.approximate_note(plan.layers), self._unfused_attention_note(plan),
+                     self._unfused_context_parallel_note(plan)):
             if note:
                 est.notes.append(note)
         return est
+
+    def _unfused_context_parallel_note(self, plan: PlanStrategy) -> str | None:
+        """Context parallelism as shipped (Megatron-LM through Transformer Engine, torchtitan through SDPA) runs
+        ring attention on fused kernels only; priced with unfused blocks, a plan that uses it should say so."""
+        if self.cal.flash_attention or all(x.cp == 1 for x in plan.layers):
+            return None
+        return ("context parallelism priced with unfused attention blocks; Megatron-LM (Transformer Engine) and "
+                "torchtitan run ring attention on fused kernels only: for such a stack ask with "
+                "cost_model.calibration.flash_attention = true")
 
     def _unfused_attention_note(self, plan: PlanStrategy) -> str | None:
         """Say so where the unfused attention's s² tensors are much of what a layer keeps: fused kernels

@@ -104,3 +104,14 @@ def test_unfused_attention_is_named_where_its_scores_dominate_a_layer() -> None:
     full = estimate({**req, "strategy": {**req["strategy"], "recompute": "full"}})
     flash = estimate({**req, "cost_model": {"kind": "analytic", "calibration": {"flash_attention": True}}})
     assert not any(n.startswith("unfused attention") for n in full["notes"] + flash["notes"])
+
+
+def test_context_parallel_with_unfused_attention_is_named() -> None:
+    """Ring attention ships on fused kernels only: a plan with cp > 1 under the unfused default says so."""
+    req = request(training={"global_batch_size": 16, "seq_length": 4096},
+                  strategy={"tp": 1, "cp": 2, "pp": 1, "dp": 8, "micro_batch_size": 1, "recompute": "full"})
+    notes = estimate(req)["notes"]
+    assert any(n.startswith("context parallelism priced with unfused") for n in notes)
+    flash = estimate({**req, "cost_model": {"kind": "analytic", "calibration": {"flash_attention": True}}})
+    no_cp = estimate({**req, "strategy": {**req["strategy"], "cp": 1, "dp": 16}})
+    assert not any(n.startswith("context parallelism") for n in flash["notes"] + no_cp["notes"])
