@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 MlpKind = Literal["gelu", "swiglu"]
@@ -220,10 +220,10 @@ class Constraints(_Spec):
     max_tp: int | None = Field(default=None, gt=0)
     max_pp: int | None = Field(default=None, gt=0)
     max_cp: int | None = Field(default=None, gt=0)
+    schedule: Literal["gpipe", "1f1b", "interleaved"] | None = None
     # interleaved 1F1B: model chunks per GPU tried, 2..this (unset: 2; 1: no interleaving). More chunks shrink
     # the bubble of deep pipelines (Llama 3 405B ran 16 stages) and cost search time and p2p.
     max_virtual_stages: int | None = Field(default=None, gt=0)
-    schedule: Literal["gpipe", "1f1b", "interleaved"] | None = None
     zero: int | None = Field(default=None, ge=0, le=3)
     # Sequence-parallel kind of every layer with tp > 1 ("none" = plain Megatron TP); unset = searched.
     sp: Literal["megatron", "ulysses", "none"] | None = None
@@ -231,6 +231,14 @@ class Constraints(_Spec):
     allow_approximate: bool = False
     time_limit_s: float | None = Field(default=None, gt=0)
     seed: int = 0
+
+
+    @field_validator("max_virtual_stages")
+    @classmethod
+    def _interleaving_needs_chunks(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v == 1 and info.data.get("schedule") == "interleaved":
+            raise ValueError("the interleaved schedule needs at least 2 virtual stages per GPU")
+        return v
 
 
 def memory_limit_bytes(cluster: ClusterSpec, constraints: Constraints | None) -> float:

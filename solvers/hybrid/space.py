@@ -196,9 +196,6 @@ def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:
         schedules = ("1f1b", "interleaved")
     zero_levels = (c.zero,) if c.zero is not None else (0, 1, 2, 3)
     micro = (c.micro_batches,) if c.micro_batches is not None else None
-    if c.schedule == "interleaved" and c.max_virtual_stages == 1:
-        raise SpecError.at(("constraints", "max_virtual_stages"),
-                           "the interleaved schedule needs at least 2 virtual stages per GPU")
     if c.micro_batches is not None and t.global_batch_size % c.micro_batches:
         raise SpecError.at(
             ("constraints", "micro_batches"),

@@ -47,6 +47,8 @@ def test_bad_input_is_422_naming_the_field(client: Any) -> None:
     assert any("gpus_per_nod" in loc for loc in _locs(client.post("/v1/plans", json=typo)))
     flexsp = {**REQUESTS["flexsp"], "batch": {"sequence_lengths": [-5]}}
     assert any(loc[:2] == ["body", "batch"] for loc in _locs(client.post("/v1/plans", json=flexsp)))
+    no_chunks = {**HYBRID, "constraints": {"schedule": "interleaved", "max_virtual_stages": 1}}
+    assert ["body", "constraints", "max_virtual_stages"] in _locs(client.post("/v1/plans", json=no_chunks))
     spindle = {**REQUESTS["spindle"], "workload": {"metaops": []}}
     assert any(loc[:2] == ["body", "workload"] for loc in _locs(client.post("/v1/plans", json=spindle)))
     with client.app.state.ctx.db.reading() as s:
