@@ -112,7 +112,6 @@ class AnalyticCostModel:
         self._arrays_of: dict[int, Candidates] = {}
         self._by_identity: dict[int, tuple[tuple[LayerStrategy, ...], int, Candidates]] = {}
         self._fixed: dict[tuple[object, ...], StageFixed] = {}
-        self._edges: dict[tuple[object, ...], tuple[dict[str, float], dict[str, float], dict[str, float], float]] = {}
         self._edge_work: dict[tuple[object, ...], tuple[dict[str, float], float]] = {}
         self._edge_states: dict[tuple[object, ...], tuple[dict[str, float], dict[str, float], float]] = {}
 
@@ -349,19 +348,8 @@ class AnalyticCostModel:
     def _edge_terms(self, n_stage: int, micro_batch_samples: float, first: bool, last: bool, pipelined: bool,
                     emb: EmbeddingStrategy) -> tuple[dict[str, float], dict[str, float], dict[str, float], float]:
         """The first stage's embedding and the last stage's head: (time parts, step parts, state bytes by
-        part, activation bytes). Shared by every schedule and stage count with the same stage size."""
-        key = (n_stage, micro_batch_samples, first, last, pipelined, emb)
-        hit = self._edges.get(key)
-        if hit is None:
-            hit = self._edges[key] = self._compute_edge_terms(n_stage, micro_batch_samples, first, last, pipelined,
-                                                              emb)
-        return hit
-
-    def _compute_edge_terms(self, n_stage: int, micro_batch_samples: float, first: bool, last: bool,
-                            pipelined: bool, emb: EmbeddingStrategy
-                            ) -> tuple[dict[str, float], dict[str, float], dict[str, float], float]:
-        tp_e = max(1, min(emb.tp, n_stage))
-        parts, act = self._edge_activity(n_stage, micro_batch_samples, first, last, tp_e)
+        part, activation bytes), from the work per micro-batch and the weights' state, each cached apart."""
+        parts, act = self._edge_activity(n_stage, micro_batch_samples, first, last, max(1, min(emb.tp, n_stage)))
         step_parts, mparts, per_mb = self._edge_state(n_stage, first, last, pipelined, emb)
         parts = dict(parts)
         if per_mb:  # ZeRO-2/3 traffic every micro-batch, partly hidden behind the edge layers' compute
