@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from solvers.strategy import Schedule
+
+
+def chunks(schedule: Schedule, virtual_stages: int) -> int:
+    """Model chunks per GPU the schedule runs: ``virtual_stages`` when interleaved, else 1."""
+    return virtual_stages if schedule == "interleaved" else 1
 
 
 def pipeline_time_s(stage_time_s: Sequence[float], micro_batches: int, virtual_stages: int = 1,
@@ -20,7 +27,7 @@ def pipeline_time_s(stage_time_s: Sequence[float], micro_batches: int, virtual_s
     """Time of the pipelined part of a step (all micro-batches through all stages)."""
     if not stage_time_s:
         return 0.0
-    v = virtual_stages if schedule == "interleaved" else 1
+    v = chunks(schedule, virtual_stages)
     slowest = max(stage_time_s)
     return micro_batches * slowest + (sum(stage_time_s) - slowest) / v
 
@@ -29,6 +36,15 @@ def step_time_s(stage_time_s: Sequence[float], stage_step_time_s: Sequence[float
                 virtual_stages: int = 1, schedule: Schedule = "1f1b") -> float:
     return pipeline_time_s(stage_time_s, micro_batches, virtual_stages, schedule) + max(stage_step_time_s,
                                                                                       default=0.0)
+
+
+def step_time_columns(stage_time_s: np.ndarray, stage_step_time_s: np.ndarray, micro_batches: int,
+                      virtual_stages: int = 1, schedule: Schedule = "1f1b") -> np.ndarray:
+    """``step_time_s`` for many candidates at once: one column each, one row per stage (the scalar form stays
+    plain Python, which the partition search calls far more often on few stages)."""
+    slowest = np.max(stage_time_s, axis=0)
+    fill = (np.sum(stage_time_s, axis=0) - slowest) / chunks(schedule, virtual_stages)
+    return micro_batches * slowest + fill + np.max(stage_step_time_s, axis=0)
 
 
 def bubble_fraction(pp: int, micro_batches: int, virtual_stages: int = 1) -> float:

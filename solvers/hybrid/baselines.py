@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from solvers.cost_model import pipeline
 from solvers.cost_model.base import CostModel, Estimate
 from solvers.hybrid.space import ALL_RECOMPUTE, PipelineConfig, SearchSpace
 from solvers.hybrid.stage_costs import fixed_memory_bytes, layout_transitions, stage_context
@@ -88,7 +89,8 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
         # fixed terms only add time and memory: a candidate that misses without them misses with them
         alive = np.max(mem, axis=0) <= cm.memory_limit_bytes
         if linear:
-            alive &= _linear_step(t, u, cfg) < (best.step_time_s if best else math.inf)
+            layers_step = pipeline.step_time_columns(t, u, cfg.micro_batches, cfg.virtual_stages, cfg.schedule)
+            alive &= layers_step < (best.step_time_s if best else math.inf)
         if not alive.any():
             continue
         # plus each stage's fixed terms under the candidate's embedding (Megatron: the layers' TP group)
@@ -114,13 +116,6 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
                                     virtual_stages=cfg.virtual_stages, embedding=embs[j])
                 best = Baseline(name, plan, step)
     return best
-
-
-def _linear_step(t: np.ndarray, u: np.ndarray, cfg: PipelineConfig) -> np.ndarray:
-    """``pipeline.step_time_s`` for every candidate (columns) of per-stage times (rows) at once."""
-    v = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
-    slowest = np.max(t, axis=0)
-    return cfg.micro_batches * slowest + (np.sum(t, axis=0) - slowest) / v + np.max(u, axis=0)
 
 
 def _dp_strategies(n: int, zero: int, recomputes: Iterable[Recompute]) -> list[LayerStrategy]:

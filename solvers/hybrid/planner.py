@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from solvers.cost_model.base import CostModel, StageFixed
+from solvers.cost_model import pipeline
+from solvers.cost_model.base import CostModel, LayerCosts, StageFixed
 from solvers.hybrid import bounds, partition, stage_costs, stage_table
 from solvers.hybrid.space import PipelineConfig, SearchSpace
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
@@ -260,15 +261,21 @@ class Planner:
             return 0.0
         cfg = cc.config
         m = float(cfg.micro_batches)
-        v = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
+        v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
         rows = []
         for s, st in enumerate(cc.stages):
             (joint,) = self._relaxed(cc, [self._step_values(st, m)], s)
             rows.append(joint + m * st.fixed.time_s + st.fixed.step_time_s)
         j = partition.min_max_value(len(self.kinds), self._by_start(cc, rows))
-        fastest = {k: min(float(np.min(st.costs[k].time_s)) for st in cc.stages) for k in cc.stages[0].costs}
-        sum_t = sum(fastest[k] for k in self.kinds) + sum(st.fixed.time_s for st in cc.stages)
+        sum_t = self._fastest_layers_s([st.costs for st in cc.stages]) + sum(st.fixed.time_s for st in cc.stages)
         return max(j, (1 - 1 / (v * m)) * j + sum_t / v)
+
+    def _fastest_layers_s(self, costs_by_stage: Sequence[dict[Hashable, LayerCosts]]) -> float:
+        """Every layer at its kind's fastest candidate on any stage (candidates a cost model cannot price,
+        inf or nan, left out): the least the layers' times can sum to."""
+        fastest = {k: min(float(np.min(c[k].time_s, initial=math.inf, where=np.isfinite(c[k].time_s)))
+                          for c in costs_by_stage) for k in costs_by_stage[0]}
+        return sum(fastest[k] for k in self.kinds)
 
     def compute_floor(self, cfg: PipelineConfig) -> float:
         """A lower bound for a linear pipeline that needs no memory relaxation, checked before anything else
@@ -286,10 +293,8 @@ class Planner:
         stages = stage_costs.layer_costs_by_stage(self.cm, cfg, cands, self.kinds, self.space.global_batch_size,
                                                   self._memo)
         m = float(cfg.micro_batches)
-        v = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
-        fastest = {k: min(float(np.min(c[k].time_s, initial=math.inf, where=np.isfinite(c[k].time_s)))
-                           for _, c in stages) for k in stages[0][1]}
-        return ((m - 1 / v) / cfg.pp + 1 / v) * sum(fastest[k] for k in self.kinds)
+        v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
+        return ((m - 1 / v) / cfg.pp + 1 / v) * self._fastest_layers_s([c for _, c in stages])
 
     # ------------------------------------------------------------------ one configuration
     def solve_config(self, cc: stage_costs.ConfigCosts) -> tuple[float, tuple[int, ...]]:

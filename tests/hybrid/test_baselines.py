@@ -91,13 +91,13 @@ def test_megatron_baseline_equals_enumeration_on_the_analytic_model() -> None:
 
 
 def test_the_vectorised_step_is_the_pipeline_formula() -> None:
-    """``_linear_step`` prunes candidates: it must be exactly ``pipeline.step_time_s`` per candidate."""
+    """``pipeline.step_time_columns`` prunes the baseline's candidates: it must be exactly
+    ``pipeline.step_time_s`` per candidate."""
     rng = np.random.default_rng(0)
     cases: tuple[tuple[Schedule, int, int, int], ...] = (
         ("1f1b", 4, 8, 1), ("interleaved", 4, 8, 2), ("gpipe", 3, 5, 1), ("1f1b", 1, 3, 1))
     for schedule, pp, m, v in cases:
         t, u = rng.uniform(0.1, 2.0, (pp, 6)), rng.uniform(0.0, 1.0, (pp, 6))
-        cfg = PipelineConfig(pp, m, schedule=schedule, virtual_stages=v)
-        got = baselines._linear_step(t, u, cfg)
+        got = pipeline.step_time_columns(t, u, m, v, schedule)
         want = [pipeline.step_time_s(list(t[:, j]), list(u[:, j]), m, v, schedule) for j in range(6)]
         np.testing.assert_allclose(got, want, rtol=1e-12)
