@@ -37,12 +37,20 @@ def space_mode(req: HybridRequest) -> SpaceMode:
 def _infeasible(planner: Planner, cm: CostModel) -> InfeasibleError:
     need = planner.min_memory_bytes()
     limit = cm.memory_limit_bytes / GIB
-    if need < float("inf"):
+    field = ("constraints", "memory_limit_gib")
+    if need == float("inf"):
+        msg = "no plan satisfies the constraints (no legal strategy for this model on this cluster)"
+    elif need / GIB > limit:
         msg = (f"no plan fits in {limit:.1f} GiB per GPU, even with ZeRO-3, full recompute and up to "
                f"pp={max(planner.space.pp_options())}; any plan needs at least {need / GIB:.1f} GiB per GPU")
-    else:
-        msg = "no plan satisfies the constraints (no legal strategy for this model on this cluster)"
-    err = InfeasibleError([FieldProblem(("constraints", "memory_limit_gib"), msg)])
+    elif planner.time_limited:
+        field = ("constraints", "time_limit_s")
+        msg = (f"the search stopped at its time limit before finding a plan; the leanest plan needs "
+               f"{need / GIB:.1f} GiB per GPU, within the {limit:.1f} GiB limit: allow more time")
+    else:  # the layer DP rounds memory up to its bins, so a plan this close to the limit can be missed
+        msg = (f"the leanest plan needs {need / GIB:.1f} GiB per GPU, within a memory bin of the {limit:.1f} GiB "
+               "limit, and the search's memory resolution missed it: raise the limit slightly")
+    err = InfeasibleError([FieldProblem(field, msg)])
     err.min_memory_gib = need / GIB  # type: ignore[attr-defined]
     return err
 

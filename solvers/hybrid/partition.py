@@ -206,24 +206,44 @@ def min_max_partition(total: int, k: int, lookup: StageLookup,
     return tuple(reversed(parts))
 
 
-def min_max_linear(total: int, fixed: Sequence[float], per_layer: Sequence[float]) -> float:
-    """Least possible ``max_s fixed[s] + n_s per_layer[s]`` over partitions of ``total`` layers (each n_s ≥ 1).
+# a stage's value: one number, or alternatives of which the stage takes the cheapest
+Alternatives = float | Sequence[float] | np.ndarray
 
-    Exact and O(k n log(k n)): the optimum is one of the values ``fixed[s] + n per_layer[s]``, and a threshold
+
+def _options(values: Sequence[Alternatives], pad: float) -> np.ndarray:
+    """Per-stage values, each a number or a list of alternatives, as a [stage, alternative] array padded
+    with ``pad`` (an alternative no stage would pick)."""
+    rows = [np.atleast_1d(np.asarray(v, dtype=float)) for v in values]
+    out = np.full((len(rows), max(r.size for r in rows)), pad)
+    for s, r in enumerate(rows):
+        out[s, :r.size] = r
+    return out
+
+
+def min_max_linear(total: int, fixed: Sequence[Alternatives],
+                   per_layer: Sequence[Alternatives]) -> float:
+    """Least possible ``max_s min_o fixed[s][o] + n_s per_layer[s][o]`` over partitions of ``total`` layers
+    (each n_s ≥ 1); a stage's entry is one number or several alternatives ``o`` (e.g. one per cap on a
+    layer's transient memory), of which the stage takes the least for its layer count.
+
+    Exact and O(k o n log(k o n)): the optimum is one of the values ``fixed + n per_layer``, and a threshold
     X is reachable iff every stage holds ≥ 1 layer within X and together they hold ≥ ``total``; binary
     search over the sorted candidate values. (The generic min-max DP is O(k n²) in Python: minutes for
     128 layers over hundreds of configurations.)"""
     k = len(fixed)
     if total < k:
         return INF
-    f = np.asarray(fixed, dtype=float)[:, None]
-    p = np.maximum(np.asarray(per_layer, dtype=float), 0.0)[:, None]
-    values = np.unique(f + np.arange(1, total + 1)[None, :] * p)
+    f = _options(fixed, INF)
+    p = np.maximum(_options(per_layer, 0.0), 0.0)
+    values = np.unique(f[:, :, None] + np.arange(1, total + 1)[None, None, :] * p[:, :, None])
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return INF
 
     def reachable(x: float) -> bool:
         with np.errstate(divide="ignore", invalid="ignore"):
             cap = np.where(p > 0, np.floor((x - f) / np.where(p > 0, p, 1.0) + 1e-9), np.where(x >= f, total, 0))
-        cap = np.minimum(cap, total)
+        cap = np.minimum(cap, total).max(axis=1)  # each stage at its roomiest alternative
         return bool(np.all(cap >= 1) and cap.sum() >= total)
 
     lo, hi = 0, values.size - 1
@@ -238,10 +258,11 @@ def min_max_linear(total: int, fixed: Sequence[float], per_layer: Sequence[float
     return float(values[lo])
 
 
-def min_max_prefix(fixed: Sequence[float], cum: Sequence[np.ndarray]) -> float:
-    """Least ``max_s fixed[s] + cum[s][end_s] - cum[s][start_s]`` over partitions into contiguous stages
-    (``cum[s]``: stage s's prefix sums over the layers, length total + 1). Vectorised DP, O(k n²) in numpy."""
-    k, total = len(fixed), len(cum[0]) - 1
+def min_max_prefix(fixed: Sequence[Alternatives], cum: Sequence[np.ndarray]) -> float:
+    """Least ``max_s min_o fixed[s][o] + cum[s][o][end_s] - cum[s][o][start_s]`` over partitions into
+    contiguous stages (``cum[s]``: stage s's prefix sums over the layers, length total + 1, or one row of them
+    per alternative ``o`` as in ``min_max_linear``). Vectorised DP, O(k o n²) in numpy."""
+    k, total = len(fixed), np.shape(cum[0])[-1] - 1
     if total < k:
         return INF
     j, n = np.meshgrid(np.arange(total + 1), np.arange(total + 1), indexing="ij")
@@ -251,8 +272,9 @@ def min_max_prefix(fixed: Sequence[float], cum: Sequence[np.ndarray]) -> float:
     best = np.full(total + 1, INF)
     best[0] = 0.0
     for s in range(k):
-        c = np.asarray(cum[s], dtype=float)
-        cost = fixed[s] + c[j] - c[start]
+        c = np.atleast_2d(np.asarray(cum[s], dtype=float))
+        f = np.atleast_1d(np.asarray(fixed[s], dtype=float))
+        cost = np.min(f[:, None, None] + c[:, j] - c[:, start], axis=0)
         best = np.min(np.where(valid, np.maximum(best[start], cost), INF), axis=1)
     return float(best[total])
 

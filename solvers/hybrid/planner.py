@@ -73,6 +73,23 @@ class PlanResult:
     time_limited: bool = False  # the time limit stopped the search before every configuration was settled
 
 
+def transient_levels(st: stage_costs.StageInputs) -> tuple[np.ndarray, dict[Hashable, np.ndarray]]:
+    """The stage's useful caps on a layer's transient memory and, per layer kind, the least resident memory
+    of a candidate within each cap: (caps, {kind: memory per cap}). Only caps that lower some kind's memory
+    are kept (a Pareto front of transient against resident memory)."""
+    levels = np.unique(np.concatenate([c.peak_extra_bytes for c in st.costs.values()]))
+    rows = {}
+    for k, c in st.costs.items():
+        order = np.argsort(c.peak_extra_bytes, kind="stable")
+        running = np.minimum.accumulate(st.memory(k)[order])
+        at = np.searchsorted(c.peak_extra_bytes[order], levels, side="right") - 1
+        rows[k] = np.where(at >= 0, running[np.maximum(at, 0)], math.inf)
+    table = np.stack(list(rows.values()))
+    keep = np.ones(levels.size, dtype=bool)
+    keep[1:] = np.any(table[:, 1:] < table[:, :-1], axis=0)
+    return levels[keep], {k: r[keep] for k, r in rows.items()}
+
+
 class Planner:
     """Search state for one request: caches live here."""
 
@@ -520,9 +537,11 @@ class Planner:
 
     # ------------------------------------------------------------------ infeasibility
     def min_memory_bytes(self) -> float:
-        """A lower bound on the per-GPU memory any plan in the space needs (for the infeasibility message):
-        every layer at its smallest candidate, the smallest transient, the best partition, the embedding
-        variant with the least memory."""
+        """The least per-GPU memory any plan in the space needs (for the infeasibility message): over every
+        configuration and embedding variant, the best partition, with every layer at its smallest candidate
+        under a cap on the stage's transient (a stage's peak holds its largest layer transient, so the
+        smallest resident memory and the smallest transient usually belong to different candidates and
+        their sum is no plan's memory)."""
         best = math.inf
         for base in self.space.pipeline_configs():
             for cfg in self.embedding_variants(base) or [base]:
@@ -534,10 +553,12 @@ class Planner:
     def _min_memory(self, cc: stage_costs.ConfigCosts) -> float:
         fixed, per_layer, cum = [], [], []
         for st in cc.stages:
-            per_kind = {k: float(np.min(st.memory(k))) for k in st.costs}
-            fixed.append(st.fixed_memory() + min(float(np.min(c.peak_extra_bytes)) for c in st.costs.values()))
+            levels, per_kind = transient_levels(st)
+            fixed.append(st.fixed_memory() + levels)
             per_layer.append(per_kind[self.kinds[0]])
-            cum.append(np.concatenate([[0.0], np.cumsum([per_kind[k] for k in self.kinds])]))
+            cum.append(np.concatenate([np.zeros((levels.size, 1)),
+                                       np.cumsum(np.stack([per_kind[k] for k in self.kinds], axis=1), axis=1)],
+                                      axis=1))
         if cc.uniform:
             return partition.min_max_linear(len(self.kinds), fixed, per_layer)
         return partition.min_max_prefix(fixed, cum)

@@ -14,6 +14,7 @@ import pytest
 from solvers.api import estimate, solve
 from solvers.cost_model.factory import make_cost_model
 from solvers.errors import InfeasibleError, SpecError
+from solvers.hybrid import baselines
 from solvers.hybrid.api import layer_kinds
 from solvers.hybrid.api import solve as solve_hybrid
 from solvers.hybrid.planner import Planner, PlannerOptions
@@ -80,6 +81,45 @@ def test_infeasible_request_names_the_memory_any_plan_needs() -> None:
     # it is a true lower bound: the plan found with room to spare uses at least that much
     roomy = solve({**req, "constraints": {"memory_limit_gib": 80}})
     assert roomy["estimate"]["peak_memory_gib"] >= need - 1e-9
+
+
+@pytest.mark.parametrize("layers,seq,batch", [(4, 65536, 1), (8, 32768, 2)])
+def test_the_minimum_memory_named_is_what_the_leanest_plan_needs(layers: int, seq: int, batch: int) -> None:
+    """Long sequences under unfused attention: the least resident memory (full recompute) and the least
+    transient (no recompute) belong to different candidates. The number named must be a plan's memory,
+    not their sum (once it said "needs at least 18.4 GiB" while refusing an 80 GiB limit)."""
+    req = {**SMALL, "model": {"preset": "llama2-7b", "num_layers": layers},
+           "training": {"global_batch_size": batch, "seq_length": seq}, "constraints": {"memory_limit_gib": 4}}
+    with pytest.raises(InfeasibleError) as err:
+        solve(req)
+    need = err.value.min_memory_gib  # type: ignore[attr-defined]
+    # a plan fits just above it (within the layer DP's memory resolution) ...
+    lean = solve({**req, "constraints": {"memory_limit_gib": need * 1.01 + 0.05}})
+    assert need - 1e-6 <= lean["estimate"]["peak_memory_gib"] <= need * 1.01 + 0.05
+    # ... and none just below it
+    with pytest.raises(InfeasibleError):
+        solve({**req, "constraints": {"memory_limit_gib": need * 0.99}})
+
+
+def test_a_search_stopped_by_its_time_limit_says_so_not_that_memory_is_short(monkeypatch: pytest.MonkeyPatch
+                                                                              ) -> None:
+    """When the leanest plan fits but the search gave up first (and no baseline stands in), the error names
+    the time limit, not the memory limit."""
+    def stopped(self: Planner, *args: object, **kwargs: object) -> None:
+        self.time_limited, self.last_counts = True, (1, 0, 1)
+        raise LookupError("time limit")
+
+    monkeypatch.setattr(Planner, "search", stopped)
+    for name in ("megatron", "zero3_dp", "pure_dp"):
+        monkeypatch.setattr(baselines, name, lambda *args: None)
+    with pytest.raises(InfeasibleError) as err:
+        solve({**SMALL, "constraints": {"memory_limit_gib": 60}})
+    problem = err.value.problems[0]
+    assert problem.loc == ("constraints", "time_limit_s") and "time limit" in problem.msg
+    assert err.value.min_memory_gib < 60  # type: ignore[attr-defined]
+    with pytest.raises(InfeasibleError) as err:
+        solve({**SMALL, "constraints": {"memory_limit_gib": 1}})
+    assert err.value.problems[0].loc == ("constraints", "memory_limit_gib")  # there, memory is what is short
 
 
 def test_bad_constraint_is_a_spec_error_naming_the_field() -> None:

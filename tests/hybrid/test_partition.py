@@ -36,6 +36,21 @@ def test_min_max_linear_equals_enumeration(total: int, data: st.DataObject) -> N
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 9), st.data())
+def test_min_max_with_alternatives_per_stage_equals_enumeration(total: int, data: st.DataObject) -> None:
+    """Each stage takes the cheapest of its alternatives for its layer count (linear and prefix forms)."""
+    k = data.draw(st.integers(1, 4))
+    opts = [data.draw(st.integers(1, 3)) for _ in range(k)]
+    fixed = [data.draw(st.lists(st.integers(0, 50), min_size=o, max_size=o)) for o in opts]
+    per = [data.draw(st.lists(st.integers(0, 20), min_size=o, max_size=o)) for o in opts]
+    want = _brute(total, k, lambda s, start, n: min(f + n * p for f, p in zip(fixed[s], per[s], strict=True)))
+    got = partition.min_max_linear(total, [[float(f) for f in x] for x in fixed], [[float(p) for p in x] for x in per])
+    assert got == want
+    cum = [np.array([np.arange(total + 1) * p for p in x], dtype=float) for x in per]
+    assert partition.min_max_prefix([[float(f) for f in x] for x in fixed], cum) == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 9), st.data())
 def test_min_max_prefix_and_matrix_partition_equal_enumeration(total: int, data: st.DataObject) -> None:
     k = data.draw(st.integers(1, 5))
     fixed = data.draw(st.lists(st.integers(0, 50), min_size=k, max_size=k))
