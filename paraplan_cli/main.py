@@ -34,6 +34,26 @@ def _read_json(path: Path) -> Any:
         _fail(f"{path}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}")
 
 
+def _inline_hf_config(request: Any, base: Path) -> Any:
+    """A request's ``model.hf_config`` given as a path (relative to the request file) is read here, so that
+    what is solved or sent to a server carries the config itself (a server never reads client paths)."""
+    if isinstance(request, list):
+        return [_inline_hf_config(r, base) for r in request]
+    model = request.get("model") if isinstance(request, dict) else None
+    if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
+        path = base / model["hf_config"]
+        cfg = _read_json(path)
+        if not isinstance(cfg, dict):
+            _fail(f"{path}: a Hugging Face config.json holds one JSON object")
+        return {**request, "model": {**model, "hf_config": cfg}}
+    return request
+
+
+def _read_request(path: Path) -> Any:
+    base = Path.cwd() if str(path) == "-" else path.parent
+    return _inline_hf_config(_read_json(path), base)
+
+
 def _run_one(fn: Any, request: Any) -> dict[str, Any]:
     from solvers.errors import SpecError
 
@@ -52,7 +72,7 @@ def plan(
     token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_TOKEN"),
 ) -> None:
     """Solve a plan request (hybrid / flexsp / spindle) locally or on a server."""
-    request = _read_json(file)
+    request = _read_request(file)
     if server:
         from paraplan_cli.remote import plan_remote
 
@@ -72,7 +92,7 @@ def estimate(
     """Estimate the step time and memory of a given strategy (what-if)."""
     from solvers.api import estimate as estimate_fn
 
-    request = _read_json(file)
+    request = _read_request(file)
     if isinstance(request, list):
         typer.echo(json.dumps([_run_one(estimate_fn, r) for r in request]))
         return
@@ -80,6 +100,25 @@ def estimate(
     if "error" in result:
         _fail(str(result["error"]))
     typer.echo(json.dumps(result, indent=None if as_json else 2))
+
+
+@app.command()
+def model(
+    config: Path = typer.Argument(..., help="a Hugging Face config.json"),
+) -> None:
+    """Show the model spec a Hugging Face config.json imports to, with its parameter count, as JSON (use it
+    as a request's "model", or give the config itself: "model": {"hf_config": "path/config.json"})."""
+    from pydantic import ValidationError
+
+    from solvers.specs import ModelSpec
+
+    try:
+        spec = ModelSpec.model_validate({"hf_config": _read_json(config)})
+    except ValidationError as err:
+        _fail(f"{config}: " + "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors()))
+    out = spec.model_dump(exclude_none=True)
+    out["parameters"] = spec.total_params()
+    typer.echo(json.dumps(out, indent=2))
 
 
 @app.command()

@@ -96,9 +96,39 @@ def _read_config(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# Architecture features a config can declare that the cost model does not represent: importing such a model
+# as if it were a plain (MoE) transformer would count the wrong parameters, FLOPs and memory, so it is refused.
+_UNSUPPORTED_HF_KEYS: dict[str, str] = {
+    "kv_lora_rank": "multi-head latent attention (DeepSeek-V2/V3 style)",
+    "q_lora_rank": "multi-head latent attention (DeepSeek-V2/V3 style)",
+    "n_shared_experts": "shared experts beside the routed ones",
+    "num_shared_experts": "shared experts beside the routed ones",
+    "shared_expert_intermediate_size": "a shared expert beside the routed ones",
+    "first_k_dense_replace": "dense layers before the first MoE layer",
+    "mlp_only_layers": "dense layers at chosen positions among MoE layers",
+}
+
+
+# decoder families with gated (SwiGLU) MLPs that train without dropout, whether or not the config says so
+_DROPOUT_FREE = {"llama", "llama4", "mistral", "mixtral", "qwen2", "qwen3"}
+
+
+def unsupported_hf_features(config: dict[str, Any]) -> list[str]:
+    """``key: what it declares`` for each feature of ``config`` the cost model cannot represent."""
+    return [f"{k}: {what} is not modelled" for k, what in _UNSUPPORTED_HF_KEYS.items() if config.get(k)]
+
+
 def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None = None) -> dict[str, Any]:
-    """Map a Hugging Face ``config.json`` (dict or path) to ModelSpec fields."""
+    """Map a Hugging Face ``config.json`` (dict or path) to ModelSpec fields.
+
+    Multimodal configs are read from their ``text_config``. Raises ValueError naming the keys of
+    architecture features the cost model does not represent (see ``_UNSUPPORTED_HF_KEYS``)."""
     config = config if isinstance(config, dict) else _read_config(config)
+    if isinstance(config.get("text_config"), dict) and "num_hidden_layers" not in config:
+        config = {**config["text_config"], "_name_or_path": config.get("_name_or_path")}
+    unsupported = unsupported_hf_features(config)
+    if unsupported:
+        raise ValueError("; ".join(unsupported))
 
     def pick(*keys: str, default: Any = None) -> Any:
         for k in keys:
@@ -113,7 +143,8 @@ def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None =
     hidden = pick("hidden_size", "n_embd", "d_model")
     heads = pick("num_attention_heads", "n_head", "num_heads")
     act = str(pick("hidden_act", "activation_function", "feed_forward_proj", default="gelu")).lower()
-    gated = "silu" in act or "swiglu" in act or "gated" in act or mtype in {"llama", "mistral", "mixtral", "qwen2"}
+    family = mtype.split("_")[0]  # qwen2_moe, qwen3_moe, llama4_text, ...
+    gated = "silu" in act or "swiglu" in act or "gated" in act or family in _DROPOUT_FREE
     spec: dict[str, Any] = {
         "name": name or config.get("_name_or_path") or mtype or "hf-model",
         "num_layers": layers,
@@ -126,7 +157,7 @@ def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None =
         "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
     }
     # absent from many decoder configs (older Llama ones): those architectures train without dropout
-    no_dropout = 0.0 if mtype in {"llama", "mistral", "mixtral", "qwen2"} else None
+    no_dropout = 0.0 if family in _DROPOUT_FREE else None
     for field, keys in (("attention_dropout", ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")),
                         ("hidden_dropout", ("hidden_dropout", "resid_pdrop", "hidden_dropout_prob", "dropout_rate"))):
         p = pick(*keys, default=no_dropout)
@@ -141,5 +172,8 @@ def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None =
         moe: dict[str, Any] = {"num_experts": int(experts), "top_k": int(pick("num_experts_per_tok", default=2))}
         if config.get("moe_intermediate_size"):
             moe["expert_ffn_hidden_size"] = int(config["moe_intermediate_size"])
+        # Qwen-MoE: layer i is sparse when (i + 1) % decoder_sparse_step == 0, the spec's own convention
+        if config.get("decoder_sparse_step"):
+            moe["moe_layer_frequency"] = int(config["decoder_sparse_step"])
         spec["moe"] = moe
     return spec

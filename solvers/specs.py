@@ -73,8 +73,15 @@ class ModelSpec(_Spec):
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data: Any) -> Any:
-        from solvers.presets import MODEL_PRESETS
+        from solvers.presets import MODEL_PRESETS, model_from_hf_config
 
+        if isinstance(data, dict) and "hf_config" in data:
+            # {"hf_config": {...config.json...}, **overrides}: the imported fields, overrides win
+            cfg = data["hf_config"]
+            if not isinstance(cfg, dict):
+                raise ValueError("hf_config must be the contents of a Hugging Face config.json (a JSON object); "
+                                 "the CLI reads a path given there relative to the request file")
+            return {**model_from_hf_config(cfg), **{k: v for k, v in data.items() if k != "hf_config"}}
         return _expand_preset(data, MODEL_PRESETS, "model")
 
     @model_validator(mode="after")

@@ -86,3 +86,44 @@ def test_hf_config_import() -> None:
         {"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
          "attention_probs_dropout_prob": 0.0, "hidden_dropout_prob": 0.2}))
     assert (bert.attention_dropout, bert.hidden_dropout) == (0.0, 0.2)
+
+
+# Qwen3-30B-A3B's config.json (the fields that shape the model): 30.5 B parameters as published
+QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 48,
+             "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+             "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+             "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+             "hidden_act": "silu", "tie_word_embeddings": False}
+
+
+def test_hf_moe_config_import_counts_the_published_parameters() -> None:
+    m = ModelSpec.model_validate({"hf_config": QWEN3_MOE, "name": "qwen3-30b-a3b"})
+    assert m.name == "qwen3-30b-a3b" and m.moe is not None
+    assert (m.moe.num_experts, m.moe.top_k, m.moe.expert_ffn_hidden_size) == (128, 8, 768)
+    assert round(m.total_params() / 1e9, 1) == 30.5
+    # embedding 2 x 151936 x 2048; per layer attention (32 + 2 x 4) x 128 x 2048 + 32 x 128 x 2048, router
+    # 128 x 2048, 128 experts of 3 x 2048 x 768 (norms excluded)
+    per_layer = 40 * 128 * 2048 + 32 * 128 * 2048 + 128 * 2048 + 128 * 3 * 2048 * 768
+    assert abs(m.total_params() - (2 * 151936 * 2048 + 48 * per_layer)) / m.total_params() < 1e-3
+    # every other layer sparse (Qwen's decoder_sparse_step) maps onto the spec's own convention
+    sparse2 = ModelSpec.model_validate({"hf_config": {**QWEN3_MOE, "decoder_sparse_step": 2}})
+    assert [sparse2.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    # a multimodal config is read from its text_config
+    wrapped = {"model_type": "some_vlm", "text_config": QWEN3_MOE, "vision_config": {"hidden_size": 1}}
+    assert ModelSpec.model_validate({"hf_config": wrapped}).total_params() == m.total_params()
+
+
+@pytest.mark.parametrize("key,value", [("kv_lora_rank", 512), ("n_shared_experts", 2),
+                                       ("shared_expert_intermediate_size", 5632), ("first_k_dense_replace", 1),
+                                       ("mlp_only_layers", [0, 1])])
+def test_hf_config_with_an_unmodelled_feature_is_refused_naming_the_key(key: str, value: object) -> None:
+    """Importing DeepSeek's latent attention or Qwen2-MoE's shared expert as a plain MoE would count the
+    wrong parameters, FLOPs and memory: refused, naming the key, at parse time."""
+    req = {"kind": "hybrid", "model": {"hf_config": {**QWEN3_MOE, key: value}}, "cluster": {"gpu": "A100-80GB"},
+           "training": {"global_batch_size": 8}}
+    with pytest.raises(SpecError) as info:
+        parse(HybridRequest, req)
+    assert info.value.problems[0].loc[0] == "model" and key in str(info.value)
+    with pytest.raises(SpecError) as info:
+        parse(HybridRequest, {**req, "model": {"hf_config": "config.json"}})  # a server reads no paths
+    assert "config.json" in str(info.value)

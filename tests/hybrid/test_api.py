@@ -186,6 +186,28 @@ def test_cli_plan_prints_the_result(tmp_path: Path) -> None:
     assert result["search"]["solver"] == "dp" and len(result["strategy"]["layers"]) == 8
 
 
+def test_cli_reads_a_hugging_face_config_named_by_the_request(tmp_path: Path) -> None:
+    """``"model": {"hf_config": "config.json"}`` is read relative to the request file; ``paraplan model``
+    shows what a config imports to; a config the cost model cannot represent is a CLI error, not a trace."""
+    cfg = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "hidden_act": "silu"}
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    f = tmp_path / "req.json"
+    f.write_text(json.dumps({**SMALL, "model": {"hf_config": "hf/config.json"}}))
+    cli = [sys.executable, "-m", "paraplan_cli.main"]
+    out = subprocess.run([*cli, "plan", "-f", str(f), "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    via_preset = solve({**SMALL, "model": {"preset": "llama3-8b", "num_layers": 4}})
+    assert json.loads(out.stdout)["estimate"]["step_time_s"] == via_preset["estimate"]["step_time_s"]
+    shown = subprocess.run([*cli, "model", str(tmp_path / "hf" / "config.json")], capture_output=True, text=True)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["num_kv_heads"] == 8
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**cfg, "kv_lora_rank": 512}))
+    for args in (["model", str(tmp_path / "hf" / "config.json")], ["plan", "-f", str(f)]):
+        bad = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=300)
+        assert bad.returncode != 0 and "kv_lora_rank" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
 def test_every_candidate_passes_the_plan_validator() -> None:
     """The search space only holds strategies the cost model's validator accepts: Megatron TP must divide the
     KV heads (or be a multiple), the sequence must split over cp x tp under SP."""

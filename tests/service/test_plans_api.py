@@ -49,6 +49,10 @@ def test_bad_input_is_422_naming_the_field(client: Any) -> None:
     assert any(loc[:2] == ["body", "batch"] for loc in _locs(client.post("/v1/plans", json=flexsp)))
     no_chunks = {**HYBRID, "constraints": {"schedule": "interleaved", "max_virtual_stages": 1}}
     assert ["body", "constraints", "max_virtual_stages"] in _locs(client.post("/v1/plans", json=no_chunks))
+    latent = {**HYBRID, "model": {"hf_config": {"model_type": "deepseek_v3", "num_hidden_layers": 2,
+                                                "hidden_size": 64, "num_attention_heads": 4, "kv_lora_rank": 16}}}
+    r = client.post("/v1/plans", json=latent)
+    assert any(loc[:2] == ["body", "model"] for loc in _locs(r)) and "kv_lora_rank" in r.text
     spindle = {**REQUESTS["spindle"], "workload": {"metaops": []}}
     assert any(loc[:2] == ["body", "workload"] for loc in _locs(client.post("/v1/plans", json=spindle)))
     with client.app.state.ctx.db.reading() as s:
