@@ -70,6 +70,9 @@ def plan_from_shorthand(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpe
     etp = _int(d, "etp", None, problems)
     if not isinstance(d.get("lsh", False), bool):
         problems.append(FieldProblem(("strategy", "lsh"), f"must be true or false, got {d['lsh']!r}"))
+    if model.moe is None:  # the expert fields apply to MoE layers only: on a dense model they would be ignored
+        problems += [FieldProblem(("strategy", k), "the model has no MoE layers (model.moe is not set)")
+                     for k in ("ep", "etp", "lsh") if k in d and d[k] not in (None, False, 1)]
     if problems:
         raise SpecError(problems)
     assert tp and pp and cp and ep and v and zero is not None

@@ -49,6 +49,8 @@ def test_unknown_preset_and_unknown_fields() -> None:
     assert ("strategy", "tpp") in _locs(request(strategy={**SHORT, "tpp": 2}))
     assert ("strategy", "micro_batch_size") in _locs(request(strategy={**SHORT, "micro_batch_size": 3}))
     assert _locs(request(strategy=None)) == [("strategy",)]
+    # expert fields on a dense model would be ignored without a word
+    assert _locs(request(strategy={**SHORT, "ep": 2, "etp": 2})) == [("strategy", "ep"), ("strategy", "etp")]
 
 
 def test_full_strategy_problems_name_the_layer() -> None:
