@@ -156,8 +156,10 @@ def pure_dp(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> Bas
     return best_uniform(cm, space, kinds, _single_stage(space), strategies, "pure_dp")
 
 
-def report(b: Baseline | None, est: Estimate | None, plan_throughput: float, why_missing: str) -> dict[str, object]:
-    """A baseline's entry in the result: its strategy, estimate and the plan's gain over it."""
+def report(b: Baseline | None, est: Estimate | None, plan_throughput: float, why_missing: str,
+           bound_s: float = 0.0) -> dict[str, object]:
+    """A baseline's entry in the result: its strategy, estimate, the plan's gain over it and, given the step
+    time no plan can beat (``bound_s`` > 0), the most any plan in the space could gain over it."""
     if b is None or est is None:
         return {"fits": False, "note": why_missing}
     thr = est.throughput_samples_per_s
@@ -167,4 +169,5 @@ def report(b: Baseline | None, est: Estimate | None, plan_throughput: float, why
         "estimate": est.to_dict(),
         "throughput_samples_per_s": thr,
         "gain": plan_throughput / thr - 1.0 if thr > 0 else None,
+        "gain_bound": est.step_time_s / bound_s - 1.0 if bound_s > 0 and thr > 0 else None,
     }

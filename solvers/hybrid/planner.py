@@ -535,6 +535,34 @@ class Planner:
         return PlanResult(plan, best_v, n_total, solved, pruned, self.dp_runs, time.perf_counter() - t0, ranking,
                           time_limited)
 
+    # ------------------------------------------------------------------ optimality certificate
+    def certified_bound(self, ceiling: float = math.inf) -> float:
+        """A step time no plan in the space can beat: the least over every pipeline configuration of its
+        valid lower bounds, each over all embedding/LM-head strategies at once. Against the plan found it
+        is the optimality gap the search leaves (the DP's memory bins, the partition climb and the capped
+        embedding variants are its heuristics); against a baseline, the most any plan could gain on it.
+
+        Only true bounds count: the compute floor and the joint bound (linear pipelines), and the relaxed
+        bound where it enumerates every partition (one stage, or few partitions). A configuration with none
+        of them bounds at 0, and so does the whole space. ``ceiling``: configurations are not refined once
+        their floor reaches it (pass the plan's step time: the answer is then min(ceiling, bound))."""
+        best = ceiling
+        for cfg in self.space.pipeline_configs():
+            lb = self.compute_floor(cfg)
+            if lb >= best:
+                continue
+            g = self.space.num_gpus // cfg.pp
+            variants = [replace(cfg, embedding=e) for e in self.space.embedding_options(g)] or [cfg]
+            cc = self._embedding_relaxation(variants) if len(variants) > 1 else self.config_costs(variants[0])
+            if cc is None:
+                continue  # no candidate fits this configuration: it holds no plan
+            if self.linear and cfg.pp > 1:
+                lb = max(lb, self.joint_bound(cc))
+            if partition.compositions(len(self.kinds), cfg.pp) <= self.opt.exhaustive_partition_limit:
+                lb = max(lb, self.lower_bound(cc))
+            best = min(best, lb)
+        return best
+
     # ------------------------------------------------------------------ infeasibility
     def min_memory_bytes(self) -> float:
         """The least per-GPU memory any plan in the space needs (for the infeasibility message): over every

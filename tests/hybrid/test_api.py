@@ -47,6 +47,10 @@ def test_result_follows_the_contract_and_matches_the_cost_model(small_result: di
     again = estimate({**SMALL, "strategy": s})
     assert math.isclose(again["step_time_s"], r["estimate"]["step_time_s"], rel_tol=1e-9)
     assert math.isclose(r["search"]["planner_step_time_s"], r["estimate"]["step_time_s"], rel_tol=1e-9)
+    # the optimality certificate: a step time no plan beats, and the plan's distance from it
+    bound, gap = r["search"]["lower_bound_step_time_s"], r["search"]["optimality_gap"]
+    assert 0 < bound <= r["estimate"]["step_time_s"] and gap == pytest.approx(r["estimate"]["step_time_s"] / bound - 1)
+    assert gap < 0.05
 
 
 def test_plan_never_loses_to_its_baselines(small_result: dict[str, Any]) -> None:
@@ -57,6 +61,7 @@ def test_plan_never_loses_to_its_baselines(small_result: dict[str, Any]) -> None
             seen += 1
             assert b["gain"] >= -1e-9, name
             assert math.isclose(thr / b["throughput_samples_per_s"] - 1, b["gain"], rel_tol=1e-9)
+            assert b["gain"] <= b["gain_bound"] + 1e-9  # no plan gains more than the certificate allows
             uniform = {json.dumps(x, sort_keys=True) for x in b["strategy"]["layers"]}
             assert len(uniform) == 1  # a baseline uses one strategy for every layer
         else:

@@ -92,6 +92,36 @@ def test_lower_bound_never_exceeds_the_solved_configuration(case: tuple[Syntheti
         assert planner.compute_floor(cfg) <= step * (1 + 1e-12)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_case())
+def test_certified_bound_never_exceeds_the_exhaustive_optimum(case: tuple[SyntheticCostModel, SearchSpace]) -> None:
+    """The optimality certificate is a true bound: no plan of the space, found by enumeration, beats it; with
+    the plan's step as ceiling it lies between the two (linear and non-linear pipelines, mixed layers)."""
+    cm, space = case
+    truth = best_step_time(cm, space)
+    kinds = None if cm.layer_scale else [0] * cm.num_layers
+    planner = Planner(cm, space, kinds=kinds, options=EXACT)
+    bound = planner.certified_bound()
+    assert bound <= truth * (1 + 1e-12), (bound, truth)
+    if math.isfinite(truth):
+        found = planner.search().step_time_s
+        assert planner.certified_bound(ceiling=found) <= truth * (1 + 1e-12)
+        assert planner.certified_bound(ceiling=found) <= found
+
+
+def test_certified_bound_is_tight_where_the_planner_is_exact() -> None:
+    """On the fixed eight-layer case the bound is within a few percent of the optimum, not a vacuous 0."""
+    cm = SyntheticCostModel(num_layers=8, num_gpus=8, memory_limit_bytes=1200 * MIB, global_batch=16,
+                            layer_scale=[1.0, 2.0, 0.5, 1.0, 2.0, 1.0, 0.5, 1.0], gpus_per_node=8, dp_sync_s=0.0,
+                            act_mib_per_sample=16.0, param_mib=60.0, linear_pipeline=True)
+    space = SearchSpace(num_gpus=8, gpus_per_node=8, num_layers=8, global_batch_size=16, seq_length=1024,
+                        heads=12, kv_heads=12, max_tp=2, max_pp=4, max_cp=1, sp_kinds=("megatron",),
+                        zero_levels=(3,), recomputes=("none", "full"), schedules=("1f1b", "interleaved"))
+    truth = best_step_time(cm, space)
+    bound = Planner(cm, space, options=EXACT).certified_bound()
+    assert truth * 0.9 <= bound <= truth * (1 + 1e-12), (bound, truth)
+
+
 def test_compute_floor_is_tight_when_only_the_layers_cost() -> None:
     """No memory pressure, no gradient sync, no embedding time, identical layers split evenly: every
     configuration's step is its compute floor plus the edge stages' fixed 2 ms per step each (the floor drops
