@@ -82,7 +82,7 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
     try:
         res = planner.search(progress, incumbent_s=incumbent.step_time_s if incumbent else float("inf"))
         plan, step, source = res.plan, res.step_time_s, "dp"
-        stats = {"configs_total": res.configs_total, "configs_solved": res.configs_solved,
+        stats: dict[str, Any] = {"configs_total": res.configs_total, "configs_solved": res.configs_solved,
                  "configs_pruned_by_bound": res.configs_pruned_by_bound, "dp_runs": res.dp_runs,
                  "time_limited": res.time_limited}
     except LookupError:
