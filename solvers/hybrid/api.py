@@ -83,8 +83,8 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
         res = planner.search(progress, incumbent_s=incumbent.step_time_s if incumbent else float("inf"))
         plan, step, source = res.plan, res.step_time_s, "dp"
         stats: dict[str, Any] = {"configs_total": res.configs_total, "configs_solved": res.configs_solved,
-                 "configs_pruned_by_bound": res.configs_pruned_by_bound, "dp_runs": res.dp_runs,
-                 "time_limited": res.time_limited}
+                                 "configs_pruned_by_bound": res.configs_pruned_by_bound, "dp_runs": res.dp_runs,
+                                 "time_limited": res.time_limited}
     except LookupError:
         if incumbent is None:
             raise _infeasible(planner, cm) from None
