@@ -48,6 +48,7 @@ class Baseline:
     peak_memory_gib: float | None
     gain: float | None  # the plan's throughput / this baseline's
     note: str = ""
+    gain_bound: float | None = None  # the most any plan of the space could gain: its step / the certified bound
     breakdown_s: Mapping[str, Any] | None = None
 
 
@@ -68,6 +69,8 @@ class HybridView:
     timeline_note: str = ""
     timeline_legend: list[tuple[str, str]] = field(default_factory=list)
     baselines: list[Baseline] = field(default_factory=list)
+    # (step time no plan of the space beats, this plan's distance from it): the search's certificate
+    certificate: tuple[float, float] | None = None
     baseline_chart: Chart | None = None
 
 
@@ -233,9 +236,11 @@ def baselines(result: Mapping[str, Any], plan_throughput: float | None) -> list[
         thr = fmt.as_float(est.get("throughput_samples_per_s"))
         gain = plan_throughput / thr if plan_throughput and thr else None
         breakdown = est.get("breakdown_s") if isinstance(est.get("breakdown_s"), Mapping) else None
+        bound = fmt.as_float(as_map(entry).get("gain_bound"))
         out.append(Baseline(name, _strategy_text(entry) if isinstance(entry, Mapping) else "",
                             fmt.as_float(est.get("step_time_s")), thr, fmt.as_float(est.get("mfu")),
-                            fmt.as_float(est.get("peak_memory_gib")), gain, breakdown_s=breakdown))
+                            fmt.as_float(est.get("peak_memory_gib")), gain, breakdown_s=breakdown,
+                            gain_bound=None if bound is None else 1.0 + bound))
     return out
 
 
@@ -277,6 +282,10 @@ def build(request: Mapping[str, Any], result: Mapping[str, Any]) -> HybridView:
 
     plan_thr = fmt.as_float(estimate.get("throughput_samples_per_s"))
     view.baselines = baselines(result, plan_thr)
+    search = as_map(result.get("search"))
+    bound, gap = fmt.as_float(search.get("lower_bound_step_time_s")), fmt.as_float(search.get("optimality_gap"))
+    if bound is not None and gap is not None:
+        view.certificate = (bound, gap)
     breakdown = estimate.get("breakdown_s")
     if isinstance(breakdown, Mapping) and breakdown:
         rows: dict[str, Mapping[str, Any]] = {"this plan": breakdown}

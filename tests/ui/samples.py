@@ -32,7 +32,9 @@ def hybrid(num_layers: int = 32, pp: int = 2, micro_batches: int = 8) -> tuple[d
               "strategy": {"pp": pp, "micro_batches": micro_batches, "schedule": "1f1b", "stage_layers": per_stage,
                            "layers": layers, "embedding": {"tp": 2, "dp": 4, "zero": 2}},
               "baselines": {"megatron": megatron, "zero3_dp": None},
-              "search": {"time_s": 0.4, "solver": "dp"}}
+              "search": {"time_s": 0.4, "solver": "dp", "lower_bound_step_time_s": step / 1.02,
+                         "optimality_gap": 0.02}}
+    megatron["gain_bound"] = 1.2 * 1.02 - 1
     request = {"kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": num_layers},
                "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
                "training": {"global_batch_size": 64, "seq_length": 2048}, "constraints": {"memory_limit_gib": 36}}
