@@ -106,8 +106,9 @@ def estimate(
 def model(
     config: Path = typer.Argument(..., help="a Hugging Face config.json"),
 ) -> None:
-    """Show the model spec a Hugging Face config.json imports to, with its parameter count, as JSON (use it
-    as a request's "model", or give the config itself: "model": {"hf_config": "path/config.json"})."""
+    """Show the model spec (JSON, with its parameter count) a Hugging Face config.json imports to.
+
+    Use it as a request's "model", or name the config there: "model": {"hf_config": "path/config.json"}."""
     from pydantic import ValidationError
 
     from solvers.specs import ModelSpec

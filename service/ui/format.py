@@ -76,6 +76,12 @@ def ratio(value: Any) -> str:
     return DASH if f is None else f"{f:.2f}×"
 
 
+def gain(value: Any) -> str:
+    """A speed-up as a signed percentage (1.042 -> +4.2%): gains of a few percent stay distinguishable."""
+    f = as_float(value)
+    return DASH if f is None else f"{100 * (f - 1):+.1f}%"
+
+
 def parse_time(value: Any) -> datetime | None:
     if isinstance(value, datetime):
         return value if value.tzinfo else value.replace(tzinfo=UTC)
@@ -105,4 +111,4 @@ def age(value: Any, now: datetime | None = None) -> str:
     return f"{delta / 86400:.0f} d ago"
 
 
-FILTERS = {"seconds": seconds, "number": number, "percent": percent, "gib": gib, "ratio": ratio, "age": age}
+FILTERS = {"seconds": seconds, "number": number, "percent": percent, "gib": gib, "ratio": ratio, "gain": gain, "age": age}

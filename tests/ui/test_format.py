@@ -21,6 +21,7 @@ def test_seconds(value: object, text: str) -> None:
 def test_numbers_percent_gib_ratio() -> None:
     assert fmt.number(60400) == "60.4 k" and fmt.number(2.5e6) == "2.5 M" and fmt.number(512) == "512"
     assert fmt.percent(0.413) == "41.3%" and fmt.gib(33.14) == "33.1 GiB" and fmt.ratio(1.2) == "1.20×"
+    assert fmt.gain(1.042) == "+4.2%" and fmt.gain(0.9) == "-10.0%" and fmt.gain(None) == fmt.DASH
     assert fmt.number(None) == fmt.percent("") == fmt.gib(float("inf")) == "—"
 
 
