@@ -111,4 +111,5 @@ def age(value: Any, now: datetime | None = None) -> str:
     return f"{delta / 86400:.0f} d ago"
 
 
-FILTERS = {"seconds": seconds, "number": number, "percent": percent, "gib": gib, "ratio": ratio, "gain": gain, "age": age}
+FILTERS = {"seconds": seconds, "number": number, "percent": percent, "gib": gib, "ratio": ratio, "gain": gain,
+           "age": age}
