@@ -617,6 +617,12 @@ class GalvatronCostModel:
         """Galvatron's embedding without a plan: vocabulary TP 1, data parallel over the stage, no ZeRO."""
         return EmbeddingStrategy(tp=1, dp=self.num_gpus // pp, zero=0)
 
+    @property
+    def pipeline_at_least_slowest_stage(self) -> bool:
+        """Whether a step always costs at least micro-batches × the slowest stage's time (the planner's bounds
+        rely on it): the bounded formula does; Galvatron's own can charge less."""
+        return self.options.pipeline_formula == "bounded"
+
     def pipeline_step_time(self, stage_time_s: Sequence[float], stage_step_time_s: Sequence[float],
                            ctx: StageContext) -> float:
         batching = self.batching(ctx.pp, ctx.micro_batches)

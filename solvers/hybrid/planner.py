@@ -102,6 +102,9 @@ class Planner:
         self.period = kind_period(self.kinds)
         # one stage then costs m x time + step time: its weight-m table is exact and bounds may add the two
         self.linear = bool(getattr(cm, "linear_pipeline", False))
+        # the step is at least m x the slowest stage's time (the linear formula is; Galvatron's, bounded, too):
+        # the floors and the min-max bound hold without the fill/drain and step terms
+        self.slowest_bound = self.linear or bool(getattr(cm, "pipeline_at_least_slowest_stage", False))
         self.unit = self.opt.memory_unit_bytes or stage_costs.memory_unit(self.limit, self.memory_bins())
         self._costs: dict[PipelineConfig, stage_costs.ConfigCosts | None] = {}
         self._tables: dict[tuple[object, ...], stage_table.StageTable] = {}
@@ -273,11 +276,17 @@ class Planner:
         stage and u_b the largest step time, the step is (m - 1/v) t_a + u_b + Σ t / v. Since
         m t_a + u_b ≥ m t_s + u_s for every stage s, the min-max partition J of each stage's relaxed m t + u
         bounds the first part: the step is ≥ J, and ≥ (1 - 1/(v m)) J plus Σ t / v, at least every layer's
-        fastest candidate and every stage's fixed time over v (the fill and drain of the pipeline)."""
-        if not self.linear or cc.config.pp == 1:
+        fastest candidate and every stage's fixed time over v (the fill and drain of the pipeline).
+        A formula known only to charge at least m × the slowest stage (Galvatron's, bounded) gets m × the
+        min-max partition of the relaxed stage times."""
+        if cc.config.pp == 1 or not self.slowest_bound:
             return 0.0
         cfg = cc.config
         m = float(cfg.micro_batches)
+        if not self.linear:  # only step >= m max_s t_s: the min-max partition of the relaxed stage times
+            times = [self._relaxed(cc, [{k: c.time_s for k, c in st.costs.items()}], s)[0] + st.fixed.time_s
+                     for s, st in enumerate(cc.stages)]
+            return m * partition.min_max_value(len(self.kinds), self._by_start(cc, times))
         v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
         rows = []
         for s, st in enumerate(cc.stages):
@@ -301,7 +310,7 @@ class Planner:
         (m - 1/v) t_max + Σ t / v is at least ((m - 1/v) / p + 1/v) Σ t. It prunes configurations whose
         bubble alone loses to the incumbent (deep pipelines with few micro-batches) at the cost of the layer
         costs, which the configuration's embedding variants share."""
-        if not (self.linear and self.opt.use_bounds):
+        if not (self.slowest_bound and self.opt.use_bounds):
             return 0.0
         cands = self.space.layer_candidates(self.space.num_gpus // cfg.pp,
                                             self.space.global_batch_size // cfg.micro_batches)
@@ -311,7 +320,8 @@ class Planner:
                                                   self._memo)
         m = float(cfg.micro_batches)
         v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
-        return ((m - 1 / v) / cfg.pp + 1 / v) * self._fastest_layers_s([c for _, c in stages])
+        factor = (m - 1 / v) / cfg.pp + 1 / v if self.linear else m / cfg.pp  # the slowest stage ≥ the mean
+        return factor * self._fastest_layers_s([c for _, c in stages])
 
     # ------------------------------------------------------------------ one configuration
     def solve_config(self, cc: stage_costs.ConfigCosts) -> tuple[float, tuple[int, ...]]:
@@ -542,10 +552,11 @@ class Planner:
         is the optimality gap the search leaves (the DP's memory bins, the partition climb and the capped
         embedding variants are its heuristics); against a baseline, the most any plan could gain on it.
 
-        Only true bounds count: the compute floor and the joint bound (linear pipelines), and the relaxed
-        bound where it enumerates every partition (one stage, or few partitions). A configuration with none
-        of them bounds at 0, and so does the whole space. ``ceiling``: configurations are not refined once
-        their floor reaches it (pass the plan's step time: the answer is then min(ceiling, bound))."""
+        Only true bounds count: the compute floor and the joint bound (pipeline formulas that charge at least
+        m × the slowest stage), and the relaxed bound where it enumerates every partition (one stage, or few
+        partitions). A configuration with none of them bounds at 0, and so does the whole space.
+        ``ceiling``: configurations are not refined once their floor reaches it (pass the plan's step time:
+        the answer is then min(ceiling, bound))."""
         best = ceiling
         for cfg in self.space.pipeline_configs():
             lb = self.compute_floor(cfg)
@@ -556,8 +567,7 @@ class Planner:
             cc = self._embedding_relaxation(variants) if len(variants) > 1 else self.config_costs(variants[0])
             if cc is None:
                 continue  # no candidate fits this configuration: it holds no plan
-            if self.linear and cfg.pp > 1:
-                lb = max(lb, self.joint_bound(cc))
+            lb = max(lb, self.joint_bound(cc))
             if partition.compositions(len(self.kinds), cfg.pp) <= self.opt.exhaustive_partition_limit:
                 lb = max(lb, self.lower_bound(cc))
             best = min(best, lb)

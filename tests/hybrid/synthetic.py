@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from solvers.cost_model.base import Estimate, LayerCosts, StageContext, StageFixed
+from solvers.cost_model.galvatron import galvatron_pipeline_time
 from solvers.cost_model.pipeline import step_time_s
 from solvers.strategy import LayerStrategy, PlanStrategy
 
@@ -46,7 +47,13 @@ class SyntheticCostModel:
     # True: the analytic model's pipeline formula (the planner then uses its linear-pipeline bounds);
     # False: another monotone formula, (m - 1) max(t) + sum(t) / v + max(u), where only the generic paths apply
     linear_pipeline: bool = True
+    # with linear_pipeline False: Galvatron's bounded formula instead (at least m x the slowest stage)
+    galvatron_formula: bool = False
     calls: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def pipeline_at_least_slowest_stage(self) -> bool:
+        return self.linear_pipeline or self.galvatron_formula
 
     def _scale(self, layer: int) -> float:
         return float(self.layer_scale[layer]) if self.layer_scale else 1.0
@@ -120,6 +127,9 @@ class SyntheticCostModel:
         v = ctx.virtual_stages if ctx.schedule == "interleaved" else 1
         if self.linear_pipeline:
             return step_time_s(stage_time_s, stage_step_time_s, ctx.micro_batches, v, ctx.schedule)
+        if self.galvatron_formula:
+            with_sync = [t + u for t, u in zip(stage_time_s, stage_step_time_s, strict=True)]
+            return galvatron_pipeline_time(list(stage_time_s), with_sync, ctx.micro_batches, bounded=True)
         fill = sum(stage_time_s) / v
         return (ctx.micro_batches - 1) * max(stage_time_s) + fill + max(stage_step_time_s)
 

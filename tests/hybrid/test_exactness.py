@@ -34,6 +34,7 @@ def small_case(draw: st.DrawFn, per_step: bool = True) -> tuple[SyntheticCostMod
         act_mib_per_sample=draw(st.sampled_from([4.0, 16.0, 64.0])),
         param_mib=draw(st.sampled_from([5.0, 20.0, 60.0])),
         linear_pipeline=draw(st.booleans()),
+        galvatron_formula=draw(st.booleans()),
     )
     space = SearchSpace(
         num_gpus=gpus, gpus_per_node=cm.gpus_per_node, num_layers=layers, global_batch_size=batch,
@@ -187,6 +188,7 @@ def eight_layer_case(draw: st.DrawFn) -> tuple[SyntheticCostModel, SearchSpace]:
         num_layers=layers, num_gpus=gpus, memory_limit_bytes=draw(st.integers(300, 8000)) * MIB, global_batch=batch,
         layer_scale=scale, gpus_per_node=8, dp_sync_s=0.0, act_mib_per_sample=draw(st.sampled_from([4.0, 16.0, 64.0])),
         param_mib=draw(st.sampled_from([5.0, 20.0, 60.0])), linear_pipeline=draw(st.booleans()),
+        galvatron_formula=draw(st.booleans()),
     )
     space = SearchSpace(
         num_gpus=gpus, gpus_per_node=8, num_layers=layers, global_batch_size=batch, seq_length=1024, heads=12,
