@@ -27,7 +27,9 @@ def cluster_size(request: Mapping[str, Any]) -> int:
 def model_label(request: Mapping[str, Any]) -> str:
     model = request.get("model")
     if isinstance(model, Mapping):
-        return str(model.get("preset") or model.get("name") or "custom")
+        hf = as_map(model.get("hf_config"))
+        hf_name = hf.get("_name_or_path") or (f"{hf['model_type']} (HF config)" if hf.get("model_type") else None)
+        return str(model.get("preset") or model.get("name") or hf_name or "custom")
     if isinstance(model, str):
         return model
     workload = as_map(request.get("workload"))

@@ -40,6 +40,8 @@ def test_request_labels() -> None:
     assert (model_label(req), cluster_label(req), batch_label(req)) == ("llama2-7b", "4×8 H100-SXM",
                                                                          "batch 512 × seq 4096")
     assert model_label({"workload": {"preset": "omni"}}) == "workload omni"
+    assert model_label({"model": {"hf_config": {"model_type": "qwen3_moe"}}}) == "qwen3_moe (HF config)"
+    assert model_label({"model": {"hf_config": {"_name_or_path": "Qwen/Qwen3-30B-A3B"}}}) == "Qwen/Qwen3-30B-A3B"
     assert batch_label({"batch": {"sequence_lengths": [100, 200]}}) == "2 sequences, 300 tokens"
     assert model_label({}) == cluster_label({"cluster": "junk"}) == "—"
     assert headline("spindle", {"iteration_time_s": 0.2})["step_time_s"] == 0.2
