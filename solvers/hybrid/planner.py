@@ -270,6 +270,28 @@ class Planner:
                                step_tables=step_tables, climb=False, matrices=matrices)
         return res.step_time_s
 
+    def single_stage_bound(self, cc: stage_costs.ConfigCosts, pieces: int = 32) -> float:
+        """A lower bound for one stage under any pipeline formula that grows with the stage's time C and step
+        time U. The relaxation bounds C ≥ a, U ≥ b and m C + U ≥ R (each relaxed under the memory budget), so
+        every plan's (C, U) lies above the segment from (a, R - m a) to ((R - b) / m, b); on a piece of it
+        between (C₁, U₁) and (C₂, U₂) the step is at least step(C₁, U₂). (With t and u relaxed apart, the
+        bound was step(a, b): two candidates' minima that no plan has at once.)"""
+        if cc.config.pp != 1:
+            return 0.0
+        st, n, m = cc.stages[0], len(self.kinds), float(cc.config.micro_batches)
+        t, u, joint = (float(x[n] if cc.uniform else x[0, n]) for x in self._relaxed(cc, [
+            {k: c.time_s for k, c in st.costs.items()}, {k: c.step_time_s for k, c in st.costs.items()},
+            self._step_values(st, m)], 0))
+        f = st.fixed
+        a, b, r = t + f.time_s, u + f.step_time_s, joint + m * f.time_s + f.step_time_s
+        if not all(map(math.isfinite, (a, b, r))) or n < cc.config.virtual_stages:
+            return math.inf
+        c_end = max(a, (r - b) / m)
+        cs = [a + (c_end - a) * i / pieces for i in range(pieces + 1)]
+        us = [max(b, r - m * c) for c in cs]
+        ctx0 = st.ctx
+        return min(float(self.cm.pipeline_step_time([cs[i]], [us[i + 1]], ctx0)) for i in range(pieces))
+
     def joint_bound(self, cc: stage_costs.ConfigCosts) -> float:
         """Another lower bound for a linear pipeline of several stages (for identical layers checked just
         before a configuration is solved, for mixed kinds part of its ordering bound). With t_a the slowest
@@ -559,19 +581,28 @@ class Planner:
         the answer is then min(ceiling, bound))."""
         best = ceiling
         for cfg in self.space.pipeline_configs():
-            lb = self.compute_floor(cfg)
-            if lb >= best:
+            floor = self.compute_floor(cfg)
+            if floor >= best:
                 continue
             g = self.space.num_gpus // cfg.pp
             variants = [replace(cfg, embedding=e) for e in self.space.embedding_options(g)] or [cfg]
             cc = self._embedding_relaxation(variants) if len(variants) > 1 else self.config_costs(variants[0])
             if cc is None:
                 continue  # no candidate fits this configuration: it holds no plan
-            lb = max(lb, self.joint_bound(cc))
-            if partition.compositions(len(self.kinds), cfg.pp) <= self.opt.exhaustive_partition_limit:
-                lb = max(lb, self.lower_bound(cc))
+            lb = self._config_bound(cc, floor)
+            if lb < best and len(variants) > 1:
+                # the relaxation pairs one strategy's least fixed time with another's least memory: bound
+                # each embedding strategy on its own (never lower, often tighter)
+                lb = min((self._config_bound(c, floor) for c in map(self.config_costs, variants) if c is not None),
+                         default=math.inf)
             best = min(best, lb)
         return best
+
+    def _config_bound(self, cc: stage_costs.ConfigCosts, floor: float) -> float:
+        lb = max(floor, self.joint_bound(cc), self.single_stage_bound(cc))
+        if partition.compositions(len(self.kinds), cc.config.pp) <= self.opt.exhaustive_partition_limit:
+            lb = max(lb, self.lower_bound(cc))
+        return lb
 
     # ------------------------------------------------------------------ infeasibility
     def min_memory_bytes(self) -> float:
