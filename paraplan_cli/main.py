@@ -67,7 +67,7 @@ def _run_one(fn: Any, request: Any) -> dict[str, Any]:
 @app.command()
 def plan(
     file: Path = typer.Option(..., "-f", "--file", help="request JSON (contract), or - for stdin"),
-    as_json: bool = typer.Option(False, "--json", help="print the result object as JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print the result object as JSON (default: a summary)"),
     server: str | None = typer.Option(None, "--server", help="solve on a paraplan server instead"),
     token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_TOKEN"),
 ) -> None:
@@ -81,7 +81,12 @@ def plan(
         from paraplan_cli.progress import solve_with_progress
 
         result = solve_with_progress(request, quiet=as_json)
-    typer.echo(json.dumps(result, indent=None if as_json else 2))
+    if as_json or not isinstance(request, dict):
+        typer.echo(json.dumps(result, indent=None if as_json else 2))
+        return
+    from paraplan_cli.summary import render
+
+    typer.echo(render(request, result))
 
 
 @app.command()

@@ -1,0 +1,136 @@
+"""The terminal's reading of a plan result: what to run, what it costs and why (``--json`` gives it all).
+
+Plain text, one concept per block: the plan, the headline numbers, where the step goes, the memory per
+stage, the baselines with the plan's gain, and the search's certificate. Fields the result lacks are left
+out, so older stored results still print.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def _f(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def seconds(x: Any) -> str:
+    v = _f(x)
+    if v is None:
+        return "-"
+    return f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.3g} s" if v < 100 else f"{v:.0f} s"
+
+
+def _layer_text(layer: Mapping[str, Any]) -> str:
+    parts = [f"tp{layer.get('tp', 1)}"]
+    if layer.get("sp"):
+        parts.append(f"sp={layer['sp']}")
+    parts += [f"cp{layer.get('cp', 1)}", f"dp{layer.get('dp', 1)}", f"zero{layer.get('zero', 0)}"]
+    if layer.get("recompute", "none") != "none":
+        parts.append(f"recompute={layer['recompute']}")
+    if (layer.get("ep") or 1) > 1:
+        parts.append(f"ep{layer['ep']}")
+    return " ".join(parts)
+
+
+def layer_runs(layers: Sequence[Mapping[str, Any]], stage_layers: Sequence[int]) -> list[str]:
+    """Consecutive layers with one strategy as one line, split at pipeline-stage boundaries."""
+    bounds, start = set(), 0
+    for n in stage_layers:
+        start += n
+        bounds.add(start)
+    out: list[str] = []
+    first = 0
+    for i in range(1, len(layers) + 1):
+        if i == len(layers) or i in bounds or _layer_text(layers[i]) != _layer_text(layers[first]):
+            span = f"layer {first}" if i - first == 1 else f"layers {first}-{i - 1}"
+            out.append(f"  {span:<14} {_layer_text(layers[first])}")
+            first = i
+    return out
+
+
+def _breakdown(parts: Mapping[str, Any], total: float) -> str:
+    items = sorted(((k, v) for k, v in parts.items() if (_f(v) or 0) > 0), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} {seconds(v)} ({100 * v / total:.1f}%)" for k, v in items)
+
+
+def hybrid(request: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
+    est, strat, search = (result.get(k) or {} for k in ("estimate", "strategy", "search"))
+    layers, stage_layers = strat.get("layers") or [], strat.get("stage_layers") or []
+    sched = strat.get("schedule", "1f1b") + (f", {strat['virtual_stages']} chunks per GPU"
+                                             if (strat.get("virtual_stages") or 1) > 1 else "")
+    out = [f"plan: pp={strat.get('pp')}, {strat.get('micro_batches')} micro-batches ({sched}), "
+           f"stages {list(stage_layers)}"]
+    out += layer_runs(layers, stage_layers)
+    if strat.get("embedding"):
+        out.append(f"  embedding/LM head: {_layer_text(strat['embedding'])}")
+    step = _f(est.get("step_time_s")) or 0.0
+    limit = _f((request.get("constraints") or {}).get("memory_limit_gib"))
+    out.append(f"step {seconds(step)} · {est.get('throughput_samples_per_s', 0):.3g} samples/s · "
+               f"{est.get('tokens_per_s', 0):,.0f} tokens/s · MFU {100 * (est.get('mfu') or 0):.1f}% · "
+               f"peak {est.get('peak_memory_gib', 0):.1f} GiB per GPU"
+               + (f" (limit {limit:.1f})" if limit else ""))
+    if step and isinstance(est.get("breakdown_s"), Mapping):
+        out.append("time per step: " + _breakdown(est["breakdown_s"], step))
+    for s, parts in enumerate(est.get("memory_breakdown_gib_per_stage") or []):
+        total = sum(v for v in parts.values() if _f(v))
+        items = ", ".join(f"{k} {v:.1f}" for k, v in parts.items() if (_f(v) or 0) > 0)
+        out.append(f"memory, stage {s}: {total:.1f} GiB = {items}")
+    out += _baselines(result.get("baselines") or {}, step)
+    bound, gap = _f(search.get("lower_bound_step_time_s")), _f(search.get("optimality_gap"))
+    if bound is not None and gap is not None:
+        out.append(f"certificate: no plan of the search space runs a step under {seconds(bound)}; "
+                   f"this plan is within {100 * gap:.2f}% of that")
+    cpu = _f(search.get("cpu_s"))
+    if cpu is not None:
+        out.append(f"search: {cpu:.2f} s CPU, {search.get('configs_solved')} of {search.get('configs_total')} "
+                   "pipeline configurations solved, the rest bounded out")
+    out += [f"note: {n}" for n in est.get("notes") or []]
+    return out
+
+
+def _baselines(raw: Mapping[str, Any], step: float) -> list[str]:
+    out = ["baselines (same cost model):"] if raw else []
+    for name, entry in raw.items():
+        entry = entry or {}
+        base_step = _f((entry.get("estimate") or {}).get("step_time_s"))
+        if not entry.get("fits") or base_step is None:
+            out.append(f"  {name:<10} {entry.get('note') or 'does not fit'}")
+            continue
+        bound = _f(entry.get("gain_bound"))
+        out.append(f"  {name:<10} step {seconds(base_step)}: this plan {100 * (base_step / step - 1):+.1f}%"
+                   + (f" (any plan at most {100 * bound:+.1f}%)" if bound is not None else ""))
+    return out
+
+
+def render(request: Mapping[str, Any], result: Mapping[str, Any]) -> str:
+    """Text for a solved request; kinds other than hybrid get their headline and lower bound."""
+    if request.get("kind", "hybrid") == "hybrid":
+        lines = hybrid(request, result)
+    else:
+        est = result.get("estimate") or {}
+        step = _f(est.get("step_time_s")) or _f(est.get("iteration_time_s"))
+        lines = [f"{request.get('kind')}: step {seconds(step)}"]
+        bound = _f(result.get("lower_bound_s"))
+        if bound is not None and step:
+            lines.append(f"lower bound {seconds(bound)}: this plan is within {100 * (step / bound - 1):.2f}%")
+        lines += _other_baselines(result.get("baselines") or {}, step or 0.0)
+    return "\n".join([*lines, "(the whole result: --json)"])
+
+
+def _other_baselines(raw: Mapping[str, Any], step: float) -> list[str]:
+    """FlexSP's static SP degrees ({degree: seconds}) and Spindle's ``*_s`` schedules, with the plan's gain."""
+    def line(name: str, t: float) -> str:
+        gain = f" (this plan {100 * (t / step - 1):+.1f}%)" if step else ""
+        return f"  {name}: {seconds(t)}{gain}"
+
+    out = ["baselines (same cost model):"] if raw else []
+    for key, value in raw.items():
+        if isinstance(value, Mapping):
+            out += [line(f"{key.replace('_', ' ')} {k}", float(v)) for k, v in value.items() if _f(v) is not None]
+        elif key.endswith("_s") and _f(value) is not None:
+            out.append(line(key[:-2].replace("_", " "), float(value)))
+        else:
+            out.append(f"  {key.replace('_', ' ')}: {value}")
+    return out

@@ -1,0 +1,66 @@
+"""The terminal summary of a plan result: every layer accounted for, numbers as the JSON says them."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from paraplan_cli.summary import layer_runs, render
+from service.demo import DEMO_REQUESTS
+from solvers.api import solve
+
+SMALL: dict[str, Any] = {
+    "kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 8},
+    "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
+    "training": {"global_batch_size": 32, "seq_length": 4096},
+    "constraints": {"memory_limit_gib": 24},
+}
+
+
+def _span(line: str) -> range:
+    m = re.match(r"\s+layers? (\d+)(?:-(\d+))?\s", line)
+    assert m, line
+    return range(int(m[1]), int(m[2] or m[1]) + 1)
+
+
+def test_layer_runs_split_at_strategy_changes_and_stage_boundaries() -> None:
+    a, b = {"tp": 2, "dp": 4, "zero": 1}, {"tp": 2, "dp": 4, "zero": 1, "recompute": "full"}
+    lines = layer_runs([a, a, b, b, b, a], stage_layers=[3, 3])
+    assert [list(_span(x)) for x in lines] == [[0, 1], [2], [3, 4], [5]]
+    assert "recompute=full" in lines[1] and "recompute" not in lines[0]
+
+
+def test_hybrid_summary_accounts_for_every_layer_and_quotes_the_result() -> None:
+    result = solve(SMALL)
+    text = render(SMALL, result)
+    runs = [x for x in text.splitlines() if re.match(r"\s+layers? \d", x)]
+    covered = [i for x in runs for i in _span(x)]
+    assert covered == list(range(8))
+    est, search = result["estimate"], result["search"]
+    assert f"MFU {100 * est['mfu']:.1f}%" in text and "(limit 24.0)" in text
+    assert f"within {100 * search['optimality_gap']:.2f}%" in text
+    for stage in range(result["strategy"]["pp"]):
+        assert f"memory, stage {stage}:" in text
+    megatron = result["baselines"]["megatron"]
+    assert f"this plan {100 * megatron['gain']:+.1f}%" in text
+
+
+def test_other_kinds_print_their_step_bound_and_baselines() -> None:
+    for kind in ("flexsp", "spindle"):
+        req = DEMO_REQUESTS[kind]
+        result = solve(req)
+        text = render(req, result)
+        assert text.startswith(f"{kind}: step") and "lower bound" in text and "baselines" in text
+
+
+def test_cli_prints_the_summary_without_json(tmp_path: Path) -> None:
+    f = tmp_path / "req.json"
+    f.write_text(json.dumps(SMALL))
+    out = subprocess.run([sys.executable, "-m", "paraplan_cli.main", "plan", "-f", str(f)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.lstrip().startswith("plan: pp=") and "certificate:" in out.stdout
