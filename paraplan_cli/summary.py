@@ -67,9 +67,9 @@ def hybrid(request: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
         out.append(f"  embedding/LM head: {_layer_text(strat['embedding'])}")
     step = _f(est.get("step_time_s")) or 0.0
     limit = _f((request.get("constraints") or {}).get("memory_limit_gib"))
-    out.append(f"step {seconds(step)} · {est.get('throughput_samples_per_s', 0):.3g} samples/s · "
-               f"{est.get('tokens_per_s', 0):,.0f} tokens/s · MFU {100 * (est.get('mfu') or 0):.1f}% · "
-               f"peak {est.get('peak_memory_gib', 0):.1f} GiB per GPU"
+    out.append(f"step {seconds(step)} · {est.get('throughput_samples_per_s') or 0:.3g} samples/s · "
+               f"{est.get('tokens_per_s') or 0:,.0f} tokens/s · MFU {100 * (est.get('mfu') or 0):.1f}% · "
+               f"peak {est.get('peak_memory_gib') or 0:.1f} GiB per GPU"
                + (f" (limit {limit:.1f})" if limit else ""))
     if step and isinstance(est.get("breakdown_s"), Mapping):
         out.append("time per step: " + _breakdown(est["breakdown_s"], step))

@@ -64,3 +64,10 @@ def test_cli_prints_the_summary_without_json(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.lstrip().startswith("plan: pp=") and "certificate:" in out.stdout
+
+
+def test_a_sparse_or_older_result_still_prints() -> None:
+    """Stored results from before the certificate, or with fields missing, print what they have."""
+    text = render({"kind": "hybrid"}, {"estimate": {"step_time_s": 2.0, "throughput_samples_per_s": None},
+                                       "strategy": {"pp": 1, "layers": [{"tp": 1}], "stage_layers": [1]}})
+    assert "step 2 s" in text and "certificate" not in text and "layer 0" in text
