@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from typing import Any, Literal
 
 from solvers.errors import SpecError
-from solvers.strategy import LayerStrategy, PlanStrategy
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute
 
 Format = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
 FORMATS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan", "galvatron")
@@ -59,6 +60,63 @@ def _short(s: LayerStrategy) -> str:
     return f"tp{s.tp} cp{s.cp} dp{s.dp}{sp} zero{s.zero} recompute={s.recompute}"
 
 
+def _block_recompute(plan: PlanStrategy) -> int:
+    """Megatron's block recomputation: the first k layers of every stage recompute fully, k = the most any
+    stage of the plan recomputes (never less memory than the plan)."""
+    return max(sum(1 for x in _stage(plan, st) if x.recompute == "full") for st in range(plan.pp))
+
+
+def megatron_run_plan(plan: PlanStrategy) -> PlanStrategy:
+    """What Megatron-LM runs from ``megatron_args``: the dominant layout on every layer (Ulysses as TP with
+    sequence parallelism, ZeRO-2/3 as the distributed optimizer), block recomputation, selective
+    recomputation on every other layer when the plan uses it anywhere, the first and last stage sizes kept
+    and the middle ones even, the embedding on the layers' TP group."""
+    s = dominant(plan)
+    base = replace(s, sp="megatron" if s.tp > 1 else None, zero=min(s.zero, 1) if s.dp * s.cp > 1 else 0)
+    rest: Recompute = "selective" if any(x.recompute == "selective" for x in plan.layers) else "none"
+    parts = list(plan.stage_layers)
+    if plan.pp > 2 and len(set(parts[1:-1])) > 1:
+        middle = sum(parts[1:-1])
+        parts[1:-1] = [middle // (plan.pp - 2) + (1 if i < middle % (plan.pp - 2) else 0) for i in range(plan.pp - 2)]
+    k = _block_recompute(plan)
+    layers = tuple(replace(base, recompute="full" if i < k else rest) for n in parts for i in range(n))
+    return replace(plan, layers=layers, stage_layers=tuple(parts),
+                   embedding=EmbeddingStrategy(tp=base.tp, dp=base.dp * base.cp, zero=base.zero))
+
+
+def torchtitan_run_plan(plan: PlanStrategy) -> PlanStrategy:
+    """What torchtitan runs from ``torchtitan_toml``: the dominant layout on every layer with FSDP (ZeRO-3)
+    wherever the plan shards anything, TP with sequence parallelism, one recomputation mode for all layers."""
+    s = dominant(plan)
+    base = replace(s, sp="megatron" if s.tp > 1 else None, zero=3 if s.zero >= 1 else 0)
+    return replace(plan, layers=(base,) * len(plan.layers),
+                   embedding=EmbeddingStrategy(tp=base.tp, dp=base.dp * base.cp, zero=base.zero))
+
+
+def as_run_note(run: PlanStrategy, result: dict[str, Any], request: dict[str, Any] | None, framework: str) -> str:
+    """The framework's run of the export, estimated by the plan's own cost model against the plan."""
+    if request is None:
+        return ""
+    from solvers.cost_model.api import estimate
+
+    try:
+        est = estimate({**request, "strategy": run.to_dict()})
+    except SpecError as err:
+        return f"as {framework} runs it, the export could not be estimated: {err}"
+    plan_step = float(result.get("estimate", {}).get("step_time_s") or 0.0)
+    step, peak = float(est["step_time_s"]), float(est["peak_memory_gib"])
+    slower = f" ({step / plan_step - 1:+.1%} against the plan's {plan_step:.4g} s)" if plan_step else ""
+    fits = "" if est["fits"] else ": OVER THE MEMORY LIMIT, it would not run"
+    note = f"as {framework} runs it, estimated step {step:.4g} s{slower}, peak {peak:.1f} GiB per GPU{fits}"
+    base = result.get("baselines", {}).get("megatron") or {}
+    base_step = (base.get("estimate") or {}).get("step_time_s")
+    if framework == "Megatron-LM" and base.get("fits") and base_step and (not est["fits"] or base_step < step):
+        note += (f"; the best uniform Megatron-style plan fits and runs at {base_step:.4g} s: "
+                 f"{_short(dominant(PlanStrategy.from_dict(base['strategy'])))}, pp {base['strategy']['pp']}, "
+                 f"{base['strategy']['micro_batches']} micro-batches")
+    return note
+
+
 def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: dict[str, Any] | None) -> str:
     s = dominant(plan)
     notes = _notes(plan, s, "Megatron-LM")
@@ -82,8 +140,8 @@ def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: dict[str, Any
     if max(full) == len(plan.layers) // plan.pp and min(full) == max(full):
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     elif max(full) > 0:
-        # the first k layers of every stage recompute fully: k = the most any stage needs (never less memory)
-        args += ["--recompute-granularity full", "--recompute-method block", f"--recompute-num-layers {max(full)}"]
+        args += ["--recompute-granularity full", "--recompute-method block",
+                 f"--recompute-num-layers {_block_recompute(plan)}"]
     if any(x.recompute == "selective" for x in plan.layers):
         args.append("--recompute-activations")
     if len(set(plan.stage_layers)) > 1 and plan.pp > 1:
@@ -188,11 +246,13 @@ def export(result: dict[str, Any], fmt: str, request: dict[str, Any] | None = No
     batch, seq = _batch(result, request)
     model = _model(request)
     if fmt == "megatron":
-        return megatron_args(plan, batch, seq, model)
+        note = as_run_note(megatron_run_plan(plan), result, request, "Megatron-LM")
+        return (f"# {note}\n" if note else "") + megatron_args(plan, batch, seq, model)
     if fmt == "deepspeed":
         return deepspeed_config(plan, batch, seq)
     if fmt == "torchtitan":
-        return torchtitan_toml(plan, batch, seq)
+        note = as_run_note(torchtitan_run_plan(plan), result, request, "torchtitan")
+        return (f"# {note}\n" if note else "") + torchtitan_toml(plan, batch, seq)
     gpus = None
     if request is not None:
         c = request.get("cluster", {})

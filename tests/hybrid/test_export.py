@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from solvers.api import estimate, solve
 from solvers.errors import SpecError
 from solvers.formats.galvatron import plan_from_galvatron_config
-from solvers.hybrid.export import export
+from solvers.hybrid.export import export, megatron_run_plan, torchtitan_run_plan
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
 REQUEST: dict[str, Any] = {
@@ -73,3 +74,29 @@ def test_unknown_format_is_a_spec_error() -> None:
     with pytest.raises(SpecError) as err:
         export(RESULT, "nemo", REQUEST)
     assert err.value.problems[0].loc == ("format",)
+
+
+def test_megatron_runs_the_dominant_layout_with_its_own_approximations() -> None:
+    run = megatron_run_plan(PLAN)
+    base = {(x.tp, x.dp, x.sp, x.zero) for x in run.layers}
+    assert base == {(2, 4, "megatron", 1)}  # ZeRO-2 (dominant) as the distributed optimizer
+    # block recomputation: the first 10 layers of every stage (the most any stage of the plan recomputes)
+    assert [x.recompute for x in run.layers] == ["full"] * 10 + ["none"] * 4 + ["full"] * 10 + ["none"] * 8
+    assert run.stage_layers == PLAN.stage_layers and run.embedding.tp == 2
+    titan = torchtitan_run_plan(PLAN)
+    assert {(x.zero, x.recompute) for x in titan.layers} == {(3, "none")}  # FSDP, one mode for all layers
+
+
+@pytest.mark.parametrize("fmt,run_plan", [("megatron", megatron_run_plan), ("torchtitan", torchtitan_run_plan)])
+def test_export_states_what_the_framework_would_run_at(fmt: str, run_plan: Any) -> None:
+    """The export's first line is the plan's cost model on what the framework runs: its step against the
+    plan's, its peak memory, and whether it fits (a per-layer plan exported to one layout may not)."""
+    req = {"kind": "hybrid", "model": {"preset": "llama3-8b", "num_layers": 8},
+           "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
+           "training": {"global_batch_size": 64, "seq_length": 8192}, "constraints": {"memory_limit_gib": 40}}
+    result = solve(req)
+    first = export(result, fmt, req).splitlines()[0]
+    est = estimate({**req, "strategy": run_plan(PlanStrategy.from_dict(result["strategy"])).to_dict()})
+    assert f"estimated step {est['step_time_s']:.4g} s" in first and f"peak {est['peak_memory_gib']:.1f} GiB" in first
+    assert ("OVER THE MEMORY LIMIT" in first) == (not est["fits"])
+    assert "runs it" not in export(result, fmt)  # without the request there is nothing to estimate with
