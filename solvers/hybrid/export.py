@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -93,6 +94,21 @@ def torchtitan_run_plan(plan: PlanStrategy) -> PlanStrategy:
                    embedding=EmbeddingStrategy(tp=base.tp, dp=base.dp * base.cp, zero=base.zero))
 
 
+def deepspeed_run_plan(plan: PlanStrategy) -> PlanStrategy | None:
+    """What DeepSpeed runs from ``deepspeed_config``: the dominant layout on every layer (AutoTP without
+    sequence parallelism; context parallelism as Ulysses), the plan's ZeRO stage and recomputation, 1F1B.
+    None when the layout has both TP and CP (DeepSpeed has no such combination to estimate)."""
+    s = dominant(plan)
+    if s.cp > 1 and s.tp > 1:
+        return None
+    base = replace(s, tp=s.cp, cp=1, sp="ulysses") if s.cp > 1 else replace(s, sp=None if s.sp == "megatron" else s.sp)
+    uly = base.sp == "ulysses"  # the embedding is replicated over the Ulysses group, split over AutoTP's
+    return replace(plan, layers=tuple(replace(base, recompute=x.recompute) for x in plan.layers),
+                   schedule="gpipe" if plan.schedule == "gpipe" else "1f1b", virtual_stages=1,
+                   embedding=EmbeddingStrategy(tp=1 if uly else base.tp, dp=base.dp * (base.tp if uly else 1),
+                                               zero=base.zero))
+
+
 def as_run_note(run: PlanStrategy, result: dict[str, Any], request: dict[str, Any] | None, framework: str) -> str:
     """The framework's run of the export, estimated by the plan's own cost model against the plan."""
     if request is None:
@@ -168,9 +184,9 @@ def _stage(plan: PlanStrategy, stage: int) -> tuple[LayerStrategy, ...]:
     return plan.layers[start:start + plan.stage_layers[stage]]
 
 
-def deepspeed_config(plan: PlanStrategy, batch: int, seq: int) -> str:
+def deepspeed_config(plan: PlanStrategy, batch: int, seq: int, first_notes: Sequence[str] = ()) -> str:
     s = dominant(plan)
-    notes = _notes(plan, s, "DeepSpeed")
+    notes = [*first_notes, *_notes(plan, s, "DeepSpeed")]
     mbs = max(batch // plan.micro_batches // s.dp, 1)
     cfg: dict[str, Any] = {
         "train_batch_size": batch,
@@ -249,7 +265,9 @@ def export(result: dict[str, Any], fmt: str, request: dict[str, Any] | None = No
         note = as_run_note(megatron_run_plan(plan), result, request, "Megatron-LM")
         return (f"# {note}\n" if note else "") + megatron_args(plan, batch, seq, model)
     if fmt == "deepspeed":
-        return deepspeed_config(plan, batch, seq)
+        ds = deepspeed_run_plan(plan)
+        note = as_run_note(ds, result, request, "DeepSpeed") if ds else ""
+        return deepspeed_config(plan, batch, seq, [note] if note else [])
     if fmt == "torchtitan":
         note = as_run_note(torchtitan_run_plan(plan), result, request, "torchtitan")
         return (f"# {note}\n" if note else "") + torchtitan_toml(plan, batch, seq)

@@ -11,7 +11,7 @@ import pytest
 from solvers.api import estimate, solve
 from solvers.errors import SpecError
 from solvers.formats.galvatron import plan_from_galvatron_config
-from solvers.hybrid.export import export, megatron_run_plan, torchtitan_run_plan
+from solvers.hybrid.export import deepspeed_run_plan, export, megatron_run_plan, torchtitan_run_plan
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
 REQUEST: dict[str, Any] = {
@@ -87,7 +87,8 @@ def test_megatron_runs_the_dominant_layout_with_its_own_approximations() -> None
     assert {(x.zero, x.recompute) for x in titan.layers} == {(3, "none")}  # FSDP, one mode for all layers
 
 
-@pytest.mark.parametrize("fmt,run_plan", [("megatron", megatron_run_plan), ("torchtitan", torchtitan_run_plan)])
+@pytest.mark.parametrize("fmt,run_plan", [("megatron", megatron_run_plan), ("torchtitan", torchtitan_run_plan),
+                                          ("deepspeed", deepspeed_run_plan)])
 def test_export_states_what_the_framework_would_run_at(fmt: str, run_plan: Any) -> None:
     """The export's first line is the plan's cost model on what the framework runs: its step against the
     plan's, its peak memory, and whether it fits (a per-layer plan exported to one layout may not)."""
@@ -95,8 +96,18 @@ def test_export_states_what_the_framework_would_run_at(fmt: str, run_plan: Any) 
            "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
            "training": {"global_batch_size": 64, "seq_length": 8192}, "constraints": {"memory_limit_gib": 40}}
     result = solve(req)
-    first = export(result, fmt, req).splitlines()[0]
+    text = export(result, fmt, req)
+    first = json.loads(text)["_paraplan_notes"][0] if fmt == "deepspeed" else text.splitlines()[0]
     est = estimate({**req, "strategy": run_plan(PlanStrategy.from_dict(result["strategy"])).to_dict()})
     assert f"estimated step {est['step_time_s']:.4g} s" in first and f"peak {est['peak_memory_gib']:.1f} GiB" in first
     assert ("OVER THE MEMORY LIMIT" in first) == (not est["fits"])
     assert "runs it" not in export(result, fmt)  # without the request there is nothing to estimate with
+
+
+def test_deepspeed_runs_context_parallelism_as_ulysses_and_cannot_run_tp_with_it() -> None:
+    cp = LayerStrategy(tp=1, dp=4, cp=4, zero=2)
+    run = deepspeed_run_plan(PlanStrategy(pp=1, micro_batches=4, layers=(cp,) * 4, stage_layers=(4,)))
+    assert run is not None and {(x.tp, x.cp, x.sp, x.zero) for x in run.layers} == {(4, 1, "ulysses", 2)}
+    assert run.embedding.tp == 1 and run.embedding.dp == 16
+    both = LayerStrategy(tp=2, dp=2, cp=4, sp="megatron")
+    assert deepspeed_run_plan(PlanStrategy(pp=1, micro_batches=4, layers=(both,) * 4, stage_layers=(4,))) is None
