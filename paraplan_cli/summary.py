@@ -34,16 +34,12 @@ def _layer_text(layer: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def layer_runs(layers: Sequence[Mapping[str, Any]], stage_layers: Sequence[int]) -> list[str]:
-    """Consecutive layers with one strategy as one line, split at pipeline-stage boundaries."""
-    bounds, start = set(), 0
-    for n in stage_layers:
-        start += n
-        bounds.add(start)
+def layer_runs(layers: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Consecutive layers with one strategy as one line (stage sizes are on the plan's own line)."""
     out: list[str] = []
     first = 0
     for i in range(1, len(layers) + 1):
-        if i == len(layers) or i in bounds or _layer_text(layers[i]) != _layer_text(layers[first]):
+        if i == len(layers) or _layer_text(layers[i]) != _layer_text(layers[first]):
             span = f"layer {first}" if i - first == 1 else f"layers {first}-{i - 1}"
             out.append(f"  {span:<14} {_layer_text(layers[first])}")
             first = i
@@ -62,7 +58,7 @@ def hybrid(request: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
                                              if (strat.get("virtual_stages") or 1) > 1 else "")
     out = [f"plan: pp={strat.get('pp')}, {strat.get('micro_batches')} micro-batches ({sched}), "
            f"stages {list(stage_layers)}"]
-    out += layer_runs(layers, stage_layers)
+    out += layer_runs(layers)
     if strat.get("embedding"):
         out.append(f"  embedding/LM head: {_layer_text(strat['embedding'])}")
     step = _f(est.get("step_time_s")) or 0.0
@@ -73,10 +69,7 @@ def hybrid(request: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
                + (f" (limit {limit:.1f})" if limit else ""))
     if step and isinstance(est.get("breakdown_s"), Mapping):
         out.append("time per step: " + _breakdown(est["breakdown_s"], step))
-    for s, parts in enumerate(est.get("memory_breakdown_gib_per_stage") or []):
-        total = sum(v for v in parts.values() if _f(v))
-        items = ", ".join(f"{k} {v:.1f}" for k, v in parts.items() if (_f(v) or 0) > 0)
-        out.append(f"memory, stage {s}: {total:.1f} GiB = {items}")
+    out += _memory(est.get("memory_breakdown_gib_per_stage") or [])
     out += _baselines(result.get("baselines") or {}, step)
     bound, gap = _f(search.get("lower_bound_step_time_s")), _f(search.get("optimality_gap"))
     if bound is not None and gap is not None:
@@ -88,6 +81,22 @@ def hybrid(request: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
                    "pipeline configurations solved, the rest bounded out")
     out += [f"note: {n}" for n in est.get("notes") or []]
     return out
+
+
+def _memory(stages: Sequence[Mapping[str, Any]], show: int = 4) -> list[str]:
+    """Memory per stage with its parts; deep pipelines show the fullest stage and the others' range."""
+    totals = [sum(v for v in parts.values() if _f(v)) for parts in stages]
+
+    def line(s: int) -> str:
+        items = ", ".join(f"{k} {v:.1f}" for k, v in stages[s].items() if (_f(v) or 0) > 0)
+        return f"memory, stage {s}: {totals[s]:.1f} GiB = {items}"
+
+    if len(stages) <= show:
+        return [line(s) for s in range(len(stages))]
+    peak = max(range(len(stages)), key=lambda s: totals[s])
+    rest = [t for s, t in enumerate(totals) if s != peak]
+    return [line(peak) + " (the fullest stage)",
+            f"memory, the other {len(rest)} stages: {min(rest):.1f}-{max(rest):.1f} GiB (--json for each)"]
 
 
 def _baselines(raw: Mapping[str, Any], step: float) -> list[str]:

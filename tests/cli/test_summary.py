@@ -27,10 +27,10 @@ def _span(line: str) -> range:
     return range(int(m[1]), int(m[2] or m[1]) + 1)
 
 
-def test_layer_runs_split_at_strategy_changes_and_stage_boundaries() -> None:
+def test_layer_runs_split_where_the_strategy_changes() -> None:
     a, b = {"tp": 2, "dp": 4, "zero": 1}, {"tp": 2, "dp": 4, "zero": 1, "recompute": "full"}
-    lines = layer_runs([a, a, b, b, b, a], stage_layers=[3, 3])
-    assert [list(_span(x)) for x in lines] == [[0, 1], [2], [3, 4], [5]]
+    lines = layer_runs([a, a, b, b, b, a])
+    assert [list(_span(x)) for x in lines] == [[0, 1], [2, 3, 4], [5]]
     assert "recompute=full" in lines[1] and "recompute" not in lines[0]
 
 
@@ -71,3 +71,11 @@ def test_a_sparse_or_older_result_still_prints() -> None:
     text = render({"kind": "hybrid"}, {"estimate": {"step_time_s": 2.0, "throughput_samples_per_s": None},
                                        "strategy": {"pp": 1, "layers": [{"tp": 1}], "stage_layers": [1]}})
     assert "step 2 s" in text and "certificate" not in text and "layer 0" in text
+
+
+def test_a_deep_pipeline_shows_its_fullest_stage_and_the_others_range() -> None:
+    stages = [{"parameters": 1.0, "activations": float(a)} for a in (5, 9, 7, 3, 2, 1)]
+    text = render({"kind": "hybrid"}, {"estimate": {"step_time_s": 1.0, "memory_breakdown_gib_per_stage": stages},
+                                       "strategy": {"pp": 6}})
+    assert "memory, stage 1: 10.0 GiB = parameters 1.0, activations 9.0 (the fullest stage)" in text
+    assert "the other 5 stages: 2.0-8.0 GiB" in text
