@@ -71,7 +71,8 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
     if progress:
         progress(0.0, "baselines")
     base = {
-        "megatron": (baselines.megatron(cm, space, kinds), "no uniform Megatron-style plan fits"),
+        "megatron": (baselines.megatron(cm, space, kinds, [req.model.is_moe_layer(i) for i in range(len(kinds))]),
+                     "no uniform Megatron-style plan fits"),
         "zero3_dp": (baselines.zero3_dp(cm, space, kinds), "ZeRO-3 data parallelism does not fit"),
         "pure_dp": (baselines.pure_dp(cm, space, kinds), "plain data parallelism does not fit"),
     }

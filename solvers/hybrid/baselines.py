@@ -21,6 +21,7 @@ import numpy as np
 
 from solvers.cost_model import pipeline
 from solvers.cost_model.base import CostModel, Estimate
+from solvers.hybrid.moe import with_expert_layouts
 from solvers.hybrid.space import ALL_RECOMPUTE, PipelineConfig, SearchSpace
 from solvers.hybrid.stage_costs import fixed_memory_bytes, layout_transitions, stage_context
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute
@@ -47,9 +48,18 @@ def megatron_embedding(x: LayerStrategy) -> EmbeddingStrategy:
     return EmbeddingStrategy(tp=x.tp, dp=x.dp * x.cp, zero=x.zero)
 
 
+def without_experts(x: LayerStrategy) -> LayerStrategy:
+    """``x`` on a dense layer: expert parallelism, expert TP and LSH apply to MoE layers only."""
+    return replace(x, ep=1, etp=None, lsh=False)
+
+
 def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], configs: Iterable[PipelineConfig],
-                 strategies: Iterable[LayerStrategy], name: str) -> Baseline | None:
-    """Fastest fitting plan that uses one of ``strategies`` for every layer, over ``configs``."""
+                 strategies: Iterable[LayerStrategy], name: str,
+                 expert_layers: Sequence[bool] | None = None) -> Baseline | None:
+    """Fastest fitting plan that uses one of ``strategies`` for every layer, over ``configs``.
+
+    ``expert_layers``: which layers are MoE; the others take each strategy without its expert fields (the
+    cost model prices a dense layer alike either way)."""
     strategies = list(strategies)
     first_of: dict[Hashable, int] = {}
     for i, k in enumerate(kinds):
@@ -111,7 +121,10 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
         for j in map(int, np.flatnonzero(fits)):
             step = float(cm.pipeline_step_time(list(t[:, j]), list(u[:, j]), ctx0))
             if math.isfinite(step) and (best is None or step < best.step_time_s):
-                plan = PlanStrategy(pp=cfg.pp, micro_batches=cfg.micro_batches, layers=(cands[j],) * n_layers,
+                x = cands[j]
+                layers = tuple(x if expert_layers is None or expert_layers[i] else without_experts(x)
+                               for i in range(n_layers))
+                plan = PlanStrategy(pp=cfg.pp, micro_batches=cfg.micro_batches, layers=layers,
                                     stage_layers=parts, schedule=cfg.schedule,
                                     virtual_stages=cfg.virtual_stages, embedding=embs[j])
                 best = Baseline(name, plan, step)
@@ -128,7 +141,9 @@ def _single_stage(space: SearchSpace) -> list[PipelineConfig]:
 
 def megatron_grid(space: SearchSpace) -> tuple[list[PipelineConfig], list[LayerStrategy]]:
     """The Megatron-LM style grid: 1F1B or interleaved configurations, and per pipeline degree every TP
-    (with Megatron SP) × ZeRO-0/1 × recompute, data parallel over the rest of the stage."""
+    (with Megatron SP) × ZeRO-0/1 × recompute, data parallel over the rest of the stage; for MoE models
+    also every expert-parallel degree and expert TP (Megatron-LM's --expert-model-parallel-size and
+    --expert-tensor-parallel-size), the same for every MoE layer."""
     configs = [c for c in space.pipeline_configs() if c.schedule in ("1f1b", "interleaved")]
     strategies = []
     for pp in space.pp_options():
@@ -138,12 +153,16 @@ def megatron_grid(space: SearchSpace) -> tuple[list[PipelineConfig], list[LayerS
                 for rc in ALL_RECOMPUTE:
                     strategies.append(LayerStrategy(tp=tp, dp=g // tp, sp="megatron" if tp > 1 else None,
                                                     zero=zero if g // tp > 1 else 0, recompute=rc))
-    return configs, list(dict.fromkeys(strategies))
+    strategies = list(dict.fromkeys(strategies))
+    if space.num_experts > 1:
+        strategies = with_expert_layouts(strategies, space.num_experts, space.gpus_per_node, allow_approximate=False)
+    return configs, strategies
 
 
-def megatron(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> Baseline | None:
+def megatron(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable],
+             expert_layers: Sequence[bool] | None = None) -> Baseline | None:
     configs, strategies = megatron_grid(space)
-    return best_uniform(cm, space, kinds, configs, strategies, "megatron")
+    return best_uniform(cm, space, kinds, configs, strategies, "megatron", expert_layers)
 
 
 def zero3_dp(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> Baseline | None:

@@ -25,8 +25,9 @@ from tests.hybrid.test_exactness import small_case
 
 
 def enumerated_best(cm: CostModel, space: SearchSpace, configs: Sequence[PipelineConfig],
-                    strategies: Sequence[LayerStrategy]) -> float:
-    """Every uniform plan of the grid through ``cm.evaluate``; the least step time of those that fit."""
+                    strategies: Sequence[LayerStrategy], expert_layers: Sequence[bool] | None = None) -> float:
+    """Every uniform plan of the grid through ``cm.evaluate``; the least step time of those that fit (dense
+    layers of an MoE model without the strategy's expert fields)."""
     best = math.inf
     for cfg in configs:
         g, mbs = space.num_gpus // cfg.pp, space.global_batch_size // cfg.micro_batches
@@ -36,7 +37,9 @@ def enumerated_best(cm: CostModel, space: SearchSpace, configs: Sequence[Pipelin
         for x in strategies:
             if x.world != g or mbs % x.dp:
                 continue
-            plan = PlanStrategy(pp=cfg.pp, micro_batches=cfg.micro_batches, layers=(x,) * space.num_layers,
+            layers = tuple(x if expert_layers is None or expert_layers[i] else baselines.without_experts(x)
+                           for i in range(space.num_layers))
+            plan = PlanStrategy(pp=cfg.pp, micro_batches=cfg.micro_batches, layers=layers,
                                 stage_layers=parts, schedule=cfg.schedule, virtual_stages=cfg.virtual_stages,
                                 embedding=baselines.megatron_embedding(x))
             est = cm.evaluate(plan)
@@ -45,10 +48,11 @@ def enumerated_best(cm: CostModel, space: SearchSpace, configs: Sequence[Pipelin
     return best
 
 
-def _check(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> float:
+def _check(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable],
+           expert_layers: Sequence[bool] | None = None) -> float:
     configs, strategies = baselines.megatron_grid(space)
-    found = baselines.megatron(cm, space, kinds)
-    truth = enumerated_best(cm, space, configs, strategies)
+    found = baselines.megatron(cm, space, kinds, expert_layers)
+    truth = enumerated_best(cm, space, configs, strategies, expert_layers)
     if found is None:
         assert truth == math.inf
         return truth
@@ -88,6 +92,25 @@ def test_megatron_baseline_equals_enumeration_on_the_analytic_model() -> None:
         assert winner is not None
         found.append((step, cm.evaluate(winner.plan).peak_memory_gib))
     assert found[1][0] == found[0][0] < found[2][0]  # the tight limit keeps the winner; the low one binds
+
+
+def test_megatron_baseline_of_an_moe_model_uses_expert_parallelism() -> None:
+    """Megatron-LM shards experts (--expert-model-parallel-size): the baseline's grid has every EP degree
+    and expert TP on the MoE layers (dense layers between them without), it still equals enumeration, and
+    where memory binds (mixtral's shape at 30 GiB) it shards the experts rather than replicate them."""
+    req = parse(HybridRequest, {
+        "kind": "hybrid", "model": {"preset": "mixtral-8x7b", "num_layers": 4,
+                                    "moe": {"num_experts": 8, "top_k": 2, "moe_layer_frequency": 2}},
+        "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
+        "training": {"global_batch_size": 16, "seq_length": 4096}, "constraints": {"memory_limit_gib": 30}})
+    cm, space = make_cost_model(req), build_space(req)
+    experts = [req.model.is_moe_layer(i) for i in range(4)]
+    _, strategies = baselines.megatron_grid(space)
+    assert {x.ep for x in strategies} == {1, 2, 4, 8}
+    _check(cm, space, layer_kinds(req.model), experts)
+    winner = baselines.megatron(cm, space, layer_kinds(req.model), experts)
+    assert winner is not None and winner.plan.layers[1].ep > 1 and winner.plan.layers[0].ep == 1
+    assert cm.evaluate(winner.plan).fits
 
 
 def test_the_vectorised_step_is_the_pipeline_formula() -> None:
