@@ -25,9 +25,31 @@ _ZERO_COST = {3: 0, 2: 1, 1: 2, 0: 3}
 _RC_COST = {"full": 0, "selective": 1, "none": 2}
 
 
+def _attention(x: LayerStrategy) -> LayerStrategy:
+    """The layer's layout without its expert fields (those apply to MoE layers only)."""
+    return replace(x, ep=1, etp=None, lsh=False)
+
+
 def dominant(plan: PlanStrategy) -> LayerStrategy:
-    counts = Counter(plan.layers)
+    """The layout most layers use (expert fields aside); ties go to the more memory-frugal one."""
+    counts = Counter(map(_attention, plan.layers))
     return max(counts, key=lambda s: (counts[s], -_ZERO_COST[s.zero], -_RC_COST[s.recompute]))
+
+
+def expert_layout(plan: PlanStrategy) -> tuple[int, int | None]:
+    """(ep, etp) most of the plan's expert-parallel layers use; (1, None) when none does."""
+    counts = Counter((x.ep, x.etp) for x in plan.layers if x.ep > 1 or x.etp is not None)
+    return max(counts, key=lambda k: counts[k]) if counts else (1, None)
+
+
+def _with_experts(plan: PlanStrategy, base: LayerStrategy, expert_layers: Sequence[bool] | None,
+                  recompute: Sequence[Recompute] | None = None) -> tuple[LayerStrategy, ...]:
+    """``base`` on every layer, with the plan's dominant expert layout on the MoE layers (``expert_layers``,
+    else those of the plan that shard experts) and, if given, each layer's recomputation."""
+    ep, etp = expert_layout(plan)
+    moe = expert_layers or [x.ep > 1 or x.etp is not None for x in plan.layers]
+    return tuple(replace(base, ep=ep if m else 1, etp=etp if m else None,
+                         recompute=recompute[i] if recompute else base.recompute) for i, m in enumerate(moe))
 
 
 def _batch(result: dict[str, Any], request: dict[str, Any] | None) -> tuple[int, int]:
@@ -45,9 +67,9 @@ def _batch(result: dict[str, Any], request: dict[str, Any] | None) -> tuple[int,
 
 def _notes(plan: PlanStrategy, main: LayerStrategy, framework: str) -> list[str]:
     notes: list[str] = []
-    other = [i for i, s in enumerate(plan.layers) if s != main]
+    other = [i for i, s in enumerate(plan.layers) if _attention(s) != main]
     if other:
-        kinds = Counter(plan.layers[i] for i in other)
+        kinds = Counter(_attention(plan.layers[i]) for i in other)
         desc = "; ".join(f"{n} x {_short(s)}" for s, n in kinds.most_common())
         notes.append(f"per-layer strategy not expressible in {framework}: {len(other)} of {len(plan.layers)} layers "
                      f"use another strategy ({desc}); all layers get {_short(main)}")
@@ -67,7 +89,7 @@ def _block_recompute(plan: PlanStrategy) -> int:
     return max(sum(1 for x in _stage(plan, st) if x.recompute == "full") for st in range(plan.pp))
 
 
-def megatron_run_plan(plan: PlanStrategy) -> PlanStrategy:
+def megatron_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None) -> PlanStrategy:
     """What Megatron-LM runs from ``megatron_args``: the dominant layout on every layer (Ulysses as TP with
     sequence parallelism, ZeRO-2/3 as the distributed optimizer), block recomputation, selective
     recomputation on every other layer when the plan uses it anywhere, the first and last stage sizes kept
@@ -80,21 +102,21 @@ def megatron_run_plan(plan: PlanStrategy) -> PlanStrategy:
         middle = sum(parts[1:-1])
         parts[1:-1] = [middle // (plan.pp - 2) + (1 if i < middle % (plan.pp - 2) else 0) for i in range(plan.pp - 2)]
     k = _block_recompute(plan)
-    layers = tuple(replace(base, recompute="full" if i < k else rest) for n in parts for i in range(n))
-    return replace(plan, layers=layers, stage_layers=tuple(parts),
+    recompute: list[Recompute] = ["full" if i < k else rest for n in parts for i in range(n)]
+    return replace(plan, layers=_with_experts(plan, base, expert_layers, recompute), stage_layers=tuple(parts),
                    embedding=EmbeddingStrategy(tp=base.tp, dp=base.dp * base.cp, zero=base.zero))
 
 
-def torchtitan_run_plan(plan: PlanStrategy) -> PlanStrategy:
+def torchtitan_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None) -> PlanStrategy:
     """What torchtitan runs from ``torchtitan_toml``: the dominant layout on every layer with FSDP (ZeRO-3)
     wherever the plan shards anything, TP with sequence parallelism, one recomputation mode for all layers."""
     s = dominant(plan)
     base = replace(s, sp="megatron" if s.tp > 1 else None, zero=3 if s.zero >= 1 else 0)
-    return replace(plan, layers=(base,) * len(plan.layers),
+    return replace(plan, layers=_with_experts(plan, base, expert_layers),
                    embedding=EmbeddingStrategy(tp=base.tp, dp=base.dp * base.cp, zero=base.zero))
 
 
-def deepspeed_run_plan(plan: PlanStrategy) -> PlanStrategy | None:
+def deepspeed_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None) -> PlanStrategy | None:
     """What DeepSpeed runs from ``deepspeed_config``: the dominant layout on every layer (AutoTP without
     sequence parallelism; context parallelism as Ulysses), the plan's ZeRO stage and recomputation, 1F1B.
     None when the layout has both TP and CP (DeepSpeed has no such combination to estimate)."""
@@ -103,7 +125,7 @@ def deepspeed_run_plan(plan: PlanStrategy) -> PlanStrategy | None:
         return None
     base = replace(s, tp=s.cp, cp=1, sp="ulysses") if s.cp > 1 else replace(s, sp=None if s.sp == "megatron" else s.sp)
     uly = base.sp == "ulysses"  # the embedding is replicated over the Ulysses group, split over AutoTP's
-    return replace(plan, layers=tuple(replace(base, recompute=x.recompute) for x in plan.layers),
+    return replace(plan, layers=_with_experts(plan, base, expert_layers, [x.recompute for x in plan.layers]),
                    schedule="gpipe" if plan.schedule == "gpipe" else "1f1b", virtual_stages=1,
                    embedding=EmbeddingStrategy(tp=1 if uly else base.tp, dp=base.dp * (base.tp if uly else 1),
                                                zero=base.zero))
@@ -127,9 +149,11 @@ def as_run_note(run: PlanStrategy, result: dict[str, Any], request: dict[str, An
     base = result.get("baselines", {}).get("megatron") or {}
     base_step = (base.get("estimate") or {}).get("step_time_s")
     if framework == "Megatron-LM" and base.get("fits") and base_step and (not est["fits"] or base_step < step):
+        alt = PlanStrategy.from_dict(base["strategy"])
+        ep, etp = expert_layout(alt)
+        experts = (f" ep{ep}" + (f" etp{etp}" if etp is not None else "")) if ep > 1 or etp is not None else ""
         note += (f"; the best uniform Megatron-style plan fits and runs at {base_step:.4g} s: "
-                 f"{_short(dominant(PlanStrategy.from_dict(base['strategy'])))}, pp {base['strategy']['pp']}, "
-                 f"{base['strategy']['micro_batches']} micro-batches")
+                 f"{_short(dominant(alt))}{experts}, pp {alt.pp}, {alt.micro_batches} micro-batches")
     return note
 
 
@@ -175,8 +199,24 @@ def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: dict[str, Any
             args += ["--group-query-attention", f"--num-query-groups {kv}"]
         if model.get("mlp") == "swiglu":
             args.append("--swiglu")
+        if model.get("num_experts"):
+            args += _megatron_moe_args(plan, model)
     head = "".join(f"# {n}\n" for n in notes)
     return head + " \\\n".join(args) + "\n"
+
+
+def _megatron_moe_args(plan: PlanStrategy, model: dict[str, Any]) -> list[str]:
+    """Experts, routing and expert parallelism. Megatron's integer --moe-layer-freq N puts MoE on layers 0,
+    N, 2N, ...; the spec's every-N-th layer is N - 1, 2N - 1, ..., so anything but all-MoE is a pattern."""
+    ep, etp = expert_layout(plan)
+    pattern = [int(x) for x in model["expert_layers"]]
+    args = [f"--num-experts {model['num_experts']}", f"--moe-router-topk {model['top_k']}",
+            f"--moe-ffn-hidden-size {model['expert_ffn_hidden_size']}", f"--expert-model-parallel-size {ep}"]
+    if etp is not None:
+        args.append(f"--expert-tensor-parallel-size {etp}")
+    if not all(pattern):
+        args.append(f"--moe-layer-freq '[{','.join(map(str, pattern))}]'")
+    return args
 
 
 def _stage(plan: PlanStrategy, stage: int) -> tuple[LayerStrategy, ...]:
@@ -209,6 +249,9 @@ def deepspeed_config(plan: PlanStrategy, batch: int, seq: int, first_notes: Sequ
                                            "number_checkpoints": sum(x.recompute != "none" for x in plan.layers)}
     if plan.schedule == "interleaved":
         notes.append("DeepSpeed pipelines have no interleaved schedule: 1F1B")
+    ep, _ = expert_layout(plan)
+    if ep > 1:
+        notes.append(f"expert parallelism is set in the model code: deepspeed.moe.layer.MoE(..., ep_size={ep})")
     cfg["_paraplan_notes"] = notes
     return json.dumps(cfg, indent=2) + "\n"
 
@@ -237,6 +280,9 @@ def torchtitan_toml(plan: PlanStrategy, batch: int, seq: int) -> str:
              f"pipeline_parallel_schedule = \"{schedule}\"", f"pipeline_parallel_microbatch_size = {mbs}"]
     if plan.pp > 1:
         lines.append(f"pipeline_parallel_split_points = [{', '.join(bounds)}]")
+    ep, _ = expert_layout(plan)
+    if ep > 1:
+        lines.append(f"expert_parallel_degree = {ep}")
     lines += ["", "[activation_checkpoint]", f"mode = \"{rc}\""]
     if any(x.recompute != s.recompute for x in plan.layers):
         lines.append("# recomputation differs per layer in the plan; torchtitan applies one mode to all layers")
@@ -261,15 +307,16 @@ def export(result: dict[str, Any], fmt: str, request: dict[str, Any] | None = No
         raise SpecError.at(("result", "strategy"), f"not a hybrid plan: {err}") from None
     batch, seq = _batch(result, request)
     model = _model(request)
+    experts = model["expert_layers"] if model else None
     if fmt == "megatron":
-        note = as_run_note(megatron_run_plan(plan), result, request, "Megatron-LM")
+        note = as_run_note(megatron_run_plan(plan, experts), result, request, "Megatron-LM")
         return (f"# {note}\n" if note else "") + megatron_args(plan, batch, seq, model)
     if fmt == "deepspeed":
-        ds = deepspeed_run_plan(plan)
+        ds = deepspeed_run_plan(plan, experts)
         note = as_run_note(ds, result, request, "DeepSpeed") if ds else ""
         return deepspeed_config(plan, batch, seq, [note] if note else [])
     if fmt == "torchtitan":
-        note = as_run_note(torchtitan_run_plan(plan), result, request, "torchtitan")
+        note = as_run_note(torchtitan_run_plan(plan, experts), result, request, "torchtitan")
         return (f"# {note}\n" if note else "") + torchtitan_toml(plan, batch, seq)
     gpus = None
     if request is not None:
@@ -287,5 +334,10 @@ def _model(request: dict[str, Any] | None) -> dict[str, Any] | None:
         m = ModelSpec.model_validate(request["model"])
     except ValueError:
         return None
-    return {"num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_attention_heads": m.num_attention_heads,
-            "ffn_hidden_size": m.ffn_size, "num_kv_heads": m.kv_heads, "mlp": m.mlp}
+    out: dict[str, Any] = {
+        "num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_attention_heads": m.num_attention_heads,
+        "ffn_hidden_size": m.ffn_size, "num_kv_heads": m.kv_heads, "mlp": m.mlp,
+        "expert_layers": [m.is_moe_layer(i) for i in range(m.num_layers)] if m.moe else None}
+    if m.moe:
+        out.update(num_experts=m.moe.num_experts, top_k=m.moe.top_k, expert_ffn_hidden_size=m.expert_ffn_size)
+    return out

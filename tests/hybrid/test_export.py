@@ -111,3 +111,27 @@ def test_deepspeed_runs_context_parallelism_as_ulysses_and_cannot_run_tp_with_it
     assert run.embedding.tp == 1 and run.embedding.dp == 16
     both = LayerStrategy(tp=2, dp=2, cp=4, sp="megatron")
     assert deepspeed_run_plan(PlanStrategy(pp=1, micro_batches=4, layers=(both,) * 4, stage_layers=(4,))) is None
+
+
+def test_moe_plan_exports_its_experts_and_expert_parallelism() -> None:
+    """Expert fields ride on the MoE layers only; Megatron gets experts, routing, EP and, for MoE every
+    other layer, the explicit layer pattern (its integer --moe-layer-freq N starts at layer 0, the spec's at
+    N - 1); the framework run keeps dense layers dense."""
+    req = {"kind": "hybrid", "model": {"preset": "mixtral-8x7b", "num_layers": 4,
+                                       "moe": {"num_experts": 8, "top_k": 2, "moe_layer_frequency": 2}},
+           "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
+           "training": {"global_batch_size": 16, "seq_length": 4096}}
+    attn = LayerStrategy(tp=2, dp=4, sp="megatron", zero=1)
+    moe = LayerStrategy(tp=2, dp=4, sp="megatron", zero=1, ep=4, etp=1)
+    plan = PlanStrategy(pp=1, micro_batches=4, layers=(attn, moe, attn, moe), stage_layers=(4,),
+                        embedding=EmbeddingStrategy(tp=2, dp=4, zero=1))
+    result = {"strategy": plan.to_dict(), "estimate": estimate({**req, "strategy": plan.to_dict()})}
+    text = export(result, "megatron", req)
+    for arg in ("--num-experts 8", "--moe-router-topk 2", "--expert-model-parallel-size 4",
+                "--expert-tensor-parallel-size 1", "--moe-layer-freq '[0,1,0,1]'"):
+        assert arg in text, arg
+    assert "per-layer strategy not expressible" not in text  # the expert fields are not a second strategy
+    run = megatron_run_plan(plan, [False, True, False, True])
+    assert [(x.ep, x.etp) for x in run.layers] == [(1, None), (4, 1), (1, None), (4, 1)]
+    assert "+0.0% against the plan" in text.splitlines()[0]  # Megatron runs exactly this plan
+    assert "expert_parallel_degree = 4" in export(result, "torchtitan", req)
