@@ -109,8 +109,20 @@ def _baselines(raw: Mapping[str, Any], step: float) -> list[str]:
             continue
         bound = _f(entry.get("gain_bound"))
         out.append(f"  {name:<10} step {seconds(base_step)}: this plan {100 * (base_step / step - 1):+.1f}%"
-                   + (f" (any plan at most {100 * bound:+.1f}%)" if bound is not None else ""))
+                   + (f" (any plan at most {100 * bound:+.1f}%)" if bound is not None else "")
+                   + _uniform_text(entry.get("strategy") or {}))
     return out
+
+
+def _uniform_text(strategy: Mapping[str, Any]) -> str:
+    """A uniform plan in a few words: its layers' layout (the MoE layers' where they differ), pp, schedule."""
+    layers = [_layer_text(x) for x in strategy.get("layers") or []]
+    if not layers:
+        return ""
+    layout = max(set(layers), key=lambda t: ("ep" in t, layers.count(t)))
+    v = strategy.get("virtual_stages") or 1
+    sched = strategy.get("schedule", "1f1b") + (f" v{v}" if v > 1 else "")
+    return f"; {layout}, pp{strategy.get('pp')}, {strategy.get('micro_batches')} micro-batches, {sched}"
 
 
 def render(request: Mapping[str, Any], result: Mapping[str, Any]) -> str:

@@ -47,6 +47,7 @@ def test_hybrid_summary_accounts_for_every_layer_and_quotes_the_result() -> None
         assert f"memory, stage {stage}:" in text
     megatron = result["baselines"]["megatron"]
     assert f"this plan {100 * megatron['gain']:+.1f}%" in text
+    assert f"pp{megatron['strategy']['pp']}, {megatron['strategy']['micro_batches']} micro-batches" in text
 
 
 def test_other_kinds_print_their_step_bound_and_baselines() -> None:
