@@ -92,7 +92,7 @@ def plan(
 @app.command()
 def estimate(
     file: Path = typer.Option(..., "-f", "--file", help="request JSON (one object or an array)"),
-    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON (default: a summary)"),
 ) -> None:
     """Estimate the step time and memory of a given strategy (what-if)."""
     from solvers.api import estimate as estimate_fn
@@ -104,7 +104,12 @@ def estimate(
     result = _run_one(estimate_fn, request)
     if "error" in result:
         _fail(str(result["error"]))
-    typer.echo(json.dumps(result, indent=None if as_json else 2))
+    if as_json or request.get("kind", "hybrid") != "hybrid":
+        typer.echo(json.dumps(result, indent=None if as_json else 2))
+        return
+    from paraplan_cli.summary import render_estimate
+
+    typer.echo(render_estimate(request, result))
 
 
 @app.command()

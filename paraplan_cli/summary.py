@@ -125,6 +125,14 @@ def _uniform_text(strategy: Mapping[str, Any]) -> str:
     return f"; {layout}, pp{strategy.get('pp')}, {strategy.get('micro_batches')} micro-batches, {sched}"
 
 
+def render_estimate(request: Mapping[str, Any], estimate: Mapping[str, Any]) -> str:
+    """Text for an estimate of a given strategy (what-if): the hybrid blocks that apply, and whether it fits."""
+    lines = hybrid(request, {"estimate": estimate, "strategy": estimate.get("strategy") or {}})
+    if estimate.get("fits") is False:
+        lines.insert(0, "DOES NOT FIT in the memory limit (see the notes)")
+    return "\n".join([*lines, "(the whole estimate: --json)"])
+
+
 def render(request: Mapping[str, Any], result: Mapping[str, Any]) -> str:
     """Text for a solved request; kinds other than hybrid get their headline and lower bound."""
     if request.get("kind", "hybrid") == "hybrid":

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from paraplan_cli.summary import layer_runs, render
+from paraplan_cli.summary import layer_runs, render, render_estimate
 from service.demo import DEMO_REQUESTS
-from solvers.api import solve
+from solvers.api import estimate, solve
 
 SMALL: dict[str, Any] = {
     "kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 8},
@@ -80,3 +80,14 @@ def test_a_deep_pipeline_shows_its_fullest_stage_and_the_others_range() -> None:
                                        "strategy": {"pp": 6}})
     assert "memory, stage 1: 10.0 GiB = parameters 1.0, activations 9.0 (the fullest stage)" in text
     assert "the other 5 stages: 2.0-8.0 GiB" in text
+
+
+def test_estimate_summary_says_when_a_strategy_does_not_fit() -> None:
+    req = {**SMALL, "strategy": {"tp": 1, "pp": 1, "dp": 8, "zero": 0, "recompute": "none", "micro_batch_size": 4}}
+    est = estimate(req)
+    text = render_estimate(req, est)
+    assert est["fits"] is False and text.startswith("DOES NOT FIT") and "over the 24.00 GiB limit" in text
+    assert f"peak {est['peak_memory_gib']:.1f} GiB per GPU (limit 24.0)" in text
+    roomy = {**req, "constraints": {"memory_limit_gib": 80},
+             "strategy": {"tp": 1, "pp": 1, "dp": 8, "zero": 1, "recompute": "full", "micro_batch_size": 1}}
+    assert not render_estimate(roomy, estimate(roomy)).startswith("DOES NOT FIT")
