@@ -7,6 +7,7 @@ comes back as a SpecError naming the request field, which the page shows next to
 from __future__ import annotations
 
 import importlib
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -73,6 +74,7 @@ class FormInput:
     memory_limit_gib: float | None = None
     workload: str = ""
     exact: bool = True  # Spindle: run the CP-SAT model after the wavefront planner (up to its time limit)
+    hf_config: str = ""  # a pasted Hugging Face config.json: the model instead of the preset
     errors: list[FieldProblem] = field(default_factory=list)
 
 
@@ -103,6 +105,14 @@ def read_form(form: Mapping[str, Any]) -> FormInput:
     out.seq_length = _int(form, "seq_length", out.seq_length, problems)
     out.workload = str(form.get("workload") or "")
     out.exact = str(form.get("spindle_search") or "exact") != "wavefront"
+    out.hf_config = str(form.get("hf_config") or "").strip()
+    if out.hf_config:
+        try:
+            if not isinstance(json.loads(out.hf_config), dict):
+                problems.append(FieldProblem(("hf_config",), "must be a JSON object (the config.json)"))
+        except json.JSONDecodeError as err:
+            problems.append(FieldProblem(("hf_config",), f"not JSON: {err.msg} at line {err.lineno} column "
+                                                         f"{err.colno}"))
     raw_limit = str(form.get("memory_limit_gib", "")).strip()
     if raw_limit:
         try:
@@ -137,7 +147,7 @@ def to_request(inp: FormInput) -> dict[str, Any]:
         if not inp.exact:
             req["options"] = {"exact": False}
         return req
-    req["model"] = {"preset": inp.model}
+    req["model"] = {"hf_config": json.loads(inp.hf_config)} if inp.hf_config else {"preset": inp.model}
     if inp.kind == "flexsp":
         req["batch"] = {"sequence_lengths": synthetic_lengths(inp.global_batch_size, inp.seq_length)}
     else:

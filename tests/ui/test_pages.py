@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -211,3 +212,18 @@ def test_form_keeps_the_users_values_and_names_solver_errors(ui_client: TestClie
     # A value only the request parser can judge comes back as a request field path.
     resp = ui_client.post("/plans/new", data={**form, "memory_limit_gib": "-4"})
     assert resp.status_code == 422 and "<code>constraints.memory_limit_gib</code>" in resp.text
+
+
+def test_form_takes_a_pasted_hugging_face_config(ui_client: TestClient) -> None:
+    form = {"kind": "hybrid", "gpu": "A100-80GB", "nodes": "1", "gpus_per_node": "8",
+            "global_batch_size": "16", "seq_length": "2048"}
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 1024, "num_attention_heads": 8,
+           "intermediate_size": 2816, "vocab_size": 32000, "hidden_act": "silu"}
+    resp = ui_client.post("/plans/new", data={**form, "hf_config": json.dumps(cfg)}, follow_redirects=False)
+    assert resp.status_code == 303
+    plan = ui_client.get(resp.headers["location"]).text
+    assert "llama (HF config)" in plan
+    bad = ui_client.post("/plans/new", data={**form, "hf_config": "{not json"})
+    assert bad.status_code == 422 and "<code>hf_config</code>: not JSON" in bad.text and "{not json" in bad.text
+    latent = ui_client.post("/plans/new", data={**form, "hf_config": json.dumps({**cfg, "kv_lora_rank": 64})})
+    assert latent.status_code == 422 and "kv_lora_rank" in latent.text
