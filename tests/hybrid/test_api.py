@@ -307,3 +307,16 @@ def test_interleaving_without_virtual_stages_is_a_field_error() -> None:
     with pytest.raises(SpecError) as err:
         solve(req)
     assert [p.loc for p in err.value.problems] == [("constraints", "max_virtual_stages")]
+
+
+def test_mixed_moe_plan_carries_a_certificate() -> None:
+    """Dense and MoE layers alternate (the Lagrangian bounds): the certificate is a true bound on the plan
+    and close to it."""
+    req = {"kind": "hybrid", "model": {"preset": "mixtral-8x7b", "num_layers": 8,
+                                       "moe": {"num_experts": 8, "top_k": 2, "moe_layer_frequency": 2}},
+           "cluster": {"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 8},
+           "training": {"global_batch_size": 64, "seq_length": 4096}, "constraints": {"memory_limit_gib": 40}}
+    out = solve(req)
+    bound, gap = out["search"]["lower_bound_step_time_s"], out["search"]["optimality_gap"]
+    assert 0 < bound <= out["estimate"]["step_time_s"] and 0 <= gap < 0.05
+    assert out["baselines"]["megatron"]["gain"] <= out["baselines"]["megatron"]["gain_bound"] + 1e-12
