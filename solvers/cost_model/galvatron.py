@@ -623,6 +623,16 @@ class GalvatronCostModel:
         rely on it): the bounded formula does; Galvatron's own can charge less."""
         return self.options.pipeline_formula == "bounded"
 
+    def pipeline_micro_batches(self, ctx: StageContext) -> int:
+        """The micro-batches the pipeline formula counts (Galvatron's real chunks): the m of its bounds."""
+        batching = self.batching(ctx.pp, ctx.micro_batches)
+        return batching.real_chunks if batching else ctx.micro_batches
+
+    @property
+    def pipeline_at_least_chain(self) -> bool:
+        """Both forms of the formula charge at least Σ C + (m - 1) C_last (the planner's bounds rely on it)."""
+        return True
+
     def pipeline_step_time(self, stage_time_s: Sequence[float], stage_step_time_s: Sequence[float],
                            ctx: StageContext) -> float:
         batching = self.batching(ctx.pp, ctx.micro_batches)

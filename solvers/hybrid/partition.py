@@ -143,7 +143,13 @@ def min_max_value(total: int, tables: Sequence[np.ndarray]) -> float:
     return _min_max(total, tables)[0]
 
 
-def _min_max(total: int, tables: Sequence[np.ndarray]) -> tuple[float, tuple[int, ...] | None]:
+def min_sum_value(total: int, tables: Sequence[np.ndarray]) -> float:
+    """Least possible sum of the stages' values over all partitions (tables as for ``min_max_value``)."""
+    return _min_max(total, tables, np.add)[0]
+
+
+def _min_max(total: int, tables: Sequence[np.ndarray], combine: Callable[[np.ndarray, np.ndarray], np.ndarray]
+             = np.maximum) -> tuple[float, tuple[int, ...] | None]:
     k = len(tables)
     j, n = np.meshgrid(np.arange(total + 1), np.arange(total + 1), indexing="ij")
     valid = (n >= 1) & (n <= j)
@@ -163,7 +169,7 @@ def _min_max(total: int, tables: Sequence[np.ndarray]) -> tuple[float, tuple[int
             m = min(len(tab), total)
             t[1:m + 1] = tab[:m]
             t_jn = t[n]
-        cand = np.where(valid, np.maximum(best[prev_idx], t_jn), INF)
+        cand = np.where(valid, combine(best[prev_idx], t_jn), INF)
         arg = np.argmin(cand, axis=1)
         best = cand[np.arange(total + 1), arg]
         args.append(arg)

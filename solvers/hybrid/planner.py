@@ -105,6 +105,8 @@ class Planner:
         # the step is at least m x the slowest stage's time (the linear formula is; Galvatron's, bounded, too):
         # the floors and the min-max bound hold without the fill/drain and step terms
         self.slowest_bound = self.linear or bool(getattr(cm, "pipeline_at_least_slowest_stage", False))
+        # the step is at least every stage's time plus (m - 1) x the last one's (Galvatron's formula, either form)
+        self.chain = bool(getattr(cm, "pipeline_at_least_chain", False))
         self.unit = self.opt.memory_unit_bytes or stage_costs.memory_unit(self.limit, self.memory_bins())
         self._costs: dict[PipelineConfig, stage_costs.ConfigCosts | None] = {}
         self._tables: dict[tuple[object, ...], stage_table.StageTable] = {}
@@ -292,6 +294,45 @@ class Planner:
         ctx0 = st.ctx
         return min(float(self.cm.pipeline_step_time([cs[i]], [us[i + 1]], ctx0)) for i in range(pieces))
 
+    def _formula_m(self, cfg: PipelineConfig) -> float:
+        """The micro-batches a non-linear pipeline formula counts (its own, where it says; Galvatron's may
+        differ from the configuration's), the m of the slowest-stage and chain bounds."""
+        counted = getattr(self.cm, "pipeline_micro_batches", None)
+        if counted is None:
+            return float(cfg.micro_batches)
+        return float(counted(stage_costs.stage_context(cfg, 0, self.space.global_batch_size)))
+
+    def chain_bound(self, cc: stage_costs.ConfigCosts, iterations: int = 30) -> float:
+        """For a formula that charges at least A = Σ_s t_s + (m - 1) t_last (every stage once, then the last
+        stage's other micro-batches) and, where it also charges B = m max_s t_s, at least max(A, B): the least
+        of that over all partitions of the relaxed stage times, by bisection on X (feasible when a partition
+        keeps every m t_s ≤ X and its least A ≤ X: a min-sum DP over the stages' capped tables). Unlike
+        ``joint_bound`` it keeps the pipeline's fill; the bisection's lower end is returned (a true bound)."""
+        if cc.config.pp == 1 or not self.chain:
+            return 0.0
+        m, p, n = self._formula_m(cc.config), cc.config.pp, len(self.kinds)
+        times = self._by_start(cc, [self._relaxed(cc, [{k: c.time_s for k, c in st.costs.items()}], s)[0]
+                                    + st.fixed.time_s for s, st in enumerate(cc.stages)])
+        weighted = [t * (m if s == p - 1 else 1.0) for s, t in enumerate(times)]
+        lo = partition.min_sum_value(n, weighted)
+        if not self.slowest_bound or not math.isfinite(lo):
+            return lo
+
+        def feasible(x: float) -> bool:
+            capped = [np.where(m * t <= x, w, math.inf) for t, w in zip(times, weighted, strict=True)]
+            return partition.min_sum_value(n, capped) <= x
+
+        lo = max(lo, m * partition.min_max_value(n, times))
+        hi = 2.0 * lo
+        while not feasible(hi):
+            lo, hi = hi, 2.0 * hi
+            if not math.isfinite(hi):
+                return lo
+        for _ in range(iterations):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if feasible(mid) else (mid, hi)
+        return lo
+
     def joint_bound(self, cc: stage_costs.ConfigCosts) -> float:
         """Another lower bound for a linear pipeline of several stages (for identical layers checked just
         before a configuration is solved, for mixed kinds part of its ordering bound). With t_a the slowest
@@ -308,7 +349,7 @@ class Planner:
         if not self.linear:  # only step >= m max_s t_s: the min-max partition of the relaxed stage times
             times = [self._relaxed(cc, [{k: c.time_s for k, c in st.costs.items()}], s)[0] + st.fixed.time_s
                      for s, st in enumerate(cc.stages)]
-            return m * partition.min_max_value(len(self.kinds), self._by_start(cc, times))
+            return self._formula_m(cfg) * partition.min_max_value(len(self.kinds), self._by_start(cc, times))
         v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
         rows = []
         for s, st in enumerate(cc.stages):
@@ -342,7 +383,7 @@ class Planner:
                                                   self._memo)
         m = float(cfg.micro_batches)
         v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
-        factor = (m - 1 / v) / cfg.pp + 1 / v if self.linear else m / cfg.pp  # the slowest stage ≥ the mean
+        factor = (m - 1 / v) / cfg.pp + 1 / v if self.linear else self._formula_m(cfg) / cfg.pp  # slowest ≥ mean
         return factor * self._fastest_layers_s([c for _, c in stages])
 
     # ------------------------------------------------------------------ one configuration
@@ -599,7 +640,7 @@ class Planner:
         return best
 
     def _config_bound(self, cc: stage_costs.ConfigCosts, floor: float) -> float:
-        lb = max(floor, self.joint_bound(cc), self.single_stage_bound(cc))
+        lb = max(floor, self.joint_bound(cc), self.single_stage_bound(cc), self.chain_bound(cc))
         if partition.compositions(len(self.kinds), cc.config.pp) <= self.opt.exhaustive_partition_limit:
             lb = max(lb, self.lower_bound(cc))
         return lb

@@ -371,16 +371,20 @@ def test_bounded_pipeline_formula() -> None:
     assert galv.evaluate(even).step_time_s == pytest.approx(bounded.evaluate(even).step_time_s, rel=1e-12)
 
 
-@pytest.mark.parametrize("memory_gib", [36, 16])
-def test_plans_under_galvatrons_formula_carry_a_tight_certificate(memory_gib: float) -> None:
+@pytest.mark.parametrize("nodes,memory_gib,tight", [(1, 36, 0.02), (1, 16, 0.02), (2, 36, 0.02), (2, 16, 0.04)])
+def test_plans_under_galvatrons_formula_carry_a_tight_certificate(nodes: int, memory_gib: float,
+                                                                   tight: float) -> None:
     """Bounded, the formula charges at least m x the slowest stage, so every configuration has a true bound
     (each embedding strategy on its own, one stage by its (time, step time) segment): the plan is certified
-    within 2 % of the best plan of the space. Galvatron's own formula gives no such guarantee: no certificate."""
-    out = solve(request(memory_gib=memory_gib))
+    within 2-4 % of the best plan of the space (on 2 nodes the pipeline's fill counts: the chain bound).
+    Galvatron's own formula charges at least every stage once plus the last one's other micro-batches, no
+    more: a true certificate, only a looser one."""
+    out = solve(request(nodes=nodes, memory_gib=memory_gib))
     gap, bound = out["search"]["optimality_gap"], out["search"]["lower_bound_step_time_s"]
-    assert gap is not None and 0 <= gap < 0.02 and bound <= out["estimate"]["step_time_s"]
-    raw = solve(request(memory_gib=memory_gib, pipeline_formula="galvatron"))
-    assert raw["search"]["optimality_gap"] is None and raw["search"]["lower_bound_step_time_s"] is None
+    assert gap is not None and 0 <= gap < tight and bound <= out["estimate"]["step_time_s"]
+    raw = solve(request(nodes=nodes, memory_gib=memory_gib, pipeline_formula="galvatron"))
+    raw_bound = raw["search"]["lower_bound_step_time_s"]
+    assert raw_bound is not None and 0 < raw_bound <= raw["estimate"]["step_time_s"]
 
 
 def test_single_stage_bound_lies_between_the_relaxed_bound_and_the_solved_stage() -> None:

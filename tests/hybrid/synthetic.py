@@ -55,6 +55,10 @@ class SyntheticCostModel:
     def pipeline_at_least_slowest_stage(self) -> bool:
         return self.linear_pipeline or self.galvatron_formula
 
+    @property
+    def pipeline_at_least_chain(self) -> bool:
+        return not self.linear_pipeline and self.galvatron_formula
+
     def _scale(self, layer: int) -> float:
         return float(self.layer_scale[layer]) if self.layer_scale else 1.0
 
