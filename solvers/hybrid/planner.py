@@ -515,7 +515,7 @@ class Planner:
             lb = max(lb, self.joint_bound(cc))
         return lb
 
-    def _embedding_relaxation(self, variants: Sequence[PipelineConfig]) -> stage_costs.ConfigCosts | None:
+    def embedding_relaxation(self, variants: Sequence[PipelineConfig]) -> stage_costs.ConfigCosts | None:
         """The configuration with its edge stages' fixed terms at their least over the embedding variants
         (time, step time and each memory part separately): its bounds hold for every variant, since the
         layers' costs do not depend on the embedding and less fixed time or memory never raises a bound."""
@@ -556,7 +556,7 @@ class Planner:
                 continue
             variants = self.embedding_variants(cfg)
             n_total += len(variants)
-            group = self._embedding_relaxation(variants) if self.opt.use_bounds and len(variants) > 1 else None
+            group = self.embedding_relaxation(variants) if self.opt.use_bounds and len(variants) > 1 else None
             if group is not None:
                 lb = self._ordering_bound(group, incumbent_s)
                 if math.isfinite(lb) and lb < incumbent_s:
@@ -607,43 +607,6 @@ class Planner:
         plan = self.build_plan(*best)
         return PlanResult(plan, best_v, n_total, solved, pruned, self.dp_runs, time.perf_counter() - t0, ranking,
                           time_limited)
-
-    # ------------------------------------------------------------------ optimality certificate
-    def certified_bound(self, ceiling: float = math.inf) -> float:
-        """A step time no plan in the space can beat: the least over every pipeline configuration of its
-        valid lower bounds, each over all embedding/LM-head strategies at once. Against the plan found it
-        is the optimality gap the search leaves (the DP's memory bins, the partition climb and the capped
-        embedding variants are its heuristics); against a baseline, the most any plan could gain on it.
-
-        Only true bounds count: the compute floor and the joint bound (pipeline formulas that charge at least
-        m × the slowest stage), and the relaxed bound where it enumerates every partition (one stage, or few
-        partitions). A configuration with none of them bounds at 0, and so does the whole space.
-        ``ceiling``: configurations are not refined once their floor reaches it (pass the plan's step time:
-        the answer is then min(ceiling, bound))."""
-        best = ceiling
-        for cfg in self.space.pipeline_configs():
-            floor = self.compute_floor(cfg)
-            if floor >= best:
-                continue
-            g = self.space.num_gpus // cfg.pp
-            variants = [replace(cfg, embedding=e) for e in self.space.embedding_options(g)] or [cfg]
-            cc = self._embedding_relaxation(variants) if len(variants) > 1 else self.config_costs(variants[0])
-            if cc is None:
-                continue  # no candidate fits this configuration: it holds no plan
-            lb = self._config_bound(cc, floor)
-            if lb < best and len(variants) > 1:
-                # the relaxation pairs one strategy's least fixed time with another's least memory: bound
-                # each embedding strategy on its own (never lower, often tighter)
-                lb = min((self._config_bound(c, floor) for c in map(self.config_costs, variants) if c is not None),
-                         default=math.inf)
-            best = min(best, lb)
-        return best
-
-    def _config_bound(self, cc: stage_costs.ConfigCosts, floor: float) -> float:
-        lb = max(floor, self.joint_bound(cc), self.single_stage_bound(cc), self.chain_bound(cc))
-        if partition.compositions(len(self.kinds), cc.config.pp) <= self.opt.exhaustive_partition_limit:
-            lb = max(lb, self.lower_bound(cc))
-        return lb
 
     # ------------------------------------------------------------------ infeasibility
     def min_memory_bytes(self) -> float:

@@ -110,7 +110,7 @@ def test_embedding_variants_bounded_together_bound_each_and_the_solved_step() ->
     groups = 0
     for cfg in build_space(req).pipeline_configs():
         variants = planner.embedding_variants(cfg)
-        group = planner._embedding_relaxation(variants) if len(variants) > 1 else None
+        group = planner.embedding_relaxation(variants) if len(variants) > 1 else None
         if group is None:
             continue
         together = planner.lower_bound(group)
