@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from solvers.errors import SpecError
+from solvers.hybrid.baselines import megatron_embedding, without_experts
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute
 
 Format = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
@@ -25,14 +26,9 @@ _ZERO_COST = {3: 0, 2: 1, 1: 2, 0: 3}
 _RC_COST = {"full": 0, "selective": 1, "none": 2}
 
 
-def _attention(x: LayerStrategy) -> LayerStrategy:
-    """The layer's layout without its expert fields (those apply to MoE layers only)."""
-    return replace(x, ep=1, etp=None, lsh=False)
-
-
 def dominant(plan: PlanStrategy) -> LayerStrategy:
     """The layout most layers use (expert fields aside); ties go to the more memory-frugal one."""
-    counts = Counter(map(_attention, plan.layers))
+    counts = Counter(map(without_experts, plan.layers))
     return max(counts, key=lambda s: (counts[s], -_ZERO_COST[s.zero], -_RC_COST[s.recompute]))
 
 
@@ -67,9 +63,9 @@ def _batch(result: dict[str, Any], request: dict[str, Any] | None) -> tuple[int,
 
 def _notes(plan: PlanStrategy, main: LayerStrategy, framework: str) -> list[str]:
     notes: list[str] = []
-    other = [i for i, s in enumerate(plan.layers) if _attention(s) != main]
+    other = [i for i, s in enumerate(plan.layers) if without_experts(s) != main]
     if other:
-        kinds = Counter(_attention(plan.layers[i]) for i in other)
+        kinds = Counter(without_experts(plan.layers[i]) for i in other)
         desc = "; ".join(f"{n} x {_short(s)}" for s, n in kinds.most_common())
         notes.append(f"per-layer strategy not expressible in {framework}: {len(other)} of {len(plan.layers)} layers "
                      f"use another strategy ({desc}); all layers get {_short(main)}")
@@ -104,7 +100,7 @@ def megatron_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None =
     k = _block_recompute(plan)
     recompute: list[Recompute] = ["full" if i < k else rest for n in parts for i in range(n)]
     return replace(plan, layers=_with_experts(plan, base, expert_layers, recompute), stage_layers=tuple(parts),
-                   embedding=EmbeddingStrategy(tp=base.tp, dp=base.dp * base.cp, zero=base.zero))
+                   embedding=megatron_embedding(base))
 
 
 def torchtitan_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None) -> PlanStrategy:
@@ -113,7 +109,7 @@ def torchtitan_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None
     s = dominant(plan)
     base = replace(s, sp="megatron" if s.tp > 1 else None, zero=3 if s.zero >= 1 else 0)
     return replace(plan, layers=_with_experts(plan, base, expert_layers),
-                   embedding=EmbeddingStrategy(tp=base.tp, dp=base.dp * base.cp, zero=base.zero))
+                   embedding=megatron_embedding(base))
 
 
 def deepspeed_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None) -> PlanStrategy | None:

@@ -135,21 +135,22 @@ def _min_max_tables(total: int, tables: Sequence[np.ndarray]) -> tuple[int, ...]
 
     ``tables[s]`` is either 1-D, stage s's time by layer count (``[n - 1]``: identical layers, the start
     does not matter), or 2-D ``[start, n]`` (inf where invalid) when it does."""
-    return _min_max(total, tables)[1]
+    return _best_partition(total, tables)[1]
 
 
 def min_max_value(total: int, tables: Sequence[np.ndarray]) -> float:
     """Least possible slowest-stage value over all partitions (tables as for ``_min_max_tables``)."""
-    return _min_max(total, tables)[0]
+    return _best_partition(total, tables)[0]
 
 
 def min_sum_value(total: int, tables: Sequence[np.ndarray]) -> float:
     """Least possible sum of the stages' values over all partitions (tables as for ``min_max_value``)."""
-    return _min_max(total, tables, np.add)[0]
+    return _best_partition(total, tables, np.add)[0]
 
 
-def _min_max(total: int, tables: Sequence[np.ndarray], combine: Callable[[np.ndarray, np.ndarray], np.ndarray]
-             = np.maximum) -> tuple[float, tuple[int, ...] | None]:
+def _best_partition(total: int, tables: Sequence[np.ndarray], combine: Callable[[np.ndarray, np.ndarray],
+                    np.ndarray] = np.maximum) -> tuple[float, tuple[int, ...] | None]:
+    """The partition whose stages' values, combined (the slowest by default, or their sum), are least."""
     k = len(tables)
     j, n = np.meshgrid(np.arange(total + 1), np.arange(total + 1), indexing="ij")
     valid = (n >= 1) & (n <= j)

@@ -294,6 +294,11 @@ class Planner:
         ctx0 = st.ctx
         return min(float(self.cm.pipeline_step_time([cs[i]], [us[i + 1]], ctx0)) for i in range(pieces))
 
+    def _relaxed_stage_times(self, cc: stage_costs.ConfigCosts) -> list[np.ndarray]:
+        """Each stage's relaxed per-micro-batch time plus its fixed time, as the partition DPs take them."""
+        return self._by_start(cc, [self._relaxed(cc, [{k: c.time_s for k, c in st.costs.items()}], s)[0]
+                                   + st.fixed.time_s for s, st in enumerate(cc.stages)])
+
     def _formula_m(self, cfg: PipelineConfig) -> float:
         """The micro-batches a non-linear pipeline formula counts (its own, where it says; Galvatron's may
         differ from the configuration's), the m of the slowest-stage and chain bounds."""
@@ -311,8 +316,7 @@ class Planner:
         if cc.config.pp == 1 or not self.chain:
             return 0.0
         m, p, n = self._formula_m(cc.config), cc.config.pp, len(self.kinds)
-        times = self._by_start(cc, [self._relaxed(cc, [{k: c.time_s for k, c in st.costs.items()}], s)[0]
-                                    + st.fixed.time_s for s, st in enumerate(cc.stages)])
+        times = self._relaxed_stage_times(cc)
         weighted = [t * (m if s == p - 1 else 1.0) for s, t in enumerate(times)]
         lo = partition.min_sum_value(n, weighted)
         if not self.slowest_bound or not math.isfinite(lo):
@@ -347,9 +351,7 @@ class Planner:
         cfg = cc.config
         m = float(cfg.micro_batches)
         if not self.linear:  # only step >= m max_s t_s: the min-max partition of the relaxed stage times
-            times = [self._relaxed(cc, [{k: c.time_s for k, c in st.costs.items()}], s)[0] + st.fixed.time_s
-                     for s, st in enumerate(cc.stages)]
-            return self._formula_m(cfg) * partition.min_max_value(len(self.kinds), self._by_start(cc, times))
+            return self._formula_m(cfg) * partition.min_max_value(len(self.kinds), self._relaxed_stage_times(cc))
         v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
         rows = []
         for s, st in enumerate(cc.stages):
