@@ -2,6 +2,11 @@
 
 GPU peaks are dense tensor-core TFLOP/s (no sparsity); bandwidths are those of the usual system
 (DGX/HGX): NVLink per GPU per direction, and all NICs of a node together.
+
+``memory_gib`` is what the device gives CUDA (``torch.cuda.get_device_properties().total_memory``, the
+"total capacity" of a CUDA out-of-memory message), rounded down, not the marketed size: an "80 GB" A100 or
+H100 reports 79.15-79.2 GiB, so a plan the model puts at 79.9 GiB would not start. It is the default memory
+limit of every request; the cost model's reserve (CUDA context, workspaces) comes out of it.
 """
 
 from __future__ import annotations
@@ -11,28 +16,28 @@ from pathlib import Path
 from typing import Any
 
 GPU_PRESETS: dict[str, dict[str, Any]] = {
-    "a100-40gb": {"name": "A100-40GB", "peak_tflops": 312, "peak_tflops_fp32": 19.5, "memory_gib": 40,
+    "a100-40gb": {"name": "A100-40GB", "peak_tflops": 312, "peak_tflops_fp32": 19.5, "memory_gib": 39.5,
                   "memory_bandwidth_GBps": 1555, "intra_node_bandwidth_GBps": 300,
                   "inter_node_bandwidth_Gbps": 1600},
-    "a100-80gb": {"name": "A100-80GB", "peak_tflops": 312, "peak_tflops_fp32": 19.5, "memory_gib": 80,
+    "a100-80gb": {"name": "A100-80GB", "peak_tflops": 312, "peak_tflops_fp32": 19.5, "memory_gib": 79.1,
                   "memory_bandwidth_GBps": 2039, "intra_node_bandwidth_GBps": 300,
                   "inter_node_bandwidth_Gbps": 1600},
     "h100-sxm": {"name": "H100-SXM", "peak_tflops": 989, "peak_tflops_fp8": 1979, "peak_tflops_fp32": 67,
-                 "memory_gib": 80, "memory_bandwidth_GBps": 3350, "intra_node_bandwidth_GBps": 450,
+                 "memory_gib": 79.1, "memory_bandwidth_GBps": 3350, "intra_node_bandwidth_GBps": 450,
                  "inter_node_bandwidth_Gbps": 3200},
     "h200": {"name": "H200", "peak_tflops": 989, "peak_tflops_fp8": 1979, "peak_tflops_fp32": 67,
-             "memory_gib": 141, "memory_bandwidth_GBps": 4800, "intra_node_bandwidth_GBps": 450,
+             "memory_gib": 139.8, "memory_bandwidth_GBps": 4800, "intra_node_bandwidth_GBps": 450,
              "inter_node_bandwidth_Gbps": 3200},
     "h800": {"name": "H800", "peak_tflops": 989, "peak_tflops_fp8": 1979, "peak_tflops_fp32": 67,
-             "memory_gib": 80, "memory_bandwidth_GBps": 3350, "intra_node_bandwidth_GBps": 200,
+             "memory_gib": 79.1, "memory_bandwidth_GBps": 3350, "intra_node_bandwidth_GBps": 200,
              "inter_node_bandwidth_Gbps": 3200},
-    "l4": {"name": "L4", "peak_tflops": 121, "peak_tflops_fp8": 242, "peak_tflops_fp32": 30, "memory_gib": 24,
+    "l4": {"name": "L4", "peak_tflops": 121, "peak_tflops_fp8": 242, "peak_tflops_fp32": 30, "memory_gib": 22.0,
            "memory_bandwidth_GBps": 300, "intra_node_bandwidth_GBps": 16, "inter_node_bandwidth_Gbps": 200},
     "rtx-4090": {"name": "RTX-4090", "peak_tflops": 165, "peak_tflops_fp8": 330, "peak_tflops_fp32": 82.6,
-                 "memory_gib": 24, "memory_bandwidth_GBps": 1008, "intra_node_bandwidth_GBps": 16,
+                 "memory_gib": 23.9, "memory_bandwidth_GBps": 1008, "intra_node_bandwidth_GBps": 16,
                  "inter_node_bandwidth_Gbps": 100},
     "b200": {"name": "B200", "peak_tflops": 2250, "peak_tflops_fp8": 4500, "peak_tflops_fp32": 80,
-             "memory_gib": 180, "memory_bandwidth_GBps": 8000, "intra_node_bandwidth_GBps": 900,
+             "memory_gib": 178.3, "memory_bandwidth_GBps": 8000, "intra_node_bandwidth_GBps": 900,
              "inter_node_bandwidth_Gbps": 3200},
     # A CPU host for tests and demos: gpus_per_node is the number of gloo processes. Speed comes from
     # the worker's profile when one exists; these are modest defaults for a laptop-class core.

@@ -7,7 +7,7 @@ import pytest
 from solvers.errors import SpecError
 from solvers.presets import MODEL_PRESETS, model_from_hf_config
 from solvers.request import HybridRequest, parse
-from solvers.specs import ClusterSpec, ModelSpec
+from solvers.specs import ClusterSpec, ModelSpec, memory_limit_bytes
 
 
 def test_llama2_7b_parameter_count_matches_closed_form() -> None:
@@ -48,6 +48,20 @@ def test_gpu_preset_by_string_and_object() -> None:
     assert c2.gpu.memory_gib == 64 and c2.gpu.peak_tflops == 989
     assert ClusterSpec.model_validate({"gpu": "h100", "inter_node_bandwidth_Gbps": 800}).inter_GBps_per_gpu == 12.5
 
+
+
+# What the devices give CUDA, MiB (torch.cuda.get_device_properties().total_memory, or the "total capacity"
+# of an out-of-memory message), the least seen in public logs; the H800 has the H100's memory.
+DEVICE_REPORTED_MIB = {"A100-40GB": 40536, "A100-80GB": 81050, "H100-SXM": 81082, "H800": 81082, "H200": 143156,
+                       "L4": 22559, "RTX-4090": 24563, "B200": 182631}
+
+
+@pytest.mark.parametrize(("gpu", "reported_mib"), sorted(DEVICE_REPORTED_MIB.items()))
+def test_default_memory_limit_is_what_the_device_reports_not_the_marketed_size(gpu: str, reported_mib: int) -> None:
+    """A plan sized to the marketed 80 GB does not start on an H100, which gives CUDA 79.2 GiB: the default
+    limit must not exceed what the device reports, nor waste more than half a GiB of it."""
+    limit = memory_limit_bytes(ClusterSpec.model_validate({"gpu": gpu}), None)
+    assert reported_mib * 2**20 - 0.5 * 2**30 <= limit <= reported_mib * 2**20
 
 @pytest.mark.parametrize(
     ("patch", "loc"),

@@ -148,6 +148,15 @@ def test_a_baseline_outside_the_constraints_never_becomes_the_plan() -> None:
     assert all(x["zero"] == 0 and x["tp"] == 1 for x in r["strategy"]["layers"]) and r["strategy"]["pp"] == 1
 
 
+
+def test_a_plan_without_a_memory_limit_fits_the_memory_the_device_reports() -> None:
+    """llama2-70b on 64 A100-80GB was planned at 79.7 GiB per GPU against a limit of the marketed 80 GiB; the
+    device gives CUDA 79.15 GiB (81,050 MiB), so that plan would not have started."""
+    r = solve({"kind": "hybrid", "model": {"preset": "llama2-70b"},
+               "cluster": {"gpu": "A100-80GB", "nodes": 8, "gpus_per_node": 8},
+               "training": {"global_batch_size": 1024, "seq_length": 4096}})
+    assert r["estimate"]["peak_memory_gib"] <= 81050 / 1024
+
 def test_non_power_of_two_gpu_count() -> None:
     r = solve({**SMALL, "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 6},
                "training": {"global_batch_size": 24, "seq_length": 2048}})
