@@ -38,8 +38,11 @@ def space_mode(req: HybridRequest) -> SpaceMode:
 def _infeasible(planner: Planner, cm: CostModel) -> InfeasibleError:
     need = planner.min_memory_bytes()
     limit = cm.memory_limit_bytes / GIB
-    field = ("constraints", "memory_limit_gib")
-    if need == float("inf"):
+    field: tuple[str, ...] = ("constraints", "memory_limit_gib")
+    unsplittable = planner.space.unsplittable() if need == float("inf") else None
+    if unsplittable:
+        field, msg = ("cluster",), unsplittable
+    elif need == float("inf"):
         msg = "no plan satisfies the constraints (no legal strategy for this model on this cluster)"
     elif need / GIB > limit:
         msg = (f"no plan fits in {limit:.1f} GiB per GPU, even with ZeRO-3, full recompute and up to "

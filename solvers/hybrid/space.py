@@ -90,8 +90,11 @@ class SearchSpace:
         return out
 
     # ------------------------------------------------------------------ per-layer space
+    def tp_cap(self) -> int:
+        return self.max_tp if self.tp_across_nodes else min(self.max_tp, self.gpus_per_node)
+
     def tp_options(self, stage_gpus: int) -> list[int]:
-        cap = self.max_tp if self.tp_across_nodes else min(self.max_tp, self.gpus_per_node)
+        cap = self.tp_cap()
         # A TP group must sit inside one node's contiguous ranks: it must also divide gpus_per_node.
         return [
             t for t in divisors(stage_gpus)
@@ -134,6 +137,30 @@ class SearchSpace:
             out = with_expert_layouts(out, self.num_experts, self.gpus_per_node, self.allow_approximate)
         return out
 
+    def unsplittable(self) -> str | None:
+        """Why no pipeline configuration has a single legal layer strategy, where the GPU count is the cause:
+        every split of it into pp x tp x cp x dp leaves a data-parallel degree that divides no micro-batch.
+        None where some configuration has candidates (then memory or another constraint is the cause)."""
+        if any(self.layer_candidates(self.num_gpus // c.pp, self.global_batch_size // c.micro_batches)
+               for c in self.pipeline_configs()):
+            return None
+        splits: dict[int, tuple[int, int, int]] = {}  # data-parallel degree -> the first (pp, tp, cp) leaving it
+        for pp in self.pp_options():
+            g = self.num_gpus // pp
+            for tp in self.tp_options(g):
+                for cp in divisors(g // tp):
+                    if cp <= self.max_cp and not self.seq_length % (2 * cp if cp > 1 else 1):
+                        splits.setdefault(g // (tp * cp), (pp, tp, cp))
+        rules = (f"pp ≤ {min(self.max_pp, self.num_layers)}, tp ≤ {self.tp_cap()} dividing the {self.heads} heads, "
+                 f"cp ≤ {self.max_cp}")
+        if not splits:
+            return f"no split of {self.num_gpus:,} GPUs into pp x tp x cp x dp obeys {rules}"
+        dp = min(splits)
+        pp, tp, cp = splits[dp]
+        return (f"{self.num_gpus:,} GPUs split into pp x tp x cp x dp ({rules}) leave no data-parallel degree "
+                f"that gives each rank whole samples of the global batch of {self.global_batch_size:,}: the least "
+                f"is dp {dp:,} (pp {pp}, tp {tp}, cp {cp}); choose a GPU count or a global batch that fit")
+
     def allows(self, plan: PlanStrategy) -> bool:
         """Whether ``plan`` lies in this space (all its choices honour the request's constraints)."""
         if plan.pp not in self.pp_options() or plan.micro_batches not in self.micro_batch_options(plan.pp):
@@ -147,8 +174,7 @@ class SearchSpace:
 
     def embedding_options(self, stage_gpus: int) -> list[EmbeddingStrategy]:
         """Vocabulary-parallel embedding / LM head: TP inside a node, data parallel over the rest."""
-        cap = self.max_tp if self.tp_across_nodes else min(self.max_tp, self.gpus_per_node)
-        tps = [t for t in divisors(stage_gpus) if t <= cap]
+        tps = [t for t in divisors(stage_gpus) if t <= self.tp_cap()]
         # ZeRO-2 sits between 1 and 3 for a single (vocabulary) matrix; keep it only where 1 is unavailable
         zeros = [z for z in self.zero_levels if z != 2 or 1 not in self.zero_levels]
         out = []

@@ -88,6 +88,19 @@ def test_infeasible_request_names_the_memory_any_plan_needs() -> None:
     assert roomy["estimate"]["peak_memory_gib"] >= need - 1e-9
 
 
+
+def test_a_gpu_count_no_layout_can_split_is_named_not_blamed_on_memory() -> None:
+    """5 GPUs in one stage: tp must divide the 32 heads (so 1), cp 5 exceeds the cap for seq 4096, so dp is 5,
+    which no micro-batch of a global batch of 8 divides. The error says so instead of naming the memory limit."""
+    req = {**SMALL, "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 5},
+           "training": {"global_batch_size": 8, "seq_length": 4096}, "constraints": {"max_pp": 1}}
+    with pytest.raises(InfeasibleError) as err:
+        solve(req)
+    problem = err.value.problems[0]
+    assert problem.loc == ("cluster",) and "dp 5 " in problem.msg and "global batch of 8" in problem.msg
+    # the named cause is the cause: a batch that dp 5 divides is planned
+    assert solve({**req, "training": {"global_batch_size": 10, "seq_length": 4096}})["strategy"]["layers"][0]["dp"] == 5
+
 @pytest.mark.parametrize("layers,seq,batch", [(4, 65536, 1), (8, 32768, 2)])
 def test_the_minimum_memory_named_is_what_the_leanest_plan_needs(layers: int, seq: int, batch: int) -> None:
     """Long sequences under unfused attention: the least resident memory (full recompute) and the least
