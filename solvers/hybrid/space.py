@@ -7,6 +7,7 @@ all-reduces on every layer and would otherwise cross the (10x slower) network.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
@@ -117,40 +118,42 @@ class SearchSpace:
 
     def _layer_candidates(self, stage_gpus: int, micro_batch_samples: int) -> list[LayerStrategy]:
         out: list[LayerStrategy] = []
-        for tp in self.tp_options(stage_gpus):
-            for cp in divisors(stage_gpus // tp):
-                if cp > self.max_cp or self.seq_length % (2 * cp if cp > 1 else 1):
+        for tp, cp in self._tp_cp_splits(stage_gpus):
+            dp = stage_gpus // (tp * cp)
+            if micro_batch_samples % dp:
+                continue  # every data-parallel rank gets whole samples
+            for sp in self._sp_options(tp):
+                # the sequence splits over cp (and over tp under SP); Megatron TP splits KV heads too
+                if self.seq_length % (cp * (tp if sp is not None else 1)):
                     continue
-                dp = stage_gpus // (tp * cp)
-                if micro_batch_samples % dp:
-                    continue  # every data-parallel rank gets whole samples
-                for sp in self._sp_options(tp):
-                    # the sequence splits over cp (and over tp under SP); Megatron TP splits KV heads too
-                    if self.seq_length % (cp * (tp if sp is not None else 1)):
-                        continue
-                    if sp != "ulysses" and self.kv_heads % tp and tp % self.kv_heads:
-                        continue
-                    for zero in self._zero_options(dp * cp):
-                        for rc in self.recomputes:
-                            out.append(LayerStrategy(tp=tp, dp=dp, cp=cp, sp=sp, zero=zero, recompute=rc))
+                if sp != "ulysses" and self.kv_heads % tp and tp % self.kv_heads:
+                    continue
+                for zero in self._zero_options(dp * cp):
+                    for rc in self.recomputes:
+                        out.append(LayerStrategy(tp=tp, dp=dp, cp=cp, sp=sp, zero=zero, recompute=rc))
         if self.num_experts > 1:
             out = with_expert_layouts(out, self.num_experts, self.gpus_per_node, self.allow_approximate)
         return out
 
+    def _tp_cp_splits(self, stage_gpus: int) -> Iterator[tuple[int, int]]:
+        """(tp, cp) pairs legal on a stage of that many GPUs; the rest of the stage is data parallel."""
+        for tp in self.tp_options(stage_gpus):
+            for cp in divisors(stage_gpus // tp):
+                if cp <= self.max_cp and not self.seq_length % (2 * cp if cp > 1 else 1):
+                    yield tp, cp
+
     def unsplittable(self) -> str | None:
-        """Why no pipeline configuration has a single legal layer strategy, where the GPU count is the cause:
-        every split of it into pp x tp x cp x dp leaves a data-parallel degree that divides no micro-batch.
-        None where some configuration has candidates (then memory or another constraint is the cause)."""
-        if any(self.layer_candidates(self.num_gpus // c.pp, self.global_batch_size // c.micro_batches)
-               for c in self.pipeline_configs()):
-            return None
+        """Why no layer strategy exists, where the GPU count is the cause: every split of it into
+        pp x tp x cp x dp leaves a data-parallel degree that divides no micro-batch of the global batch.
+        None where some split's degree would do (then another constraint, or memory, is the cause)."""
         splits: dict[int, tuple[int, int, int]] = {}  # data-parallel degree -> the first (pp, tp, cp) leaving it
-        for pp in self.pp_options():
-            g = self.num_gpus // pp
-            for tp in self.tp_options(g):
-                for cp in divisors(g // tp):
-                    if cp <= self.max_cp and not self.seq_length % (2 * cp if cp > 1 else 1):
-                        splits.setdefault(g // (tp * cp), (pp, tp, cp))
+        for c in self.pipeline_configs():
+            g = self.num_gpus // c.pp
+            for tp, cp in self._tp_cp_splits(g):
+                dp = g // (tp * cp)
+                if (self.global_batch_size // c.micro_batches) % dp == 0:
+                    return None
+                splits.setdefault(dp, (c.pp, tp, cp))
         rules = (f"pp ≤ {min(self.max_pp, self.num_layers)}, tp ≤ {self.tp_cap()} dividing the {self.heads} heads, "
                  f"cp ≤ {self.max_cp}")
         if not splits:
