@@ -57,6 +57,13 @@ class DaemonConfig:
     idle_exit_s: float | None = None  # stop after this long without work (tests)
 
 
+def planned_peak_memory_gib(plan_doc: dict[str, Any]) -> float | None:
+    """The per-GPU peak the plan's estimate predicts, where the plan carries one."""
+    estimate = (plan_doc.get("result") or {}).get("estimate") or {}
+    peak = estimate.get("peak_memory_gib")
+    return float(peak) if isinstance(peak, int | float) else None
+
+
 def host_info(name: str) -> dict[str, Any]:
     """What the server records about this node at registration."""
     import torch
@@ -170,15 +177,23 @@ class Daemon:
             lease.join(timeout=2 * self.heartbeat_s)
 
     def _world_size(self, plan_doc: dict[str, Any]) -> int:
+        """The plan's ranks on this node; NodeTooSmall where this node's GPUs cannot hold it (count, memory)."""
         import torch
 
         from worker.runtime.plan import from_document
 
         plan = from_document(plan_doc)  # SpecError names the bad field; nothing is launched then
-        on_gpu = plan.gpu_name.lower() != "cpu"
-        if on_gpu and torch.cuda.is_available() and plan.world_size > torch.cuda.device_count():
+        if plan.gpu_name.lower() == "cpu" or not torch.cuda.is_available():
+            return plan.world_size
+        if plan.world_size > torch.cuda.device_count():
             raise NodeTooSmall(f"the plan needs {plan.world_size} GPUs on one node; this node has "
                                f"{torch.cuda.device_count()}")
+        # a plan sized for a larger device would only run out of memory after the launch and warm-up
+        need = planned_peak_memory_gib(plan_doc)
+        have = torch.cuda.get_device_properties(0).total_memory / 2**30
+        if need is not None and need > have:
+            raise NodeTooSmall(f"the plan's estimate needs {need:.2f} GiB per GPU; this node's GPUs give CUDA "
+                               f"{have:.2f} GiB")
         return plan.world_size
 
     def _hold_lease(self, run_id: str, lost: threading.Event) -> None:

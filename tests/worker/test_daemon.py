@@ -8,6 +8,8 @@ import json
 import random
 import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
@@ -103,6 +105,45 @@ def test_invalid_plan_fails_the_run_without_launching(tmp_path: Path) -> None:
     assert "num_attention_heads" in fails[0]["error"] and "tp=3" in fails[0]["error"]
     assert not any(tmp_path.rglob("plan.json"))  # nothing was launched
 
+
+def _gpu_node(monkeypatch: pytest.MonkeyPatch, gpus: int, total_gib: float) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(name="NVIDIA A100-SXM4-80GB", total_memory=total_gib * 2**30))
+
+
+def _gpu_plan(peak_gib: float) -> dict[str, Any]:
+    doc = plan_doc(dp=4)
+    doc["request"]["cluster"]["gpu"] = "A100-80GB"
+    doc["result"]["estimate"] = {"peak_memory_gib": peak_gib}
+    return doc
+
+
+@pytest.mark.parametrize(("gpus", "peak_gib", "refusal"),
+                         [(8, 79.7, "needs 79.70 GiB per GPU; this node's GPUs give CUDA 79.15 GiB"),
+                          (2, 10.0, "needs 4 GPUs on one node; this node has 2")])
+def test_a_plan_this_node_cannot_hold_is_handed_back_without_launching(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int, peak_gib: float, refusal: str) -> None:
+    """A plan whose estimate exceeds the memory the GPUs give CUDA would OOM after launch and warm-up: the run
+    goes back to the queue (retryable: a larger node may take it) with the reason, and nothing starts."""
+    _gpu_node(monkeypatch, gpus, 79.15)
+    fake = FakeServer({("POST", "/v1/runs/r1/fail"): [httpx.Response(200, json={})]})
+    daemon = Daemon(DaemonConfig("http://fake", "t", workdir=tmp_path), api=api_for(fake))
+    daemon.worker_id = "w1"
+    daemon.execute({"id": "r1", "plan_id": "p1", "steps": 2, "attempt": 1, "plan": _gpu_plan(peak_gib)})
+    fails = [c[2] for c in fake.calls if c[1] == "/v1/runs/r1/fail"]
+    assert len(fails) == 1 and fails[0]["retryable"] is True and refusal in fails[0]["error"]
+    assert not any(tmp_path.rglob("plan.json"))
+
+
+def test_a_plan_that_fits_the_device_passes_the_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _gpu_node(monkeypatch, 8, 79.15)
+    daemon = Daemon(DaemonConfig("http://fake", "t", workdir=tmp_path), api=api_for(FakeServer({})))
+    assert daemon._world_size(_gpu_plan(79.0)) == 4
+    assert daemon._world_size(plan_doc(dp=4)) == 4  # a CPU plan carries no GPU check
 
 def test_only_paraplans_entrypoint_is_ever_built(tmp_path: Path) -> None:
     cmd = train_command(4, tmp_path / "plan.json", 5, tmp_path / "m.json", tmp_path / "p.jsonl")
