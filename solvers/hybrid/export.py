@@ -5,7 +5,9 @@ Only Galvatron can express a per-layer strategy. For the others the plan's *domi
 one most layers use; ties go to the more memory-frugal one) is written, and every approximation is listed
 in the output (comments, or a ``_paraplan_notes`` key in JSON): layers that differ, uneven stage sizes,
 ZeRO levels or sequence-parallel kinds the framework lacks. Recomputation that only some layers use maps to
-each framework's per-layer-count knob where it has one (Megatron's block recompute).
+each framework's per-layer-count knob where it has one (Megatron's block recompute); Megatron-LM takes one
+granularity per run, so a plan mixing full and selective layers is written as the setting it accepts that runs
+fastest within the memory limit by the plan's cost model.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from solvers.errors import SpecError
@@ -79,27 +81,94 @@ def _short(s: LayerStrategy) -> str:
     return f"tp{s.tp} cp{s.cp} dp{s.dp}{sp} zero{s.zero} recompute={s.recompute}"
 
 
-def _block_recompute(plan: PlanStrategy) -> int:
-    """Megatron's block recomputation: the first k layers of every stage recompute fully, k = the most any
-    stage of the plan recomputes (never less memory than the plan)."""
-    return max(sum(1 for x in _stage(plan, st) if x.recompute == "full") for st in range(plan.pp))
+@dataclass(frozen=True)
+class MegatronRecompute:
+    """A recomputation setting Megatron-LM accepts. It takes one granularity: full recomputation of the first
+    ``full_layers`` layers of every stage (block; all of them: uniform), or selective recomputation on every
+    layer, or none. Both at once (``--recompute-activations`` beside ``--recompute-method``) is refused at
+    start-up ("recompute method is not yet supported for selective recomputing granularity")."""
+
+    full_layers: int = 0
+    selective: bool = False
+
+    def args(self, stage_layers: Sequence[int]) -> list[str]:
+        if self.selective:
+            return ["--recompute-activations"]
+        if self.full_layers == 0:
+            return []
+        if self.full_layers >= max(stage_layers):
+            return ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+        return ["--recompute-granularity full", "--recompute-method block",
+                f"--recompute-num-layers {self.full_layers}"]
+
+    def modes(self, stage_layers: Sequence[int]) -> list[Recompute]:
+        if self.selective:
+            return ["selective"] * sum(stage_layers)
+        return ["full" if i < self.full_layers else "none" for n in stage_layers for i in range(n)]
+
+    def describe(self) -> str:
+        if self.selective:
+            return "selective recomputation on every layer"
+        return f"full recomputation of the first {self.full_layers} layers of every stage" if self.full_layers \
+            else "no recomputation"
 
 
-def megatron_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None) -> PlanStrategy:
+def _most_per_stage(plan: PlanStrategy, modes: set[str]) -> int:
+    return max(sum(1 for x in _stage(plan, st) if x.recompute in modes) for st in range(plan.pp))
+
+
+def megatron_recompute_options(plan: PlanStrategy) -> list[MegatronRecompute]:
+    """The settings worth running a plan's recomputation as: none, selective everywhere (where the plan uses
+    any recomputation), block recomputation of as many layers as the plan recomputes fully in its fullest
+    stage, and of as many as it recomputes at all (its selective layers made full)."""
+    full, any_ = _most_per_stage(plan, {"full"}), _most_per_stage(plan, {"full", "selective"})
+    options = [MegatronRecompute()]
+    if any_:
+        options.append(MegatronRecompute(selective=True))
+    options += [MegatronRecompute(k) for k in sorted({full, any_}) if k]
+    return options
+
+
+def _memory_safe_recompute(plan: PlanStrategy) -> MegatronRecompute:
+    """Without a cost model: recompute at least what the plan does (a selective-only plan stays selective,
+    a plan with full layers recomputes fully every layer it recomputes at all)."""
+    if _most_per_stage(plan, {"full"}):
+        return MegatronRecompute(_most_per_stage(plan, {"full", "selective"}))
+    return MegatronRecompute(selective=any(x.recompute == "selective" for x in plan.layers))
+
+
+def megatron_recompute(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None,
+                       request: dict[str, Any] | None = None) -> MegatronRecompute:
+    """The recomputation setting the Megatron export writes: with the request, the fastest option that fits by
+    the plan's cost model (else the leanest); without it, the memory-safe one."""
+    if request is None:
+        return _memory_safe_recompute(plan)
+    from solvers.cost_model.api import estimate
+
+    scored = []
+    for option in megatron_recompute_options(plan):
+        try:
+            est = estimate({**request, "strategy": megatron_run_plan(plan, expert_layers, option).to_dict()})
+        except SpecError:
+            continue
+        scored.append((not est["fits"], est["step_time_s"] if est["fits"] else est["peak_memory_gib"], option))
+    return min(scored, key=lambda t: (t[0], t[1]))[2] if scored else _memory_safe_recompute(plan)
+
+
+def megatron_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None,
+                      recompute: MegatronRecompute | None = None) -> PlanStrategy:
     """What Megatron-LM runs from ``megatron_args``: the dominant layout on every layer (Ulysses as TP with
-    sequence parallelism, ZeRO-2/3 as the distributed optimizer), block recomputation, selective
-    recomputation on every other layer when the plan uses it anywhere, the first and last stage sizes kept
-    and the middle ones even, the embedding on the layers' TP group."""
+    sequence parallelism, ZeRO-2/3 as the distributed optimizer), one recomputation setting
+    (``recompute``, by default the memory-safe one), the first and last stage sizes kept and the middle ones
+    even, the embedding on the layers' TP group."""
     s = dominant(plan)
     base = replace(s, sp="megatron" if s.tp > 1 else None, zero=min(s.zero, 1) if s.dp * s.cp > 1 else 0)
-    rest: Recompute = "selective" if any(x.recompute == "selective" for x in plan.layers) else "none"
     parts = list(plan.stage_layers)
     if plan.pp > 2 and len(set(parts[1:-1])) > 1:
         middle = sum(parts[1:-1])
         parts[1:-1] = [middle // (plan.pp - 2) + (1 if i < middle % (plan.pp - 2) else 0) for i in range(plan.pp - 2)]
-    k = _block_recompute(plan)
-    recompute: list[Recompute] = ["full" if i < k else rest for n in parts for i in range(n)]
-    return replace(plan, layers=_with_experts(plan, base, expert_layers, recompute), stage_layers=tuple(parts),
+    modes = (recompute or _memory_safe_recompute(plan)).modes(parts)
+    return replace(plan, layers=_with_experts(plan, base, expert_layers, modes), stage_layers=tuple(parts),
                    embedding=megatron_embedding(base))
 
 
@@ -153,9 +222,14 @@ def as_run_note(run: PlanStrategy, result: dict[str, Any], request: dict[str, An
     return note
 
 
-def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: dict[str, Any] | None) -> str:
+def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: dict[str, Any] | None,
+                  recompute: MegatronRecompute | None = None) -> str:
     s = dominant(plan)
     notes = _notes(plan, s, "Megatron-LM")
+    rc = recompute or _memory_safe_recompute(plan)
+    if {x.recompute for x in plan.layers} >= {"full", "selective"}:
+        notes.append("Megatron-LM takes one recomputation granularity: the plan's mix of full and selective "
+                     f"layers runs as {rc.describe()}")
     mbs = batch // plan.micro_batches // s.dp
     args = [
         f"--tensor-model-parallel-size {s.tp}", f"--pipeline-model-parallel-size {plan.pp}",
@@ -172,14 +246,7 @@ def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: dict[str, Any
         notes.append(f"ZeRO-{s.zero} approximated by the distributed optimizer (ZeRO-1)")
     if plan.virtual_stages > 1:
         args.append(f"--num-layers-per-virtual-pipeline-stage {len(plan.layers) // (plan.pp * plan.virtual_stages)}")
-    full = [sum(1 for x in _stage(plan, st) if x.recompute == "full") for st in range(plan.pp)]
-    if max(full) == len(plan.layers) // plan.pp and min(full) == max(full):
-        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
-    elif max(full) > 0:
-        args += ["--recompute-granularity full", "--recompute-method block",
-                 f"--recompute-num-layers {_block_recompute(plan)}"]
-    if any(x.recompute == "selective" for x in plan.layers):
-        args.append("--recompute-activations")
+    args += rc.args(plan.stage_layers)
     if len(set(plan.stage_layers)) > 1 and plan.pp > 1:
         first, last = plan.stage_layers[0], plan.stage_layers[-1]
         args += [f"--decoder-first-pipeline-num-layers {first}", f"--decoder-last-pipeline-num-layers {last}"]
@@ -305,8 +372,9 @@ def export(result: dict[str, Any], fmt: str, request: dict[str, Any] | None = No
     model = _model(request)
     experts = model["expert_layers"] if model else None
     if fmt == "megatron":
-        note = as_run_note(megatron_run_plan(plan, experts), result, request, "Megatron-LM")
-        return (f"# {note}\n" if note else "") + megatron_args(plan, batch, seq, model)
+        rc = megatron_recompute(plan, experts, request)
+        note = as_run_note(megatron_run_plan(plan, experts, rc), result, request, "Megatron-LM")
+        return (f"# {note}\n" if note else "") + megatron_args(plan, batch, seq, model, rc)
     if fmt == "deepspeed":
         ds = deepspeed_run_plan(plan, experts)
         note = as_run_note(ds, result, request, "DeepSpeed") if ds else ""

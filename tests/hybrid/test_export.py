@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,7 +12,14 @@ import pytest
 from solvers.api import estimate, solve
 from solvers.errors import SpecError
 from solvers.formats.galvatron import plan_from_galvatron_config
-from solvers.hybrid.export import deepspeed_run_plan, export, megatron_run_plan, torchtitan_run_plan
+from solvers.hybrid.export import (
+    deepspeed_run_plan,
+    export,
+    megatron_recompute,
+    megatron_recompute_options,
+    megatron_run_plan,
+    torchtitan_run_plan,
+)
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
 REQUEST: dict[str, Any] = {
@@ -31,11 +39,45 @@ def test_megatron_arguments() -> None:
     text = export(RESULT, "megatron", REQUEST)
     assert "--tensor-model-parallel-size 2" in text and "--pipeline-model-parallel-size 2" in text
     assert "--sequence-parallel" in text and "--micro-batch-size 2" in text and "--global-batch-size 64" in text
-    # the 10 fully recomputed layers all sit in stage 0: block recompute of 10 layers per stage
-    assert "--recompute-method block" in text and "--recompute-num-layers 10" in text
+    # with 26 GiB of 79 needed without recomputation, running none is the fastest setting that fits
+    assert "--recompute" not in text
+    # without a cost model the memory-safe setting: the 10 fully recomputed layers all sit in stage 0, so block
+    # recompute of 10 layers per stage
+    bare = export(RESULT, "megatron")
+    assert "--recompute-method block" in bare and "--recompute-num-layers 10" in bare
     assert "--decoder-first-pipeline-num-layers 14" in text
     assert "per-layer strategy not expressible" in text and "10 of 32 layers" in text
     assert "--num-layers 32" in text and "--swiglu" in text
+
+
+_C = replace(B, zero=1)
+MIXED = PlanStrategy(pp=2, micro_batches=8, stage_layers=(16, 16), embedding=EmbeddingStrategy(tp=2, dp=4, zero=1),
+                     layers=(replace(_C, recompute="full"),) * 4 + (replace(_C, recompute="selective"),) * 8
+                     + (_C,) * 20)
+
+
+def _megatron_refuses(text: str) -> bool:
+    """Megatron-LM's own start-up check: selective granularity (--recompute-activations sets it) with a method."""
+    return "--recompute-activations" in text and "--recompute-method" in text
+
+
+@pytest.mark.parametrize("limit_gib", [79, 27, 21, 15])  # none, selective, block 12, the leanest
+def test_megatron_recomputation_is_the_fastest_setting_it_accepts_that_fits(limit_gib: float) -> None:
+    """A plan mixing full, selective and no recomputation cannot be written for Megatron-LM as it is (one
+    granularity per run): the export writes the option that runs fastest within the memory limit by the
+    plan's cost model (the leanest where none fits), and never the combination Megatron refuses."""
+    req = {**REQUEST, "constraints": {"memory_limit_gib": limit_gib}}
+    result = {**RESULT, "strategy": MIXED.to_dict()}
+    text = export(result, "megatron", req)
+    assert not _megatron_refuses(text) and not _megatron_refuses(export(result, "megatron"))
+    scored = []
+    for option in megatron_recompute_options(MIXED):
+        est = estimate({**req, "strategy": megatron_run_plan(MIXED, None, option).to_dict()})
+        scored.append(((not est["fits"], est["step_time_s"] if est["fits"] else est["peak_memory_gib"]), option))
+    best = min(scored, key=lambda t: t[0])[1]
+    assert megatron_recompute(MIXED, None, req) == best
+    assert all(a in text for a in best.args(MIXED.stage_layers))
+    assert "the plan's mix of full and selective layers runs as " + best.describe() in text
 
 
 def test_deepspeed_config_is_consistent_json() -> None:
