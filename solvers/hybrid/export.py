@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from solvers.cost_model.pipeline import chunks
 from solvers.errors import SpecError
 from solvers.hybrid.baselines import megatron_embedding, without_experts
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute
@@ -84,44 +85,46 @@ def _short(s: LayerStrategy) -> str:
 @dataclass(frozen=True)
 class MegatronRecompute:
     """A recomputation setting Megatron-LM accepts. It takes one granularity: full recomputation of the first
-    ``full_layers`` layers of every stage (block; all of them: uniform), or selective recomputation on every
-    layer, or none. Both at once (``--recompute-activations`` beside ``--recompute-method``) is refused at
+    ``full_layers`` layers of every model chunk (block; all of them: uniform), or selective recomputation on
+    every layer, or none. Both at once (``--recompute-activations`` beside ``--recompute-method``) is refused at
     start-up ("recompute method is not yet supported for selective recomputing granularity")."""
 
-    full_layers: int = 0
+    full_layers: int = 0  # per model chunk: a stage of an interleaved plan holds ``chunks`` of them
     selective: bool = False
 
-    def args(self, stage_layers: Sequence[int]) -> list[str]:
+    def args(self, stage_layers: Sequence[int], chunks: int = 1) -> list[str]:
         if self.selective:
             return ["--recompute-activations"]
         if self.full_layers == 0:
             return []
-        if self.full_layers >= max(stage_layers):
+        if self.full_layers * chunks >= max(stage_layers):
             return ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
         return ["--recompute-granularity full", "--recompute-method block",
                 f"--recompute-num-layers {self.full_layers}"]
 
-    def modes(self, stage_layers: Sequence[int]) -> list[Recompute]:
+    def modes(self, stage_layers: Sequence[int], chunks: int = 1) -> list[Recompute]:
         if self.selective:
             return ["selective"] * sum(stage_layers)
-        return ["full" if i < self.full_layers else "none" for n in stage_layers for i in range(n)]
+        return ["full" if i < self.full_layers * chunks else "none" for n in stage_layers for i in range(n)]
 
     def describe(self) -> str:
         if self.selective:
             return "selective recomputation on every layer"
-        return f"full recomputation of the first {self.full_layers} layers of every stage" if self.full_layers \
-            else "no recomputation"
+        return f"full recomputation of the first {self.full_layers} layers of every model chunk" \
+            if self.full_layers else "no recomputation"
 
 
-def _most_per_stage(plan: PlanStrategy, modes: set[str]) -> int:
-    return max(sum(1 for x in _stage(plan, st) if x.recompute in modes) for st in range(plan.pp))
+def _most_per_chunk(plan: PlanStrategy, modes: set[str]) -> int:
+    """The most layers of those modes any stage holds, per model chunk (rounded up: never less recomputation)."""
+    v = chunks(plan.schedule, plan.virtual_stages)
+    return -(-max(sum(1 for x in _stage(plan, st) if x.recompute in modes) for st in range(plan.pp)) // v)
 
 
 def megatron_recompute_options(plan: PlanStrategy) -> list[MegatronRecompute]:
     """The settings worth running a plan's recomputation as: none, selective everywhere (where the plan uses
     any recomputation), block recomputation of as many layers as the plan recomputes fully in its fullest
     stage, and of as many as it recomputes at all (its selective layers made full)."""
-    full, any_ = _most_per_stage(plan, {"full"}), _most_per_stage(plan, {"full", "selective"})
+    full, any_ = _most_per_chunk(plan, {"full"}), _most_per_chunk(plan, {"full", "selective"})
     options = [MegatronRecompute()]
     if any_:
         options.append(MegatronRecompute(selective=True))
@@ -132,42 +135,86 @@ def megatron_recompute_options(plan: PlanStrategy) -> list[MegatronRecompute]:
 def _memory_safe_recompute(plan: PlanStrategy) -> MegatronRecompute:
     """Without a cost model: recompute at least what the plan does (a selective-only plan stays selective,
     a plan with full layers recomputes fully every layer it recomputes at all)."""
-    if _most_per_stage(plan, {"full"}):
-        return MegatronRecompute(_most_per_stage(plan, {"full", "selective"}))
+    if _most_per_chunk(plan, {"full"}):
+        return MegatronRecompute(_most_per_chunk(plan, {"full", "selective"}))
     return MegatronRecompute(selective=any(x.recompute == "selective" for x in plan.layers))
 
 
-def megatron_recompute(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None,
-                       request: dict[str, Any] | None = None) -> MegatronRecompute:
-    """The recomputation setting the Megatron export writes: with the request, the fastest option that fits by
-    the plan's cost model (else the leanest); without it, the memory-safe one."""
+def megatron_splits(plan: PlanStrategy, limit: int = 8) -> list[tuple[int, ...]]:
+    """Pipeline splits Megatron-LM can run, nearest to the plan's first (least squared difference per stage).
+    Megatron sets the first and last stage sizes and splits the rest evenly over the middle stages (it refuses
+    a remainder); interleaved, every stage holds whole model chunks of one size. Empty where no split does."""
+    v = chunks(plan.schedule, plan.virtual_stages)
+    total, pp, want = len(plan.layers), plan.pp, plan.stage_layers
+    if len(set(want)) == 1 and want[0] % v == 0:
+        return [want]
+    if pp == 1:
+        return []
+    middle = pp - 2
+    scored: dict[tuple[int, ...], float] = {}
+    for m in (range(v, total, v) if middle else [0]):
+        rest = total - middle * m  # first + last
+        if rest < 2 * v:
+            break
+        # for this middle size the best first stages are the multiples of v around the unconstrained optimum
+        ideal = v * int((rest + want[0] - want[-1]) / 2 // v)
+        for first in (ideal - v, ideal, ideal + v, ideal + 2 * v):
+            last = rest - first
+            if first < v or last < v or last % v:
+                continue
+            split = (first,) + (m,) * middle + (last,)
+            scored[split] = sum((a - b) ** 2 for a, b in zip(split, want, strict=True))
+    return sorted(scored, key=lambda k: scored[k])[:limit]
+
+
+@dataclass(frozen=True)
+class MegatronLayout:
+    """What the Megatron export writes beyond the dominant layer layout: the pipeline split (None: none
+    Megatron accepts, the plan's is written and refused) and the recomputation setting."""
+
+    split: tuple[int, ...] | None
+    recompute: MegatronRecompute
+    by_cost_model: bool = False  # chosen as the fastest that fits (else: the nearest split, memory-safe)
+
+
+def _memory_safe_layout(plan: PlanStrategy) -> MegatronLayout:
+    splits = megatron_splits(plan, limit=1)
+    return MegatronLayout(splits[0] if splits else None, _memory_safe_recompute(plan))
+
+
+def megatron_layout(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None,
+                    request: dict[str, Any] | None = None) -> MegatronLayout:
+    """The split and recomputation the Megatron export writes: with the request, the pair that runs fastest
+    within the memory limit by the plan's cost model (else the leanest); without it, the nearest split and the
+    memory-safe recomputation."""
     if request is None:
-        return _memory_safe_recompute(plan)
+        return _memory_safe_layout(plan)
     from solvers.cost_model.api import estimate
 
     scored = []
-    for option in megatron_recompute_options(plan):
-        try:
-            est = estimate({**request, "strategy": megatron_run_plan(plan, expert_layers, option).to_dict()})
-        except SpecError:
-            continue
-        scored.append((not est["fits"], est["step_time_s"] if est["fits"] else est["peak_memory_gib"], option))
-    return min(scored, key=lambda t: (t[0], t[1]))[2] if scored else _memory_safe_recompute(plan)
+    splits: list[tuple[int, ...] | None] = [*megatron_splits(plan)] or [None]
+    for split in splits:
+        for option in megatron_recompute_options(plan):
+            layout = MegatronLayout(split, option, by_cost_model=True)
+            try:
+                est = estimate({**request, "strategy": megatron_run_plan(plan, expert_layers, layout).to_dict()})
+            except SpecError:
+                continue
+            scored.append((not est["fits"], est["step_time_s"] if est["fits"] else est["peak_memory_gib"], layout))
+    return min(scored, key=lambda t: (t[0], t[1]))[2] if scored else _memory_safe_layout(plan)
 
 
 def megatron_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None,
-                      recompute: MegatronRecompute | None = None) -> PlanStrategy:
+                      layout: MegatronLayout | None = None) -> PlanStrategy:
     """What Megatron-LM runs from ``megatron_args``: the dominant layout on every layer (Ulysses as TP with
-    sequence parallelism, ZeRO-2/3 as the distributed optimizer), one recomputation setting
-    (``recompute``, by default the memory-safe one), the first and last stage sizes kept and the middle ones
-    even, the embedding on the layers' TP group."""
+    sequence parallelism, ZeRO-2/3 as the distributed optimizer), one pipeline split and one recomputation
+    setting (``layout``, by default the nearest split and the memory-safe recomputation), the embedding on
+    the layers' TP group."""
     s = dominant(plan)
     base = replace(s, sp="megatron" if s.tp > 1 else None, zero=min(s.zero, 1) if s.dp * s.cp > 1 else 0)
-    parts = list(plan.stage_layers)
-    if plan.pp > 2 and len(set(parts[1:-1])) > 1:
-        middle = sum(parts[1:-1])
-        parts[1:-1] = [middle // (plan.pp - 2) + (1 if i < middle % (plan.pp - 2) else 0) for i in range(plan.pp - 2)]
-    modes = (recompute or _memory_safe_recompute(plan)).modes(parts)
+    layout = layout or _memory_safe_layout(plan)
+    parts = layout.split or plan.stage_layers
+    modes = layout.recompute.modes(parts, chunks(plan.schedule, plan.virtual_stages))
     return replace(plan, layers=_with_experts(plan, base, expert_layers, modes), stage_layers=tuple(parts),
                    embedding=megatron_embedding(base))
 
@@ -223,10 +270,11 @@ def as_run_note(run: PlanStrategy, result: dict[str, Any], request: dict[str, An
 
 
 def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: dict[str, Any] | None,
-                  recompute: MegatronRecompute | None = None) -> str:
+                  layout: MegatronLayout | None = None) -> str:
     s = dominant(plan)
     notes = _notes(plan, s, "Megatron-LM")
-    rc = recompute or _memory_safe_recompute(plan)
+    layout = layout or _memory_safe_layout(plan)
+    rc = layout.recompute
     if {x.recompute for x in plan.layers} >= {"full", "selective"}:
         notes.append("Megatron-LM takes one recomputation granularity: the plan's mix of full and selective "
                      f"layers runs as {rc.describe()}")
@@ -244,14 +292,27 @@ def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: dict[str, Any
         args.append("--use-distributed-optimizer")
     if s.zero >= 2:
         notes.append(f"ZeRO-{s.zero} approximated by the distributed optimizer (ZeRO-1)")
-    if plan.virtual_stages > 1:
-        args.append(f"--num-layers-per-virtual-pipeline-stage {len(plan.layers) // (plan.pp * plan.virtual_stages)}")
-    args += rc.args(plan.stage_layers)
-    if len(set(plan.stage_layers)) > 1 and plan.pp > 1:
-        first, last = plan.stage_layers[0], plan.stage_layers[-1]
-        args += [f"--decoder-first-pipeline-num-layers {first}", f"--decoder-last-pipeline-num-layers {last}"]
-        if len(set(plan.stage_layers[1:-1])) > 1:
-            notes.append("Megatron sets only the first and last stage sizes; middle stages are split evenly")
+    v = chunks(plan.schedule, plan.virtual_stages)
+    split = layout.split
+    parts = split or plan.stage_layers
+    if split is None:
+        notes.append(f"Megatron-LM cannot split {len(plan.layers)} layers into {plan.pp} stages"
+                     + (f" of {v} equal model chunks" if v > 1 else "") + ": it will refuse these arguments")
+    elif split != plan.stage_layers:
+        why = "the fastest within the memory limit by the plan's cost model" if layout.by_cost_model else "the nearest"
+        notes.append(f"pipeline stages {list(plan.stage_layers)} run as {list(split)}: Megatron-LM sets the first and "
+                     f"last stage sizes and splits the rest evenly{' in whole model chunks' if v > 1 else ''}; of the "
+                     f"splits it accepts this is {why}")
+    uneven = len(set(parts)) > 1
+    if v > 1:
+        # layers per virtual stage needs an even split; an uneven one names the chunks per rank instead
+        args.append(f"--num-virtual-stages-per-pipeline-rank {v}" if uneven
+                    else f"--num-layers-per-virtual-pipeline-stage {parts[0] // v}")
+        if plan.pp == 2:  # Megatron refuses interleaving on 2 stages unless p2p overlaps compute
+            args.append("--overlap-p2p-comm")
+    args += rc.args(parts, v)
+    if uneven:
+        args += [f"--decoder-first-pipeline-num-layers {parts[0]}", f"--decoder-last-pipeline-num-layers {parts[-1]}"]
     if model:
         args += [f"--num-layers {model.get('num_layers')}", f"--hidden-size {model.get('hidden_size')}",
                  f"--num-attention-heads {model.get('num_attention_heads')}"]
@@ -372,9 +433,9 @@ def export(result: dict[str, Any], fmt: str, request: dict[str, Any] | None = No
     model = _model(request)
     experts = model["expert_layers"] if model else None
     if fmt == "megatron":
-        rc = megatron_recompute(plan, experts, request)
-        note = as_run_note(megatron_run_plan(plan, experts, rc), result, request, "Megatron-LM")
-        return (f"# {note}\n" if note else "") + megatron_args(plan, batch, seq, model, rc)
+        layout = megatron_layout(plan, experts, request)
+        note = as_run_note(megatron_run_plan(plan, experts, layout), result, request, "Megatron-LM")
+        return (f"# {note}\n" if note else "") + megatron_args(plan, batch, seq, model, layout)
     if fmt == "deepspeed":
         ds = deepspeed_run_plan(plan, experts)
         note = as_run_note(ds, result, request, "DeepSpeed") if ds else ""

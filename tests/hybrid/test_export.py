@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import tomllib
 from dataclasses import replace
 from typing import Any
@@ -13,11 +14,13 @@ from solvers.api import estimate, solve
 from solvers.errors import SpecError
 from solvers.formats.galvatron import plan_from_galvatron_config
 from solvers.hybrid.export import (
+    MegatronLayout,
     deepspeed_run_plan,
     export,
-    megatron_recompute,
+    megatron_layout,
     megatron_recompute_options,
     megatron_run_plan,
+    megatron_splits,
     torchtitan_run_plan,
 )
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
@@ -39,13 +42,15 @@ def test_megatron_arguments() -> None:
     text = export(RESULT, "megatron", REQUEST)
     assert "--tensor-model-parallel-size 2" in text and "--pipeline-model-parallel-size 2" in text
     assert "--sequence-parallel" in text and "--micro-batch-size 2" in text and "--global-batch-size 64" in text
-    # with 26 GiB of 79 needed without recomputation, running none is the fastest setting that fits
+    # with 30 GiB of 79 needed without recomputation, running none is the fastest setting that fits
     assert "--recompute" not in text
     # without a cost model the memory-safe setting: the 10 fully recomputed layers all sit in stage 0, so block
     # recompute of 10 layers per stage
     bare = export(RESULT, "megatron")
     assert "--recompute-method block" in bare and "--recompute-num-layers 10" in bare
-    assert "--decoder-first-pipeline-num-layers 14" in text
+    # of the splits Megatron accepts, the even one runs fastest here; the bare export keeps the plan's 14 + 18
+    assert "stages [14, 18] run as [16, 16]" in text and "--decoder-first-pipeline-num-layers" not in text
+    assert "--decoder-first-pipeline-num-layers 14" in bare
     assert "per-layer strategy not expressible" in text and "10 of 32 layers" in text
     assert "--num-layers 32" in text and "--swiglu" in text
 
@@ -72,10 +77,11 @@ def test_megatron_recomputation_is_the_fastest_setting_it_accepts_that_fits(limi
     assert not _megatron_refuses(text) and not _megatron_refuses(export(result, "megatron"))
     scored = []
     for option in megatron_recompute_options(MIXED):
-        est = estimate({**req, "strategy": megatron_run_plan(MIXED, None, option).to_dict()})
+        layout = MegatronLayout(MIXED.stage_layers, option)
+        est = estimate({**req, "strategy": megatron_run_plan(MIXED, None, layout).to_dict()})
         scored.append(((not est["fits"], est["step_time_s"] if est["fits"] else est["peak_memory_gib"]), option))
     best = min(scored, key=lambda t: t[0])[1]
-    assert megatron_recompute(MIXED, None, req) == best
+    assert megatron_layout(MIXED, None, req) == MegatronLayout(MIXED.stage_layers, best, by_cost_model=True)
     assert all(a in text for a in best.args(MIXED.stage_layers))
     assert "the plan's mix of full and selective layers runs as " + best.describe() in text
 
@@ -177,3 +183,70 @@ def test_moe_plan_exports_its_experts_and_expert_parallelism() -> None:
     assert [(x.ep, x.etp) for x in run.layers] == [(1, None), (4, 1), (1, None), (4, 1)]
     assert "+0.0% against the plan" in text.splitlines()[0]  # Megatron runs exactly this plan
     assert "expert_parallel_degree = 4" in export(result, "torchtitan", req)
+
+
+def megatron_refusal(text: str, num_layers: int) -> str | None:
+    """Megatron-LM's start-up checks of the pipeline and recomputation arguments (validate_args and
+    TransformerConfig): the reason it would refuse ``text``, or None."""
+    flags: dict[str, int | None] = {}
+    for line in text.splitlines():
+        if line.startswith("--"):
+            name, *value = line.rstrip(" \\").split()
+            flags[name] = int(value[0]) if value and value[0].lstrip("-").isdigit() else None
+    pp = flags.get("--pipeline-model-parallel-size") or 1
+    first, last = flags.get("--decoder-first-pipeline-num-layers"), flags.get("--decoder-last-pipeline-num-layers")
+    per_vstage, v_rank = flags.get("--num-layers-per-virtual-pipeline-stage"), flags.get(
+        "--num-virtual-stages-per-pipeline-rank")
+    if "--recompute-activations" in flags and "--recompute-method" in flags:
+        return "selective granularity with a recompute method"
+    if per_vstage is not None and v_rank is not None:
+        return "both virtual-stage flags"
+    v = 1
+    if per_vstage is not None or v_rank is not None:
+        if pp <= (1 if "--overlap-p2p-comm" in flags else 2):
+            return "interleaving on too few stages"
+        if v_rank is None:
+            if first is not None or last is not None:
+                return "uneven stages need --num-virtual-stages-per-pipeline-rank"
+            if num_layers % pp or (num_layers // pp) % (per_vstage or 1):
+                return "layers do not divide into stages of whole virtual stages"
+            v = num_layers // pp // (per_vstage or 1)
+        else:
+            v = v_rank
+    if first is None and last is None:
+        return "layers do not divide over the stages" if num_layers % pp else None
+    middle, stages = num_layers - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
+    if (middle != 0 if stages == 0 else middle <= 0 or middle % stages):
+        return "middle stages uneven"
+    if any(n % v for n in (first or 0, last or 0, middle // stages if stages else 0)):
+        return "a stage is not whole model chunks"
+    return None
+
+
+def _random_plan(rng: random.Random) -> PlanStrategy:
+    pp = rng.choice([1, 2, 3, 4, 8])
+    v = rng.choice([1, 2]) if pp > 1 else 1
+    layers = rng.randrange(max(pp * v, 4), 40)
+    cuts = sorted(rng.sample(range(1, layers), pp - 1))
+    parts = tuple(b - a for a, b in zip([0, *cuts], [*cuts, layers], strict=True))
+    mode = [rng.choice(["none", "selective", "full"]) for _ in range(layers)]
+    return PlanStrategy(pp=pp, micro_batches=pp * 4, stage_layers=parts,
+                        schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
+                        layers=tuple(replace(_C, recompute=m) for m in mode))  # type: ignore[arg-type]
+
+
+def test_megatron_exports_pass_megatrons_own_start_up_checks() -> None:
+    """Over random plans (uneven stages, interleaving, mixed recomputation): the written arguments are ones
+    Megatron-LM starts with, or the export says it will refuse them (no split into whole chunks exists), and
+    the as-run plan the note estimates has the stage sizes the arguments give."""
+    rng = random.Random(7)
+    for _ in range(300):
+        plan = _random_plan(rng)
+        text = export({"strategy": plan.to_dict(), "estimate": RESULT["estimate"]}, "megatron")
+        reason = megatron_refusal(text, len(plan.layers))
+        splits = megatron_splits(plan)
+        assert (reason is None) == bool(splits), (plan.stage_layers, plan.virtual_stages, reason, text)
+        if splits:
+            assert megatron_run_plan(plan).stage_layers == splits[0]
+        else:
+            assert "it will refuse these arguments" in text
