@@ -314,8 +314,11 @@ def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: dict[str, Any
     if uneven:
         args += [f"--decoder-first-pipeline-num-layers {parts[0]}", f"--decoder-last-pipeline-num-layers {parts[-1]}"]
     if model:
+        # Megatron requires --max-position-embeddings and ties the output layer to the embedding by default
         args += [f"--num-layers {model.get('num_layers')}", f"--hidden-size {model.get('hidden_size')}",
-                 f"--num-attention-heads {model.get('num_attention_heads')}"]
+                 f"--num-attention-heads {model.get('num_attention_heads')}", f"--max-position-embeddings {seq}"]
+        if not model.get("tied_embeddings"):
+            args.append("--untie-embeddings-and-output-weights")
         if model.get("ffn_hidden_size"):
             args.append(f"--ffn-hidden-size {model['ffn_hidden_size']}")
         kv = model.get("num_kv_heads")
@@ -461,7 +464,7 @@ def _model(request: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {
         "num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_attention_heads": m.num_attention_heads,
-        "ffn_hidden_size": m.ffn_size, "num_kv_heads": m.kv_heads, "mlp": m.mlp,
+        "ffn_hidden_size": m.ffn_size, "num_kv_heads": m.kv_heads, "mlp": m.mlp, "tied_embeddings": m.tied_embeddings,
         "expert_layers": [m.is_moe_layer(i) for i in range(m.num_layers)] if m.moe else None}
     if m.moe:
         out.update(num_experts=m.moe.num_experts, top_k=m.moe.top_k, expert_ffn_hidden_size=m.expert_ffn_size)

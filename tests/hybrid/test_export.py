@@ -53,6 +53,8 @@ def test_megatron_arguments() -> None:
     assert "--decoder-first-pipeline-num-layers 14" in bare
     assert "per-layer strategy not expressible" in text and "10 of 32 layers" in text
     assert "--num-layers 32" in text and "--swiglu" in text
+    # Megatron refuses to start without the position-embedding size; llama2's output layer is its own matrix
+    assert "--max-position-embeddings 2048" in text and "--untie-embeddings-and-output-weights" in text
 
 
 _C = replace(B, zero=1)
