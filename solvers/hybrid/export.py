@@ -228,10 +228,18 @@ def torchtitan_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None
                    embedding=megatron_embedding(base))
 
 
+def deepspeed_stage_layers(layers: int, pp: int) -> tuple[int, ...]:
+    """DeepSpeed's uniform pipeline partition (``partition_uniform``): equal stages, the first ones taking
+    one more layer each while a remainder lasts."""
+    base, extra = divmod(layers, pp)
+    return tuple(base + (1 if i < extra else 0) for i in range(pp))
+
+
 def deepspeed_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None) -> PlanStrategy | None:
     """What DeepSpeed runs from ``deepspeed_config``: the dominant layout on every layer (AutoTP without
-    sequence parallelism; context parallelism as Ulysses), the plan's ZeRO stage and recomputation, 1F1B.
-    None when the layout has both TP and CP (DeepSpeed has no such combination to estimate)."""
+    sequence parallelism; context parallelism as Ulysses), the plan's ZeRO stage and recomputation, 1F1B
+    over DeepSpeed's uniform partition. None when the layout has both TP and CP (DeepSpeed has no such
+    combination to estimate)."""
     s = dominant(plan)
     if s.cp > 1 and s.tp > 1:
         return None
@@ -239,6 +247,7 @@ def deepspeed_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None 
     uly = base.sp == "ulysses"  # the embedding is replicated over the Ulysses group, split over AutoTP's
     return replace(plan, layers=_with_experts(plan, base, expert_layers, [x.recompute for x in plan.layers]),
                    schedule="gpipe" if plan.schedule == "gpipe" else "1f1b", virtual_stages=1,
+                   stage_layers=deepspeed_stage_layers(len(plan.layers), plan.pp),
                    embedding=EmbeddingStrategy(tp=1 if uly else base.tp, dp=base.dp * (base.tp if uly else 1),
                                                zero=base.zero))
 
@@ -361,9 +370,14 @@ def deepspeed_config(plan: PlanStrategy, batch: int, seq: int, first_notes: Sequ
         "gradient_accumulation_steps": plan.micro_batches,
         "bf16": {"enabled": True},
         "zero_optimization": {"stage": s.zero, "overlap_comm": True, "contiguous_gradients": True},
-        "pipeline": {"stages": plan.pp, "partition_method": "uniform" if len(set(plan.stage_layers)) == 1
-                     else f"custom:{','.join(str(n) for n in plan.stage_layers)}"},
+        "pipeline": {"stages": plan.pp},
     }
+    if plan.pp > 1:
+        uniform = deepspeed_stage_layers(len(plan.layers), plan.pp)
+        notes.append("DeepSpeed takes the layer split from the model code: PipelineModule(layers, "
+                     f"num_stages={plan.pp}, partition_method='uniform') runs stages {list(uniform)}"
+                     + ("" if uniform == plan.stage_layers else
+                        f"; the plan's {list(plan.stage_layers)} is none of its partition methods"))
     if s.tp > 1 and s.sp == "ulysses":
         cfg["sequence_parallel_size"] = s.tp
     elif s.tp > 1:

@@ -16,6 +16,7 @@ from solvers.formats.galvatron import plan_from_galvatron_config
 from solvers.hybrid.export import (
     MegatronLayout,
     deepspeed_run_plan,
+    deepspeed_stage_layers,
     export,
     megatron_layout,
     megatron_recompute_options,
@@ -93,7 +94,13 @@ def test_deepspeed_config_is_consistent_json() -> None:
     dp = 4
     assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * dp
     assert cfg["zero_optimization"]["stage"] == 2  # the dominant (22-layer) strategy
-    assert cfg["pipeline"]["stages"] == 2 and "custom:14,18" in cfg["pipeline"]["partition_method"]
+    # DeepSpeed's partition methods are uniform / parameters / type:regex: a 14 + 18 split is none of them, and the
+    # as-run estimate is of what uniform runs
+    assert cfg["pipeline"] == {"stages": 2}
+    assert any("partition_method='uniform') runs stages [16, 16]; the plan's [14, 18] is none" in n
+               for n in cfg["_paraplan_notes"])
+    assert deepspeed_run_plan(PLAN).stage_layers == (16, 16)  # type: ignore[union-attr]
+    assert deepspeed_stage_layers(126, 8) == (16, 16, 16, 16, 16, 16, 15, 15)  # the remainder goes first
     assert any("not expressible" in n for n in cfg["_paraplan_notes"])
 
 
