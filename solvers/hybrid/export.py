@@ -397,6 +397,20 @@ def deepspeed_config(plan: PlanStrategy, batch: int, seq: int, first_notes: Sequ
     return json.dumps(cfg, indent=2) + "\n"
 
 
+def torchtitan_split_points(plan: PlanStrategy) -> list[int]:
+    """The first layer of every model part after the first. Interleaved, torchtitan's looped schedules give
+    rank r the parts r, r + pp, r + 2 pp, ...: each stage's layers become ``virtual_stages`` parts (as even as
+    they divide) laid out in that order."""
+    v = chunks(plan.schedule, plan.virtual_stages)
+    per_rank = [[n // v + (1 if c < n % v else 0) for c in range(v)] for n in plan.stage_layers]
+    sizes = [per_rank[k % plan.pp][k // plan.pp] for k in range(plan.pp * v)]
+    points, start = [], 0
+    for n in sizes[:-1]:
+        start += n
+        points.append(start)
+    return points
+
+
 def torchtitan_toml(plan: PlanStrategy, batch: int, seq: int) -> str:
     s = dominant(plan)
     notes = _notes(plan, s, "torchtitan")
@@ -408,10 +422,7 @@ def torchtitan_toml(plan: PlanStrategy, batch: int, seq: int) -> str:
         notes.append("torchtitan has no Ulysses sequence parallelism: written as tensor parallelism")
     schedule = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}[plan.schedule]
     mbs = max(batch // plan.micro_batches // s.dp, 1)
-    bounds, start = [], 0
-    for n in plan.stage_layers[:-1]:
-        start += n
-        bounds.append(f'"layers.{start}"')
+    bounds = [f'"layers.{b}"' for b in torchtitan_split_points(plan)]
     rc = {"none": "none", "selective": "selective", "full": "full"}[s.recompute]
     lines = [*(f"# {n}" for n in notes), "[training]", f"global_batch_size = {batch}",
              f"local_batch_size = {batch // s.dp}", f"seq_len = {seq}", "mixed_precision_param = \"bfloat16\"", "",

@@ -114,6 +114,17 @@ def test_torchtitan_toml_degrees_cover_the_cluster() -> None:
     assert doc["training"]["global_batch_size"] == 64
 
 
+
+def test_torchtitan_interleaved_plan_gets_a_model_part_per_virtual_stage() -> None:
+    """Interleaved over 2 stages with 2 chunks each: 4 model parts, rank 0 holding parts 0 and 2 (torchtitan's
+    looped order), so the 14 + 18 layers split as 7, 9, 7, 9; with one part per rank the schedule would
+    not interleave at all."""
+    plan = replace(PLAN, schedule="interleaved", virtual_stages=2)
+    doc = tomllib.loads(export({**RESULT, "strategy": plan.to_dict()}, "torchtitan", REQUEST))
+    p = doc["parallelism"]
+    assert p["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert p["pipeline_parallel_split_points"] == ["layers.7", "layers.16", "layers.23"]
+
 def test_galvatron_config_round_trips() -> None:
     cfg = json.loads(export(RESULT, "galvatron", REQUEST))
     back = plan_from_galvatron_config(cfg, 16)
