@@ -228,11 +228,11 @@ def torchtitan_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None
                    embedding=megatron_embedding(base))
 
 
-def deepspeed_stage_layers(layers: int, pp: int) -> tuple[int, ...]:
-    """DeepSpeed's uniform pipeline partition (``partition_uniform``): equal stages, the first ones taking
-    one more layer each while a remainder lasts."""
-    base, extra = divmod(layers, pp)
-    return tuple(base + (1 if i < extra else 0) for i in range(pp))
+def front_loaded_split(items: int, parts: int) -> tuple[int, ...]:
+    """Equal parts, the first ones taking one more item each while a remainder lasts: DeepSpeed's uniform
+    pipeline partition (``partition_uniform``), and the chunks of a stage in the torchtitan export."""
+    base, extra = divmod(items, parts)
+    return tuple(base + (1 if i < extra else 0) for i in range(parts))
 
 
 def deepspeed_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None) -> PlanStrategy | None:
@@ -247,7 +247,7 @@ def deepspeed_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None 
     uly = base.sp == "ulysses"  # the embedding is replicated over the Ulysses group, split over AutoTP's
     return replace(plan, layers=_with_experts(plan, base, expert_layers, [x.recompute for x in plan.layers]),
                    schedule="gpipe" if plan.schedule == "gpipe" else "1f1b", virtual_stages=1,
-                   stage_layers=deepspeed_stage_layers(len(plan.layers), plan.pp),
+                   stage_layers=front_loaded_split(len(plan.layers), plan.pp),
                    embedding=EmbeddingStrategy(tp=1 if uly else base.tp, dp=base.dp * (base.tp if uly else 1),
                                                zero=base.zero))
 
@@ -373,7 +373,7 @@ def deepspeed_config(plan: PlanStrategy, batch: int, seq: int, first_notes: Sequ
         "pipeline": {"stages": plan.pp},
     }
     if plan.pp > 1:
-        uniform = deepspeed_stage_layers(len(plan.layers), plan.pp)
+        uniform = front_loaded_split(len(plan.layers), plan.pp)
         notes.append("DeepSpeed takes the layer split from the model code: PipelineModule(layers, "
                      f"num_stages={plan.pp}, partition_method='uniform') runs stages {list(uniform)}"
                      + ("" if uniform == plan.stage_layers else
@@ -402,7 +402,7 @@ def torchtitan_split_points(plan: PlanStrategy) -> list[int]:
     rank r the parts r, r + pp, r + 2 pp, ...: each stage's layers become ``virtual_stages`` parts (as even as
     they divide) laid out in that order."""
     v = chunks(plan.schedule, plan.virtual_stages)
-    per_rank = [[n // v + (1 if c < n % v else 0) for c in range(v)] for n in plan.stage_layers]
+    per_rank = [front_loaded_split(n, v) for n in plan.stage_layers]
     sizes = [per_rank[k % plan.pp][k // plan.pp] for k in range(plan.pp * v)]
     points, start = [], 0
     for n in sizes[:-1]:

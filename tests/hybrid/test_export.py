@@ -16,8 +16,8 @@ from solvers.formats.galvatron import plan_from_galvatron_config
 from solvers.hybrid.export import (
     MegatronLayout,
     deepspeed_run_plan,
-    deepspeed_stage_layers,
     export,
+    front_loaded_split,
     megatron_layout,
     megatron_recompute_options,
     megatron_run_plan,
@@ -100,7 +100,7 @@ def test_deepspeed_config_is_consistent_json() -> None:
     assert any("partition_method='uniform') runs stages [16, 16]; the plan's [14, 18] is none" in n
                for n in cfg["_paraplan_notes"])
     assert deepspeed_run_plan(PLAN).stage_layers == (16, 16)  # type: ignore[union-attr]
-    assert deepspeed_stage_layers(126, 8) == (16, 16, 16, 16, 16, 16, 15, 15)  # the remainder goes first
+    assert front_loaded_split(126, 8) == (16, 16, 16, 16, 16, 16, 15, 15)  # the remainder goes first
     assert any("not expressible" in n for n in cfg["_paraplan_notes"])
 
 
