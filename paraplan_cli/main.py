@@ -70,9 +70,19 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="print the result object as JSON (default: a summary)"),
     server: str | None = typer.Option(None, "--server", help="solve on a paraplan server instead"),
     token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_TOKEN"),
+    export_format: str | None = typer.Option(
+        None, "--export", help="print the hybrid plan as megatron arguments, a deepspeed config, a torchtitan TOML "
+        "or a galvatron config instead of the summary"),
 ) -> None:
     """Solve a plan request (hybrid / flexsp / spindle) locally or on a server."""
     request = _read_request(file)
+    if export_format is not None:
+        from solvers.hybrid.export import FORMATS
+
+        if export_format not in FORMATS:
+            _fail(f"--export: unknown format {export_format!r}; known: {', '.join(FORMATS)}")
+        if not isinstance(request, dict) or request.get("kind", "hybrid") != "hybrid":
+            _fail("--export: only hybrid plans export to a framework")
     if server:
         from paraplan_cli.remote import plan_remote
 
@@ -81,6 +91,11 @@ def plan(
         from paraplan_cli.progress import solve_with_progress
 
         result = solve_with_progress(request, quiet=as_json)
+    if export_format is not None:
+        from solvers.hybrid.export import export
+
+        typer.echo(export(result, export_format, request), nl=False)
+        return
     if as_json or not isinstance(request, dict):
         typer.echo(json.dumps(result, indent=None if as_json else 2))
         return

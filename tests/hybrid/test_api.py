@@ -17,10 +17,12 @@ from solvers.errors import InfeasibleError, SpecError
 from solvers.hybrid import baselines
 from solvers.hybrid.api import layer_kinds
 from solvers.hybrid.api import solve as solve_hybrid
+from solvers.hybrid.export import dominant
 from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import PipelineConfig, build_space
 from solvers.hybrid.stage_costs import layout_transitions, stage_context
 from solvers.request import HybridRequest, parse
+from solvers.strategy import PlanStrategy
 
 SMALL: dict[str, Any] = {
     "kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 8},
@@ -212,6 +214,19 @@ def test_cli_plan_prints_the_result(tmp_path: Path) -> None:
     result = json.loads(out.stdout)
     assert result["search"]["solver"] == "dp" and len(result["strategy"]["layers"]) == 8
 
+
+def test_cli_plan_exports_the_plan_for_a_framework(tmp_path: Path) -> None:
+    """``paraplan plan --export megatron`` prints the launch arguments of the plan it solved (the same text
+    the service's export endpoint gives); an unknown format is refused before any solving, naming the option."""
+    f = tmp_path / "req.json"
+    f.write_text(json.dumps(SMALL))
+    cmd = [sys.executable, "-m", "paraplan_cli.main", "plan", "-f", str(f)]
+    out = subprocess.run([*cmd, "--export", "megatron"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    tp = dominant(PlanStrategy.from_dict(solve(SMALL)["strategy"])).tp
+    assert f"--tensor-model-parallel-size {tp}" in out.stdout and "--num-layers 8" in out.stdout
+    bad = subprocess.run([*cmd, "--export", "nemo"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--export: unknown format 'nemo'" in bad.stderr and "Traceback" not in bad.stderr
 
 def test_cli_reads_a_hugging_face_config_named_by_the_request(tmp_path: Path) -> None:
     """``"model": {"hf_config": "config.json"}`` is read relative to the request file; ``paraplan model``
