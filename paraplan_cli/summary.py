@@ -136,7 +136,8 @@ def render_estimate(request: Mapping[str, Any], estimate: Mapping[str, Any]) -> 
 def render(request: Mapping[str, Any], result: Mapping[str, Any]) -> str:
     """Text for a solved request; kinds other than hybrid get their headline and lower bound."""
     if request.get("kind", "hybrid") == "hybrid":
-        lines = hybrid(request, result)
+        lines = [*hybrid(request, result),
+                 "(to launch it: --export megatron, deepspeed, torchtitan or galvatron; each says what it changes)"]
     else:
         est = result.get("estimate") or {}
         step = _f(est.get("step_time_s")) or _f(est.get("iteration_time_s"))
