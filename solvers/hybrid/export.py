@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from solvers.cost_model.pipeline import chunks
 from solvers.errors import SpecError
-from solvers.hybrid.baselines import megatron_embedding, without_experts
+from solvers.hybrid.baselines import megatron_embedding, megatron_splits, without_experts
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute
 
 Format = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
@@ -140,31 +140,12 @@ def _memory_safe_recompute(plan: PlanStrategy) -> MegatronRecompute:
     return MegatronRecompute(selective=any(x.recompute == "selective" for x in plan.layers))
 
 
-def megatron_splits(plan: PlanStrategy, limit: int = 8) -> list[tuple[int, ...]]:
-    """Pipeline splits Megatron-LM can run, nearest to the plan's first (least squared difference per stage).
-    Megatron sets the first and last stage sizes and splits the rest evenly over the middle stages (it refuses
-    a remainder); interleaved, every stage holds whole model chunks of one size. Empty where no split does."""
-    v = chunks(plan.schedule, plan.virtual_stages)
-    total, pp, want = len(plan.layers), plan.pp, plan.stage_layers
-    if len(set(want)) == 1 and want[0] % v == 0:
-        return [want]
-    if pp == 1:
-        return []
-    middle = pp - 2
-    scored: dict[tuple[int, ...], float] = {}
-    for m in (range(v, total, v) if middle else [0]):
-        rest = total - middle * m  # first + last
-        if rest < 2 * v:
-            break
-        # for this middle size the best first stages are the multiples of v around the unconstrained optimum
-        ideal = v * int((rest + want[0] - want[-1]) / 2 // v)
-        for first in (ideal - v, ideal, ideal + v, ideal + 2 * v):
-            last = rest - first
-            if first < v or last < v or last % v:
-                continue
-            split = (first,) + (m,) * middle + (last,)
-            scored[split] = sum((a - b) ** 2 for a, b in zip(split, want, strict=True))
-    return sorted(scored, key=lambda k: scored[k])[:limit]
+def nearest_megatron_splits(plan: PlanStrategy, limit: int = 8) -> list[tuple[int, ...]]:
+    """The pipeline splits Megatron-LM runs (``baselines.megatron_splits``) nearest to the plan's, nearest
+    first (least squared difference per stage). Empty where none is whole model chunks."""
+    want = plan.stage_layers
+    splits = megatron_splits(len(plan.layers), plan.pp, chunks(plan.schedule, plan.virtual_stages))
+    return sorted(splits, key=lambda p: sum((a - b) ** 2 for a, b in zip(p, want, strict=True)))[:limit]
 
 
 @dataclass(frozen=True)
@@ -178,7 +159,7 @@ class MegatronLayout:
 
 
 def _memory_safe_layout(plan: PlanStrategy) -> MegatronLayout:
-    splits = megatron_splits(plan, limit=1)
+    splits = nearest_megatron_splits(plan, limit=1)
     return MegatronLayout(splits[0] if splits else None, _memory_safe_recompute(plan))
 
 
@@ -192,7 +173,7 @@ def megatron_layout(plan: PlanStrategy, expert_layers: Sequence[bool] | None = N
     from solvers.cost_model.api import estimate
 
     scored = []
-    splits: list[tuple[int, ...] | None] = [*megatron_splits(plan)] or [None]
+    splits: list[tuple[int, ...] | None] = [*nearest_megatron_splits(plan)] or [None]
     for split in splits:
         for option in megatron_recompute_options(plan):
             layout = MegatronLayout(split, option, by_cost_model=True)

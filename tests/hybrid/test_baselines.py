@@ -10,6 +10,7 @@ import math
 from collections.abc import Hashable, Sequence
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from solvers.cost_model import pipeline
@@ -31,8 +32,9 @@ def enumerated_best(cm: CostModel, space: SearchSpace, configs: Sequence[Pipelin
     best = math.inf
     for cfg in configs:
         g, mbs = space.num_gpus // cfg.pp, space.global_batch_size // cfg.micro_batches
-        parts = baselines.even_split(space.num_layers, cfg.pp)
-        if min(parts) < cfg.virtual_stages:
+        parts = baselines.even_split(space.num_layers, cfg.pp, cfg.virtual_stages if cfg.schedule == "interleaved"
+                                     else 1)
+        if parts is None:
             continue
         for x in strategies:
             if x.world != g or mbs % x.dp:
@@ -124,3 +126,24 @@ def test_the_vectorised_step_is_the_pipeline_formula() -> None:
         got = pipeline.step_time_columns(t, u, m, v, schedule)
         want = [pipeline.step_time_s(list(t[:, j]), list(u[:, j]), m, v, schedule) for j in range(6)]
         np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def _compositions(n: int, parts: int) -> list[tuple[int, ...]]:
+    if parts == 1:
+        return [(n,)] if n >= 1 else []
+    return [(k, *rest) for k in range(1, n) for rest in _compositions(n - k, parts - 1)]
+
+
+@pytest.mark.parametrize("layers,pp,chunks", [(12, 3, 1), (13, 4, 1), (10, 5, 1), (14, 4, 2), (16, 4, 2), (9, 3, 2),
+                                              (11, 2, 1), (24, 6, 1), (20, 4, 3)])
+def test_the_megatron_baseline_split_is_the_most_even_one_megatron_runs(layers: int, pp: int, chunks: int) -> None:
+    """Brute force over every split of the layers: the baseline's split is one Megatron-LM starts with (equal
+    middle stages, whole model chunks per stage) and no such split has a smaller largest stage."""
+    valid = [p for p in _compositions(layers, pp)
+             if len(set(p[1:-1])) <= 1 and all(n % chunks == 0 for n in p)]
+    split = baselines.even_split(layers, pp, chunks)
+    if not valid:
+        assert split is None
+        return
+    assert split in valid and max(split) == min(max(p) for p in valid)
+    assert set(baselines.megatron_splits(layers, pp, chunks)) == set(valid)

@@ -21,7 +21,7 @@ from solvers.hybrid.export import (
     megatron_layout,
     megatron_recompute_options,
     megatron_run_plan,
-    megatron_splits,
+    nearest_megatron_splits,
     torchtitan_run_plan,
 )
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
@@ -69,7 +69,7 @@ def _megatron_refuses(text: str) -> bool:
     return "--recompute-activations" in text and "--recompute-method" in text
 
 
-@pytest.mark.parametrize("limit_gib", [79, 27, 21, 15])  # none, selective, block 12, the leanest
+@pytest.mark.parametrize("limit_gib", [79, 27, 21, 15])  # none; selective; selective on 15 + 17; the leanest
 def test_megatron_recomputation_is_the_fastest_setting_it_accepts_that_fits(limit_gib: float) -> None:
     """A plan mixing full, selective and no recomputation cannot be written for Megatron-LM as it is (one
     granularity per run): the export writes the option that runs fastest within the memory limit by the
@@ -79,14 +79,15 @@ def test_megatron_recomputation_is_the_fastest_setting_it_accepts_that_fits(limi
     text = export(result, "megatron", req)
     assert not _megatron_refuses(text) and not _megatron_refuses(export(result, "megatron"))
     scored = []
-    for option in megatron_recompute_options(MIXED):
-        layout = MegatronLayout(MIXED.stage_layers, option)
-        est = estimate({**req, "strategy": megatron_run_plan(MIXED, None, layout).to_dict()})
-        scored.append(((not est["fits"], est["step_time_s"] if est["fits"] else est["peak_memory_gib"]), option))
+    for split in nearest_megatron_splits(MIXED):
+        for option in megatron_recompute_options(MIXED):
+            layout = MegatronLayout(split, option, by_cost_model=True)
+            est = estimate({**req, "strategy": megatron_run_plan(MIXED, None, layout).to_dict()})
+            scored.append(((not est["fits"], est["step_time_s"] if est["fits"] else est["peak_memory_gib"]), layout))
     best = min(scored, key=lambda t: t[0])[1]
-    assert megatron_layout(MIXED, None, req) == MegatronLayout(MIXED.stage_layers, best, by_cost_model=True)
-    assert all(a in text for a in best.args(MIXED.stage_layers))
-    assert "the plan's mix of full and selective layers runs as " + best.describe() in text
+    assert megatron_layout(MIXED, None, req) == best
+    assert all(a in text for a in best.recompute.args(best.split or MIXED.stage_layers))
+    assert "the plan's mix of full and selective layers runs as " + best.recompute.describe() in text
 
 
 def test_deepspeed_config_is_consistent_json() -> None:
@@ -264,7 +265,7 @@ def test_megatron_exports_pass_megatrons_own_start_up_checks() -> None:
         plan = _random_plan(rng)
         text = export({"strategy": plan.to_dict(), "estimate": RESULT["estimate"]}, "megatron")
         reason = megatron_refusal(text, len(plan.layers))
-        splits = megatron_splits(plan)
+        splits = nearest_megatron_splits(plan)
         assert (reason is None) == bool(splits), (plan.stage_layers, plan.virtual_stages, reason, text)
         if splits:
             assert megatron_run_plan(plan).stage_layers == splits[0]
