@@ -6,6 +6,7 @@ import importlib
 from dataclasses import fields, replace
 from typing import Any, get_args
 
+from solvers.cost_model import pipeline
 from solvers.cost_model.analytic import AnalyticCostModel
 from solvers.cost_model.base import CostModel
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION
@@ -37,17 +38,6 @@ def make_cost_model(req: HybridRequest) -> CostModel:
                              profile=profile_from_request(req))
 
 
-def balanced_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
-    """Layers per stage as even as possible; the extra layers go to the middle stages, away from the
-    embedding (first) and LM head (last)."""
-    base, extra = divmod(num_layers, pp)
-    counts = [base] * pp
-    order = sorted(range(pp), key=lambda s: (s in (0, pp - 1), abs(s - (pp - 1) / 2)))
-    for s in order[:extra]:
-        counts[s] += 1
-    return tuple(counts)
-
-
 def _int(d: dict[str, Any], key: str, default: int | None, problems: list[FieldProblem]) -> int | None:
     v = d.get(key, default)
     if v is None:
@@ -56,6 +46,14 @@ def _int(d: dict[str, Any], key: str, default: int | None, problems: list[FieldP
         problems.append(FieldProblem(("strategy", key), f"must be a positive integer, got {v!r}"))
         return None
     return v
+
+
+def _shorthand_split(layers: int, pp: int, chunks: int) -> tuple[int, ...]:
+    """The split Megatron-LM runs for a uniform strategy; where none is whole model chunks, the most even one
+    in layers (the cost model prices it; Megatron would refuse it)."""
+    split = pipeline.even_split(layers, pp, chunks) or pipeline.even_split(layers, pp)
+    assert split is not None  # pp <= layers is checked first: one layer a stage always splits
+    return split
 
 
 def plan_from_shorthand(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
@@ -106,7 +104,7 @@ def plan_from_shorthand(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpe
         raise SpecError.at(("strategy", "schedule"), f"must be one of {', '.join(get_args(Schedule))}")
     if pp > model.num_layers:
         raise SpecError.at(("strategy", "pp"), f"pp ({pp}) exceeds the model's {model.num_layers} layers")
-    stage_layers = d.get("stage_layers") or balanced_stage_layers(model.num_layers, pp)
+    stage_layers = d.get("stage_layers") or _shorthand_split(model.num_layers, pp, pipeline.chunks(schedule, v))
     layer = LayerStrategy(tp=tp, dp=dp, cp=cp, sp=d.get("sp"), zero=zero, recompute=d.get("recompute", "none"))
     # expert fields apply to the MoE layers (a model may interleave dense ones)
     moe_layer = replace(layer, ep=ep, etp=etp, lsh=bool(d.get("lsh", False)))

@@ -10,11 +10,37 @@ sum(t) / v beyond the slowest stage: (m - 1) * max(t) + max(t) + (sum(t) - max(t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from solvers.strategy import Schedule
+
+
+def megatron_splits(layers: int, pp: int, chunks: int = 1) -> Iterator[tuple[int, ...]]:
+    """Every pipeline split Megatron-LM runs: its middle stages equal (it refuses a remainder there), the first
+    and last sizes free (``--decoder-first/last-pipeline-num-layers``), whole model chunks per stage when
+    interleaved."""
+    if pp == 1:
+        if layers % chunks == 0:
+            yield (layers,)
+        return
+    for m in (range(chunks, layers, chunks) if pp > 2 else [0]):
+        rest = layers - (pp - 2) * m  # first + last
+        if rest < 2 * chunks:
+            break
+        for first in range(chunks, rest - chunks + 1, chunks):
+            if (rest - first) % chunks == 0:
+                yield (first,) + (m,) * (pp - 2) + (rest - first,)
+
+
+@functools.lru_cache(maxsize=4096)
+def even_split(layers: int, pp: int, chunks: int = 1) -> tuple[int, ...] | None:
+    """The most even split Megatron-LM runs: the largest stage as small as possible, then the edge stages
+    (embedding, head) the lighter. None where no split is whole model chunks."""
+    return min(megatron_splits(layers, pp, chunks), key=lambda p: (max(p), max(p[0], p[-1]), p[0] + p[-1]),
+               default=None)
 
 
 def chunks(schedule: Schedule, virtual_stages: int) -> int:

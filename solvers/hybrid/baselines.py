@@ -12,10 +12,9 @@ pipeline configuration; only the winner is passed through ``evaluate`` for its f
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import Counter
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -33,31 +32,6 @@ class Baseline:
     name: str
     plan: PlanStrategy
     step_time_s: float
-
-
-def megatron_splits(layers: int, pp: int, chunks: int = 1) -> Iterator[tuple[int, ...]]:
-    """Every pipeline split Megatron-LM runs: its middle stages equal (it refuses a remainder there), the first
-    and last sizes free (``--decoder-first/last-pipeline-num-layers``), whole model chunks per stage when
-    interleaved."""
-    if pp == 1:
-        if layers % chunks == 0:
-            yield (layers,)
-        return
-    for m in (range(chunks, layers, chunks) if pp > 2 else [0]):
-        rest = layers - (pp - 2) * m  # first + last
-        if rest < 2 * chunks:
-            break
-        for first in range(chunks, rest - chunks + 1, chunks):
-            if (rest - first) % chunks == 0:
-                yield (first,) + (m,) * (pp - 2) + (rest - first,)
-
-
-@functools.lru_cache(maxsize=4096)
-def even_split(layers: int, pp: int, chunks: int = 1) -> tuple[int, ...] | None:
-    """The most even split Megatron-LM runs: the largest stage as small as possible, then the edge stages
-    (embedding, head) the lighter. None where no split is whole model chunks."""
-    return min(megatron_splits(layers, pp, chunks), key=lambda p: (max(p), max(p[0], p[-1]), p[0] + p[-1]),
-               default=None)
 
 
 def megatron_embedding(x: LayerStrategy) -> EmbeddingStrategy:
@@ -88,7 +62,7 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
         cands = tuple(x for x in strategies if x.world == g and mbs % x.dp == 0)  # a tuple: asked by identity
         if not cands:
             continue
-        parts = even_split(n_layers, cfg.pp, pipeline.chunks(cfg.schedule, cfg.virtual_stages))
+        parts = pipeline.even_split(n_layers, cfg.pp, pipeline.chunks(cfg.schedule, cfg.virtual_stages))
         if parts is None:
             continue
         # a uniform stage only re-lays out between a layout and itself: one matrix per configuration

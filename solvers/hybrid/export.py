@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from solvers.cost_model.pipeline import chunks
+from solvers.cost_model.pipeline import chunks, megatron_splits
 from solvers.errors import SpecError
-from solvers.hybrid.baselines import megatron_embedding, megatron_splits, without_experts
+from solvers.hybrid.baselines import megatron_embedding, without_experts
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute
 
 Format = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
@@ -141,7 +141,7 @@ def _memory_safe_recompute(plan: PlanStrategy) -> MegatronRecompute:
 
 
 def nearest_megatron_splits(plan: PlanStrategy, limit: int = 8) -> list[tuple[int, ...]]:
-    """The pipeline splits Megatron-LM runs (``baselines.megatron_splits``) nearest to the plan's, nearest
+    """The pipeline splits Megatron-LM runs (``pipeline.megatron_splits``) nearest to the plan's, nearest
     first (least squared difference per stage). Empty where none is whole model chunks."""
     want = plan.stage_layers
     splits = megatron_splits(len(plan.layers), plan.pp, chunks(plan.schedule, plan.virtual_stages))

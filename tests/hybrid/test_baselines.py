@@ -32,7 +32,7 @@ def enumerated_best(cm: CostModel, space: SearchSpace, configs: Sequence[Pipelin
     best = math.inf
     for cfg in configs:
         g, mbs = space.num_gpus // cfg.pp, space.global_batch_size // cfg.micro_batches
-        parts = baselines.even_split(space.num_layers, cfg.pp, cfg.virtual_stages if cfg.schedule == "interleaved"
+        parts = pipeline.even_split(space.num_layers, cfg.pp, cfg.virtual_stages if cfg.schedule == "interleaved"
                                      else 1)
         if parts is None:
             continue
@@ -141,9 +141,9 @@ def test_the_megatron_baseline_split_is_the_most_even_one_megatron_runs(layers: 
     middle stages, whole model chunks per stage) and no such split has a smaller largest stage."""
     valid = [p for p in _compositions(layers, pp)
              if len(set(p[1:-1])) <= 1 and all(n % chunks == 0 for n in p)]
-    split = baselines.even_split(layers, pp, chunks)
+    split = pipeline.even_split(layers, pp, chunks)
     if not valid:
         assert split is None
         return
     assert split in valid and max(split) == min(max(p) for p in valid)
-    assert set(baselines.megatron_splits(layers, pp, chunks)) == set(valid)
+    assert set(pipeline.megatron_splits(layers, pp, chunks)) == set(valid)
