@@ -1,4 +1,5 @@
-"""Pipeline schedules: step time from per-stage times, and activations in flight per stage.
+"""Pipeline schedules: step time from per-stage times, activations in flight per stage, and the layer splits
+Megatron-LM runs.
 
 With per-micro-batch stage times t_i (forward + backward), m micro-batches and v virtual stages per GPU,
 GPipe and 1F1B take (m - 1) * max(t) + sum(t) — for equal stages (m + p - 1) * t, a bubble of
