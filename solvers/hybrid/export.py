@@ -200,11 +200,23 @@ def megatron_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None =
                    embedding=megatron_embedding(base))
 
 
+def torchtitan_fsdp_zero(plan: PlanStrategy) -> int:
+    """The ZeRO stage torchtitan's FSDP amounts to for this plan. Without pipelining it reshards after every
+    forward and reduce-scatters every micro-batch's gradients (ZeRO-3). Pipelined, torchtitan keeps the gathered
+    parameters (reshard_after_forward off) and PyTorch's pipeline stage holds gradient sync and resharding to
+    the last micro-batch: one all-gather and one reduce-scatter a step, unsharded weights and gradients between
+    (ZeRO-1's memory and traffic)."""
+    if dominant(plan).zero == 0:
+        return 0
+    return 1 if plan.pp > 1 else 3
+
+
 def torchtitan_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None) -> PlanStrategy:
-    """What torchtitan runs from ``torchtitan_toml``: the dominant layout on every layer with FSDP (ZeRO-3)
-    wherever the plan shards anything, TP with sequence parallelism, one recomputation mode for all layers."""
+    """What torchtitan runs from ``torchtitan_toml``: the dominant layout on every layer with FSDP wherever the
+    plan shards anything (``torchtitan_fsdp_zero``), TP with sequence parallelism, one recomputation mode for
+    all layers."""
     s = dominant(plan)
-    base = replace(s, sp="megatron" if s.tp > 1 else None, zero=3 if s.zero >= 1 else 0)
+    base = replace(s, sp="megatron" if s.tp > 1 else None, zero=torchtitan_fsdp_zero(plan))
     return replace(plan, layers=_with_experts(plan, base, expert_layers),
                    embedding=megatron_embedding(base))
 
@@ -397,8 +409,11 @@ def torchtitan_toml(plan: PlanStrategy, batch: int, seq: int) -> str:
     notes = _notes(plan, s, "torchtitan")
     shard = s.dp if s.zero >= 1 else 1
     replicate = 1 if s.zero >= 1 else s.dp
-    if s.zero in (1, 2):
-        notes.append(f"ZeRO-{s.zero} approximated by FSDP (ZeRO-3 sharding) over the data-parallel group")
+    fsdp = torchtitan_fsdp_zero(plan)
+    if s.zero and fsdp != s.zero:
+        how = ("pipelined, FSDP keeps the gathered weights and gradients through the step and syncs at the last "
+               "micro-batch" if plan.pp > 1 else "FSDP reshards after every forward")
+        notes.append(f"ZeRO-{s.zero} runs as ZeRO-{fsdp} in torchtitan: {how}")
     if s.sp == "ulysses":
         notes.append("torchtitan has no Ulysses sequence parallelism: written as tensor parallelism")
     schedule = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}[plan.schedule]

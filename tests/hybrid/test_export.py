@@ -152,8 +152,13 @@ def test_megatron_runs_the_dominant_layout_with_its_own_approximations() -> None
     # block recomputation: the first 10 layers of every stage (the most any stage of the plan recomputes)
     assert [x.recompute for x in run.layers] == ["full"] * 10 + ["none"] * 4 + ["full"] * 10 + ["none"] * 8
     assert run.stage_layers == PLAN.stage_layers and run.embedding.tp == 2
+    # FSDP with one recomputation mode for all layers: pipelined, it syncs once a step (ZeRO-1's memory and
+    # traffic); without pipelining it reshards after every forward (ZeRO-3)
     titan = torchtitan_run_plan(PLAN)
-    assert {(x.zero, x.recompute) for x in titan.layers} == {(3, "none")}  # FSDP, one mode for all layers
+    assert {(x.zero, x.recompute) for x in titan.layers} == {(1, "none")}
+    flat = replace(PLAN, pp=1, stage_layers=(32,))
+    assert {x.zero for x in torchtitan_run_plan(flat).layers} == {3}
+    assert "ZeRO-2 runs as ZeRO-1 in torchtitan: pipelined" in export(RESULT, "torchtitan", REQUEST)
 
 
 @pytest.mark.parametrize("fmt,run_plan", [("megatron", megatron_run_plan), ("torchtitan", torchtitan_run_plan),
