@@ -12,17 +12,19 @@ sum(t) / v beyond the slowest stage: (m - 1) * max(t) + max(t) + (sum(t) - max(t
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from solvers.strategy import Schedule
 
 
-def megatron_splits(layers: int, pp: int, chunks: int = 1) -> Iterator[tuple[int, ...]]:
+def megatron_splits(layers: int, pp: int, chunks: int = 1,
+                    near: Sequence[int] | None = None) -> Iterator[tuple[int, ...]]:
     """Every pipeline split Megatron-LM runs: its middle stages equal (it refuses a remainder there), the first
     and last sizes free (``--decoder-first/last-pipeline-num-layers``), whole model chunks per stage when
-    interleaved."""
+    interleaved. With ``near`` (a split to approach), for each middle size only the first stages around the
+    one nearest to it (in squared difference per stage), instead of all of them."""
     if pp == 1:
         if layers % chunks == 0:
             yield (layers,)
@@ -31,7 +33,12 @@ def megatron_splits(layers: int, pp: int, chunks: int = 1) -> Iterator[tuple[int
         rest = layers - (pp - 2) * m  # first + last
         if rest < 2 * chunks:
             break
-        for first in range(chunks, rest - chunks + 1, chunks):
+        firsts: Iterable[int] = range(chunks, rest - chunks + 1, chunks)
+        if near is not None:
+            ideal = chunks * int((rest + near[0] - near[-1]) / 2 // chunks)
+            firsts = [f for f in (ideal - chunks, ideal, ideal + chunks, ideal + 2 * chunks)
+                      if chunks <= f <= rest - chunks]
+        for first in firsts:
             if (rest - first) % chunks == 0:
                 yield (first,) + (m,) * (pp - 2) + (rest - first,)
 

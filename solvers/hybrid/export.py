@@ -144,7 +144,7 @@ def nearest_megatron_splits(plan: PlanStrategy, limit: int = 8) -> list[tuple[in
     """The pipeline splits Megatron-LM runs (``pipeline.megatron_splits``) nearest to the plan's, nearest
     first (least squared difference per stage). Empty where none is whole model chunks."""
     want = plan.stage_layers
-    splits = megatron_splits(len(plan.layers), plan.pp, chunks(plan.schedule, plan.virtual_stages))
+    splits = megatron_splits(len(plan.layers), plan.pp, chunks(plan.schedule, plan.virtual_stages), near=want)
     return sorted(splits, key=lambda p: sum((a - b) ** 2 for a, b in zip(p, want, strict=True)))[:limit]
 
 

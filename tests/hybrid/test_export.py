@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from solvers.api import estimate, solve
+from solvers.cost_model import pipeline
 from solvers.errors import SpecError
 from solvers.formats.galvatron import plan_from_galvatron_config
 from solvers.hybrid.export import (
@@ -274,5 +275,11 @@ def test_megatron_exports_pass_megatrons_own_start_up_checks() -> None:
         assert (reason is None) == bool(splits), (plan.stage_layers, plan.virtual_stages, reason, text)
         if splits:
             assert megatron_run_plan(plan).stage_layers == splits[0]
+            # searching only around the plan's first stage per middle size misses no nearer split
+            every = pipeline.megatron_splits(len(plan.layers), plan.pp, pipeline.chunks(plan.schedule,
+                                                                                        plan.virtual_stages))
+            want = plan.stage_layers
+            devs = [sum((a - b) ** 2 for a, b in zip(p, want, strict=True)) for p in [splits[0], *every]]
+            assert devs[0] == min(devs)
         else:
             assert "it will refuse these arguments" in text
