@@ -228,12 +228,19 @@ def front_loaded_split(items: int, parts: int) -> tuple[int, ...]:
     return tuple(base + (1 if i < extra else 0) for i in range(parts))
 
 
+def deepspeed_zero(plan: PlanStrategy) -> int:
+    """The ZeRO stage DeepSpeed runs: the plan's, except that its pipeline engine refuses ZeRO-2 and -3
+    ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"), so a pipelined plan gets ZeRO-1."""
+    zero = dominant(plan).zero
+    return min(zero, 1) if plan.pp > 1 else zero
+
+
 def deepspeed_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None) -> PlanStrategy | None:
     """What DeepSpeed runs from ``deepspeed_config``: the dominant layout on every layer (AutoTP without
-    sequence parallelism; context parallelism as Ulysses), the plan's ZeRO stage and recomputation, 1F1B
-    over DeepSpeed's uniform partition. None when the layout has both TP and CP (DeepSpeed has no such
-    combination to estimate)."""
-    s = dominant(plan)
+    sequence parallelism; context parallelism as Ulysses), its ZeRO stage (``deepspeed_zero``) and the plan's
+    recomputation, 1F1B over DeepSpeed's uniform partition. None when the layout has both TP and CP (DeepSpeed
+    has no such combination to estimate)."""
+    s = replace(dominant(plan), zero=deepspeed_zero(plan))
     if s.cp > 1 and s.tp > 1:
         return None
     base = replace(s, tp=s.cp, cp=1, sp="ulysses") if s.cp > 1 else replace(s, sp=None if s.sp == "megatron" else s.sp)
@@ -362,9 +369,12 @@ def deepspeed_config(plan: PlanStrategy, batch: int, seq: int, first_notes: Sequ
         "train_micro_batch_size_per_gpu": mbs,
         "gradient_accumulation_steps": plan.micro_batches,
         "bf16": {"enabled": True},
-        "zero_optimization": {"stage": s.zero, "overlap_comm": True, "contiguous_gradients": True},
+        "zero_optimization": {"stage": deepspeed_zero(plan), "overlap_comm": True, "contiguous_gradients": True},
         "pipeline": {"stages": plan.pp},
     }
+    if deepspeed_zero(plan) != s.zero:
+        notes.append(f"ZeRO-{s.zero} written as ZeRO-{deepspeed_zero(plan)}: DeepSpeed's pipeline engine refuses "
+                     "ZeRO-2 and ZeRO-3")
     if plan.pp > 1:
         uniform = front_loaded_split(len(plan.layers), plan.pp)
         notes.append("DeepSpeed takes the layer split from the model code: PipelineModule(layers, "

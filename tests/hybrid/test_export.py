@@ -95,7 +95,13 @@ def test_deepspeed_config_is_consistent_json() -> None:
     cfg = json.loads(export(RESULT, "deepspeed", REQUEST))
     dp = 4
     assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * dp
-    assert cfg["zero_optimization"]["stage"] == 2  # the dominant (22-layer) strategy
+    # the dominant (22-layer) strategy is ZeRO-2, which DeepSpeed's pipeline engine refuses: ZeRO-1, said so
+    assert cfg["zero_optimization"]["stage"] == 1
+    assert any("ZeRO-2 written as ZeRO-1: DeepSpeed's pipeline engine refuses" in n for n in cfg["_paraplan_notes"])
+    assert {x.zero for x in deepspeed_run_plan(PLAN).layers} == {1}  # type: ignore[union-attr]
+    flat = json.loads(export({**RESULT, "strategy": replace(PLAN, pp=1, stage_layers=(32,)).to_dict()},
+                             "deepspeed", REQUEST))
+    assert flat["zero_optimization"]["stage"] == 2  # without pipelining the plan's ZeRO stage stands
     # DeepSpeed's partition methods are uniform / parameters / type:regex: a 14 + 18 split is none of them, and the
     # as-run estimate is of what uniform runs
     assert cfg["pipeline"] == {"stages": 2}
