@@ -333,6 +333,9 @@ def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: dict[str, Any
         kv = model.get("num_kv_heads")
         if kv and kv != model.get("num_attention_heads"):
             args += ["--group-query-attention", f"--num-query-groups {kv}"]
+            if kv % s.tp:  # the plan replicates the KV heads over the TP group
+                notes.append(f"{kv} query groups under tensor parallel {s.tp}: Megatron-Core releases before 0.16 "
+                             "refuse it (num_query_groups must be a multiple of tensor_model_parallel_size)")
         if model.get("mlp") == "swiglu":
             args.append("--swiglu")
         if model.get("num_experts"):

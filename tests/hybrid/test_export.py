@@ -91,6 +91,16 @@ def test_megatron_recomputation_is_the_fastest_setting_it_accepts_that_fits(limi
     assert "the plan's mix of full and selective layers runs as " + best.recompute.describe() in text
 
 
+def test_megatron_export_warns_where_tensor_parallel_exceeds_the_query_groups() -> None:
+    """qwen2-7b has 4 KV heads: at tp 8 the plan replicates them, which older Megatron-Core refuses."""
+    req = {**REQUEST, "model": {"preset": "qwen2-7b"}}
+    layers = (replace(B, tp=8, dp=1),) * 28
+    plan = PlanStrategy(pp=2, micro_batches=8, layers=layers, stage_layers=(14, 14),
+                        embedding=EmbeddingStrategy(tp=8, dp=1, zero=0))
+    text = export({**RESULT, "strategy": plan.to_dict()}, "megatron", req)
+    assert "--num-query-groups 4" in text and "4 query groups under tensor parallel 8" in text
+    assert "query groups under" not in export(RESULT, "megatron", REQUEST)  # llama2-7b: no GQA
+
 def test_deepspeed_config_is_consistent_json() -> None:
     cfg = json.loads(export(RESULT, "deepspeed", REQUEST))
     dp = 4
