@@ -16,7 +16,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 from solvers.cost_model.pipeline import chunks, megatron_splits
 from solvers.errors import SpecError
@@ -26,6 +26,7 @@ from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Rec
 Format = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
 FORMATS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan", "galvatron")
 _ZERO_COST = {3: 0, 2: 1, 1: 2, 0: 3}
+T = TypeVar("T")
 _RC_COST = {"full": 0, "selective": 1, "none": 2}
 
 
@@ -170,19 +171,27 @@ def megatron_layout(plan: PlanStrategy, expert_layers: Sequence[bool] | None = N
     memory-safe recomputation."""
     if request is None:
         return _memory_safe_layout(plan)
+    splits: list[tuple[int, ...] | None] = [*nearest_megatron_splits(plan)] or [None]
+    layouts = [MegatronLayout(split, option, by_cost_model=True)
+               for split in splits for option in megatron_recompute_options(plan)]
+    return _fastest_that_fits(request, [(lay, megatron_run_plan(plan, expert_layers, lay)) for lay in layouts]) \
+        or _memory_safe_layout(plan)
+
+
+def _fastest_that_fits(request: dict[str, Any], options: Sequence[tuple[T, PlanStrategy]]) -> T | None:
+    """Of (option, the plan a framework runs with it): the option whose plan runs fastest within the memory
+    limit by the request's cost model, else the one needing the least memory; None where none can be
+    estimated."""
     from solvers.cost_model.api import estimate
 
     scored = []
-    splits: list[tuple[int, ...] | None] = [*nearest_megatron_splits(plan)] or [None]
-    for split in splits:
-        for option in megatron_recompute_options(plan):
-            layout = MegatronLayout(split, option, by_cost_model=True)
-            try:
-                est = estimate({**request, "strategy": megatron_run_plan(plan, expert_layers, layout).to_dict()})
-            except SpecError:
-                continue
-            scored.append((not est["fits"], est["step_time_s"] if est["fits"] else est["peak_memory_gib"], layout))
-    return min(scored, key=lambda t: (t[0], t[1]))[2] if scored else _memory_safe_layout(plan)
+    for option, run in options:
+        try:
+            est = estimate({**request, "strategy": run.to_dict()})
+        except SpecError:
+            continue
+        scored.append(((not est["fits"], est["step_time_s"] if est["fits"] else est["peak_memory_gib"]), option))
+    return min(scored, key=lambda t: t[0])[1] if scored else None
 
 
 def megatron_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None,
@@ -211,13 +220,61 @@ def torchtitan_fsdp_zero(plan: PlanStrategy) -> int:
     return 1 if plan.pp > 1 else 3
 
 
-def torchtitan_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None) -> PlanStrategy:
+@dataclass(frozen=True)
+class TorchtitanRecompute:
+    """An activation-checkpoint setting torchtitan takes: mode none or full, or selective with the op-level
+    policy (``selective_ac_option = "op"``: our selective recomputation) or full checkpointing of every N-th
+    transformer block of a stage (``selective_ac_option = "N"``)."""
+
+    mode: str = "none"
+    every: int = 0  # with mode "selective": 0 for the op policy, else N
+
+    def modes(self, stage_layers: Sequence[int]) -> list[Recompute]:
+        if self.mode in ("none", "full"):
+            return [cast(Recompute, self.mode)] * sum(stage_layers)
+        if not self.every:
+            return ["selective"] * sum(stage_layers)
+        return ["full" if (j + 1) % self.every == 0 else "none" for n in stage_layers for j in range(n)]
+
+    def toml(self) -> list[str]:
+        option = [f'selective_ac_option = "{self.every or "op"}"'] if self.mode == "selective" else []
+        return [f'mode = "{self.mode}"', *option]
+
+    def describe(self) -> str:
+        if self.mode != "selective":
+            return f"{self.mode} activation checkpointing"
+        return f"full checkpointing of every {self.every}. block" if self.every else "selective (op) checkpointing"
+
+
+TORCHTITAN_RECOMPUTE = (TorchtitanRecompute("none"), TorchtitanRecompute("selective"),
+                        *(TorchtitanRecompute("selective", n) for n in (4, 3, 2)), TorchtitanRecompute("full"))
+
+
+def _torchtitan_dominant_recompute(plan: PlanStrategy) -> TorchtitanRecompute:
+    mode = dominant(plan).recompute
+    return TorchtitanRecompute(mode if mode != "selective" else "selective")
+
+
+def torchtitan_recompute(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None,
+                         request: dict[str, Any] | None = None) -> TorchtitanRecompute:
+    """The activation checkpointing the torchtitan export writes: with the request, the setting that runs
+    fastest within the memory limit by the plan's cost model (else the leanest); without it, the dominant
+    layer's mode."""
+    if request is None:
+        return _torchtitan_dominant_recompute(plan)
+    return _fastest_that_fits(request, [(rc, torchtitan_run_plan(plan, expert_layers, rc))
+                                        for rc in TORCHTITAN_RECOMPUTE]) or _torchtitan_dominant_recompute(plan)
+
+
+def torchtitan_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None,
+                        recompute: TorchtitanRecompute | None = None) -> PlanStrategy:
     """What torchtitan runs from ``torchtitan_toml``: the dominant layout on every layer with FSDP wherever the
-    plan shards anything (``torchtitan_fsdp_zero``), TP with sequence parallelism, one recomputation mode for
-    all layers."""
+    plan shards anything (``torchtitan_fsdp_zero``), TP with sequence parallelism, one activation-checkpoint
+    setting (``recompute``, by default the dominant layer's mode)."""
     s = dominant(plan)
     base = replace(s, sp="megatron" if s.tp > 1 else None, zero=torchtitan_fsdp_zero(plan))
-    return replace(plan, layers=_with_experts(plan, base, expert_layers),
+    modes = (recompute or _torchtitan_dominant_recompute(plan)).modes(plan.stage_layers)
+    return replace(plan, layers=_with_experts(plan, base, expert_layers, modes),
                    embedding=megatron_embedding(base))
 
 
@@ -417,9 +474,13 @@ def torchtitan_split_points(plan: PlanStrategy) -> list[int]:
     return points
 
 
-def torchtitan_toml(plan: PlanStrategy, batch: int, seq: int) -> str:
+def torchtitan_toml(plan: PlanStrategy, batch: int, seq: int, recompute: TorchtitanRecompute | None = None) -> str:
     s = dominant(plan)
     notes = _notes(plan, s, "torchtitan")
+    rc = recompute or _torchtitan_dominant_recompute(plan)
+    if rc.modes(plan.stage_layers) != [x.recompute for x in plan.layers]:
+        notes.append(f"the plan's recomputation ({', '.join(sorted({x.recompute for x in plan.layers}))}) runs as "
+                     f"{rc.describe()}")
     shard = s.dp if s.zero >= 1 else 1
     replicate = 1 if s.zero >= 1 else s.dp
     fsdp = torchtitan_fsdp_zero(plan)
@@ -432,7 +493,6 @@ def torchtitan_toml(plan: PlanStrategy, batch: int, seq: int) -> str:
     schedule = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}[plan.schedule]
     mbs = max(batch // plan.micro_batches // s.dp, 1)
     bounds = [f'"layers.{b}"' for b in torchtitan_split_points(plan)]
-    rc = {"none": "none", "selective": "selective", "full": "full"}[s.recompute]
     lines = [*(f"# {n}" for n in notes), "[training]", f"global_batch_size = {batch}",
              f"local_batch_size = {batch // s.dp}", f"seq_len = {seq}", "mixed_precision_param = \"bfloat16\"", "",
              "[parallelism]", f"data_parallel_replicate_degree = {replicate}",
@@ -444,9 +504,7 @@ def torchtitan_toml(plan: PlanStrategy, batch: int, seq: int) -> str:
     ep, _ = expert_layout(plan)
     if ep > 1:
         lines.append(f"expert_parallel_degree = {ep}")
-    lines += ["", "[activation_checkpoint]", f"mode = \"{rc}\""]
-    if any(x.recompute != s.recompute for x in plan.layers):
-        lines.append("# recomputation differs per layer in the plan; torchtitan applies one mode to all layers")
+    lines += ["", "[activation_checkpoint]", *rc.toml()]
     return "\n".join(lines) + "\n"
 
 
@@ -478,8 +536,9 @@ def export(result: dict[str, Any], fmt: str, request: dict[str, Any] | None = No
         note = as_run_note(ds, result, request, "DeepSpeed") if ds else ""
         return deepspeed_config(plan, batch, seq, [note] if note else [])
     if fmt == "torchtitan":
-        note = as_run_note(torchtitan_run_plan(plan, experts), result, request, "torchtitan")
-        return (f"# {note}\n" if note else "") + torchtitan_toml(plan, batch, seq)
+        rc = torchtitan_recompute(plan, experts, request)
+        note = as_run_note(torchtitan_run_plan(plan, experts, rc), result, request, "torchtitan")
+        return (f"# {note}\n" if note else "") + torchtitan_toml(plan, batch, seq, rc)
     gpus = None
     if request is not None:
         c = request.get("cluster", {})

@@ -15,6 +15,7 @@ from solvers.cost_model import pipeline
 from solvers.errors import SpecError
 from solvers.formats.galvatron import plan_from_galvatron_config
 from solvers.hybrid.export import (
+    TORCHTITAN_RECOMPUTE,
     MegatronLayout,
     deepspeed_run_plan,
     export,
@@ -23,6 +24,7 @@ from solvers.hybrid.export import (
     megatron_recompute_options,
     megatron_run_plan,
     nearest_megatron_splits,
+    torchtitan_recompute,
     torchtitan_run_plan,
 )
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
@@ -143,6 +145,30 @@ def test_torchtitan_interleaved_plan_gets_a_model_part_per_virtual_stage() -> No
     assert p["pipeline_parallel_schedule"] == "Interleaved1F1B"
     assert p["pipeline_parallel_split_points"] == ["layers.7", "layers.16", "layers.23"]
 
+
+@pytest.mark.parametrize("limit_gib,flash", [(79, False), (24, False), (20, False), (8, False),
+                                             (20, True), (19, True), (18, True)])
+def test_torchtitan_checkpointing_is_the_fastest_setting_it_takes_that_fits(limit_gib: float, flash: bool) -> None:
+    """torchtitan takes one activation-checkpoint setting: none, full, op-selective, or full on every N-th block.
+    The export writes the one that runs fastest within the memory limit by the plan's cost model (the leanest
+    where none fits), as TOML torchtitan reads, and says how the plan's own mix runs. With fused attention the
+    op policy saves little, and every 4th, 3rd, 2nd block in turn is the answer as the limit tightens."""
+    req: dict[str, Any] = {**REQUEST, "constraints": {"memory_limit_gib": limit_gib}}
+    if flash:
+        req["cost_model"] = {"kind": "analytic", "calibration": {"flash_attention": True}}
+    result = {**RESULT, "strategy": MIXED.to_dict()}
+    scored = []
+    for rc in TORCHTITAN_RECOMPUTE:
+        est = estimate({**req, "strategy": torchtitan_run_plan(MIXED, None, rc).to_dict()})
+        scored.append(((not est["fits"], est["step_time_s"] if est["fits"] else est["peak_memory_gib"]), rc))
+    best = min(scored, key=lambda t: t[0])[1]
+    assert torchtitan_recompute(MIXED, None, req) == best
+    text = export(result, "torchtitan", req)
+    ac = tomllib.loads(text)["activation_checkpoint"]
+    assert ac["mode"] == best.mode and ac.get("selective_ac_option") == (
+        (str(best.every) if best.every else "op") if best.mode == "selective" else None)
+    assert f"runs as {best.describe()}" in text
+
 def test_galvatron_config_round_trips() -> None:
     cfg = json.loads(export(RESULT, "galvatron", REQUEST))
     back = plan_from_galvatron_config(cfg, 16)
@@ -178,8 +204,10 @@ def test_megatron_runs_the_dominant_layout_with_its_own_approximations() -> None
     assert "ZeRO-2 runs as ZeRO-1 in torchtitan: pipelined" in export(RESULT, "torchtitan", REQUEST)
 
 
-@pytest.mark.parametrize("fmt,run_plan", [("megatron", megatron_run_plan), ("torchtitan", torchtitan_run_plan),
-                                          ("deepspeed", deepspeed_run_plan)])
+@pytest.mark.parametrize("fmt,run_plan", [
+    ("megatron", lambda p, req: megatron_run_plan(p, None, megatron_layout(p, None, req))),
+    ("torchtitan", lambda p, req: torchtitan_run_plan(p, None, torchtitan_recompute(p, None, req))),
+    ("deepspeed", lambda p, req: deepspeed_run_plan(p))])
 def test_export_states_what_the_framework_would_run_at(fmt: str, run_plan: Any) -> None:
     """The export's first line is the plan's cost model on what the framework runs: its step against the
     plan's, its peak memory, and whether it fits (a per-layer plan exported to one layout may not)."""
@@ -189,7 +217,7 @@ def test_export_states_what_the_framework_would_run_at(fmt: str, run_plan: Any) 
     result = solve(req)
     text = export(result, fmt, req)
     first = json.loads(text)["_paraplan_notes"][0] if fmt == "deepspeed" else text.splitlines()[0]
-    est = estimate({**req, "strategy": run_plan(PlanStrategy.from_dict(result["strategy"])).to_dict()})
+    est = estimate({**req, "strategy": run_plan(PlanStrategy.from_dict(result["strategy"]), req).to_dict()})
     assert f"estimated step {est['step_time_s']:.4g} s" in first and f"peak {est['peak_memory_gib']:.1f} GiB" in first
     assert ("OVER THE MEMORY LIMIT" in first) == (not est["fits"])
     assert "runs it" not in export(result, fmt)  # without the request there is nothing to estimate with
