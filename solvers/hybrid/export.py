@@ -26,8 +26,8 @@ from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Rec
 Format = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
 FORMATS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan", "galvatron")
 _ZERO_COST = {3: 0, 2: 1, 1: 2, 0: 3}
-T = TypeVar("T")
 _RC_COST = {"full": 0, "selective": 1, "none": 2}
+T = TypeVar("T")
 
 
 def dominant(plan: PlanStrategy) -> LayerStrategy:
@@ -243,7 +243,7 @@ class TorchtitanRecompute:
     def describe(self) -> str:
         if self.mode != "selective":
             return f"{self.mode} activation checkpointing"
-        return f"full checkpointing of every {self.every}. block" if self.every else "selective (op) checkpointing"
+        return f"full checkpointing of one block in {self.every}" if self.every else "selective (op) checkpointing"
 
 
 TORCHTITAN_RECOMPUTE = (TorchtitanRecompute("none"), TorchtitanRecompute("selective"),
@@ -251,8 +251,7 @@ TORCHTITAN_RECOMPUTE = (TorchtitanRecompute("none"), TorchtitanRecompute("select
 
 
 def _torchtitan_dominant_recompute(plan: PlanStrategy) -> TorchtitanRecompute:
-    mode = dominant(plan).recompute
-    return TorchtitanRecompute(mode if mode != "selective" else "selective")
+    return TorchtitanRecompute(dominant(plan).recompute)  # selective: the op policy
 
 
 def torchtitan_recompute(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None,
