@@ -73,14 +73,18 @@ def plan(
     export_format: str | None = typer.Option(
         None, "--export", help="print the hybrid plan as megatron arguments, a deepspeed config, a torchtitan TOML "
         "or a galvatron config instead of the summary"),
+    export_of: str = typer.Option("plan", "--export-of", help="with --export: the plan, or a baseline (megatron: "
+                                  "the best uniform plan, which Megatron-LM runs as it is)"),
 ) -> None:
     """Solve a plan request (hybrid / flexsp / spindle) locally or on a server."""
     request = _read_request(file)
     if export_format is not None:
-        from solvers.hybrid.export import FORMATS
+        from solvers.hybrid.export import EXPORT_OF, FORMATS
 
         if export_format not in FORMATS:
             _fail(f"--export: unknown format {export_format!r}; known: {', '.join(FORMATS)}")
+        if export_of not in EXPORT_OF:
+            _fail(f"--export-of: unknown plan to export {export_of!r}; known: {', '.join(EXPORT_OF)}")
         if not isinstance(request, dict) or request.get("kind", "hybrid") != "hybrid":
             _fail("--export: only hybrid plans export to a framework")
     if server:
@@ -92,9 +96,13 @@ def plan(
 
         result = solve_with_progress(request, quiet=as_json)
     if export_format is not None:
+        from solvers.errors import SpecError
         from solvers.hybrid.export import export
 
-        typer.echo(export(result, export_format, request), nl=False)
+        try:
+            typer.echo(export(result, export_format, request, export_of), nl=False)
+        except SpecError as err:
+            _fail(f"--export-of: {err.problems[0].msg}" if err.problems[0].loc == ("of",) else str(err))
         return
     if as_json or not isinstance(request, dict):
         typer.echo(json.dumps(result, indent=None if as_json else 2))

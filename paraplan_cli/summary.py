@@ -137,7 +137,8 @@ def render(request: Mapping[str, Any], result: Mapping[str, Any]) -> str:
     """Text for a solved request; kinds other than hybrid get their headline and lower bound."""
     if request.get("kind", "hybrid") == "hybrid":
         lines = [*hybrid(request, result),
-                 "(to launch it: --export megatron, deepspeed, torchtitan or galvatron; each says what it changes)"]
+                 "(to launch it: --export megatron, deepspeed, torchtitan or galvatron; each says what it changes; "
+                 "--export-of megatron for the best uniform plan)"]
     else:
         est = result.get("estimate") or {}
         step = _f(est.get("step_time_s")) or _f(est.get("iteration_time_s"))

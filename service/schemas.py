@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 PlanStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 ExportFormat = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
+ExportOf = Literal["plan", "megatron", "zero3_dp", "pure_dp"]
 
 
 class _Body(BaseModel):

@@ -17,7 +17,7 @@ from service.canonical import content_hash
 from service.context import ServiceContext, get_context
 from service.errors import Conflict, NotImplementedYet
 from service.limits import check_limits
-from service.schemas import ExportFormat, PlanList, PlanOut, PlanStatus
+from service.schemas import ExportFormat, ExportOf, PlanList, PlanOut, PlanStatus
 from service.tokens import Principal
 from service.validation import check_file_references, kind_of, validate_plan_request
 from solvers.errors import SpecError
@@ -132,8 +132,10 @@ def cancel_plan(plan_id: str, ctx: ServiceContext = Depends(get_context),
                                                   409: {"description": "not a succeeded hybrid plan"},
                                                   422: {"description": "unknown format"}})
 def export_plan(plan_id: str, format: ExportFormat = Query(..., description="target framework"),
+                of: ExportOf = Query("plan", description="the plan, or one of its baselines (megatron: the best "
+                                     "uniform plan, which Megatron-LM runs as it is)"),
                 ctx: ServiceContext = Depends(get_context), _: Principal = ReadAccess) -> Response:
-    """The plan as a launch configuration for Megatron-LM, DeepSpeed, TorchTitan or Galvatron."""
+    """The plan (or a baseline) as a launch configuration for Megatron-LM, DeepSpeed, TorchTitan or Galvatron."""
     view = _get(ctx, plan_id)
     if view["kind"] != "hybrid":
         raise Conflict(f"export is for hybrid plans; plan {plan_id} is {view['kind']}")
@@ -143,11 +145,12 @@ def export_plan(plan_id: str, format: ExportFormat = Query(..., description="tar
         from solvers.hybrid.export import export
     except ModuleNotFoundError:
         raise NotImplementedYet("export is not available on this server yet") from None
-    out = export(view["result"], format, view["request"])
+    out = export(view["result"], format, view["request"], of)
     if not isinstance(out, str):
         return JSONResponse(out)
     media = _EXPORT_MEDIA[format]
-    filename = f"paraplan-{plan_id[:8]}-{format}.{media.rsplit('/', 1)[-1].replace('plain', 'txt')}"
+    which = "" if of == "plan" else f"-{of}"
+    filename = f"paraplan-{plan_id[:8]}{which}-{format}.{media.rsplit('/', 1)[-1].replace('plain', 'txt')}"
     return Response(out, media_type=media, headers={"Content-Disposition": f'inline; filename="{filename}"'})
 
 

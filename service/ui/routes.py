@@ -129,6 +129,9 @@ def plan_page(request: Request, plan_id: str) -> Response:
         "plan": plan, "request_doc": req, "model": model_label(req), "cluster": cluster_label(req),
         "batch": batch_label(req), "runs": plan_runs, "exports": EXPORT_FORMATS if kind == "hybrid" else (),
         "headline": headline(kind, (result or {}).get("estimate")),
+        # the best uniform plan exports as it is: what a Megatron-LM user can launch unchanged
+        "megatron_baseline": kind == "hybrid" and bool(as_map(as_map((result or {}).get("baselines")).get(
+            "megatron")).get("strategy")),
     }
     template = "plan_pending.html"
     if plan.get("status") == "succeeded" and result is not None and kind in _VIEWS:

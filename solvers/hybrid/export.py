@@ -25,6 +25,7 @@ from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Rec
 
 Format = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
 FORMATS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan", "galvatron")
+EXPORT_OF: tuple[str, ...] = ("plan", "megatron", "zero3_dp", "pure_dp")  # the plan, or one of its baselines
 _ZERO_COST = {3: 0, 2: 1, 1: 2, 0: 3}
 _RC_COST = {"full": 0, "selective": 1, "none": 2}
 T = TypeVar("T")
@@ -330,7 +331,8 @@ def as_run_note(run: PlanStrategy, result: dict[str, Any], request: dict[str, An
         ep, etp = expert_layout(alt)
         experts = (f" ep{ep}" + (f" etp{etp}" if etp is not None else "")) if ep > 1 or etp is not None else ""
         note += (f"; the best uniform Megatron-style plan fits and runs at {base_step:.4g} s: "
-                 f"{_short(dominant(alt))}{experts}, pp {alt.pp}, {alt.micro_batches} micro-batches")
+                 f"{_short(dominant(alt))}{experts}, pp {alt.pp}, {alt.micro_batches} micro-batches "
+                 "(its arguments: export of=megatron)")
     return note
 
 
@@ -513,12 +515,15 @@ def galvatron_json(plan: PlanStrategy, batch: int, num_gpus: int | None) -> str:
     return json.dumps(plan_to_galvatron_config(plan, global_batch_size=batch, num_gpus=num_gpus), indent=2) + "\n"
 
 
-def export(result: dict[str, Any], fmt: str, request: dict[str, Any] | None = None) -> str:
+def export(result: dict[str, Any], fmt: str, request: dict[str, Any] | None = None, of: str = "plan") -> str:
     """The plan of a hybrid ``result`` in ``fmt`` (``megatron``, ``deepspeed``, ``torchtitan``,
     ``galvatron``). ``request`` (the plan's request) supplies batch and model; without it the batch is
-    recovered from the estimate and the model arguments are left out."""
+    recovered from the estimate and the model arguments are left out. ``of`` names what to export: the plan,
+    or one of the result's baselines (``megatron``: the best uniform plan, which Megatron-LM runs as it is)."""
     if fmt not in FORMATS:
         raise SpecError.at(("format",), f"unknown export format {fmt!r}; known: {', '.join(FORMATS)}")
+    if of != "plan":
+        result = _baseline_result(result, of)
     try:
         plan = PlanStrategy.from_dict(result["strategy"])
     except (KeyError, TypeError, ValueError) as err:
@@ -543,6 +548,19 @@ def export(result: dict[str, Any], fmt: str, request: dict[str, Any] | None = No
         c = request.get("cluster", {})
         gpus = int(c.get("nodes", 1)) * int(c.get("gpus_per_node", 8))
     return galvatron_json(plan, batch, gpus)
+
+
+def _baseline_result(result: dict[str, Any], name: str) -> dict[str, Any]:
+    """A result whose plan is the baseline ``name`` (its strategy and estimate; the baselines kept)."""
+    baselines = result.get("baselines") or {}
+    if name not in baselines:
+        known = ", ".join(["plan", *baselines])
+        raise SpecError.at(("of",), f"unknown plan to export {name!r}; this result has: {known}")
+    base = baselines[name]
+    if not base.get("strategy"):
+        why = base.get("note") or "it does not fit"
+        raise SpecError.at(("of",), f"the {name} baseline has no plan to export: {why}")
+    return {**result, "strategy": base["strategy"], "estimate": base.get("estimate") or {}}
 
 
 def _model(request: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -227,6 +227,13 @@ def test_cli_plan_exports_the_plan_for_a_framework(tmp_path: Path) -> None:
     assert f"--tensor-model-parallel-size {tp}" in out.stdout and "--num-layers 8" in out.stdout
     bad = subprocess.run([*cmd, "--export", "nemo"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--export: unknown format 'nemo'" in bad.stderr and "Traceback" not in bad.stderr
+    base = subprocess.run([*cmd, "--export", "megatron", "--export-of", "megatron"], capture_output=True, text=True,
+                          timeout=300)
+    pp = solve(SMALL)["baselines"]["megatron"]["strategy"]["pp"]
+    assert base.returncode == 0 and f"--pipeline-model-parallel-size {pp}" in base.stdout, base.stderr
+    bad = subprocess.run([*cmd, "--export", "megatron", "--export-of", "best"], capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and "--export-of: unknown plan to export 'best'" in bad.stderr
 
 def test_cli_reads_a_hugging_face_config_named_by_the_request(tmp_path: Path) -> None:
     """``"model": {"hf_config": "config.json"}`` is read relative to the request file; ``paraplan model``

@@ -103,6 +103,28 @@ def test_megatron_export_warns_where_tensor_parallel_exceeds_the_query_groups() 
     assert "--num-query-groups 4" in text and "4 query groups under tensor parallel 8" in text
     assert "query groups under" not in export(RESULT, "megatron", REQUEST)  # llama2-7b: no GQA
 
+def test_a_baseline_exports_as_it_is_and_a_missing_one_is_named() -> None:
+    """``of="megatron"`` exports the best uniform Megatron-style plan, which Megatron-LM runs unchanged (its
+    as-run estimate is its own step); a baseline without a plan, or an unknown name, is a field error."""
+    req = {"kind": "hybrid", "model": {"preset": "llama3-8b", "num_layers": 8},
+           "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
+           "training": {"global_batch_size": 64, "seq_length": 8192}, "constraints": {"memory_limit_gib": 40}}
+    result = solve(req)
+    base = result["baselines"]["megatron"]
+    x = base["strategy"]["layers"][0]
+    text = export(result, "megatron", req, of="megatron")
+    assert f"--tensor-model-parallel-size {x['tp']}" in text
+    assert f"--pipeline-model-parallel-size {base['strategy']['pp']}" in text
+    assert f"estimated step {base['estimate']['step_time_s']:.4g} s (+0.0% against" in text
+    assert "per-layer strategy not expressible" not in text
+    with pytest.raises(SpecError) as err:
+        export(result, "megatron", req, of="nope")
+    assert err.value.problems[0].loc == ("of",) and "megatron" in err.value.problems[0].msg
+    assert not result["baselines"]["pure_dp"]["fits"]
+    with pytest.raises(SpecError) as err:
+        export(result, "megatron", req, of="pure_dp")
+    assert "the pure_dp baseline has no plan to export" in err.value.problems[0].msg
+
 def test_deepspeed_config_is_consistent_json() -> None:
     cfg = json.loads(export(RESULT, "deepspeed", REQUEST))
     dp = 4

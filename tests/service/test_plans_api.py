@@ -182,6 +182,25 @@ def test_export_rules(client: Any, db: Database) -> None:
     assert galvatron.json()["tp_sizes_enc"] == ",".join(["2"] * 32)
     megatron = client.get(f"/v1/plans/{solved}/export", params={"format": "megatron"})
     assert "--tensor-model-parallel-size 2" in megatron.text and megatron.headers["content-type"].startswith("text/")
+    assert _locs(client.get(f"/v1/plans/{solved}/export", params={"format": "megatron", "of": "x"})) == [
+        ["query", "of"]]
+    # a baseline the stored result lacks is a field error, not a server error
+    r = client.get(f"/v1/plans/{solved}/export", params={"format": "megatron", "of": "zero3_dp"})
+    assert r.status_code == 422 and "zero3_dp" in r.text
+
+
+def test_export_of_the_megatron_baseline(client: Any, db: Database) -> None:
+    """A solved plan's best uniform Megatron-style baseline exports as it is, named in the file name."""
+    from solvers.api import solve
+
+    result = solve(HYBRID)
+    plan_id = store_plan(db, HYBRID, result)
+    base = result["baselines"]["megatron"]["strategy"]
+    out = client.get(f"/v1/plans/{plan_id}/export", params={"format": "megatron", "of": "megatron"})
+    assert out.status_code == 200, out.text
+    assert f"--pipeline-model-parallel-size {base['pp']}" in out.text
+    assert f"--tensor-model-parallel-size {base['layers'][0]['tp']}" in out.text
+    assert "-megatron-megatron." in out.headers["content-disposition"]
 
 
 def test_estimate(client: Any) -> None:

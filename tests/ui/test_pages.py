@@ -49,6 +49,7 @@ def test_hybrid_page_shows_every_layer_stage_part_and_baseline(ui_client: TestCl
     assert "ZeRO-3 data parallel" in html and "infeasible" in html
     for fmt_name in ("megatron", "deepspeed", "torchtitan", "galvatron"):
         assert f"/v1/plans/{plan_id}/export?format={fmt_name}" in html
+    assert f"/v1/plans/{plan_id}/export?format=megatron&amp;of=megatron" in html  # the best uniform plan
 
 
 def test_hybrid_page_survives_missing_optional_fields(ui_client: TestClient, ui_db: Database) -> None:
