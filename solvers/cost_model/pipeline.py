@@ -46,22 +46,10 @@ def megatron_splits(layers: int, pp: int, chunks: int = 1,
 @functools.lru_cache(maxsize=4096)
 def even_split(layers: int, pp: int, chunks: int = 1) -> tuple[int, ...] | None:
     """The most even of ``megatron_splits``: the largest stage as small as possible, then the edge stages
-    (embedding, head) the lighter. None where no split is whole model chunks."""
-    if pp == 1:
-        return (layers,) if layers % chunks == 0 else None
-    best: tuple[tuple[int, int, int], tuple[int, ...]] | None = None
-    for m in (range(chunks, layers, chunks) if pp > 2 else [0]):
-        rest = layers - (pp - 2) * m  # first + last: for a given middle the most balanced pair is best
-        if rest < 2 * chunks:
-            break
-        if rest % chunks:
-            continue
-        first = chunks * (rest // chunks // 2)
-        split = (first,) + (m,) * (pp - 2) + (rest - first,)
-        key = (max(m, rest - first), rest - first, rest)
-        if best is None or key < best[0]:
-            best = (key, split)
-    return best[1] if best else None
+    (embedding, head) the lighter. None where no split is whole model chunks. For a given middle size the most
+    balanced first/last pair is best, so only the splits near equal edges are looked at."""
+    return min(megatron_splits(layers, pp, chunks, near=(0,) * pp),
+               key=lambda p: (max(p), max(p[0], p[-1]), p[0] + p[-1]), default=None)
 
 
 def chunks(schedule: Schedule, virtual_stages: int) -> int:

@@ -173,8 +173,8 @@ def megatron_layout(plan: PlanStrategy, expert_layers: Sequence[bool] | None = N
     if request is None:
         return _memory_safe_layout(plan)
     splits: list[tuple[int, ...] | None] = [*nearest_megatron_splits(plan)] or [None]
-    layouts = [MegatronLayout(split, option, by_cost_model=True)
-               for split in splits for option in megatron_recompute_options(plan)]
+    options = megatron_recompute_options(plan)
+    layouts = [MegatronLayout(split, option, by_cost_model=True) for split in splits for option in options]
     return _fastest_that_fits(request, [(lay, megatron_run_plan(plan, expert_layers, lay)) for lay in layouts]) \
         or _memory_safe_layout(plan)
 
@@ -430,12 +430,12 @@ def deepspeed_config(plan: PlanStrategy, batch: int, seq: int, first_notes: Sequ
         "train_micro_batch_size_per_gpu": mbs,
         "gradient_accumulation_steps": plan.micro_batches,
         "bf16": {"enabled": True},
-        "zero_optimization": {"stage": deepspeed_zero(plan), "overlap_comm": True, "contiguous_gradients": True},
+        "zero_optimization": {"stage": (zero := deepspeed_zero(plan)), "overlap_comm": True,
+                              "contiguous_gradients": True},
         "pipeline": {"stages": plan.pp},
     }
-    if deepspeed_zero(plan) != s.zero:
-        notes.append(f"ZeRO-{s.zero} written as ZeRO-{deepspeed_zero(plan)}: DeepSpeed's pipeline engine refuses "
-                     "ZeRO-2 and ZeRO-3")
+    if zero != s.zero:
+        notes.append(f"ZeRO-{s.zero} written as ZeRO-{zero}: DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3")
     if plan.pp > 1:
         uniform = front_loaded_split(len(plan.layers), plan.pp)
         notes.append("DeepSpeed takes the layer split from the model code: PipelineModule(layers, "
