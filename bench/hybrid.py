@@ -7,6 +7,7 @@
     .venv/bin/python bench/hybrid.py --analytic --a100 A100-40GB   # the A100 cases on 40 GB GPUs
     .venv/bin/python bench/hybrid.py --deep          # only search time against depth (128-layer regression)
     .venv/bin/python bench/hybrid.py --plain         # the analytic cases against a plainer Megatron grid
+    .venv/bin/python bench/hybrid.py --layer-dp      # the layer DP on memory bins vs on exact Pareto fronts
     .venv/bin/python bench/hybrid.py --rerun-galvatron   # re-run Galvatron (needs .venv-galvatron) and re-cache
 
 Galvatron side: ``../shared/peers/galvatron_pypi/run_galvatron_pypi.py`` runs hetu-galvatron 2.4.0's search
@@ -34,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 from solvers.api import estimate  # noqa: E402
 from solvers.cost_model.factory import make_cost_model  # noqa: E402
 from solvers.errors import InfeasibleError  # noqa: E402
-from solvers.hybrid import baselines  # noqa: E402
+from solvers.hybrid import baselines, stage_table  # noqa: E402
 from solvers.hybrid import space as space_module  # noqa: E402
-from solvers.hybrid.api import layer_kinds, solve  # noqa: E402
+from solvers.hybrid.api import DEFAULT_TIME_LIMIT_S, layer_kinds, solve  # noqa: E402
 from solvers.hybrid.cached import CachedStages  # noqa: E402
 from solvers.hybrid.export import (  # noqa: E402
     megatron_layout,
@@ -44,6 +45,7 @@ from solvers.hybrid.export import (  # noqa: E402
     torchtitan_recompute,
     torchtitan_run_plan,
 )
+from solvers.hybrid.planner import PlannerOptions  # noqa: E402
 from solvers.hybrid.space import build_space  # noqa: E402
 from solvers.request import HybridRequest, parse  # noqa: E402
 from solvers.strategy import PlanStrategy  # noqa: E402
@@ -160,13 +162,19 @@ ANALYTIC_CASES: list[tuple[str, str, int, int, int]] = [
 ]
 
 
-def timed_solve(req: dict[str, Any], repeats: int = 3) -> tuple[dict[str, Any], float]:
+def _analytic_request(model: str, gpu: str, n: int, batch: int, seq: int) -> dict[str, Any]:
+    return {"kind": "hybrid", "model": {"preset": model}, "cluster": {"gpu": gpu, "nodes": n // 8, "gpus_per_node": 8},
+            "training": {"global_batch_size": batch, "seq_length": seq}}
+
+
+def timed_solve(req: dict[str, Any], repeats: int = 3,
+                options: PlannerOptions | None = None) -> tuple[dict[str, Any], float]:
     """The result and the least CPU time of ``repeats`` cold searches (the shared VM's timing noise is up
     to 2x between processes; the least is the search's own cost, as timeit reports)."""
     best: dict[str, Any] = {}
     for _ in range(repeats):
         space_module._CANDIDATES.clear()  # cold: nothing from the previous repeat
-        out = solve(req)
+        out = solve(req, options=options)
         if not best or out["search"]["cpu_s"] < best["search"]["cpu_s"]:
             best = out
     return best, best["search"]["cpu_s"]
@@ -213,9 +221,7 @@ def analytic_table(flash: bool = False, a100: str = "A100-80GB") -> bool:
     slow = []
     for model, gpu, n, batch, seq in ANALYTIC_CASES:
         gpu = a100 if gpu.startswith("A100") else gpu
-        req = {"kind": "hybrid", "model": {"preset": model},
-               "cluster": {"gpu": gpu, "nodes": n // 8, "gpus_per_node": 8},
-               "training": {"global_batch_size": batch, "seq_length": seq}}
+        req = _analytic_request(model, gpu, n, batch, seq)
         if flash:
             req["cost_model"] = {"kind": "analytic", "calibration": {"flash_attention": True}}
         try:
@@ -283,6 +289,66 @@ def deep_table() -> None:
         print(f"| {name} | {n} | {cpu:.2f} | {wall:.2f} | {stats} | {outcome} |", flush=True)
 
 
+def layer_dp_table() -> None:
+    """The issue's choice, measured: the layer DP vectorised over memory bins (numpy) or as Pareto fronts over
+    (time, memory) on exact memory. Same search otherwise; "stage tables" is the CPU time spent building the
+    per-stage tables (where the two differ), "search" the whole solve; least of 2 cold runs."""
+    print("\n## Layer DP: numpy over memory bins vs Pareto fronts on exact memory (CPU s, least of 2)\n")
+    print("| case | binned: search s | of which stage tables | Pareto: search s | of which stage tables | "
+          "step s binned | step s Pareto | Pareto plan faster by | tables that ran a layer DP | largest front |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for nodes, mem, chunks in GALVATRON_CASES:
+        case_dir = DATA / case_name(nodes, mem, chunks)
+        if (case_dir / "profiles").exists():
+            rows.append((f"galvatron {case_name(nodes, mem, chunks)}", galvatron_request(case_dir, nodes, mem, chunks)))
+    rows += [(f"{m} {n}x{g}", _analytic_request(m, g, n, b, s)) for m, g, n, b, s in ANALYTIC_CASES]
+    rows += [(f"llama2-70b shape, {n} layers, 8x8 H100", {**DEEP, "model": {"preset": "llama2-70b", "num_layers": n}})
+             for n in (64, 128)]
+    rows += [(f"MoE every 2nd layer, {n} layers, 8x8 H100", {**DEEP, "model": {**MIXED, "num_layers": n},
+              "training": {"global_batch_size": 64, "seq_length": 4096}}) for n in (32, 64)]
+    real_solve = stage_table.solve
+    spent = [0.0]
+    fronts = [0]
+    with_dp = [0, 0]  # stage tables that ran the layer DP, all stage tables (identical layers: the two-type table)
+
+    def timed_table(*args: Any, **kwargs: Any) -> stage_table.StageTable:
+        c = time.process_time()
+        tab = real_solve(*args, **kwargs)
+        spent[0] += time.process_time() - c
+        with_dp[0] += bool(tab.runs)
+        with_dp[1] += 1
+        for run in tab.runs:
+            fronts[0] = max(fronts[0], max(getattr(run.table, "front_sizes", [0]) or [0]))
+        return tab
+
+    stage_table.solve = timed_table
+    totals = {"binned": 0.0, "pareto": 0.0}
+    try:
+        for name, req in rows:
+            got: dict[str, tuple[float, float, float]] = {}
+            dp_share = ""
+            for method in ("binned", "pareto"):
+                best: tuple[float, float, float] | None = None
+                fronts[0] = 0
+                for _ in range(2):
+                    with_dp[:] = [0, 0]
+                    spent[0] = 0.0
+                    out, cpu = timed_solve(req, 1, PlannerOptions(time_limit_s=DEFAULT_TIME_LIMIT_S, layer_dp=method))
+                    if best is None or cpu < best[0]:
+                        best = (cpu, spent[0], out["estimate"]["step_time_s"])
+                assert best is not None
+                got[method] = best
+                dp_share = dp_share or f"{with_dp[0]} / {with_dp[1]}"
+                totals[method] += best[0]
+            (cb, tb, sb), (cp, tp, sp) = got["binned"], got["pareto"]
+            print(f"| {name} | {cb:.2f} | {tb:.2f} | {cp:.2f} | {tp:.2f} | {sb:.4g} | {sp:.4g} | {sb / sp - 1:+.2%} | "
+                  f"{dp_share} | {fronts[0]} |", flush=True)
+    finally:
+        stage_table.solve = real_solve
+    print(f"\ntotal search CPU s: binned {totals['binned']:.2f}, Pareto {totals['pareto']:.2f}")
+
+
 def plain_megatron_step_s(req: dict[str, Any]) -> float | None:
     """The best uniform plan of a plainer Megatron-LM grid than the baseline's: 1F1B only, the distributed
     optimizer (ZeRO-1) wherever dp > 1, no or full recomputation (no selective, no interleaving)."""
@@ -303,9 +369,7 @@ def plain_table() -> None:
     print("|---|---|---|")
     wins = 0
     for model, gpu, n, batch, seq in ANALYTIC_CASES:
-        req = {"kind": "hybrid", "model": {"preset": model},
-               "cluster": {"gpu": gpu, "nodes": n // 8, "gpus_per_node": 8},
-               "training": {"global_batch_size": batch, "seq_length": seq}}
+        req = _analytic_request(model, gpu, n, batch, seq)
         out = solve(req)
         step, plain = out["estimate"]["step_time_s"], plain_megatron_step_s(req)
         gain = plain / step - 1 if plain else float("inf")
@@ -323,9 +387,13 @@ def main() -> None:
     ap.add_argument("--deep", action="store_true", help="only the search-time-against-depth table")
     ap.add_argument("--plain", action="store_true", help="the analytic cases against a plainer Megatron grid")
     ap.add_argument("--rerun-galvatron", action="store_true")
+    ap.add_argument("--layer-dp", action="store_true", help="the layer DP on memory bins vs exact Pareto fronts")
     a = ap.parse_args()
     if a.plain:
         plain_table()
+        return
+    if a.layer_dp:
+        layer_dp_table()
         return
     both = not (a.galvatron or a.analytic or a.deep)
     if a.galvatron or both or a.rerun_galvatron:

@@ -9,18 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from solvers.hybrid import layer_dp, prune, two_type
+from solvers.hybrid import layer_dp, pareto_dp, prune, two_type
 from solvers.hybrid.stage_costs import StageInputs, cap_units, peak_thresholds, units_of
 
 INF = np.inf
 
 
+LayerDP = Literal["binned", "pareto"]
+
+
 @dataclass
 class _Run:
-    table: layer_dp.PrefixTable
+    table: layer_dp.PrefixTable | pareto_dp.ExactTable
     local: np.ndarray  # DP-local candidate index -> stage candidate index
     classes: np.ndarray
     units: list[np.ndarray]
@@ -92,11 +96,14 @@ def _two_type(st: StageInputs, kind: Hashable, n: int, time_weight: float, limit
 
 
 def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], time_weight: float,
-          unit: float, limit_bytes: float, peak_levels: int = 6, dp_work_limit: float = np.inf) -> StageTable:
+          unit: float, limit_bytes: float, peak_levels: int = 6, dp_work_limit: float = np.inf,
+          method: LayerDP = "binned") -> StageTable:
     """Best strategies of every prefix of ``layers`` (global indices in execution order) on one stage.
 
     Identical layers also get the exact-memory two-strategy table; the DP then runs only while its work
-    (layers x bins x candidates) stays under ``dp_work_limit``."""
+    (layers x bins x candidates) stays under ``dp_work_limit``. ``method``: the layer DP on memory bins of
+    ``unit`` bytes, or on exact memory (Pareto fronts; ``unit`` then only sets the transient-memory levels and
+    the work estimate)."""
     n = len(layers)
     seq = [kinds[i] for i in layers]
     kind_set = list(dict.fromkeys(seq))
@@ -109,7 +116,8 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
     runs: list[_Run] = []
     all_classes, all_trans = st.transitions()
     mem = {k: st.memory(k) for k in kind_set}
-    for level in peak_thresholds(extra_all, peak_levels, unit):
+    # (exact memory: the transient levels exact too, not rounded up to bins)
+    for level in peak_thresholds(extra_all, peak_levels, unit if method == "binned" else 1.0):
         # Each layer's least memory (its kind's leanest allowed candidate) is taken off the budget exactly; the
         # bins count only what a candidate needs above it. Rounding up then costs nothing for lean layers, and
         # a deep stage no longer loses up to a bin per layer (at 128 layers and 128 bins: the whole budget).
@@ -120,13 +128,15 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
         cap = int(prefix_caps[0])
         if cap < 0 or (len(kind_set) == 1 and n * (cap + 1) > dp_work_limit):
             continue  # (identical layers: the two-strategy table below covers the stage)
+        exact_caps = np.array([avail - float(level) - b for b in spent])
         per_kind: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
         keep = np.zeros(len(all_classes), dtype=bool)
         for k in kind_set:
             c = st.costs[k]
             obj = np.where(allowed[k], time_weight * c.time_s + c.step_time_s, INF)
-            units = units_of(np.maximum(mem[k] - base[k], 0.0), unit)
-            obj = np.where(units <= cap, obj, INF)
+            above = np.maximum(mem[k] - base[k], 0.0)
+            units = units_of(above, unit) if method == "binned" else above
+            obj = np.where(units <= (cap if method == "binned" else exact_caps[0]), obj, INF)
             per_kind[k] = (obj, units)
             keep |= prune.pareto_mask(obj, units, all_classes)
         local = np.flatnonzero(keep)
@@ -143,8 +153,13 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
         lt = [terms[k] for k in seq]
         if n * (cap + 1) * (local.size + class_trans.size) > dp_work_limit and len(kind_set) == 1:
             continue
-        table = layer_dp.run(lt, classes.reshape(-1), class_trans, cap, trans_weight=time_weight,
-                             prefix_caps=prefix_caps)
+        table: layer_dp.PrefixTable | pareto_dp.ExactTable
+        if method == "binned":
+            table = layer_dp.run(lt, classes.reshape(-1), class_trans, cap, trans_weight=time_weight,
+                                 prefix_caps=prefix_caps)
+        else:
+            table = pareto_dp.run(lt, classes.reshape(-1), class_trans, float(exact_caps[0]),
+                                  trans_weight=time_weight, prefix_caps=exact_caps)
         better = table.obj < obj_best
         obj_best = np.where(better, table.obj, obj_best)
         t_best = np.where(better, table.time_s, t_best)

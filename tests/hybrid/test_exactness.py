@@ -45,11 +45,11 @@ def small_case(draw: st.DrawFn, per_step: bool = True) -> tuple[SyntheticCostMod
     return cm, space
 
 
-def _solve(cm: SyntheticCostModel, space: SearchSpace) -> tuple[float, float]:
+def _solve(cm: SyntheticCostModel, space: SearchSpace, options: PlannerOptions = EXACT) -> tuple[float, float]:
     """(planner's step time, enumeration's), after checking the plan against the model's own evaluate."""
     truth = best_step_time(cm, space)
     kinds = None if cm.layer_scale else [0] * cm.num_layers  # identical layers take the shared-table path
-    planner = Planner(cm, space, kinds=kinds, options=EXACT)
+    planner = Planner(cm, space, kinds=kinds, options=options)
     try:
         result = planner.search()
     except LookupError:
@@ -65,6 +65,16 @@ def _solve(cm: SyntheticCostModel, space: SearchSpace) -> tuple[float, float]:
 def test_planner_matches_exhaustive_enumeration(case: tuple[SyntheticCostModel, SearchSpace]) -> None:
     """Exact when the per-step time does not depend on the layer choices (the DP's objective is exact)."""
     found, truth = _solve(*case)
+    assert found == truth or math.isclose(found, truth, rel_tol=1e-9), (found, truth)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_case(per_step=False))
+def test_planner_on_exact_memory_fronts_matches_enumeration_without_fine_bins(
+        case: tuple[SyntheticCostModel, SearchSpace]) -> None:
+    """The Pareto-front layer DP needs no memory resolution: at the default bins (limit / 512, not the
+    model's 1 MiB) it is still exact."""
+    found, truth = _solve(*case, options=PlannerOptions(layer_dp="pareto", peak_levels=64, dp_work_limit=math.inf))
     assert found == truth or math.isclose(found, truth, rel_tol=1e-9), (found, truth)
 
 
