@@ -3,7 +3,8 @@
 Choosing one candidate per layer for ``n`` layers within a memory budget ``M`` costs at least ``n`` times
 the lower convex envelope of the candidates' (memory, cost) points at ``M / n``: the average of any
 feasible choice is a feasible point of the relaxation. Transitions (≥ 0) and the transient-memory maximum
-(≥ its smallest value) only add to the true cost, so the bound stays valid. Layers of mixed kinds (dense
+is taken by levels (``transient_levels``): each level admits the candidates within its cap and reserves
+its least value, so the bound stays valid. Layers of mixed kinds (dense
 and MoE) get the Lagrangian relaxation instead (``mixed_relaxed_cost``).
 """
 
@@ -36,9 +37,38 @@ def convex_envelope(mem: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.nd
     return np.asarray(xs), np.asarray(ys)
 
 
-def relaxed_cost(mem: np.ndarray, val: np.ndarray, budget: np.ndarray) -> np.ndarray:
+def transient_levels(extra: Sequence[np.ndarray], groups: int) -> list[tuple[float, float]]:
+    """(cap, reserved) pairs covering every value a stage's largest transient buffer can take: the distinct
+    values, sorted, in at most ``groups`` runs; a run admits candidates up to its largest value and reserves its
+    least. One group is the plain relaxation (every candidate, the least buffer reserved); one per value is exact."""
+    if groups <= 1:  # (the common, cheap case: no sorting)
+        least = min((float(np.min(e, initial=np.inf, where=np.isfinite(e))) for e in extra), default=np.inf)
+        return [(np.inf, least)] if np.isfinite(least) else [(0.0, 0.0)]
+    vals = np.unique(np.concatenate([e[np.isfinite(e)] for e in extra]))
+    if vals.size == 0:
+        return [(0.0, 0.0)]
+    runs = np.array_split(vals, min(max(groups, 1), vals.size))
+    return [(float(r[-1]), float(r[0])) for r in runs]
+
+
+Envelopes = dict[tuple[bytes, bytes], tuple[np.ndarray, np.ndarray]]
+
+
+def cached_envelope(mem: np.ndarray, val: np.ndarray, cache: Envelopes | None) -> tuple[np.ndarray, np.ndarray]:
+    """``convex_envelope`` remembered by content: a search asks for the same candidates' envelope from several
+    bounds and stages (about two calls in three repeat one)."""
+    if cache is None:
+        return convex_envelope(mem, val)
+    key = (np.asarray(mem, dtype=float).tobytes(), np.asarray(val, dtype=float).tobytes())
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = convex_envelope(mem, val)
+    return hit
+
+
+def relaxed_cost(mem: np.ndarray, val: np.ndarray, budget: np.ndarray, cache: Envelopes | None = None) -> np.ndarray:
     """Least average cost per layer when the average memory per layer is at most ``budget`` (inf: none)."""
-    xs, ys = convex_envelope(mem, val)
+    xs, ys = cached_envelope(mem, val, cache)
     budget = np.asarray(budget, dtype=float)
     if xs.size == 0:
         return np.full(budget.shape, np.inf)
@@ -47,7 +77,7 @@ def relaxed_cost(mem: np.ndarray, val: np.ndarray, budget: np.ndarray) -> np.nda
 
 
 def mixed_relaxed_cost(kind_of_layer: Sequence[int], period: int, mem: Sequence[np.ndarray],
-                       val: Sequence[np.ndarray], budget: float) -> np.ndarray:
+                       val: Sequence[np.ndarray], budget: float, cache: Envelopes | None = None) -> np.ndarray:
     """Lower bound on the cost of ``count`` consecutive layers of mixed kinds within ``budget`` bytes, by
     the phase of the first layer: ``[start % period, count]`` (inf: even the leanest choice does not fit).
 
@@ -57,7 +87,7 @@ def mixed_relaxed_cost(kind_of_layer: Sequence[int], period: int, mem: Sequence[
     phase see the same kind sequence, so one row per phase covers every start."""
     n = len(kind_of_layer)
     kinds = sorted(set(kind_of_layer))
-    env = {k: convex_envelope(np.asarray(mem[k], dtype=float), np.asarray(val[k], dtype=float)) for k in kinds}
+    env = {k: cached_envelope(np.asarray(mem[k], dtype=float), np.asarray(val[k], dtype=float), cache) for k in kinds}
     out = np.full((period, n + 1), np.inf)
     if any(xs.size == 0 for xs, _ in env.values()):
         return out

@@ -56,6 +56,7 @@ class PlannerOptions:
     # bins are as fast or faster everywhere and 8x faster on deep mixed stacks, whose fronts grow to ~17,000
     # points; exact memory gained at most 0.24 % (stacks of identical layers: none, the two-strategy table is exact)
     layer_dp: stage_table.LayerDP = "binned"
+    bound_transient_levels: int = 8  # the bounds' groups of transient-memory levels (1: relax the max to the least)
 
 @dataclass
 class ConfigOutcome:
@@ -115,6 +116,7 @@ class Planner:
         self._costs: dict[PipelineConfig, stage_costs.ConfigCosts | None] = {}
         self._tables: dict[tuple[object, ...], stage_table.StageTable] = {}
         self._memo: dict[tuple[object, ...], object] = {}
+        self._envelopes: bounds.Envelopes = {}
         self._picks: dict[tuple[PipelineConfig, tuple[int, ...]], tuple[int, ...]] = {}
         # per-stage tables of exactly a plan's stages (``polish``), used instead of the shared prefix tables
         self._final_tables: dict[tuple[PipelineConfig, tuple[int, ...]], list[stage_table.StageTable]] = {}
@@ -207,23 +209,37 @@ class Planner:
         return step
 
     # ------------------------------------------------------------------ bounds
-    def _relaxed(self, cc: stage_costs.ConfigCosts, values: list[dict[Hashable, np.ndarray]], stage: int
-                 ) -> list[np.ndarray]:
+    def _relaxed(self, cc: stage_costs.ConfigCosts, values: list[dict[Hashable, np.ndarray]], stage: int,
+                 levels: int = 1) -> list[np.ndarray]:
         """Per value (one array per layer kind, by candidate): the stage's least total under its memory
         budget, relaxed (``bounds``: the LP for identical layers, the Lagrangian for mixed kinds); by layer
-        count (identical layers) or [start phase, count]."""
+        count (identical layers) or [start phase, count]. ``levels``: groups of the stage's largest transient
+        buffer told apart (1: the least buffer reserved, every candidate admitted; cheap, loose where lean
+        candidates carry large buffers, e.g. ZeRO-3's gathered weights)."""
         st = cc.stages[stage]
         n = len(self.kinds)
-        budget = self.limit - st.fixed_memory() - min(float(np.min(c.peak_extra_bytes)) for c in st.costs.values())
-        if cc.uniform:
-            counts = np.maximum(np.arange(n + 1, dtype=float), 1)
-            mem = st.memory(self.kinds[0])
-            return [counts * bounds.relaxed_cost(mem, v[self.kinds[0]], budget / counts) for v in values]
         ids = list(dict.fromkeys(self.kinds))
         kind_of_layer = [ids.index(k) for k in self.kinds]
         mems = [st.memory(k) for k in ids]
-        return [bounds.mixed_relaxed_cost(kind_of_layer, self.period, mems, [v[k] for k in ids], budget)
-                for v in values]
+        counts = np.maximum(np.arange(n + 1, dtype=float), 1)
+        out: list[np.ndarray] | None = None
+        for cap, reserved in bounds.transient_levels([st.costs[k].peak_extra_bytes for k in ids],
+                                                      levels):
+            # a plan whose largest transient buffer lies in (reserved, cap] uses only candidates within cap and
+            # at least ``reserved`` of the budget for it; the least over the levels bounds every plan
+            budget = self.limit - st.fixed_memory() - reserved
+            allowed = [np.where(st.costs[k].peak_extra_bytes <= cap, 0.0, np.inf) if math.isfinite(cap) else 0.0
+                       for k in ids]
+            if cc.uniform:
+                got = [counts * bounds.relaxed_cost(mems[0], v[ids[0]] + allowed[0], budget / counts, self._envelopes)
+                       for v in values]
+            else:
+                got = [bounds.mixed_relaxed_cost(kind_of_layer, self.period, mems,
+                                                 [v[k] + a for k, a in zip(ids, allowed, strict=True)], budget,
+                                                 self._envelopes) for v in values]
+            out = got if out is None else [np.minimum(a, b) for a, b in zip(out, got, strict=True)]
+        assert out is not None
+        return out
 
     @staticmethod
     def _step_values(st: stage_costs.StageInputs, m: float) -> dict[Hashable, np.ndarray]:
@@ -239,7 +255,7 @@ class Planner:
         ok = (count >= v) & (start + count <= n)
         return [np.where(ok, row[start % self.period, count], math.inf) for row in rows]
 
-    def lower_bound(self, cc: stage_costs.ConfigCosts) -> float:
+    def lower_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1) -> float:
         """A lower bound on the configuration's step time from each stage's relaxed time and step time (for
         one stage of a linear pipeline: its relaxed m t + u, the step itself)."""
         n = len(self.kinds)
@@ -248,11 +264,11 @@ class Planner:
         per_stage = []
         for s, st in enumerate(cc.stages):
             if single:  # relaxed together: tighter than t and u each with the whole memory budget
-                (joint,) = self._relaxed(cc, [self._step_values(st, m)], s)
+                (joint,) = self._relaxed(cc, [self._step_values(st, m)], s, levels)
                 t, u = joint / m, np.zeros_like(joint)
             else:
                 t, u = self._relaxed(cc, [{k: c.time_s for k, c in st.costs.items()},
-                                          {k: c.step_time_s for k, c in st.costs.items()}], s)
+                                          {k: c.step_time_s for k, c in st.costs.items()}], s, levels)
             per_stage.append((t, u, st.fixed))
 
         def look(stage: int, start: int, count: int) -> tuple[float, float]:
@@ -276,7 +292,7 @@ class Planner:
                                step_tables=step_tables, climb=False, matrices=matrices)
         return res.step_time_s
 
-    def single_stage_bound(self, cc: stage_costs.ConfigCosts, pieces: int = 32) -> float:
+    def single_stage_bound(self, cc: stage_costs.ConfigCosts, pieces: int = 32, levels: int = 1) -> float:
         """A lower bound for one stage under any pipeline formula that grows with the stage's time C and step
         time U. The relaxation bounds C ≥ a, U ≥ b and m C + U ≥ R (each relaxed under the memory budget), so
         every plan's (C, U) lies above the segment from (a, R - m a) to ((R - b) / m, b); on a piece of it
@@ -287,7 +303,7 @@ class Planner:
         st, n, m = cc.stages[0], len(self.kinds), float(cc.config.micro_batches)
         t, u, joint = (float(x[n] if cc.uniform else x[0, n]) for x in self._relaxed(cc, [
             {k: c.time_s for k, c in st.costs.items()}, {k: c.step_time_s for k, c in st.costs.items()},
-            self._step_values(st, m)], 0))
+            self._step_values(st, m)], 0, levels))
         f = st.fixed
         a, b, r = t + f.time_s, u + f.step_time_s, joint + m * f.time_s + f.step_time_s
         if not all(map(math.isfinite, (a, b, r))) or n < cc.config.virtual_stages:
@@ -298,9 +314,9 @@ class Planner:
         ctx0 = st.ctx
         return min(float(self.cm.pipeline_step_time([cs[i]], [us[i + 1]], ctx0)) for i in range(pieces))
 
-    def _relaxed_stage_times(self, cc: stage_costs.ConfigCosts) -> list[np.ndarray]:
+    def _relaxed_stage_times(self, cc: stage_costs.ConfigCosts, levels: int = 1) -> list[np.ndarray]:
         """Each stage's relaxed per-micro-batch time plus its fixed time, as the partition DPs take them."""
-        return self._by_start(cc, [self._relaxed(cc, [{k: c.time_s for k, c in st.costs.items()}], s)[0]
+        return self._by_start(cc, [self._relaxed(cc, [{k: c.time_s for k, c in st.costs.items()}], s, levels)[0]
                                    + st.fixed.time_s for s, st in enumerate(cc.stages)])
 
     def _formula_m(self, cfg: PipelineConfig) -> float:
@@ -311,7 +327,7 @@ class Planner:
             return float(cfg.micro_batches)
         return float(counted(stage_costs.stage_context(cfg, 0, self.space.global_batch_size)))
 
-    def chain_bound(self, cc: stage_costs.ConfigCosts, iterations: int = 30) -> float:
+    def chain_bound(self, cc: stage_costs.ConfigCosts, iterations: int = 30, levels: int = 1) -> float:
         """For a formula that charges at least A = Σ_s t_s + (m - 1) t_last (every stage once, then the last
         stage's other micro-batches) and, where it also charges B = m max_s t_s, at least max(A, B): the least
         of that over all partitions of the relaxed stage times, by bisection on X (feasible when a partition
@@ -320,7 +336,7 @@ class Planner:
         if cc.config.pp == 1 or not self.chain:
             return 0.0
         m, p, n = self._formula_m(cc.config), cc.config.pp, len(self.kinds)
-        times = self._relaxed_stage_times(cc)
+        times = self._relaxed_stage_times(cc, levels)
         weighted = [t * (m if s == p - 1 else 1.0) for s, t in enumerate(times)]
         lo = partition.min_sum_value(n, weighted)
         if not self.slowest_bound or not math.isfinite(lo):
@@ -341,7 +357,7 @@ class Planner:
             lo, hi = (lo, mid) if feasible(mid) else (mid, hi)
         return lo
 
-    def joint_bound(self, cc: stage_costs.ConfigCosts) -> float:
+    def joint_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1) -> float:
         """Another lower bound for a linear pipeline of several stages (for identical layers checked just
         before a configuration is solved, for mixed kinds part of its ordering bound). With t_a the slowest
         stage and u_b the largest step time, the step is (m - 1/v) t_a + u_b + Σ t / v. Since
@@ -355,11 +371,12 @@ class Planner:
         cfg = cc.config
         m = float(cfg.micro_batches)
         if not self.linear:  # only step >= m max_s t_s: the min-max partition of the relaxed stage times
-            return self._formula_m(cfg) * partition.min_max_value(len(self.kinds), self._relaxed_stage_times(cc))
+            return self._formula_m(cfg) * partition.min_max_value(len(self.kinds),
+                                                                  self._relaxed_stage_times(cc, levels))
         v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
         rows = []
         for s, st in enumerate(cc.stages):
-            (joint,) = self._relaxed(cc, [self._step_values(st, m)], s)
+            (joint,) = self._relaxed(cc, [self._step_values(st, m)], s, levels)
             rows.append(joint + m * st.fixed.time_s + st.fixed.step_time_s)
         j = partition.min_max_value(len(self.kinds), self._by_start(cc, rows))
         sum_t = self._fastest_layers_s([st.costs for st in cc.stages]) + sum(st.fixed.time_s for st in cc.stages)
@@ -514,11 +531,11 @@ class Planner:
             ordered = [ordered[round(i * (len(ordered) - 1) / max(k - 1, 1))] for i in range(max(k, 1))]
         return [replace(cfg, embedding=e) for e in ordered]
 
-    def _ordering_bound(self, cc: stage_costs.ConfigCosts, cap: float) -> float:
-        lb = self.lower_bound(cc) if self.opt.use_bounds else 0.0
+    def _ordering_bound(self, cc: stage_costs.ConfigCosts, cap: float, levels: int = 1) -> float:
+        lb = self.lower_bound(cc, levels) if self.opt.use_bounds else 0.0
         if self.opt.use_bounds and not cc.uniform and lb < cap:
             # mixed kinds solve on the DP alone (costly): order them by the tighter bound too
-            lb = max(lb, self.joint_bound(cc))
+            lb = max(lb, self.joint_bound(cc, levels))
         return lb
 
     def embedding_relaxation(self, variants: Sequence[PipelineConfig]) -> stage_costs.ConfigCosts | None:
@@ -577,6 +594,8 @@ class Planner:
         ranking: list[ConfigOutcome] = []
         solved = 0
         time_limited = False
+        refined: set[PipelineConfig] = set()
+        levels = self.opt.bound_transient_levels
         while heap:
             lb, _, _, _, popped, payload = heapq.heappop(heap)
             if lb >= best_v * (1 - 1e-12):
@@ -586,12 +605,21 @@ class Planner:
                     push(variant, best_v)
                 continue
             cfg, cc = popped, payload
+            if self.opt.use_bounds and levels > 1 and cfg not in refined:
+                # bounded cheaply when pushed; before the configuration is solved, bound it with its transient
+                # levels told apart, and let it wait its turn again if that bound is higher
+                refined.add(cfg)
+                tight = self._ordering_bound(cc, best_v, levels)
+                if tight > lb:
+                    if tight < best_v * (1 - 1e-12):
+                        heapq.heappush(heap, (tight, cfg.pp, cfg.micro_batches, next(tie), cfg, cc))
+                    continue
             over_time = self.opt.time_limit_s is not None and time.perf_counter() - t0 > self.opt.time_limit_s
             if over_time and (best is not None or math.isfinite(incumbent_s)):
                 time_limited = True
                 break
             # (mixed kinds have it in lb already)
-            if self.opt.use_bounds and cc.uniform and self.joint_bound(cc) >= best_v * (1 - 1e-12):
+            if self.opt.use_bounds and cc.uniform and self.joint_bound(cc, levels) >= best_v * (1 - 1e-12):
                 continue
             v, parts = self.solve_config(cc)
             solved += 1

@@ -48,3 +48,21 @@ def test_mixed_relaxation_is_exact_without_a_binding_budget() -> None:
     assert table[0, 4] == 1 + 5 + 1 + 5 and table[1, 3] == 5 + 1 + 5
     # too little memory for even the leanest choice: infeasible
     assert np.isinf(bounds.mixed_relaxed_cost([0, 1, 0, 1], 2, mem, val, 5.0)[0, 4])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=6), min_size=1, max_size=2), st.integers(1, 12))
+def test_transient_levels_cover_every_largest_buffer(extra: list[list[int]], groups: int) -> None:
+    """Whatever a plan's largest transient buffer P is, one level admits every candidate it uses (cap ≥ P)
+    and reserves no more than P; one group is the plain relaxation, enough groups are exact."""
+    arrays = [np.asarray(e, dtype=float) for e in extra]
+    levels = bounds.transient_levels(arrays, groups)
+    values = sorted({v for e in extra for v in e})
+    assert len(levels) == min(groups, len(values))
+    for p in values:
+        assert any(reserved <= p <= cap for cap, reserved in levels)
+    assert all(reserved <= cap for cap, reserved in levels)
+    if groups == 1:  # every candidate admitted, the least buffer reserved
+        assert levels[0][0] >= values[-1] and levels[0][1] == values[0]
+    elif groups >= len(values):
+        assert levels == [(v, v) for v in values]

@@ -99,8 +99,11 @@ def test_lower_bound_never_exceeds_the_solved_configuration(case: tuple[Syntheti
         if cc is None:
             continue
         step, _ = planner.solve_config(cc)
-        assert planner.lower_bound(cc) <= step * (1 + 1e-12)
-        assert planner.joint_bound(cc) <= step * (1 + 1e-12)
+        for levels in (1, 2, 64):  # the transient-memory maximum relaxed, grouped, told apart exactly
+            assert planner.lower_bound(cc, levels) <= step * (1 + 1e-12)
+            assert planner.joint_bound(cc, levels) <= step * (1 + 1e-12)
+            assert planner.single_stage_bound(cc, levels=levels) <= step * (1 + 1e-12)
+            assert planner.chain_bound(cc, levels=levels) <= step * (1 + 1e-12)
         assert planner.compute_floor(cfg) <= step * (1 + 1e-12)
 
 
