@@ -76,6 +76,45 @@ def relaxed_cost(mem: np.ndarray, val: np.ndarray, budget: np.ndarray, cache: En
     return np.where(budget < xs[0], np.inf, out)
 
 
+def _front(mem: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The Pareto points of (memory, value), by increasing memory (so decreasing value)."""
+    ok = np.isfinite(mem) & np.isfinite(val)
+    mem, val = mem[ok], val[ok]
+    order = np.lexsort((val, mem))
+    mem, val = mem[order], val[order]
+    keep = val < np.minimum.accumulate(np.concatenate([[np.inf], val[:-1]]))
+    return mem[keep], val[keep]
+
+
+Fronts = dict[tuple[bytes, bytes, int], list[tuple[np.ndarray, np.ndarray]]]
+
+
+def integral_cost(mem: np.ndarray, val: np.ndarray, budget: np.ndarray, k_max: int,
+                  cache: Fronts | None = None) -> np.ndarray:
+    """For 1..k_max layers, the least total value of whole candidates (one each) within ``budget[k]``: no
+    fractions, unlike ``relaxed_cost``, so tighter where a stage holds few layers (the LP's average of two
+    candidates is no plan of 3 layers); transitions left out, so still a lower bound. Index k is k layers
+    (index 0: 0). By Pareto fronts of k-candidate sums."""
+    mem, val = np.asarray(mem, dtype=float), np.asarray(val, dtype=float)
+    key = (mem.tobytes(), val.tobytes(), k_max)
+    fronts = cache.get(key) if cache is not None else None
+    if fronts is None:
+        one = _front(mem, val)
+        fronts = [one]
+        while len(fronts) < k_max and one[0].size:
+            m, v = fronts[-1]
+            fronts.append(_front((m[:, None] + one[0][None, :]).ravel(), (v[:, None] + one[1][None, :]).ravel()))
+        if cache is not None:
+            cache[key] = fronts
+    out = np.full(k_max + 1, np.inf)
+    out[0] = 0.0
+    for k, (m, v) in enumerate(fronts, start=1):
+        i = int(np.searchsorted(m, budget[k], side="right"))  # the leanest points first: the last that fits
+        if i > 0:
+            out[k] = v[i - 1]
+    return out
+
+
 def mixed_relaxed_cost(kind_of_layer: Sequence[int], period: int, mem: Sequence[np.ndarray],
                        val: Sequence[np.ndarray], budget: float, cache: Envelopes | None = None) -> np.ndarray:
     """Lower bound on the cost of ``count`` consecutive layers of mixed kinds within ``budget`` bytes, by
@@ -89,16 +128,16 @@ def mixed_relaxed_cost(kind_of_layer: Sequence[int], period: int, mem: Sequence[
     kinds = sorted(set(kind_of_layer))
     env = {k: cached_envelope(np.asarray(mem[k], dtype=float), np.asarray(val[k], dtype=float), cache) for k in kinds}
     out = np.full((period, n + 1), np.inf)
-    if any(xs.size == 0 for xs, _ in env.values()):
-        return out
     slopes = [np.zeros(1)]
     for xs, ys in env.values():
         if xs.size > 1:
             slopes.append(-np.diff(ys) / np.diff(xs))
     lam = np.unique(np.concatenate(slopes))
-    # f[k][j] = least cost + λ_j memory for a layer of kind k; lean[k] its least memory
-    f = {k: np.min(ys[None, :] + lam[:, None] * xs[None, :], axis=1) for k, (xs, ys) in env.items()}
-    lean = {k: float(xs[0]) for k, (xs, _) in env.items()}
+    # f[k][j] = least cost + λ_j memory for a layer of kind k; lean[k] its least memory. A kind without any
+    # candidate (e.g. none within a cap on transient memory) makes only the ranges that hold it infeasible.
+    f = {k: np.min(ys[None, :] + lam[:, None] * xs[None, :], axis=1) if xs.size else np.full(lam.size, np.inf)
+         for k, (xs, ys) in env.items()}
+    lean = {k: float(xs[0]) if xs.size else np.inf for k, (xs, _) in env.items()}
     for phase in range(min(period, n)):
         seq = [kind_of_layer[i] for i in range(phase, n)]
         cum = np.zeros((lam.size, len(seq) + 1))

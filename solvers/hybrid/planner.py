@@ -57,6 +57,7 @@ class PlannerOptions:
     # points; exact memory gained at most 0.24 % (stacks of identical layers: none, the two-strategy table is exact)
     layer_dp: stage_table.LayerDP = "binned"
     bound_transient_levels: int = 8  # the bounds' groups of transient-memory levels (1: relax the max to the least)
+    bound_whole_layers: int = 6  # refined bounds: stages of up to this many identical layers by whole candidates
 
 @dataclass
 class ConfigOutcome:
@@ -117,6 +118,7 @@ class Planner:
         self._tables: dict[tuple[object, ...], stage_table.StageTable] = {}
         self._memo: dict[tuple[object, ...], object] = {}
         self._envelopes: bounds.Envelopes = {}
+        self._fronts: bounds.Fronts = {}
         self._picks: dict[tuple[PipelineConfig, tuple[int, ...]], tuple[int, ...]] = {}
         # per-stage tables of exactly a plan's stages (``polish``), used instead of the shared prefix tables
         self._final_tables: dict[tuple[PipelineConfig, tuple[int, ...]], list[stage_table.StageTable]] = {}
@@ -233,6 +235,12 @@ class Planner:
             if cc.uniform:
                 got = [counts * bounds.relaxed_cost(mems[0], v[ids[0]] + allowed[0], budget / counts, self._envelopes)
                        for v in values]
+                if levels > 1:  # (refined: stages of few layers also by whole candidates)
+                    k = min(n, self.opt.bound_whole_layers)
+                    for g, v in zip(got, values, strict=True):
+                        whole = bounds.integral_cost(mems[0], v[ids[0]] + allowed[0], np.full(k + 1, budget), k,
+                                                     self._fronts)
+                        g[:k + 1] = np.maximum(g[:k + 1], whole)
             else:
                 got = [bounds.mixed_relaxed_cost(kind_of_layer, self.period, mems,
                                                  [v[k] + a for k, a in zip(ids, allowed, strict=True)], budget,

@@ -66,3 +66,32 @@ def test_transient_levels_cover_every_largest_buffer(extra: list[list[int]], gro
         assert levels[0][0] >= values[-1] and levels[0][1] == values[0]
     elif groups >= len(values):
         assert levels == [(v, v) for v in values]
+
+
+@settings(max_examples=80, deadline=None)
+@given(costs, st.integers(1, 4), st.integers(0, 60))
+def test_whole_candidate_bound_is_the_exact_optimum_without_transitions(cands: list[tuple[int, float]], k_max: int,
+                                                                        budget: int) -> None:
+    """For k identical layers, the least total value of k whole candidates within the budget: equal to
+    enumeration (so a bound, transitions aside), and never below the LP relaxation."""
+    mem = np.array([float(m) for m, _ in cands])
+    val = np.array([v for _, v in cands])
+    got = bounds.integral_cost(mem, val, np.full(k_max + 1, float(budget)), k_max, cache={})
+    for k in range(1, k_max + 1):
+        want = _brute([0] * k, 0, k, [mem], [val], budget)
+        assert got[k] == want or np.isclose(got[k], want), (k, got[k], want)
+        lp = k * bounds.relaxed_cost(mem, val, np.array([budget / k]))[0]
+        assert got[k] >= lp - 1e-9
+
+
+def test_a_kind_without_candidates_blocks_only_the_ranges_that_hold_it() -> None:
+    """(A cap on transient memory can leave one layer kind nothing: the other ranges keep their bound.)"""
+    mem = [np.array([4.0, 2.0]), np.array([8.0])]
+    val = [np.array([1.0, 3.0]), np.array([np.inf])]  # kind 1: no candidate
+    out = bounds.mixed_relaxed_cost([0, 0, 0, 1], 4, mem, val, budget=10.0)
+    for start in range(3):
+        for count in range(0, 4 - start):
+            want = _brute([0, 0, 0, 1], start, count, mem, val, 10.0) if start + count <= 3 else np.inf
+            assert out[start, count] <= want + 1e-9
+            assert np.isfinite(out[start, count]) == np.isfinite(want)
+    assert np.isinf(out[0, 4]) and np.isinf(out[3, 1])
