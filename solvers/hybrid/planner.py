@@ -56,8 +56,10 @@ class PlannerOptions:
     # bins are as fast or faster everywhere and 8x faster on deep mixed stacks, whose fronts grow to ~17,000
     # points; exact memory gained at most 0.24 % (stacks of identical layers: none, the two-strategy table is exact)
     layer_dp: stage_table.LayerDP = "binned"
-    bound_transient_levels: int = 8  # the bounds' groups of transient-memory levels (1: relax the max to the least)
-    bound_whole_layers: int = 6  # refined bounds: stages of up to this many identical layers by whole candidates
+    # the certificate's refined bounds: groups of a stage's largest transient buffer told apart (1: the least reserved
+    # for all), and stages of up to this many identical layers also by whole candidates
+    bound_transient_levels: int = 8
+    bound_whole_layers: int = 6
 
 @dataclass
 class ConfigOutcome:
@@ -219,35 +221,50 @@ class Planner:
         buffer told apart (1: the least buffer reserved, every candidate admitted; cheap, loose where lean
         candidates carry large buffers, e.g. ZeRO-3's gathered weights)."""
         st = cc.stages[stage]
-        n = len(self.kinds)
-        ids = list(dict.fromkeys(self.kinds))
-        kind_of_layer = [ids.index(k) for k in self.kinds]
-        mems = [st.memory(k) for k in ids]
-        counts = np.maximum(np.arange(n + 1, dtype=float), 1)
+        extra = [c.peak_extra_bytes for c in st.costs.values()]
+        ((_, least),) = bounds.transient_levels(extra, 1)
+        plain = self._relaxed_at(cc, st, values, math.inf, least, whole=False)
+        if levels <= 1:
+            return plain
+        # (refined, and stages of few layers on average: also by whole candidates; with many layers a stage the
+        # LP's fractions cost little and the fronts of sums grow)
+        whole = cc.uniform and len(self.kinds) <= self.opt.bound_whole_layers * cc.config.pp
         out: list[np.ndarray] | None = None
-        for cap, reserved in bounds.transient_levels([st.costs[k].peak_extra_bytes for k in ids],
-                                                      levels):
+        for cap, reserved in bounds.transient_levels(extra, levels):
             # a plan whose largest transient buffer lies in (reserved, cap] uses only candidates within cap and
             # at least ``reserved`` of the budget for it; the least over the levels bounds every plan
-            budget = self.limit - st.fixed_memory() - reserved
-            allowed = [np.where(st.costs[k].peak_extra_bytes <= cap, 0.0, np.inf) if math.isfinite(cap) else 0.0
-                       for k in ids]
-            if cc.uniform:
-                got = [counts * bounds.relaxed_cost(mems[0], v[ids[0]] + allowed[0], budget / counts, self._envelopes)
-                       for v in values]
-                if levels > 1:  # (refined: stages of few layers also by whole candidates)
-                    k = min(n, self.opt.bound_whole_layers)
-                    for g, v in zip(got, values, strict=True):
-                        whole = bounds.integral_cost(mems[0], v[ids[0]] + allowed[0], np.full(k + 1, budget), k,
-                                                     self._fronts)
-                        g[:k + 1] = np.maximum(g[:k + 1], whole)
-            else:
-                got = [bounds.mixed_relaxed_cost(kind_of_layer, self.period, mems,
-                                                 [v[k] + a for k, a in zip(ids, allowed, strict=True)], budget,
-                                                 self._envelopes) for v in values]
+            got = self._relaxed_at(cc, st, values, cap, reserved, whole)
             out = got if out is None else [np.minimum(a, b) for a, b in zip(out, got, strict=True)]
+            if all(np.all(o <= p) for o, p in zip(out, plain, strict=True)):
+                break  # every level is at least the plain relaxation: the rest cannot lower the least
         assert out is not None
         return out
+
+    def _relaxed_at(self, cc: stage_costs.ConfigCosts, st: stage_costs.StageInputs,
+                    values: list[dict[Hashable, np.ndarray]], cap: float, reserved: float, whole: bool
+                    ) -> list[np.ndarray]:
+        """``_relaxed`` over the candidates whose transient buffer is within ``cap``, ``reserved`` bytes of the
+        budget set aside for it; ``whole``: small layer counts also by whole candidates."""
+        n = len(self.kinds)
+        ids = list(dict.fromkeys(self.kinds))
+        mems = [st.memory(k) for k in ids]
+        budget = self.limit - st.fixed_memory() - reserved
+        allowed = [np.where(st.costs[k].peak_extra_bytes <= cap, 0.0, np.inf) if math.isfinite(cap) else 0.0
+                   for k in ids]
+        if not cc.uniform:
+            kind_of_layer = [ids.index(k) for k in self.kinds]
+            return [bounds.mixed_relaxed_cost(kind_of_layer, self.period, mems,
+                                              [v[k] + a for k, a in zip(ids, allowed, strict=True)], budget,
+                                              self._envelopes) for v in values]
+        counts = np.maximum(np.arange(n + 1, dtype=float), 1)
+        got = [counts * bounds.relaxed_cost(mems[0], v[ids[0]] + allowed[0], budget / counts, self._envelopes)
+               for v in values]
+        if whole:
+            k = min(n, self.opt.bound_whole_layers)
+            for g, v in zip(got, values, strict=True):
+                g[:k + 1] = np.maximum(g[:k + 1], bounds.integral_cost(mems[0], v[ids[0]] + allowed[0],
+                                                                       np.full(k + 1, budget), k, self._fronts))
+        return got
 
     @staticmethod
     def _step_values(st: stage_costs.StageInputs, m: float) -> dict[Hashable, np.ndarray]:
@@ -602,8 +619,6 @@ class Planner:
         ranking: list[ConfigOutcome] = []
         solved = 0
         time_limited = False
-        refined: set[PipelineConfig] = set()
-        levels = self.opt.bound_transient_levels
         while heap:
             lb, _, _, _, popped, payload = heapq.heappop(heap)
             if lb >= best_v * (1 - 1e-12):
@@ -613,21 +628,12 @@ class Planner:
                     push(variant, best_v)
                 continue
             cfg, cc = popped, payload
-            if self.opt.use_bounds and levels > 1 and cfg not in refined:
-                # bounded cheaply when pushed; before the configuration is solved, bound it with its transient
-                # levels told apart, and let it wait its turn again if that bound is higher
-                refined.add(cfg)
-                tight = self._ordering_bound(cc, best_v, levels)
-                if tight > lb:
-                    if tight < best_v * (1 - 1e-12):
-                        heapq.heappush(heap, (tight, cfg.pp, cfg.micro_batches, next(tie), cfg, cc))
-                    continue
             over_time = self.opt.time_limit_s is not None and time.perf_counter() - t0 > self.opt.time_limit_s
             if over_time and (best is not None or math.isfinite(incumbent_s)):
                 time_limited = True
                 break
             # (mixed kinds have it in lb already)
-            if self.opt.use_bounds and cc.uniform and self.joint_bound(cc, levels) >= best_v * (1 - 1e-12):
+            if self.opt.use_bounds and cc.uniform and self.joint_bound(cc) >= best_v * (1 - 1e-12):
                 continue
             v, parts = self.solve_config(cc)
             solved += 1
