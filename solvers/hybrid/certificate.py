@@ -19,9 +19,14 @@ from solvers.hybrid.planner import Planner
 def certified_bound(planner: Planner, ceiling: float = math.inf) -> float:
     """The least, over every pipeline configuration, of its true lower bounds. ``ceiling``: configurations
     are not refined once their floor reaches it (pass the plan's step time: the answer is then
-    min(ceiling, bound))."""
+    min(ceiling, bound)).
+
+    Two passes: every configuration's cheap bounds, then, in their order, the refined ones (the stage's
+    transient-memory levels told apart) of those still below the least refined bound so far: a cheap bound is
+    never above its refined one, so the rest cannot lower the answer."""
     space = planner.space
     best = ceiling
+    cheap: list[tuple[float, int, float, list[tuple[float, stage_costs.ConfigCosts]]]] = []
     for cfg in space.pipeline_configs():
         floor = planner.compute_floor(cfg)
         if floor >= best:
@@ -30,23 +35,25 @@ def certified_bound(planner: Planner, ceiling: float = math.inf) -> float:
         cc = planner.embedding_relaxation(variants) if len(variants) > 1 else planner.config_costs(variants[0])
         if cc is None:
             continue  # no candidate fits this configuration: it holds no plan
-        lb = config_bound(planner, cc, floor, best)
-        if lb < best and len(variants) > 1:
+        ccs = [(_bounds(planner, cc, floor, 1), cc)]
+        if ccs[0][0] < best and len(variants) > 1:
             # the relaxation pairs one strategy's least fixed time with another's least memory: bound each
             # embedding strategy on its own (never lower, often tighter)
-            lb = min((config_bound(planner, c, floor, best) for c in map(planner.config_costs, variants)
-                      if c is not None), default=math.inf)
-        best = min(best, lb)
-    return best
-
-
-def config_bound(planner: Planner, cc: stage_costs.ConfigCosts, floor: float, below: float = math.inf) -> float:
-    """The largest of the configuration's true bounds (``floor``: its compute floor, already known). Where
-    the cheap relaxation leaves it under ``below`` (it could still hold a better plan), it is bounded again
-    with the stage's transient-memory levels told apart."""
-    lb = _bounds(planner, cc, floor, 1)
+            ccs = [(_bounds(planner, c, floor, 1), c) for c in map(planner.config_costs, variants) if c is not None]
+        lb = min((b for b, _ in ccs), default=math.inf)
+        if lb < best:
+            cheap.append((lb, len(cheap), floor, ccs))
     levels = planner.opt.bound_transient_levels
-    return max(lb, _bounds(planner, cc, floor, levels)) if lb < below and levels > 1 else lb
+    refined = best
+    for lb, _, floor, ccs in sorted(cheap, key=lambda x: x[:2]):
+        if lb >= refined:
+            break
+        if levels <= 1:
+            refined = lb
+            continue
+        refined = min(refined, min(max(b, _bounds(planner, c, floor, levels)) if b < refined else b
+                                   for b, c in ccs))
+    return refined
 
 
 def _bounds(planner: Planner, cc: stage_costs.ConfigCosts, floor: float, levels: int) -> float:
