@@ -8,6 +8,7 @@
     .venv/bin/python bench/hybrid.py --deep          # only search time against depth (128-layer regression)
     .venv/bin/python bench/hybrid.py --plain         # the analytic cases against a plainer Megatron grid
     .venv/bin/python bench/hybrid.py --layer-dp      # the layer DP on memory bins vs on exact Pareto fronts
+    .venv/bin/python bench/hybrid.py --sweep         # 196 requests over the presets: certified gaps, search time
     .venv/bin/python bench/hybrid.py --rerun-galvatron   # re-run Galvatron (needs .venv-galvatron) and re-cache
 
 Galvatron side: ``../shared/peers/galvatron_pypi/run_galvatron_pypi.py`` runs hetu-galvatron 2.4.0's search
@@ -349,6 +350,47 @@ def layer_dp_table() -> None:
     print(f"\ntotal search CPU s: binned {totals['binned']:.2f}, Pareto {totals['pareto']:.2f}")
 
 
+SWEEP_MODELS = ["gpt3-1.3b", "gpt3-13b", "gpt3-175b", "llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b",
+                "llama3-405b", "mixtral-8x7b", "qwen2-7b", "qwen2-72b", "vit-huge", "bert-large", "t5-11b"]
+SWEEP_CLUSTERS = [("H100-SXM", 1, 8), ("A100-40GB", 2, 8), ("H100-SXM", 16, 8), ("A100-80GB", 64, 8), ("L4", 3, 4),
+                  ("B200", 128, 8), ("H100-SXM", 5, 8)]
+
+
+def sweep_table() -> None:
+    """Every model preset on 1 to 1,024 GPUs of five kinds (odd counts included: 12 L4, 40 H100), seq 2048 and
+    8192, a global batch drawn per request (fixed seed): how close each plan is certified to the best plan of
+    its space, and how long the search takes. Infeasible requests count apart (the minimum memory is named)."""
+    import random
+
+    rng = random.Random(0)
+    rows = []
+    infeasible = 0
+    for model in SWEEP_MODELS:
+        for gpu, nodes, per_node in SWEEP_CLUSTERS:
+            for seq in (2048, 8192):
+                gbs = rng.choice([nodes * per_node, 2 * nodes * per_node, 512, 1000])
+                req = {"kind": "hybrid", "model": {"preset": model},
+                       "cluster": {"gpu": gpu, "nodes": nodes, "gpus_per_node": per_node},
+                       "training": {"global_batch_size": gbs, "seq_length": seq}}
+                try:
+                    out = solve(req)
+                except InfeasibleError:
+                    infeasible += 1
+                    continue
+                s = out["search"]
+                name = f"{model} {nodes * per_node}x{gpu} seq{seq} gbs{gbs}"
+                rows.append((s["optimality_gap"] or 0.0, s["cpu_s"], name))
+    gaps = sorted(rows, reverse=True)
+    cpu = sorted(c for _, c, _ in rows)
+    print(f"\n## Sweep: {len(rows) + infeasible} requests, {len(rows)} planned, {infeasible} infeasible "
+          "(minimum memory named)\n")
+    print(f"certified gap: mean {sum(g for g, _, _ in rows) / len(rows):.2%}, worst {gaps[0][0]:.2%}, over 1 % on "
+          f"{sum(g > 0.01 for g, _, _ in rows)}; search CPU s: median {cpu[len(cpu) // 2]:.2f}, most {cpu[-1]:.2f}\n")
+    print("| request | certified gap | search s (CPU) |\n|---|---|---|")
+    for g, c, name in gaps[:6]:
+        print(f"| {name} | {g:.2%} | {c:.2f} |")
+
+
 def plain_megatron_step_s(req: dict[str, Any]) -> float | None:
     """The best uniform plan of a plainer Megatron-LM grid than the baseline's: 1F1B only, the distributed
     optimizer (ZeRO-1) wherever dp > 1, no or full recomputation (no selective, no interleaving)."""
@@ -388,12 +430,16 @@ def main() -> None:
     ap.add_argument("--plain", action="store_true", help="the analytic cases against a plainer Megatron grid")
     ap.add_argument("--rerun-galvatron", action="store_true")
     ap.add_argument("--layer-dp", action="store_true", help="the layer DP on memory bins vs exact Pareto fronts")
+    ap.add_argument("--sweep", action="store_true", help="196 requests over the presets: gaps and search time")
     a = ap.parse_args()
     if a.plain:
         plain_table()
         return
     if a.layer_dp:
         layer_dp_table()
+        return
+    if a.sweep:
+        sweep_table()
         return
     both = not (a.galvatron or a.analytic or a.deep)
     if a.galvatron or both or a.rerun_galvatron:
