@@ -102,8 +102,8 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
 
     Identical layers also get the exact-memory two-strategy table; the DP then runs only while its work
     (layers x bins x candidates) stays under ``dp_work_limit``. ``method``: the layer DP on memory bins of
-    ``unit`` bytes, or on exact memory (Pareto fronts; ``unit`` then only sets the transient-memory levels and
-    the work estimate)."""
+    ``unit`` bytes, or on exact memory (Pareto fronts, transient levels unrounded; ``unit`` then only sets the
+    work estimate)."""
     n = len(layers)
     seq = [kinds[i] for i in layers]
     kind_set = list(dict.fromkeys(seq))
