@@ -55,7 +55,7 @@ class PlannerOptions:
     dp_work_limit: float = 2e5  # identical-layer stages: the DP only when this cheap (else the two-type table)
     polish_factor: int = 4  # mixed layer kinds: the chosen configuration re-solved with this many times finer bins
     # the layer DP: numpy over memory bins, or Pareto fronts on exact memory. Measured (bench/hybrid.py --layer-dp):
-    # bins are as fast or faster everywhere and 6.9x faster on a 64-layer mixed stack, whose fronts grow to ~16,000
+    # bins are as fast or faster everywhere and 5.7x faster on a 64-layer mixed stack, whose fronts grow to ~16,000
     # points; exact memory gained at most 0.37 % (stacks of identical layers: none, the two-strategy table is exact)
     layer_dp: stage_table.LayerDP = "binned"
     # the certificate's refined bounds: groups of a stage's largest transient buffer told apart (1: the least reserved
