@@ -14,21 +14,22 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from solvers.hybrid.prune import front
+
+
+def _pareto_points(mem: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The finite Pareto points of (memory, value), by increasing memory (so decreasing value)."""
+    ok = np.isfinite(mem) & np.isfinite(val)
+    mem, val = mem[ok], val[ok]
+    keep = front(mem, val)
+    return mem[keep], val[keep]
+
 
 def convex_envelope(mem: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Vertices (ascending memory, descending value) of the lower convex envelope of the Pareto points."""
-    ok = np.isfinite(mem) & np.isfinite(val)
-    mem, val = mem[ok], val[ok]
-    if mem.size == 0:
-        return mem, val
-    order = np.lexsort((val, mem))
-    mem, val = mem[order], val[order]
-    # Pareto points first (vectorised): strictly cheaper than everything with less memory
-    before = np.minimum.accumulate(np.concatenate([[np.inf], val[:-1]]))
-    front = val < before
     xs: list[float] = []
     ys: list[float] = []
-    for x, y in zip(mem[front], val[front], strict=True):
+    for x, y in zip(*_pareto_points(mem, val), strict=True):
         while len(xs) >= 2 and (ys[-1] - ys[-2]) * (x - xs[-2]) >= (y - ys[-2]) * (xs[-1] - xs[-2]):
             xs.pop()
             ys.pop()  # the middle vertex lies on or above the chord
@@ -76,16 +77,6 @@ def relaxed_cost(mem: np.ndarray, val: np.ndarray, budget: np.ndarray, cache: En
     return np.where(budget < xs[0], np.inf, out)
 
 
-def _front(mem: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The Pareto points of (memory, value), by increasing memory (so decreasing value)."""
-    ok = np.isfinite(mem) & np.isfinite(val)
-    mem, val = mem[ok], val[ok]
-    order = np.lexsort((val, mem))
-    mem, val = mem[order], val[order]
-    keep = val < np.minimum.accumulate(np.concatenate([[np.inf], val[:-1]]))
-    return mem[keep], val[keep]
-
-
 Fronts = dict[tuple[bytes, bytes, int], list[tuple[np.ndarray, np.ndarray]]]
 
 
@@ -99,11 +90,12 @@ def integral_cost(mem: np.ndarray, val: np.ndarray, budget: np.ndarray, k_max: i
     key = (mem.tobytes(), val.tobytes(), k_max)
     fronts = cache.get(key) if cache is not None else None
     if fronts is None:
-        one = _front(mem, val)
+        one = _pareto_points(mem, val)
         fronts = [one]
         while len(fronts) < k_max and one[0].size:
             m, v = fronts[-1]
-            fronts.append(_front((m[:, None] + one[0][None, :]).ravel(), (v[:, None] + one[1][None, :]).ravel()))
+            fronts.append(_pareto_points((m[:, None] + one[0][None, :]).ravel(),
+                                         (v[:, None] + one[1][None, :]).ravel()))
         if cache is not None:
             cache[key] = fronts
     out = np.full(k_max + 1, np.inf)

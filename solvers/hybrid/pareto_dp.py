@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solvers.hybrid.layer_dp import LayerTerms
+from solvers.hybrid.prune import front
 
 INF = np.inf
 
@@ -32,15 +33,6 @@ class _Front:
     step_s: np.ndarray
     cand: np.ndarray  # candidate placed at this layer
     prev: np.ndarray  # index into the previous layer's front (-1 at the first layer)
-
-
-def front_mask(mem: np.ndarray, obj: np.ndarray) -> np.ndarray:
-    """Indices of the points no other point beats in both memory and objective, by increasing memory
-    (ties keep one: the first of the least objective at the least memory)."""
-    order = np.lexsort((obj, mem))
-    o = obj[order]
-    best_before = np.minimum.accumulate(np.concatenate([[INF], o[:-1]]))
-    return np.asarray(order[o < best_before])
 
 
 @dataclass
@@ -99,14 +91,14 @@ def run(layers: list[LayerTerms], classes: np.ndarray, class_trans: np.ndarray, 
             else:
                 # the best ways into class k: every earlier point, its re-layout to k added, on one front
                 o = prev.obj + tt[prev.cls, k]
-                r_idx = front_mask(prev.mem, o)
+                r_idx = front(prev.mem, o)
                 r_mem, r_obj = prev.mem[r_idx], o[r_idx]
                 r_t = prev.time_s[r_idx] + class_trans[prev.cls[r_idx], k]
                 r_u = prev.step_s[r_idx]
             mem = (r_mem[:, None] + lt.units[cands][None, :]).ravel()
             obj = (r_obj[:, None] + lt.obj[cands][None, :]).ravel()
             ok = mem <= lim
-            keep = np.flatnonzero(ok)[front_mask(mem[ok], obj[ok])]
+            keep = np.flatnonzero(ok)[front(mem[ok], obj[ok])]
             if keep.size == 0:
                 continue
             ri, ci = np.divmod(keep, cands.size)

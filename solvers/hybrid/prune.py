@@ -10,6 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 
+def front(mem: np.ndarray, val: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point beats in both memory and value, by increasing memory (so
+    decreasing value); of equal points the first is kept."""
+    order = np.lexsort((val, mem))  # stable: equal points stay in index order
+    v = val[order]
+    return np.asarray(order[v < np.minimum.accumulate(np.concatenate([[np.inf], v[:-1]]))])
+
+
 def pareto_mask(obj: np.ndarray, units: np.ndarray, classes: np.ndarray) -> np.ndarray:
     """True for candidates on their class' (objective, memory) Pareto front (ties keep the first)."""
     n = obj.shape[0]
@@ -19,8 +27,5 @@ def pareto_mask(obj: np.ndarray, units: np.ndarray, classes: np.ndarray) -> np.n
         members = np.flatnonzero((classes == k) & finite)
         if members.size == 0:
             continue
-        # sort by memory, then objective, then index: a candidate survives if it beats every smaller one
-        order = members[np.lexsort((members, obj[members], units[members]))]
-        best_before = np.minimum.accumulate(np.concatenate([[np.inf], obj[order][:-1]]))
-        keep[order[obj[order] < best_before]] = True
+        keep[members[front(units[members], obj[members])]] = True
     return keep

@@ -128,7 +128,8 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
         cap = int(prefix_caps[0])
         if cap < 0 or (len(kind_set) == 1 and n * (cap + 1) > dp_work_limit):
             continue  # (identical layers: the two-strategy table below covers the stage)
-        exact_caps = np.array([avail - float(level) - b for b in spent])
+        # the DP's memory axis: whole bins, or bytes (exact)
+        caps = prefix_caps if method == "binned" else avail - float(level) - spent
         per_kind: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
         keep = np.zeros(len(all_classes), dtype=bool)
         for k in kind_set:
@@ -136,7 +137,7 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
             obj = np.where(allowed[k], time_weight * c.time_s + c.step_time_s, INF)
             above = np.maximum(mem[k] - base[k], 0.0)
             units = units_of(above, unit) if method == "binned" else above
-            obj = np.where(units <= (cap if method == "binned" else exact_caps[0]), obj, INF)
+            obj = np.where(units <= caps[0], obj, INF)
             per_kind[k] = (obj, units)
             keep |= prune.pareto_mask(obj, units, all_classes)
         local = np.flatnonzero(keep)
@@ -156,10 +157,10 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
         table: layer_dp.PrefixTable | pareto_dp.ExactTable
         if method == "binned":
             table = layer_dp.run(lt, classes.reshape(-1), class_trans, cap, trans_weight=time_weight,
-                                 prefix_caps=prefix_caps)
+                                 prefix_caps=caps)
         else:
-            table = pareto_dp.run(lt, classes.reshape(-1), class_trans, float(exact_caps[0]),
-                                  trans_weight=time_weight, prefix_caps=exact_caps)
+            table = pareto_dp.run(lt, classes.reshape(-1), class_trans, float(caps[0]), trans_weight=time_weight,
+                                  prefix_caps=caps)
         better = table.obj < obj_best
         obj_best = np.where(better, table.obj, obj_best)
         t_best = np.where(better, table.time_s, t_best)

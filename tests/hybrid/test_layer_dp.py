@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers.hybrid import layer_dp, pareto_dp
+from solvers.hybrid import layer_dp, pareto_dp, prune
 from solvers.hybrid.layer_dp import LayerTerms
 
 
@@ -95,10 +95,10 @@ def test_pareto_dp_is_exact_on_fractional_memory_where_bins_round_up(case: tuple
         assert coarse >= want - 1e-9
 
 
-def test_front_mask_keeps_exactly_the_undominated_points() -> None:
+def test_front_keeps_exactly_the_undominated_points() -> None:
     rng = np.random.default_rng(3)
     mem, obj = rng.integers(0, 8, 200).astype(float), rng.integers(0, 8, 200).astype(float)
-    kept = set(pareto_dp.front_mask(mem, obj).tolist())
+    kept = set(prune.front(mem, obj).tolist())
     for i in range(mem.size):
         dominated = any((mem[j] <= mem[i] and obj[j] <= obj[i]) and (mem[j], obj[j]) != (mem[i], obj[i])
                         for j in range(mem.size))
