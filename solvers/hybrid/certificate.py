@@ -2,9 +2,9 @@
 
 Against the plan found it is the gap the search's heuristics may leave (the DP's memory bins, the partition
 climb, the capped embedding variants); against a baseline, the most any plan could gain over it. Only true
-bounds count (``Planner``'s compute floor, joint, single-stage and chain bounds, and the relaxed bound where it
-enumerates every partition), each over every embedding/LM-head strategy; a configuration with none of them
-bounds at 0, and so does the whole space.
+bounds count (``Planner``'s compute floor, joint, mean-stage, fill, single-stage and chain bounds, and the relaxed
+bound where it enumerates every partition), each over every embedding/LM-head strategy; a configuration with none
+of them bounds at 0, and so does the whole space.
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ def certified_bound(planner: Planner, ceiling: float = math.inf) -> float:
         cc = planner.embedding_relaxation(variants) if len(variants) > 1 else planner.config_costs(variants[0])
         if cc is None:
             continue  # no candidate fits this configuration: it holds no plan
-        ccs = [(_bounds(planner, cc, floor, 1), cc)]
+        ccs = [(_bounds(planner, cc, floor, 1, best), cc)]
         if ccs[0][0] < best and len(variants) > 1:
             # the relaxation pairs one strategy's least fixed time with another's least memory: bound each
             # embedding strategy on its own (never lower, often tighter)
-            ccs = [(_bounds(planner, c, floor, 1), c) for c in map(planner.config_costs, variants) if c is not None]
+            ccs = [(_bounds(planner, c, floor, 1, best), c) for c in map(planner.config_costs, variants)
+                   if c is not None]
         lb = min((b for b, _ in ccs), default=math.inf)
         if lb < best:
             cheap.append((lb, len(cheap), floor, ccs))
@@ -51,14 +52,21 @@ def certified_bound(planner: Planner, ceiling: float = math.inf) -> float:
         if levels <= 1:
             refined = lb
             continue
-        refined = min(refined, min(max(b, _bounds(planner, c, floor, levels)) if b < refined else b
+        refined = min(refined, min(max(b, _bounds(planner, c, floor, levels, refined)) if b < refined else b
                                    for b, c in ccs))
     return refined
 
 
-def _bounds(planner: Planner, cc: stage_costs.ConfigCosts, floor: float, levels: int) -> float:
+def _bounds(planner: Planner, cc: stage_costs.ConfigCosts, floor: float, levels: int, enough: float) -> float:
+    """The configuration's best true bound; the costlier ones only while the bound is below ``enough`` (a
+    configuration bounded at or above the least bound so far cannot lower it)."""
     lb = max(floor, planner.joint_bound(cc, levels), planner.single_stage_bound(cc, levels=levels),
              planner.chain_bound(cc, levels=levels))
-    if partition.compositions(len(planner.kinds), cc.config.pp) <= planner.opt.exhaustive_partition_limit:
+    if lb < enough:
+        lb = max(lb, planner.mean_stage_bound(cc, levels))
+    if lb < enough and partition.compositions(len(planner.kinds), cc.config.pp) \
+            <= planner.opt.exhaustive_partition_limit:
         lb = max(lb, planner.lower_bound(cc, levels))
+    if lb < enough and levels > 1:  # the costliest (a min-sum partition per cap): refined configurations only
+        lb = max(lb, planner.fill_bound(cc, levels))
     return lb

@@ -148,6 +148,37 @@ def min_sum_value(total: int, tables: Sequence[np.ndarray]) -> float:
     return _best_partition(total, tables, np.add)[0]
 
 
+def min_max_plus_sum_bound(total: int, slow: Sequence[np.ndarray], fill: Sequence[np.ndarray],
+                           splits: int = 8) -> float:
+    """A lower bound on the least, over all partitions, of the largest stage's ``slow`` value plus the sum of
+    the stages' ``fill`` values (tables as for ``min_max_value``), exact in the limit of ``splits``.
+
+    F(x), the min-sum of ``fill`` over partitions that keep every stage's ``slow`` ≤ x, never rises with x. With
+    caps x_0 < … < x_k, x_0 the min-max of ``slow``, a partition whose largest ``slow`` lies in [x_i, x_i+1]
+    is worth at least x_i + F(x_i+1), and one above x_k at least x_k + F(∞). x_k = x_0 + F(x_0) - F(∞)
+    leaves above it nothing below x_0 + F(x_0), which the min-max partition itself is worth at most. The
+    interval that gives the least is halved up to ``splits`` times (a halving never lowers the bound)."""
+    def capped(cap: float) -> float:
+        return min_sum_value(total, [np.where(a <= cap, b, INF) for a, b in zip(slow, fill, strict=True)])
+
+    lo = min_max_value(total, slow)
+    if not math.isfinite(lo):
+        return INF
+    unconstrained, at_lo = min_sum_value(total, fill), capped(lo)
+    if not math.isfinite(at_lo) or at_lo <= unconstrained:
+        return lo + min(at_lo, unconstrained)
+    caps, least = [lo, lo + at_lo - unconstrained], [at_lo, unconstrained]
+    for _ in range(splits):
+        terms = [caps[i] + least[i + 1] for i in range(len(caps) - 1)]
+        i = int(np.argmin(terms))
+        if caps[-1] + unconstrained <= terms[i]:
+            break  # the tail above the last cap holds the least: halving cannot raise it
+        mid = 0.5 * (caps[i] + caps[i + 1])
+        caps.insert(i + 1, mid)
+        least.insert(i + 1, capped(mid))
+    return min(min(caps[i] + least[i + 1] for i in range(len(caps) - 1)), caps[-1] + unconstrained)
+
+
 def _best_partition(total: int, tables: Sequence[np.ndarray], combine: Callable[[np.ndarray, np.ndarray],
                     np.ndarray] = np.maximum) -> tuple[float, tuple[int, ...] | None]:
     """The partition whose stages' values, combined (the slowest by default, or their sum), are least."""

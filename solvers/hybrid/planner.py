@@ -409,6 +409,48 @@ class Planner:
         sum_t = self._fastest_layers_s([st.costs for st in cc.stages]) + sum(st.fixed.time_s for st in cc.stages)
         return max(j, (1 - 1 / (v * m)) * j + sum_t / v)
 
+    def mean_stage_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1) -> float:
+        """A lower bound for the linear pipeline formula of several stages, (m - 1/v) t_max + Σ t / v + u_max:
+        the slowest stage's time and the largest step time are at least their means over the p stages, so the
+        step is at least Σ_s (w t_s + u_s / p) with w = (m - 1/v) / p + 1/v, a sum over stages whose least over
+        all partitions is a min-sum of each stage's relaxed w t + u / p. ``joint_bound`` adds the fill as every
+        layer's fastest time, whatever its step time; here each layer pays for one candidate in both terms,
+        which is tight where the fastest candidates carry a large per-step gradient sync (MoE experts
+        replicated over data parallelism) and the plan runs slower ones that shard it."""
+        if cc.config.pp == 1 or not self.linear:
+            return 0.0
+        cfg = cc.config
+        v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
+        w, w_step = (cfg.micro_batches - 1 / v) / cfg.pp + 1 / v, 1.0 / cfg.pp
+        rows = []
+        for s, st in enumerate(cc.stages):
+            (least,) = self._relaxed(cc, [{k: w * c.time_s + w_step * c.step_time_s for k, c in st.costs.items()}],
+                                     s, levels)
+            rows.append(least + w * st.fixed.time_s + w_step * st.fixed.step_time_s)
+        return partition.min_sum_value(len(self.kinds), self._by_start(cc, rows))
+
+    def fill_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1, splits: int = 8) -> float:
+        """A lower bound for the linear pipeline formula of several stages that keeps the slowest stage and the
+        fill on one partition: the step (m - 1/v) t_a + u_b + Σ t / v is at least max_s A_s + Σ_s B_s on the
+        plan's own partition, A_s being stage s's relaxed (m - 1/v) t + u and B_s its relaxed t / v; its
+        least over partitions is bounded by ``partition.min_max_plus_sum_bound``. ``joint_bound`` takes the two
+        apart (the min-max partition for the first, every layer's fastest candidate for the second), which
+        misses what balancing costs where an edge stage's embedding or LM head leaves whole layers no even
+        split."""
+        if cc.config.pp == 1 or not self.linear:
+            return 0.0
+        cfg = cc.config
+        v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
+        w = cfg.micro_batches - 1 / v
+        slow, fill = [], []
+        for s, st in enumerate(cc.stages):
+            a, b = self._relaxed(cc, [{k: w * c.time_s + c.step_time_s for k, c in st.costs.items()},
+                                      {k: c.time_s / v for k, c in st.costs.items()}], s, levels)
+            slow.append(a + w * st.fixed.time_s + st.fixed.step_time_s)
+            fill.append(b + st.fixed.time_s / v)
+        return partition.min_max_plus_sum_bound(len(self.kinds), self._by_start(cc, slow),
+                                                self._by_start(cc, fill), splits)
+
     def _fastest_layers_s(self, costs_by_stage: Sequence[dict[Hashable, LayerCosts]]) -> float:
         """Every layer at its kind's fastest candidate on any stage (candidates a cost model cannot price,
         inf or nan, left out): the least the layers' times can sum to."""

@@ -5,10 +5,11 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers.hybrid import bounds
+from solvers.hybrid import bounds, partition
 
 costs = st.lists(st.tuples(st.integers(1, 20), st.floats(0.1, 10.0, allow_nan=False)), min_size=1, max_size=4)
 
@@ -95,3 +96,32 @@ def test_a_kind_without_candidates_blocks_only_the_ranges_that_hold_it() -> None
             assert out[start, count] <= want + 1e-9
             assert np.isfinite(out[start, count]) == np.isfinite(want)
     assert np.isinf(out[0, 4]) and np.isinf(out[3, 1])
+
+
+def _partitions(total: int, stages: int) -> list[tuple[int, ...]]:
+    return [c for c in itertools.product(range(1, total + 1), repeat=stages) if sum(c) == total]
+
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(2, 7), st.integers(2, 4), st.data())
+def test_max_plus_sum_bound_never_exceeds_any_partition_and_converges(total: int, stages: int,
+                                                                      data: st.DataObject) -> None:
+    """The fill bound's partition step: below the least of max slow + sum fill over every partition (found by
+    enumeration, some layer counts infeasible), at every number of halvings, and equal to it with many."""
+    if stages > total:
+        stages = total
+    slow, fill = [], []
+    for _ in range(stages):
+        a = np.array([data.draw(st.floats(0.0, 10.0, allow_nan=False)) for _ in range(total)])
+        a[np.array(data.draw(st.lists(st.booleans(), min_size=total, max_size=total)))] = np.inf
+        slow.append(a)
+        fill.append(np.array([data.draw(st.floats(0.0, 10.0, allow_nan=False)) for _ in range(total)]))
+    truth = min((max(slow[s][c - 1] for s, c in enumerate(p)) + sum(fill[s][c - 1] for s, c in enumerate(p))
+                 for p in _partitions(total, stages)), default=np.inf)
+    for splits in (0, 1, 3, 8):
+        assert partition.min_max_plus_sum_bound(total, slow, fill, splits) <= truth + 1e-9
+    if np.isfinite(truth):
+        assert partition.min_max_plus_sum_bound(total, slow, fill, 200) == pytest.approx(truth, abs=1e-6)
+    else:
+        assert partition.min_max_plus_sum_bound(total, slow, fill, 8) == np.inf

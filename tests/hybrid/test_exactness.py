@@ -102,6 +102,8 @@ def test_lower_bound_never_exceeds_the_solved_configuration(case: tuple[Syntheti
         for levels in (1, 2, 64):  # the transient-memory maximum relaxed, grouped, told apart exactly
             assert planner.lower_bound(cc, levels) <= step * (1 + 1e-12)
             assert planner.joint_bound(cc, levels) <= step * (1 + 1e-12)
+            assert planner.mean_stage_bound(cc, levels) <= step * (1 + 1e-12)
+            assert planner.fill_bound(cc, levels) <= step * (1 + 1e-12)
             assert planner.single_stage_bound(cc, levels=levels) <= step * (1 + 1e-12)
             assert planner.chain_bound(cc, levels=levels) <= step * (1 + 1e-12)
         assert planner.compute_floor(cfg) <= step * (1 + 1e-12)

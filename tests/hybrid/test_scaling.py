@@ -80,6 +80,8 @@ def test_bounds_never_exceed_the_solved_configuration_with_mixed_kinds() -> None
         if math.isfinite(step):
             assert planner.lower_bound(cc) <= step * (1 + 1e-12)
             assert planner.joint_bound(cc) <= step * (1 + 1e-12)
+            assert planner.mean_stage_bound(cc) <= step * (1 + 1e-12)
+            assert planner.fill_bound(cc) <= step * (1 + 1e-12)
             assert planner.compute_floor(cfg) <= step * (1 + 1e-12)
             checked += 1
     assert checked >= 10
