@@ -61,7 +61,7 @@ class PlannerOptions:
     # the certificate's refined bounds: groups of a stage's largest transient buffer told apart (1: the least reserved
     # for all), and stages of up to this many identical layers also by whole candidates
     bound_transient_levels: int = 8
-    bound_whole_layers: int = 6
+    bound_whole_layers: int = 7
 
 @dataclass
 class ConfigOutcome:

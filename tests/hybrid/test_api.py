@@ -400,3 +400,12 @@ def test_certificate_prices_the_balance_of_uneven_edge_stages() -> None:
     layers balances the stages; a bound with the slowest stage and the fill on separate partitions read
     2.79 %, one that keeps them on one partition (the fill bound) is tight."""
     assert _gap("qwen2-7b") < 0.002
+
+
+def test_certificate_takes_stages_of_seven_layers_by_whole_candidates() -> None:
+    """gpt3-13b on 12 L4 (6-7 layers a stage, memory-bound): the LP's mix of two candidates per stage read 2.15 %;
+    whole candidates up to 7 layers a stage leave it tight."""
+    out = solve({"kind": "hybrid", "model": {"preset": "gpt3-13b"},
+                 "cluster": {"gpu": "L4", "nodes": 3, "gpus_per_node": 4},
+                 "training": {"global_batch_size": 512, "seq_length": 2048}})
+    assert 0 <= out["search"]["optimality_gap"] < 0.002
