@@ -633,6 +633,12 @@ class GalvatronCostModel:
         """Both forms of the formula charge at least Σ C + (m - 1) C_last (the planner's bounds rely on it)."""
         return True
 
+    @property
+    def pipeline_adds_first_stage_sync(self) -> bool:
+        """Both forms add, past the pipelined part, at least B_0 - C_0: the first stage's gradient sync that its
+        compute does not hide (its step time less its embedding time; the planner's bounds rely on it)."""
+        return True
+
     def pipeline_step_time(self, stage_time_s: Sequence[float], stage_step_time_s: Sequence[float],
                            ctx: StageContext) -> float:
         batching = self.batching(ctx.pp, ctx.micro_batches)

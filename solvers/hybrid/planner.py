@@ -117,6 +117,9 @@ class Planner:
         self.slowest_bound = self.linear or bool(getattr(cm, "pipeline_at_least_slowest_stage", False))
         # the step is at least every stage's time plus (m - 1) x the last one's (Galvatron's formula, either form)
         self.chain = bool(getattr(cm, "pipeline_at_least_chain", False))
+        # ... and on top of the pipelined part, the first stage's step time less its fixed time (Galvatron's
+        # unhidden gradient sync, B_0 - C_0)
+        self.first_sync = bool(getattr(cm, "pipeline_adds_first_stage_sync", False))
         self.unit = self.opt.memory_unit_bytes or stage_costs.memory_unit(self.limit, self.memory_bins())
         self._costs: dict[PipelineConfig, stage_costs.ConfigCosts | None] = {}
         self._tables: dict[tuple[object, ...], stage_table.StageTable] = {}
@@ -358,22 +361,33 @@ class Planner:
         """For a formula that charges at least A = Σ_s t_s + (m - 1) t_last (every stage once, then the last
         stage's other micro-batches) and, where it also charges B = m max_s t_s, at least max(A, B): the least
         of that over all partitions of the relaxed stage times, by bisection on X (feasible when a partition
-        keeps every m t_s ≤ X and its least A ≤ X: a min-sum DP over the stages' capped tables). Unlike
-        ``joint_bound`` it keeps the pipeline's fill; the bisection's lower end is returned (a true bound)."""
+        keeps every stage's part of B ≤ X and its least A ≤ X: a min-sum DP over the stages' capped tables).
+        Unlike ``joint_bound`` it keeps the pipeline's fill; the bisection's lower end is returned (a true
+        bound). Where the formula adds, past the pipelined part, the first stage's step time less its fixed
+        time (Galvatron's unhidden gradient sync B_0 - C_0, r), the step is at least max(A + r, m t_0 + r,
+        m t_s for s > 0) (the sum never below 0): the first stage is relaxed on its time and step time
+        together in A and in its part of B."""
         if cc.config.pp == 1 or not self.chain:
             return 0.0
         m, p, n = self._formula_m(cc.config), cc.config.pp, len(self.kinds)
         times = self._relaxed_stage_times(cc, levels)
-        weighted = [t * (m if s == p - 1 else 1.0) for s, t in enumerate(times)]
-        lo = partition.min_sum_value(n, weighted)
+        chain = [t * (m if s == p - 1 else 1.0) for s, t in enumerate(times)]
+        slow = [m * t for t in times]
+        if self.first_sync:
+            st = cc.stages[0]
+            both = self._relaxed(cc, [{k: c.time_s + c.step_time_s for k, c in st.costs.items()},
+                                      {k: m * c.time_s + c.step_time_s for k, c in st.costs.items()}], 0, levels)
+            chain[0], slow[0] = self._by_start(cc, [both[0] + st.fixed.step_time_s,
+                                                    both[1] + (m - 1) * st.fixed.time_s + st.fixed.step_time_s])
+        lo = partition.min_sum_value(n, chain)
         if not self.slowest_bound or not math.isfinite(lo):
             return lo
 
         def feasible(x: float) -> bool:
-            capped = [np.where(m * t <= x, w, math.inf) for t, w in zip(times, weighted, strict=True)]
+            capped = [np.where(b <= x, a, math.inf) for b, a in zip(slow, chain, strict=True)]
             return partition.min_sum_value(n, capped) <= x
 
-        lo = max(lo, m * partition.min_max_value(n, times))
+        lo = max(lo, partition.min_max_value(n, slow))
         hi = 2.0 * lo
         while not feasible(hi):
             lo, hi = hi, 2.0 * hi

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -58,6 +58,10 @@ class SyntheticCostModel:
     @property
     def pipeline_at_least_chain(self) -> bool:
         return not self.linear_pipeline and self.galvatron_formula
+
+    @property
+    def pipeline_adds_first_stage_sync(self) -> bool:
+        return self.pipeline_at_least_chain
 
     def _scale(self, layer: int) -> float:
         return float(self.layer_scale[layer]) if self.layer_scale else 1.0
@@ -132,7 +136,9 @@ class SyntheticCostModel:
         if self.linear_pipeline:
             return step_time_s(stage_time_s, stage_step_time_s, ctx.micro_batches, v, ctx.schedule)
         if self.galvatron_formula:
-            with_sync = [t + u for t, u in zip(stage_time_s, stage_step_time_s, strict=True)]
+            # as Galvatron's: B_s holds the layers' times with sync, without the embedding/head (C_s has it)
+            fixed = [self.stage_fixed(replace(ctx, stage=s)).time_s for s in range(len(stage_time_s))]
+            with_sync = [t + u - f for t, u, f in zip(stage_time_s, stage_step_time_s, fixed, strict=True)]
             return galvatron_pipeline_time(list(stage_time_s), with_sync, ctx.micro_batches, bounded=True)
         fill = sum(stage_time_s) / v
         return (ctx.micro_batches - 1) * max(stage_time_s) + fill + max(stage_step_time_s)

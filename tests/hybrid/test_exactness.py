@@ -236,3 +236,35 @@ def test_planner_matches_enumeration_at_eight_layers_on_eight_gpus() -> None:
         assert found == truth or math.isclose(found, truth, rel_tol=1e-9), (limit_mib, found, truth)
         feasible += math.isfinite(truth)
     assert feasible == 5
+
+
+@st.composite
+def galvatron_case(draw: st.DrawFn) -> tuple[SyntheticCostModel, SearchSpace]:
+    """Galvatron's formula with a large gradient sync and several stages: where its unhidden first-stage sync
+    (added past the pipelined part) decides the chain bound."""
+    gpus = draw(st.sampled_from([2, 4, 6]))
+    layers = draw(st.integers(2, 4))
+    batch = draw(st.sampled_from([4, 8, 12]))
+    cm = SyntheticCostModel(
+        num_layers=layers, num_gpus=gpus, memory_limit_bytes=draw(st.integers(200, 1500)) * MIB, global_batch=batch,
+        gpus_per_node=draw(st.sampled_from([1, 2])), dp_sync_s=draw(st.sampled_from([0.2, 0.5])),
+        embed_time_s=draw(st.sampled_from([0.0, 0.004])), act_mib_per_sample=16.0, param_mib=20.0,
+        linear_pipeline=False, galvatron_formula=True)
+    space = SearchSpace(num_gpus=gpus, gpus_per_node=cm.gpus_per_node, num_layers=layers, global_batch_size=batch,
+                        seq_length=1024, heads=12, kv_heads=12, max_tp=2, max_pp=4, max_cp=1, sp_kinds=(None,),
+                        zero_levels=(0, 3), recomputes=("none", "full"), schedules=("1f1b",))
+    return cm, space
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(galvatron_case())
+def test_chain_bound_with_the_first_stage_sync_stays_below_every_configuration(
+        case: tuple[SyntheticCostModel, SearchSpace]) -> None:
+    cm, space = case
+    planner = Planner(cm, space, kinds=[0] * cm.num_layers, options=EXACT)
+    assert planner.first_sync
+    for cfg in space.pipeline_configs():
+        cc = planner.config_costs(cfg)
+        if cc is not None and cfg.pp > 1:
+            step, _ = planner.solve_config(cc)
+            assert planner.chain_bound(cc, levels=64) <= step * (1 + 1e-12)
