@@ -276,6 +276,15 @@ class Planner:
         """Per layer kind and candidate, m x time + step time: one stage's share of a linear pipeline's step."""
         return {k: m * c.time_s + c.step_time_s for k, c in st.costs.items()}
 
+    def _weighted_stage(self, cc: stage_costs.ConfigCosts, stage: int, weights: Sequence[tuple[float, float]],
+                        levels: int = 1) -> list[np.ndarray]:
+        """Per (w_t, w_u): the stage's relaxed least of w_t t + w_u u over its layers, plus its fixed time and
+        step time at the same weights (as ``_relaxed`` shapes it: by count, or [start phase, count])."""
+        st = cc.stages[stage]
+        got = self._relaxed(cc, [{k: wt * c.time_s + wu * c.step_time_s for k, c in st.costs.items()}
+                                 for wt, wu in weights], stage, levels)
+        return [g + wt * st.fixed.time_s + wu * st.fixed.step_time_s for g, (wt, wu) in zip(got, weights, strict=True)]
+
     def _by_start(self, cc: stage_costs.ConfigCosts, rows: list[np.ndarray]) -> list[np.ndarray]:
         """Per-stage relaxed values as the partition search takes them: by count, or [start, count]."""
         n, v = len(self.kinds), cc.config.virtual_stages
@@ -373,12 +382,9 @@ class Planner:
         times = self._relaxed_stage_times(cc, levels)
         chain = [t * (m if s == p - 1 else 1.0) for s, t in enumerate(times)]
         slow = [m * t for t in times]
-        if self.first_sync:
-            st = cc.stages[0]
-            both = self._relaxed(cc, [{k: c.time_s + c.step_time_s for k, c in st.costs.items()},
-                                      {k: m * c.time_s + c.step_time_s for k, c in st.costs.items()}], 0, levels)
-            chain[0], slow[0] = self._by_start(cc, [both[0] + st.fixed.step_time_s,
-                                                    both[1] + (m - 1) * st.fixed.time_s + st.fixed.step_time_s])
+        if self.first_sync:  # (B_0 - C_0 leaves out the first stage's fixed time)
+            first = self._weighted_stage(cc, 0, [(1.0, 1.0), (m, 1.0)], levels)
+            chain[0], slow[0] = self._by_start(cc, [x - cc.stages[0].fixed.time_s for x in first])
         lo = partition.min_sum_value(n, chain)
         if not self.slowest_bound or not math.isfinite(lo):
             return lo
@@ -415,10 +421,7 @@ class Planner:
             return self._formula_m(cfg) * partition.min_max_value(len(self.kinds),
                                                                   self._relaxed_stage_times(cc, levels))
         v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
-        rows = []
-        for s, st in enumerate(cc.stages):
-            (joint,) = self._relaxed(cc, [self._step_values(st, m)], s, levels)
-            rows.append(joint + m * st.fixed.time_s + st.fixed.step_time_s)
+        rows = [self._weighted_stage(cc, s, [(m, 1.0)], levels)[0] for s in range(cfg.pp)]
         j = partition.min_max_value(len(self.kinds), self._by_start(cc, rows))
         sum_t = self._fastest_layers_s([st.costs for st in cc.stages]) + sum(st.fixed.time_s for st in cc.stages)
         return max(j, (1 - 1 / (v * m)) * j + sum_t / v)
@@ -435,12 +438,8 @@ class Planner:
             return 0.0
         cfg = cc.config
         v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
-        w, w_step = (cfg.micro_batches - 1 / v) / cfg.pp + 1 / v, 1.0 / cfg.pp
-        rows = []
-        for s, st in enumerate(cc.stages):
-            (least,) = self._relaxed(cc, [{k: w * c.time_s + w_step * c.step_time_s for k, c in st.costs.items()}],
-                                     s, levels)
-            rows.append(least + w * st.fixed.time_s + w_step * st.fixed.step_time_s)
+        weights = [((cfg.micro_batches - 1 / v) / cfg.pp + 1 / v, 1.0 / cfg.pp)]
+        rows = [self._weighted_stage(cc, s, weights, levels)[0] for s in range(cfg.pp)]
         return partition.min_sum_value(len(self.kinds), self._by_start(cc, rows))
 
     def fill_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1, splits: int = 8) -> float:
@@ -455,15 +454,10 @@ class Planner:
             return 0.0
         cfg = cc.config
         v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
-        w = cfg.micro_batches - 1 / v
-        slow, fill = [], []
-        for s, st in enumerate(cc.stages):
-            a, b = self._relaxed(cc, [{k: w * c.time_s + c.step_time_s for k, c in st.costs.items()},
-                                      {k: c.time_s / v for k, c in st.costs.items()}], s, levels)
-            slow.append(a + w * st.fixed.time_s + st.fixed.step_time_s)
-            fill.append(b + st.fixed.time_s / v)
-        return partition.min_max_plus_sum_bound(len(self.kinds), self._by_start(cc, slow),
-                                                self._by_start(cc, fill), splits)
+        slow, fill = zip(*(self._weighted_stage(cc, s, [(cfg.micro_batches - 1 / v, 1.0), (1 / v, 0.0)], levels)
+                           for s in range(cfg.pp)), strict=True)
+        return partition.min_max_plus_sum_bound(len(self.kinds), self._by_start(cc, list(slow)),
+                                                self._by_start(cc, list(fill)), splits)
 
     def _fastest_layers_s(self, costs_by_stage: Sequence[dict[Hashable, LayerCosts]]) -> float:
         """Every layer at its kind's fastest candidate on any stage (candidates a cost model cannot price,
