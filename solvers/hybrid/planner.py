@@ -283,7 +283,9 @@ class Planner:
         st = cc.stages[stage]
         got = self._relaxed(cc, [{k: wt * c.time_s + wu * c.step_time_s for k, c in st.costs.items()}
                                  for wt, wu in weights], stage, levels)
-        return [g + wt * st.fixed.time_s + wu * st.fixed.step_time_s for g, (wt, wu) in zip(got, weights, strict=True)]
+        f = st.fixed  # (a zero weight leaves its term out, an infinite one too: no 0 x inf)
+        return [g + (wt * f.time_s if wt else 0.0) + (wu * f.step_time_s if wu else 0.0)
+                for g, (wt, wu) in zip(got, weights, strict=True)]
 
     def _by_start(self, cc: stage_costs.ConfigCosts, rows: list[np.ndarray]) -> list[np.ndarray]:
         """Per-stage relaxed values as the partition search takes them: by count, or [start, count]."""
@@ -383,6 +385,8 @@ class Planner:
         chain = [t * (m if s == p - 1 else 1.0) for s, t in enumerate(times)]
         slow = [m * t for t in times]
         if self.first_sync:  # (B_0 - C_0 leaves out the first stage's fixed time)
+            if not math.isfinite(cc.stages[0].fixed.time_s):
+                return math.inf  # the model prices no plan of this configuration (e.g. its embedding split)
             first = self._weighted_stage(cc, 0, [(1.0, 1.0), (m, 1.0)], levels)
             chain[0], slow[0] = self._by_start(cc, [x - cc.stages[0].fixed.time_s for x in first])
         lo = partition.min_sum_value(n, chain)

@@ -8,8 +8,10 @@ import json
 import math
 import os
 import random
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from solvers.cost_model.aggregate import stage_context, stage_memory_bytes
@@ -405,6 +407,26 @@ def test_single_stage_bound_lies_between_the_relaxed_bound_and_the_solved_stage(
             assert lower <= single * (1 + 1e-12) and single <= solved * (1 + 1e-12), (var, lower, single, solved)
             gains.append(single / lower - 1)
     assert len(gains) >= 8 and max(gains) > 0.1
+
+
+def test_chain_bound_of_an_embedding_split_the_model_cannot_price_is_infinite_not_nan() -> None:
+    """Some embedding splits Galvatron's model cannot price (an infinite fixed time): the bound with the first
+    stage's gradient sync, which takes that time off again, says no plan (inf), never inf - inf."""
+    req = parse(HybridRequest, request(nodes=1, memory_gib=16))
+    planner = Planner(make_cost_model(req), build_space(req, "galvatron"), layer_kinds(req.model))
+    unpriced = 0
+    for cfg in planner.space.pipeline_configs():
+        for e in planner.space.embedding_options(planner.space.num_gpus // cfg.pp) if cfg.pp > 1 else []:
+            cc = planner.config_costs(replace(cfg, embedding=e))
+            if cc is None:
+                continue
+            with np.errstate(invalid="raise"):  # no inf - inf anywhere in the tables
+                bound = planner.chain_bound(cc)
+            assert not math.isnan(bound)
+            if not math.isfinite(cc.stages[0].fixed.time_s):
+                unpriced += 1
+                assert bound == math.inf
+    assert unpriced > 0
 
 
 def test_hardware_folders_are_searched_in_order() -> None:
