@@ -11,6 +11,7 @@ layers differ). Output: the layer counts per stage that minimise the pipeline st
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -179,13 +180,27 @@ def min_max_plus_sum_bound(total: int, slow: Sequence[np.ndarray], fill: Sequenc
     return min(min(caps[i] + least[i + 1] for i in range(len(caps) - 1)), caps[-1] + unconstrained)
 
 
+@functools.lru_cache(maxsize=64)
+def _steps(total: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """For a stage of fewer than ``width`` layers, per (layers placed so far j, the stage's count c): whether c
+    is a count it can take (1 ≤ c ≤ j), and the layers placed before it (j - c)."""
+    j, c = np.arange(total + 1)[:, None], np.arange(width)[None, :]
+    valid = (c >= 1) & (c <= j)
+    return valid, np.where(valid, j - c, 0)
+
+
+def _width(finite_count: np.ndarray) -> int:
+    """One past the largest layer count a stage can take (memory caps most stages far below the total)."""
+    idx = np.flatnonzero(finite_count)
+    return int(idx[-1]) + 1 if idx.size else 1
+
+
 def _best_partition(total: int, tables: Sequence[np.ndarray], combine: Callable[[np.ndarray, np.ndarray],
                     np.ndarray] = np.maximum) -> tuple[float, tuple[int, ...] | None]:
-    """The partition whose stages' values, combined (the slowest by default, or their sum), are least."""
+    """The partition whose stages' values, combined (the slowest by default, or their sum), are least. Each
+    stage's DP step spans only the counts it can take (a deep stack's stage of at most w layers costs
+    (total + 1) x w, not (total + 1)^2)."""
     k = len(tables)
-    j, n = np.meshgrid(np.arange(total + 1), np.arange(total + 1), indexing="ij")
-    valid = (n >= 1) & (n <= j)
-    prev_idx = np.where(valid, j - n, 0)
     best = np.full(total + 1, INF)
     best[0] = 0.0
     args = []
@@ -195,13 +210,17 @@ def _best_partition(total: int, tables: Sequence[np.ndarray], combine: Callable[
             full = np.full((total + 1, total + 1), INF)
             rows, cols = min(tab.shape[0], total + 1), min(tab.shape[1], total + 1)
             full[:rows, :cols] = tab[:rows, :cols]
-            t_jn = full[prev_idx, n]
+            width = _width(np.any(full < INF, axis=0))
+            valid, prev_idx = _steps(total, width)
+            t_jc = full[prev_idx, np.arange(width)[None, :]]
         else:
             t = np.full(total + 1, INF)
             m = min(len(tab), total)
             t[1:m + 1] = tab[:m]
-            t_jn = t[n]
-        cand = np.where(valid, combine(best[prev_idx], t_jn), INF)
+            width = _width(t < INF)
+            valid, prev_idx = _steps(total, width)
+            t_jc = t[None, :width]
+        cand = np.where(valid, combine(best[prev_idx], t_jc), INF)
         arg = np.argmin(cand, axis=1)
         best = cand[np.arange(total + 1), arg]
         args.append(arg)

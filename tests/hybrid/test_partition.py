@@ -122,3 +122,22 @@ def test_best_variants_moves_two_stages_at_once() -> None:
                                         pipe, exhaustive_limit=1)
     assert pick == (0, 1, 1)
     assert got == pytest.approx(10 + 2.0 + 0.5)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 9), st.data())
+def test_min_max_and_min_sum_tables_equal_enumeration_where_stages_take_few_layers(total: int,
+                                                                                    data: st.DataObject) -> None:
+    """The table DPs span only the counts a stage can take (memory caps stages of deep stacks): with random
+    infeasible counts, by count (1-D, identical layers) and by [start, count] (2-D), both equal enumeration."""
+    k = data.draw(st.integers(1, 4))
+    cap = data.draw(st.integers(1, total))  # no stage takes more than this many layers
+    vals = st.one_of(st.floats(0.0, 50.0, allow_nan=False), st.just(np.inf))
+    one = [np.array([data.draw(vals) if n <= cap else np.inf for n in range(1, total + 1)]) for _ in range(k)]
+    two = [np.array([[np.inf] + [data.draw(vals) if n <= cap and a + n <= total else np.inf
+                                 for n in range(1, total + 1)] for a in range(total)]) for _ in range(k)]
+    for tables, cost in ((one, lambda s, a, n: one[s][n - 1]), (two, lambda s, a, n: two[s][a, n])):
+        assert partition.min_max_value(total, tables) == _brute(total, k, cost)
+        sums = [sum(cost(s, int(a), n) for s, (a, n) in enumerate(zip(np.cumsum((0, *p))[:-1], p, strict=True)))
+                for p in partition._all_compositions(total, k)]
+        assert partition.min_sum_value(total, tables) == pytest.approx(min(sums, default=np.inf))
