@@ -127,6 +127,7 @@ class Planner:
         self._envelopes: bounds.Envelopes = {}
         self._fronts: bounds.Fronts = {}
         self._picks: dict[tuple[PipelineConfig, tuple[int, ...]], tuple[int, ...]] = {}
+        self._floors: dict[PipelineConfig, float] = {}  # the search and the certificate ask for the same ones
         # per-stage tables of exactly a plan's stages (``polish``), used instead of the shared prefix tables
         self._final_tables: dict[tuple[PipelineConfig, tuple[int, ...]], list[stage_table.StageTable]] = {}
         self.dp_runs = 0
@@ -479,6 +480,12 @@ class Planner:
         costs, which the configuration's embedding variants share."""
         if not (self.slowest_bound and self.opt.use_bounds):
             return 0.0
+        hit = self._floors.get(cfg)
+        if hit is None:
+            hit = self._floors[cfg] = self._compute_floor(cfg)
+        return hit
+
+    def _compute_floor(self, cfg: PipelineConfig) -> float:
         cands = self.space.layer_candidates(self.space.num_gpus // cfg.pp,
                                             self.space.global_batch_size // cfg.micro_batches)
         if not cands:
