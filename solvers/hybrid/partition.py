@@ -11,7 +11,6 @@ layers differ). Output: the layer counts per stage that minimise the pipeline st
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -180,7 +179,6 @@ def min_max_plus_sum_bound(total: int, slow: Sequence[np.ndarray], fill: Sequenc
     return min(min(caps[i] + least[i + 1] for i in range(len(caps) - 1)), caps[-1] + unconstrained)
 
 
-@functools.lru_cache(maxsize=64)
 def _steps(total: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """For a stage of fewer than ``width`` layers, per (layers placed so far j, the stage's count c): whether c
     is a count it can take (1 ≤ c ≤ j), and the layers placed before it (j - c)."""
