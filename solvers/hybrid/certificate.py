@@ -60,7 +60,8 @@ def certified_bound(planner: Planner, ceiling: float = math.inf) -> float:
 def _bounds(planner: Planner, cc: stage_costs.ConfigCosts, floor: float, levels: int, enough: float) -> float:
     """The configuration's best true bound; the costlier ones only while the bound is below ``enough`` (a
     configuration bounded at or above the least bound so far cannot lower it)."""
-    lb = max(floor, planner.joint_bound(cc, levels), planner.single_stage_bound(cc, levels=levels),
+    single = levels if levels <= 1 else max(levels, planner.opt.bound_single_stage_levels)  # one cheap relaxation
+    lb = max(floor, planner.joint_bound(cc, levels), planner.single_stage_bound(cc, levels=single),
              planner.chain_bound(cc, levels=levels))
     if lb < enough:
         lb = max(lb, planner.mean_stage_bound(cc, levels))
