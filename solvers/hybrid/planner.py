@@ -285,10 +285,13 @@ class Planner:
         """Per (w_t, w_u): the stage's relaxed least of w_t t + w_u u over its layers, plus its fixed time and
         step time at the same weights (as ``_relaxed`` shapes it: by count, or [start phase, count])."""
         st = cc.stages[stage]
-        got = self._relaxed(cc, [{k: wt * c.time_s + wu * c.step_time_s for k, c in st.costs.items()}
+
+        def weighted(wt: float, wu: float, t: Any, u: Any) -> Any:  # a zero weight leaves its term out: no 0 x inf
+            return (wt * t if wt else 0.0) + (wu * u if wu else 0.0)
+
+        got = self._relaxed(cc, [{k: weighted(wt, wu, c.time_s, c.step_time_s) for k, c in st.costs.items()}
                                  for wt, wu in weights], stage, levels)
-        f = st.fixed  # (a zero weight leaves its term out, an infinite one too: no 0 x inf)
-        return [g + (wt * f.time_s if wt else 0.0) + (wu * f.step_time_s if wu else 0.0)
+        return [g + weighted(wt, wu, st.fixed.time_s, st.fixed.step_time_s)
                 for g, (wt, wu) in zip(got, weights, strict=True)]
 
     def _by_start(self, cc: stage_costs.ConfigCosts, rows: list[np.ndarray]) -> list[np.ndarray]:
@@ -346,11 +349,8 @@ class Planner:
         if cc.config.pp != 1:
             return 0.0
         st, n, m = cc.stages[0], len(self.kinds), float(cc.config.micro_batches)
-        t, u, joint = (float(x[n] if cc.uniform else x[0, n]) for x in self._relaxed(cc, [
-            {k: c.time_s for k, c in st.costs.items()}, {k: c.step_time_s for k, c in st.costs.items()},
-            self._step_values(st, m)], 0, levels))
-        f = st.fixed
-        a, b, r = t + f.time_s, u + f.step_time_s, joint + m * f.time_s + f.step_time_s
+        a, b, r = (float(x[n] if cc.uniform else x[0, n])
+                   for x in self._weighted_stage(cc, 0, [(1.0, 0.0), (0.0, 1.0), (m, 1.0)], levels))
         if not all(map(math.isfinite, (a, b, r))) or n < cc.config.virtual_stages:
             return math.inf
         c_end = max(a, (r - b) / m)
@@ -361,8 +361,7 @@ class Planner:
 
     def _relaxed_stage_times(self, cc: stage_costs.ConfigCosts, levels: int = 1) -> list[np.ndarray]:
         """Each stage's relaxed per-micro-batch time plus its fixed time, as the partition DPs take them."""
-        return self._by_start(cc, [self._relaxed(cc, [{k: c.time_s for k, c in st.costs.items()}], s, levels)[0]
-                                   + st.fixed.time_s for s, st in enumerate(cc.stages)])
+        return self._by_start(cc, [self._weighted_stage(cc, s, [(1.0, 0.0)], levels)[0] for s in range(cc.config.pp)])
 
     def _formula_m(self, cfg: PipelineConfig) -> float:
         """The micro-batches a non-linear pipeline formula counts (its own, where it says; Galvatron's may
