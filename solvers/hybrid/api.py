@@ -12,7 +12,7 @@ from solvers.cost_model.factory import make_cost_model
 from solvers.errors import FieldProblem, InfeasibleError
 from solvers.hybrid import baselines
 from solvers.hybrid.cached import CachedStages
-from solvers.hybrid.certificate import certified_bound
+from solvers.hybrid.certificate import certify
 from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import SpaceMode, build_space
 from solvers.request import HybridRequest, parse
@@ -100,7 +100,15 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
     c_cert = time.process_time()
     if progress:
         progress(0.99, "optimality certificate")
-    bound = certified_bound(planner, ceiling=step)
+    cert = certify(planner, ceiling=step)
+    if cert.better is not None:  # a configuration the search's heuristic ordering left holds a faster plan
+        plan, step = planner.finish(*cert.better[1:], cert.better[0])
+        source = "dp"
+    stats["configs_solved"] += cert.repaired
+    stats["configs_pruned_by_bound"] -= cert.repaired
+    stats["time_limited"] = stats["time_limited"] or cert.time_limited
+    stats["dp_runs"] = planner.dp_runs
+    bound = min(cert.bound_s, step)
     stats["lower_bound_step_time_s"] = bound if bound > 0 else None
     stats["optimality_gap"] = step / bound - 1.0 if bound > 0 else None
     stats["certificate_cpu_s"] = time.process_time() - c_cert

@@ -4,29 +4,52 @@ Against the plan found it is the gap the search's heuristics may leave (the DP's
 climb, the capped embedding variants); against a baseline, the most any plan could gain over it. Only true
 bounds count (``Planner``'s compute floor, joint, mean-stage, fill, single-stage and chain bounds, and the relaxed
 bound where it enumerates every partition), each over every embedding/LM-head strategy; a configuration with none
-of them bounds at 0, and so does the whole space.
+of them bounds at 0, and so does the whole space. The certificate also solves every configuration the search
+passed by on a heuristic ordering bound that its true bounds cannot rule out (``certify``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from solvers.hybrid import partition, stage_costs
 from solvers.hybrid.planner import Planner
+from solvers.hybrid.space import PipelineConfig
+
+
+@dataclass
+class Certificate:
+    bound_s: float  # no plan of the space is faster (at most the ceiling passed)
+    # a plan faster than the ceiling, found by solving configurations the search left (step time, costs,
+    # partition), to be finished (``Planner.finish``)
+    better: tuple[float, stage_costs.ConfigCosts, tuple[int, ...]] | None = None
+    repaired: int = 0  # configurations solved for it
+    time_limited: bool = False  # the time limit stopped the repair before every such configuration was solved
 
 
 def certified_bound(planner: Planner, ceiling: float = math.inf) -> float:
     """The least, over every pipeline configuration, of its true lower bounds. ``ceiling``: configurations
     are not refined once their floor reaches it (pass the plan's step time: the answer is then
-    min(ceiling, bound)).
+    min(ceiling, bound))."""
+    return certify(planner, ceiling, repair=False).bound_s
+
+
+def certify(planner: Planner, ceiling: float = math.inf, repair: bool = True) -> Certificate:
+    """The least true lower bound over the space and, with ``repair``, the plans the search missed.
+
+    The search orders and stops on bounds that are heuristics for deep pipelines (the relaxation's best
+    partition among a few, where there are too many to enumerate): a configuration it never solved may hold a
+    faster plan. Here every configuration whose true bound lies below the best plan and that the search did
+    not solve is solved, in bound order, so the gap left is the bounds' and the solver's, never the ordering's.
 
     Two passes: every configuration's cheap bounds, then, in their order, the refined ones (the stage's
-    transient-memory levels told apart) of those still below the least refined bound so far: a cheap bound is
-    never above its refined one, so the rest cannot lower the answer."""
+    transient-memory levels told apart) of those still below the least refined bound so far, or unsolved and
+    below the best plan: a cheap bound is never above its refined one, so the rest can neither lower the
+    answer nor hold a faster plan."""
     space = planner.space
     best = ceiling
-    cheap: list[tuple[float, int, float, list[tuple[float, stage_costs.ConfigCosts]]]] = []
+    cheap: list[tuple[float, int, PipelineConfig, float, list[tuple[float, stage_costs.ConfigCosts]]]] = []
     for cfg in space.pipeline_configs():
         floor = planner.compute_floor(cfg)
         if floor >= best:
@@ -43,18 +66,42 @@ def certified_bound(planner: Planner, ceiling: float = math.inf) -> float:
                    if c is not None]
         lb = min((b for b, _ in ccs), default=math.inf)
         if lb < best:
-            cheap.append((lb, len(cheap), floor, ccs))
+            cheap.append((lb, len(cheap), cfg, floor, ccs))
     levels = planner.opt.bound_transient_levels
     refined = best
-    for lb, _, floor, ccs in sorted(cheap, key=lambda x: x[:2]):
-        if lb >= refined:
+    out = Certificate(best)
+    for lb, _, cfg, floor, ccs in sorted(cheap, key=lambda x: x[:2]):
+        if lb >= best:
             break
-        if levels <= 1:
-            refined = lb
+        unsolved = repair and not planner.solved.issuperset(planner.embedding_variants(cfg))
+        if lb >= refined and not unsolved:
             continue
-        refined = min(refined, min(max(b, _bounds(planner, c, floor, levels, refined)) if b < refined else b
-                                   for b, c in ccs))
-    return refined
+        enough = best if unsolved else refined  # (a configuration to solve needs its bound against the plan)
+        r = lb if levels <= 1 else min(max(b, _bounds(planner, c, floor, levels, enough)) if b < enough else b
+                                       for b, c in ccs)
+        refined = min(refined, r)
+        if unsolved and r < best:
+            best = _repair(planner, cfg, floor, levels, best, out)
+    out.bound_s = min(refined, best)
+    return out
+
+
+def _repair(planner: Planner, cfg: PipelineConfig, floor: float, levels: int, best: float, out: Certificate
+            ) -> float:
+    """Solve each of ``cfg``'s embedding variants the search left whose own bound is below ``best``; a faster
+    plan goes to ``out.better``. Returns the best step time."""
+    for var in planner.embedding_variants(cfg):
+        cc = None if var in planner.solved else planner.config_costs(var)
+        if cc is None or _bounds(planner, cc, floor, levels, best) >= best:
+            continue
+        if planner.over_time():
+            out.time_limited = True
+            break
+        v, parts = planner.solve_config(cc)
+        out.repaired += 1
+        if v < best:
+            best, out.better = v, (v, cc, parts)
+    return best
 
 
 def _bounds(planner: Planner, cc: stage_costs.ConfigCosts, floor: float, levels: int, enough: float) -> float:

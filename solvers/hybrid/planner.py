@@ -2,7 +2,9 @@
 
 Every pipeline configuration gets a lower bound first (each stage's memory-constrained choice relaxed, see
 ``bounds``; best partition of that relaxation); configurations are solved in bound order and the search stops
-as soon as the next bound cannot beat the best plan found. Cost-model answers are cached per (layer kind,
+as soon as the next bound cannot beat the best plan found. Where a configuration has too many partitions to
+enumerate, its ordering bound is the relaxation's best of a few partitions, a heuristic: ``certificate``
+then solves what the search passed by and true bounds cannot rule out. Cost-model answers are cached per (layer kind,
 stage context) and DP tables per (configuration, stage, phase of the layer kinds), so nothing is computed
 twice. The chosen plan is then refined (more time weights) and, for mixed layer kinds, polished (finer bins).
 """
@@ -133,6 +135,9 @@ class Planner:
         self._floors: dict[PipelineConfig, float] = {}  # the search and the certificate ask for the same ones
         # per-stage tables of exactly a plan's stages (``polish``), used instead of the shared prefix tables
         self._final_tables: dict[tuple[PipelineConfig, tuple[int, ...]], list[stage_table.StageTable]] = {}
+        self._variants_of: dict[PipelineConfig, list[PipelineConfig]] = {}
+        self.solved: set[PipelineConfig] = set()  # embedding variants solved (by the search or the certificate)
+        self.started = time.perf_counter()
         self.dp_runs = 0
         self.time_limited = False
         self.last_counts: tuple[int, int, int] = (0, 0, 0)  # configurations: total, solved, pruned by bound
@@ -520,7 +525,17 @@ class Planner:
                                exhaustive_limit=self.opt.exhaustive_partition_limit, tables=tables,
                                step_tables=step_tables, variants=variants, matrices=matrices)
         self._picks[(cc.config, res.parts)] = res.variant
+        self.solved.add(cc.config)
         return res.step_time_s, res.parts
+
+    def finish(self, cc: stage_costs.ConfigCosts, parts: tuple[int, ...], step_s: float
+               ) -> tuple[PlanStrategy, float]:
+        """The chosen configuration's plan, refined and polished, and its step time."""
+        step_s = self.polish(cc, parts, self.refine(cc, parts, step_s))
+        return self.build_plan(cc, parts), step_s
+
+    def over_time(self) -> bool:
+        return self.opt.time_limit_s is not None and time.perf_counter() - self.started > self.opt.time_limit_s
 
     def refine(self, cc: stage_costs.ConfigCosts, parts: tuple[int, ...], step_s: float) -> float:
         """The chosen plan's stages re-solved with more weights between time and step time; returns the
@@ -564,7 +579,10 @@ class Planner:
         n, v = len(self.kinds), cc.config.virtual_stages
         out = np.full((n, n + 1), math.inf)
         for start in range(n):
-            tab = self.table(cc, stage, self._max_len(cc, stage, start))
+            layers = self._max_len(cc, stage, start)
+            if not layers:  # (no layer left for this stage once the later ones have one each)
+                continue
+            tab = self.table(cc, stage, layers)
             k = min(len(tab.time_s), n - start)
             out[start, 1:k + 1] = np.where(np.isfinite(tab.obj[:k]), tab.time_s[:k], math.inf)
         out[:, :v] = math.inf
@@ -597,6 +615,11 @@ class Planner:
     def embedding_variants(self, cfg: PipelineConfig) -> list[PipelineConfig]:
         """``cfg`` with each embedding/LM-head strategy that is Pareto-optimal in the first and last stage's
         fixed time, step time and memory (at most ``embedding_variants``, spread over the front)."""
+        if cfg not in self._variants_of:
+            self._variants_of[cfg] = self._embedding_variants(cfg)
+        return self._variants_of[cfg]
+
+    def _embedding_variants(self, cfg: PipelineConfig) -> list[PipelineConfig]:
         g = self.space.num_gpus // cfg.pp
         rows: list[tuple[EmbeddingStrategy, np.ndarray]] = []
         for emb in self.space.embedding_options(g):
@@ -648,7 +671,7 @@ class Planner:
                incumbent_s: float = math.inf) -> PlanResult:
         """Best plan over ``configs`` (default: the whole space). ``incumbent_s``: a step time already
         achieved elsewhere (e.g. a baseline), to prune against from the start."""
-        t0 = time.perf_counter()
+        t0 = self.started = time.perf_counter()
         base = list(configs) if configs is not None else self.space.pipeline_configs()
         n_total = 0
         # (bound, pp, m, tie, config, its costs) or, for a configuration's embedding variants bounded
@@ -693,8 +716,7 @@ class Planner:
                     push(variant, best_v)
                 continue
             cfg, cc = popped, payload
-            over_time = self.opt.time_limit_s is not None and time.perf_counter() - t0 > self.opt.time_limit_s
-            if over_time and (best is not None or math.isfinite(incumbent_s)):
+            if self.over_time() and (best is not None or math.isfinite(incumbent_s)):
                 time_limited = True
                 break
             # (mixed kinds have it in lb already)
@@ -715,9 +737,7 @@ class Planner:
         if best is None:
             raise LookupError("no pipeline configuration fits in memory (or beats the incumbent)")
         ranking.sort(key=lambda o: o.step_time_s)
-        best_v = self.refine(*best, best_v)
-        best_v = self.polish(*best, best_v)
-        plan = self.build_plan(*best)
+        plan, best_v = self.finish(*best, best_v)
         return PlanResult(plan, best_v, n_total, solved, pruned, self.dp_runs, time.perf_counter() - t0, ranking,
                           time_limited)
 
