@@ -70,20 +70,41 @@ def certify(planner: Planner, ceiling: float = math.inf, repair: bool = True) ->
     levels = planner.opt.bound_transient_levels
     refined = best
     out = Certificate(best)
-    for lb, _, cfg, floor, ccs in sorted(cheap, key=lambda x: x[:2]):
+    cheap.sort(key=lambda x: x[:2])
+    for lb, _, cfg, floor, ccs in cheap:
         if lb >= best:
             break
         unsolved = repair and not planner.solved.issuperset(planner.embedding_variants(cfg))
         if lb >= refined and not unsolved:
             continue
         enough = best if unsolved else refined  # (a configuration to solve needs its bound against the plan)
-        r = lb if levels <= 1 else min(max(b, _bounds(planner, c, floor, levels, enough)) if b < enough else b
-                                       for b, c in ccs)
+        r = lb if levels <= 1 else _refined(planner, ccs, floor, levels, enough)
         refined = min(refined, r)
         if unsolved and r < best:
             best = _repair(planner, cfg, floor, levels, best, out)
     out.bound_s = min(refined, best)
+    deep = planner.opt.bound_whole_layers_deep
+    if levels > 1 and deep > planner.opt.bound_whole_layers and out.bound_s * (1 + planner.opt.deep_bound_gap) < best \
+            and not planner.over_time():
+        # still loose: stages of more layers by whole candidates too (the LP's mix of two candidates per stage is
+        # what is left on the plans measured); costly, so only where the gap shows
+        opt, planner.opt = planner.opt, replace(planner.opt, bound_whole_layers=deep)
+        try:
+            again = best
+            for lb, _, _, floor, ccs in cheap:
+                if lb >= again:
+                    break
+                again = min(again, _refined(planner, ccs, floor, levels, again))
+        finally:
+            planner.opt = opt
+        out.bound_s = max(out.bound_s, min(again, best))
     return out
+
+
+def _refined(planner: Planner, ccs: list[tuple[float, stage_costs.ConfigCosts]], floor: float, levels: int,
+             enough: float) -> float:
+    """A configuration's refined bound from its cheap ones (per embedding variant, or their relaxation)."""
+    return min(max(b, _bounds(planner, c, floor, levels, enough)) if b < enough else b for b, c in ccs)
 
 
 def _repair(planner: Planner, cfg: PipelineConfig, floor: float, levels: int, best: float, out: Certificate

@@ -417,21 +417,42 @@ def test_certificate_of_one_memory_bound_stage_tells_its_transient_buffers_apart
     assert out["strategy"]["pp"] == 1 and out["search"]["optimality_gap"] < 0.01
 
 
-def test_certificate_solves_the_configuration_the_search_passed_by() -> None:
-    """Galvatron's 2x8 GPUs at 36 GB, every micro-batch count (the cached runner case): pp4 x 16 micro-batches
-    reaches 2.361 s a step, but its ordering bound (the relaxation's best of a few partitions, Galvatron's
-    pipeline formula being non-linear) read 2.571 s, above the 2.393 s of the pp2 x 8 plan found first, so
-    the search never solved it. The certificate, on true bounds only, solves it: the plan is 1.3 % faster
-    than Galvatron's own and certified optimal."""
-    case = Path(__file__).resolve().parents[2] / "bench" / "data" / "hybrid_galvatron" / "2x8_36GB_sweep"
+
+def _galvatron_case(nodes: int, memory_gib: int, micro_batches: int | None) -> tuple[dict[str, Any], float]:
+    """A cached Galvatron runner case (llama2-7b, global batch 64, its profiles and hardware files): paraplan's
+    result and Galvatron's throughput."""
+    name = f"{nodes}x8_{memory_gib}GB_{f'm{micro_batches}' if micro_batches else 'sweep'}"
+    case = Path(__file__).resolve().parents[2] / "bench" / "data" / "hybrid_galvatron" / name
+    constraints: dict[str, Any] = {"memory_limit_gib": memory_gib, "max_tp": 8}
+    if micro_batches:
+        constraints["micro_batches"] = micro_batches
     out = solve_hybrid({"kind": "hybrid", "model": {"preset": "llama2-7b"},
-                        "cluster": {"gpu": "A100-80GB", "nodes": 2, "gpus_per_node": 8},
-                        "training": {"global_batch_size": 64, "seq_length": 2048},
-                        "constraints": {"memory_limit_gib": 36, "max_tp": 8},
+                        "cluster": {"gpu": "A100-80GB", "nodes": nodes, "gpus_per_node": 8},
+                        "training": {"global_batch_size": 64, "seq_length": 2048}, "constraints": constraints,
                         "cost_model": {"kind": "galvatron", "profiles_dir": str(case / "profiles"),
                                        "hardware_dir": str(case / "hardware")}})
-    galvatron = json.loads((case / "result.json").read_text())["throughput"]
+    assert 0 < out["search"]["lower_bound_step_time_s"] <= out["estimate"]["step_time_s"]
+    return out, json.loads((case / "result.json").read_text())["throughput"]
+
+
+def test_certificate_solves_the_configuration_the_search_passed_by() -> None:
+    """Galvatron's 2x8 GPUs at 36 GB, every micro-batch count: pp4 x 16 micro-batches reaches 2.361 s a step,
+    but its ordering bound (the relaxation's best of a few partitions, Galvatron's pipeline formula being
+    non-linear) read 2.571 s, above the 2.393 s of the pp2 x 8 plan found first, so the search never solved
+    it. The certificate, on true bounds only, solves it: the plan is 1.3 % faster than Galvatron's own and
+    certified optimal."""
+    out, galvatron = _galvatron_case(2, 36, None)
     assert (out["strategy"]["pp"], out["strategy"]["micro_batches"]) == (4, 16)
     assert out["estimate"]["throughput_samples_per_s"] > 1.01 * galvatron
     assert out["search"]["optimality_gap"] < 0.001
     assert math.isclose(out["search"]["planner_step_time_s"], out["estimate"]["step_time_s"], rel_tol=1e-9)
+
+
+def test_certificate_still_over_one_percent_takes_longer_stages_by_whole_candidates() -> None:
+    """Galvatron's 1x8 GPUs at 16 GB, every micro-batch count: two stages of 16 layers, where the LP's mix of
+    two candidates per stage read 1.72 %; past 1 % the certificate bounds stages of up to 16 layers by whole
+    candidates too, and the plan is certified optimal."""
+    out, galvatron = _galvatron_case(1, 16, None)
+    assert out["strategy"]["stage_layers"] == [16, 16]
+    assert out["estimate"]["throughput_samples_per_s"] >= galvatron * (1 - 1e-9)
+    assert out["search"]["optimality_gap"] < 0.001
