@@ -655,18 +655,21 @@ class Planner:
         return lb
 
     def embedding_relaxation(self, variants: Sequence[PipelineConfig]) -> stage_costs.ConfigCosts | None:
-        """The configuration with its edge stages' fixed terms at their least over the embedding variants
+        """The configuration with every stage's fixed terms at their least over the embedding variants
         (time, step time and each memory part separately): its bounds hold for every variant, since the
-        layers' costs do not depend on the embedding and less fixed time or memory never raises a bound."""
-        first = self.config_costs(variants[0])
+        layers' costs do not depend on the embedding and less fixed time or memory never raises a bound.
+        A variant the cost model cannot price (infinite fixed time on some stage, e.g. an embedding split
+        Galvatron's model has no profile for) holds no plan and is left out; with none left, None."""
+        gbs = self.space.global_batch_size
+        fixed = [[self.cm.stage_fixed(stage_costs.stage_context(v, s, gbs)) for s in range(v.pp)] for v in variants]
+        priced = [i for i, fs in enumerate(fixed) if all(math.isfinite(f.time_s) for f in fs)]
+        first = self.config_costs(variants[priced[0]]) if priced else None
         if first is None:
             return None
-        stages = list(first.stages)
-        for s in {0, len(stages) - 1}:
-            fs = [self.cm.stage_fixed(stage_costs.stage_context(v, s, self.space.global_batch_size)) for v in variants]
-            least = StageFixed(**{k: min(getattr(f, k) for f in fs) for k in
-                                  ("time_s", "step_time_s", "state_bytes", "activation_bytes", "other_bytes")})
-            stages[s] = replace(stages[s], fixed=least)
+        stages = [replace(st, fixed=StageFixed(**{k: min(getattr(fixed[i][s], k) for i in priced) for k in
+                                                   ("time_s", "step_time_s", "state_bytes", "activation_bytes",
+                                                    "other_bytes")}))
+                  for s, st in enumerate(first.stages)]
         return replace(first, stages=stages, dp_cache={})
 
     # ------------------------------------------------------------------ the search

@@ -373,13 +373,15 @@ def test_bounded_pipeline_formula() -> None:
     assert galv.evaluate(even).step_time_s == pytest.approx(bounded.evaluate(even).step_time_s, rel=1e-12)
 
 
-@pytest.mark.parametrize("nodes,memory_gib,tight", [(1, 36, 0.02), (1, 16, 0.02), (2, 36, 0.02), (2, 16, 0.005)])
+@pytest.mark.parametrize("nodes,memory_gib,tight", [(1, 36, 0.02), (1, 16, 0.02), (2, 36, 0.02), (2, 16, 0.03)])
 def test_plans_under_galvatrons_formula_carry_a_tight_certificate(nodes: int, memory_gib: float,
                                                                    tight: float) -> None:
     """Bounded, the formula charges at least m x the slowest stage, so every configuration has a true bound
     (each embedding strategy on its own, one stage by its (time, step time) segment): the plan is certified
     within 2 % of the best plan of the space (on 2 nodes the pipeline's fill counts: the chain bound; at 16 GB
-    the gradient sync that the formula adds past the pipeline too: without it the bound read 3.7 %, with it 0.1 %).
+    the gradient sync that the formula adds past the pipeline too, of the first stage only: 2.2 %, a pp4
+    configuration whose later stages' sync the bound leaves out; it read 0.1 % while the relaxation over embedding
+    splits kept an unpriced split's infinite memory on the middle stages and so dropped that configuration).
     Galvatron's own formula charges at least every stage once plus the last one's other micro-batches, no
     more: a true certificate, only a looser one."""
     out = solve(request(nodes=nodes, memory_gib=memory_gib))

@@ -49,6 +49,9 @@ class SyntheticCostModel:
     linear_pipeline: bool = True
     # with linear_pipeline False: Galvatron's bounded formula instead (at least m x the slowest stage)
     galvatron_formula: bool = False
+    # an embedding/LM-head TP degree the model cannot price (infinite fixed terms on every stage, as Galvatron's
+    # model marks a vocabulary split it has no profile for)
+    unpriced_embedding_tp: int | None = None
     calls: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -114,6 +117,9 @@ class SyntheticCostModel:
 
     def stage_fixed(self, ctx: StageContext) -> StageFixed:
         n_ends = int(ctx.stage == 0) + int(ctx.stage == ctx.pp - 1)
+        if ctx.embedding is not None and ctx.embedding.tp == self.unpriced_embedding_tp:
+            return StageFixed(time_s=math.inf, step_time_s=0.0, state_bytes=0.0, activation_bytes=0.0,
+                              other_bytes=math.inf)
         return StageFixed(
             time_s=n_ends * self.embed_time_s * ctx.micro_batch_samples,
             step_time_s=n_ends * 0.002,

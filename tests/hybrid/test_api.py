@@ -456,3 +456,27 @@ def test_certificate_still_over_one_percent_takes_longer_stages_by_whole_candida
     assert out["strategy"]["stage_layers"] == [16, 16]
     assert out["estimate"]["throughput_samples_per_s"] >= galvatron * (1 - 1e-9)
     assert out["search"]["optimality_gap"] < 0.001
+
+
+def test_certificate_leaves_out_embedding_splits_the_model_cannot_price(tmp_path: Path) -> None:
+    """Galvatron's profiles on 8x8 GPUs (the shared extrapolated hardware files), 16 GB, batch 128: Galvatron's
+    model prices no vocabulary split of TP 1 over 16 GPUs (infinite fixed terms on every stage). Taken into the
+    certificate's relaxation over embedding splits, those made pp4 x 16 micro-batches unbounded (its middle
+    stages kept the unpriced split's infinite memory), so the configuration was dropped, the certificate read
+    1.317 s, above the 1.314 s that configuration reaches, and the search's 1.321 s plan stood. Now the plan is
+    that configuration's and the bound lies below it."""
+    root = Path(__file__).resolve().parents[2]
+    shared = root.parent / "shared" / "reference" / "galvatron" / "hardware-extrapolated"
+    overlap = root / "bench" / "data" / "galvatron" / "hardware" / "overlap_coefficient.json"
+    for f in [*shared.glob("*8nodes*.json"), overlap]:
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    out = solve_hybrid({"kind": "hybrid", "model": {"preset": "llama2-7b"},
+                        "cluster": {"gpu": "A100-80GB", "nodes": 8, "gpus_per_node": 8},
+                        "training": {"global_batch_size": 128, "seq_length": 2048},
+                        "constraints": {"memory_limit_gib": 16, "max_tp": 8},
+                        "cost_model": {"kind": "galvatron",
+                                       "profiles_dir": str(root / "bench" / "data" / "galvatron" / "profiles"),
+                                       "hardware_dir": str(tmp_path)}})
+    assert (out["strategy"]["pp"], out["strategy"]["micro_batches"]) == (4, 16)
+    assert out["estimate"]["step_time_s"] < 1.3141 * (1 + 1e-4)
+    assert 0 < out["search"]["lower_bound_step_time_s"] <= out["estimate"]["step_time_s"]
