@@ -3,9 +3,9 @@
 Every pipeline configuration gets a lower bound first (each stage's memory-constrained choice relaxed, see
 ``bounds``; best partition of that relaxation); configurations are solved in bound order and the search stops
 as soon as the next bound cannot beat the best plan found. Where a configuration has too many partitions to
-enumerate, its ordering bound is the relaxation's best of a few partitions, a heuristic: ``certificate``
-then solves what the search passed by and true bounds cannot rule out. Cost-model answers are cached per (layer kind,
-stage context) and DP tables per (configuration, stage, phase of the layer kinds), so nothing is computed
+enumerate, its ordering bound is the relaxation's best of a few partitions, a heuristic: ``certificate`` then
+solves what the search passed by and true bounds cannot rule out. Cost-model answers are cached per (layer
+kind, stage context) and DP tables per (configuration, stage, phase of the layer kinds), so nothing is computed
 twice. The chosen plan is then refined (more time weights) and, for mixed layer kinds, polished (finer bins).
 """
 
