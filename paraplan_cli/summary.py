@@ -77,8 +77,11 @@ def hybrid(request: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
                    f"this plan is within {100 * gap:.2f}% of that")
     cpu = _f(search.get("cpu_s"))
     if cpu is not None:
+        by_cert = search.get("configs_solved_by_certificate") or 0
+        late = (f" ({by_cert} of them by the certificate: the search's ordering had passed them by)"
+                if by_cert else "")
         out.append(f"search: {cpu:.2f} s CPU, {search.get('configs_solved')} of {search.get('configs_total')} "
-                   "pipeline configurations solved, the rest bounded out")
+                   f"pipeline configurations solved{late}, the rest bounded out")
     out += [f"note: {n}" for n in est.get("notes") or []]
     return out
 

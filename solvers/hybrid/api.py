@@ -105,6 +105,7 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
         plan, step = planner.finish(*cert.better[1:], cert.better[0])
         source = "dp"
     stats["configs_solved"] += cert.repaired
+    stats["configs_solved_by_certificate"] = cert.repaired
     stats["configs_pruned_by_bound"] -= cert.repaired
     stats["time_limited"] = stats["time_limited"] or cert.time_limited
     stats["dp_runs"] = planner.dp_runs

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from paraplan_cli.summary import render
 from solvers.api import estimate, solve
 from solvers.cost_model.factory import make_cost_model
 from solvers.errors import InfeasibleError, SpecError
@@ -443,6 +444,8 @@ def test_certificate_solves_the_configuration_the_search_passed_by() -> None:
     certified optimal."""
     out, galvatron = _galvatron_case(2, 36, None)
     assert (out["strategy"]["pp"], out["strategy"]["micro_batches"]) == (4, 16)
+    assert out["search"]["configs_solved_by_certificate"] >= 1
+    assert "by the certificate: the search's ordering had passed them by" in render({}, out)
     assert out["estimate"]["throughput_samples_per_s"] > 1.01 * galvatron
     assert out["search"]["optimality_gap"] < 0.001
     assert math.isclose(out["search"]["planner_step_time_s"], out["estimate"]["step_time_s"], rel_tol=1e-9)
