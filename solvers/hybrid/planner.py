@@ -400,6 +400,11 @@ class Planner:
                 return math.inf  # the model prices no plan of this configuration (e.g. its embedding split)
             first = self._weighted_stage(cc, 0, [(1.0, 1.0), (m, 1.0)], levels)
             chain[0], slow[0] = self._by_start(cc, [x - cc.stages[0].fixed.time_s for x in first])
+            # every later stage q adds U_q - F_q - Σ_{j<q} C_j ≥ U_q - F_q - q max C: the step is at least
+            # (m - q) C_q + U_q - F_q too (F_q's weight m - q - 1 ≥ 0: a relaxed least F still bounds)
+            for q in range(1, min(p, int(m))):
+                (w,) = self._weighted_stage(cc, q, [(m - q, 1.0)], levels)
+                slow[q] = np.maximum(slow[q], self._by_start(cc, [w - cc.stages[q].fixed.time_s])[0])
         lo = partition.min_sum_value(n, chain)
         if not self.slowest_bound or not math.isfinite(lo):
             return lo
