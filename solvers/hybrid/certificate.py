@@ -43,10 +43,10 @@ def certify(planner: Planner, ceiling: float = math.inf, repair: bool = True) ->
     faster plan. Here every configuration whose true bound lies below the best plan and that the search did
     not solve is solved, in bound order, so the gap left is the bounds' and the solver's, never the ordering's.
 
-    Two passes: every configuration's cheap bounds, then, in their order, the refined ones (the stage's
+    Passes: every configuration's cheap bounds, then, in their order, the refined ones (the stage's
     transient-memory levels told apart) of those still below the least refined bound so far, or unsolved and
     below the best plan: a cheap bound is never above its refined one, so the rest can neither lower the
-    answer nor hold a faster plan."""
+    answer nor hold a faster plan. Where the gap still exceeds ``deep_bound_gap``, a third pass (``_deep``)."""
     space = planner.space
     best = ceiling
     cheap: list[tuple[float, int, PipelineConfig, float, list[tuple[float, stage_costs.ConfigCosts]]]] = []
@@ -83,22 +83,29 @@ def certify(planner: Planner, ceiling: float = math.inf, repair: bool = True) ->
         if unsolved and r < best:
             best = _repair(planner, cfg, floor, levels, best, out)
     out.bound_s = min(refined, best)
-    deep = planner.opt.bound_whole_layers_deep
-    if levels > 1 and deep > planner.opt.bound_whole_layers and out.bound_s * (1 + planner.opt.deep_bound_gap) < best \
-            and not planner.over_time():
-        # still loose: stages of more layers by whole candidates too (the LP's mix of two candidates per stage is
-        # what is left on the plans measured); costly, so only where the gap shows
-        opt, planner.opt = planner.opt, replace(planner.opt, bound_whole_layers=deep)
-        try:
-            again = best
-            for lb, _, _, floor, ccs in cheap:
-                if lb >= again:
-                    break
-                again = min(again, _refined(planner, ccs, floor, levels, again))
-        finally:
-            planner.opt = opt
-        out.bound_s = max(out.bound_s, min(again, best))
+    if levels > 1 and out.bound_s * (1 + planner.opt.deep_bound_gap) < best and not planner.over_time():
+        out.bound_s = max(out.bound_s, _deep(planner, cheap, best, levels))
     return out
+
+
+def _deep(planner: Planner, cheap: list[tuple[float, int, PipelineConfig, float,
+                                              list[tuple[float, stage_costs.ConfigCosts]]]],
+          best: float, levels: int) -> float:
+    """The refined pass again with stages of up to ``bound_whole_layers_deep`` layers by whole candidates (the
+    LP's mix of two candidates per stage is what is left loose on the plans measured); costly, so only where
+    the gap shows. Returns its bound (at most ``best``)."""
+    if planner.opt.bound_whole_layers_deep <= planner.opt.bound_whole_layers:
+        return 0.0
+    opt, planner.opt = planner.opt, replace(planner.opt, bound_whole_layers=planner.opt.bound_whole_layers_deep)
+    try:
+        again = best
+        for lb, _, _, floor, ccs in cheap:
+            if lb >= again:
+                break
+            again = min(again, _refined(planner, ccs, floor, levels, again))
+    finally:
+        planner.opt = opt
+    return again
 
 
 def _refined(planner: Planner, ccs: list[tuple[float, stage_costs.ConfigCosts]], floor: float, levels: int,
