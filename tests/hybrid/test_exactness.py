@@ -239,22 +239,26 @@ def test_planner_matches_enumeration_at_eight_layers_on_eight_gpus() -> None:
     assert feasible == 5
 
 
+def small_galvatron(gpus: int, layers: int, batch: int, limit_mib: int, gpus_per_node: int, sync_s: float,
+                    embed_s: float) -> tuple[SyntheticCostModel, SearchSpace]:
+    """Galvatron's (bounded) formula on a few identical layers, TP 1 or 2, ZeRO 0 or 3, recompute or not."""
+    cm = SyntheticCostModel(
+        num_layers=layers, num_gpus=gpus, memory_limit_bytes=limit_mib * MIB, global_batch=batch,
+        gpus_per_node=gpus_per_node, dp_sync_s=sync_s, embed_time_s=embed_s, act_mib_per_sample=16.0,
+        param_mib=20.0, linear_pipeline=False, galvatron_formula=True)
+    space = SearchSpace(num_gpus=gpus, gpus_per_node=gpus_per_node, num_layers=layers, global_batch_size=batch,
+                        seq_length=1024, heads=12, kv_heads=12, max_tp=2, max_pp=4, max_cp=1, sp_kinds=(None,),
+                        zero_levels=(0, 3), recomputes=("none", "full"), schedules=("1f1b",))
+    return cm, space
+
+
 @st.composite
 def galvatron_case(draw: st.DrawFn) -> tuple[SyntheticCostModel, SearchSpace]:
     """Galvatron's formula with a large gradient sync and several stages: where its unhidden first-stage sync
     (added past the pipelined part) decides the chain bound."""
-    gpus = draw(st.sampled_from([2, 4, 6]))
-    layers = draw(st.integers(2, 4))
-    batch = draw(st.sampled_from([4, 8, 12]))
-    cm = SyntheticCostModel(
-        num_layers=layers, num_gpus=gpus, memory_limit_bytes=draw(st.integers(200, 1500)) * MIB, global_batch=batch,
-        gpus_per_node=draw(st.sampled_from([1, 2])), dp_sync_s=draw(st.sampled_from([0.2, 0.5])),
-        embed_time_s=draw(st.sampled_from([0.0, 0.004])), act_mib_per_sample=16.0, param_mib=20.0,
-        linear_pipeline=False, galvatron_formula=True)
-    space = SearchSpace(num_gpus=gpus, gpus_per_node=cm.gpus_per_node, num_layers=layers, global_batch_size=batch,
-                        seq_length=1024, heads=12, kv_heads=12, max_tp=2, max_pp=4, max_cp=1, sp_kinds=(None,),
-                        zero_levels=(0, 3), recomputes=("none", "full"), schedules=("1f1b",))
-    return cm, space
+    return small_galvatron(draw(st.sampled_from([2, 4, 6])), draw(st.integers(2, 4)), draw(st.sampled_from([4, 8, 12])),
+                           draw(st.integers(200, 1500)), draw(st.sampled_from([1, 2])),
+                           draw(st.sampled_from([0.2, 0.5])), draw(st.sampled_from([0.0, 0.004])))
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -279,12 +283,7 @@ def test_chain_bound_weighs_a_later_stage_by_the_micro_batches_after_it(limit_mi
     the slowest one, the step is at least (m - q) C_q + U_q - F_q. On 6 GPUs, 4 layers, a large sync, the bound stays
     below every configuration (at 400 MiB, weighted m - q + 1, it is above one: 0.2719 > 0.27 s) and at 1,500 MiB
     meets the solved step of both 2-stage configurations (with the first stage's sync alone: 0.47 and 0.77 s)."""
-    cm = SyntheticCostModel(num_layers=4, num_gpus=6, memory_limit_bytes=limit_mib * MIB, global_batch=batch,
-                            gpus_per_node=1, dp_sync_s=sync_s, embed_time_s=0.0, act_mib_per_sample=16.0,
-                            param_mib=20.0, linear_pipeline=False, galvatron_formula=True)
-    space = SearchSpace(num_gpus=6, gpus_per_node=1, num_layers=4, global_batch_size=batch, seq_length=1024, heads=12,
-                        kv_heads=12, max_tp=2, max_pp=4, max_cp=1, sp_kinds=(None,), zero_levels=(0, 3),
-                        recomputes=("none", "full"), schedules=("1f1b",))
+    cm, space = small_galvatron(6, 4, batch, limit_mib, 1, sync_s, 0.0)
     planner = Planner(cm, space, kinds=[0] * 4, options=EXACT)
     tight = 0
     for cfg in space.pipeline_configs():
@@ -295,6 +294,7 @@ def test_chain_bound_weighs_a_later_stage_by_the_micro_batches_after_it(limit_mi
             assert bound <= step * (1 + 1e-12), (cfg, bound, step)
             tight += math.isclose(bound, step, rel_tol=1e-9)
     assert tight >= tight_at_least
+
 
 @st.composite
 def deep_galvatron_case(draw: st.DrawFn) -> tuple[SyntheticCostModel, SearchSpace]:
