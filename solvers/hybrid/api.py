@@ -102,7 +102,7 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
         progress(0.99, "optimality certificate")
     cert = certify(planner, ceiling=step)
     if cert.better is not None:  # a configuration the search's heuristic ordering left holds a faster plan
-        plan, step = planner.finish(*cert.better[1:], cert.better[0])
+        plan, step = planner.finish(*cert.better)
         source = "dp"
     stats["configs_solved"] += cert.repaired
     stats["configs_solved_by_certificate"] = cert.repaired

@@ -21,9 +21,9 @@ from solvers.hybrid.space import PipelineConfig
 @dataclass
 class Certificate:
     bound_s: float  # no plan of the space is faster (at most the ceiling passed)
-    # a plan faster than the ceiling, found by solving configurations the search left (step time, costs,
-    # partition), to be finished (``Planner.finish``)
-    better: tuple[float, stage_costs.ConfigCosts, tuple[int, ...]] | None = None
+    # a plan faster than the ceiling, found by solving configurations the search left: (costs, partition, step
+    # time), the arguments of ``Planner.finish``
+    better: tuple[stage_costs.ConfigCosts, tuple[int, ...], float] | None = None
     repaired: int = 0  # configurations solved for it
     time_limited: bool = False  # the time limit stopped the repair before every such configuration was solved
 
@@ -128,7 +128,7 @@ def _repair(planner: Planner, cfg: PipelineConfig, floor: float, levels: int, be
         v, parts = planner.solve_config(cc)
         out.repaired += 1
         if v < best:
-            best, out.better = v, (v, cc, parts)
+            best, out.better = v, (cc, parts, v)
     return best
 
 

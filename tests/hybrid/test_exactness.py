@@ -330,7 +330,7 @@ def test_bound_ordering_never_loses_a_configuration_the_solver_finds(
         found = math.inf
     cert = certify(planner, ceiling=found)
     if cert.better is not None:
-        plan, found = planner.finish(*cert.better[1:], cert.better[0])
+        plan, found = planner.finish(*cert.better)
         assert math.isclose(cm.evaluate(plan).step_time_s, found, rel_tol=1e-9)
     alone = Planner(cm, space, kinds=kinds)
     each = [alone.solve_config(cc)[0] for cfg in space.pipeline_configs() for var in alone.embedding_variants(cfg)
