@@ -117,9 +117,12 @@ def mixed_relaxed_cost(kind_of_layer: Sequence[int], period: int, mem: Sequence[
     below. The best λ is a slope of one kind's convex envelope (or 0), so those are tried. Layers of one
     phase see the same kind sequence, so one row per phase covers every start."""
     n = len(kind_of_layer)
+    out = np.full((period, n + 1), np.inf)
+    if not budget > -np.inf:  # no memory left at all (a stage the model cannot price): only zero layers fit
+        out[:, 0] = 0.0
+        return out
     kinds = sorted(set(kind_of_layer))
     env = {k: cached_envelope(np.asarray(mem[k], dtype=float), np.asarray(val[k], dtype=float), cache) for k in kinds}
-    out = np.full((period, n + 1), np.inf)
     slopes = [np.zeros(1)]
     for xs, ys in env.values():
         if xs.size > 1:

@@ -51,6 +51,16 @@ def test_mixed_relaxation_is_exact_without_a_binding_budget() -> None:
     assert np.isinf(bounds.mixed_relaxed_cost([0, 1, 0, 1], 2, mem, val, 5.0)[0, 4])
 
 
+def test_mixed_relaxation_of_a_stage_without_memory_is_infeasible_quietly() -> None:
+    """A stage the model cannot price has infinite fixed memory, so no budget at all: every count of layers
+    is infeasible, computed without 0 x inf (the λ = 0 row once warned and held NaN, masked only by luck)."""
+    mem = [np.array([4.0, 1.0]), np.array([3.0, 2.0])]
+    val = [np.array([1.0, 2.0]), np.array([5.0, 6.0])]
+    with np.errstate(all="raise"):
+        table = bounds.mixed_relaxed_cost([0, 1, 0, 1], 2, mem, val, -np.inf)
+    assert np.all(table[:, 0] == 0.0) and np.all(np.isinf(table[:, 1:]))
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=6), min_size=1, max_size=2), st.integers(1, 12))
 def test_transient_levels_cover_every_largest_buffer(extra: list[list[int]], groups: int) -> None:
