@@ -283,11 +283,6 @@ class Planner:
                                                                        np.full(k + 1, budget), k, self._fronts))
         return got
 
-    @staticmethod
-    def _step_values(st: stage_costs.StageInputs, m: float) -> dict[Hashable, np.ndarray]:
-        """Per layer kind and candidate, m x time + step time: one stage's share of a linear pipeline's step."""
-        return {k: m * c.time_s + c.step_time_s for k, c in st.costs.items()}
-
     def _weighted_stage(self, cc: stage_costs.ConfigCosts, stage: int, weights: Sequence[tuple[float, float]],
                         levels: int = 1) -> list[np.ndarray]:
         """Per (w_t, w_u): the stage's relaxed least of w_t t + w_u u over its layers, plus its fixed time and
@@ -317,31 +312,30 @@ class Planner:
         n = len(self.kinds)
         m = float(cc.config.micro_batches)
         single = self.linear and cc.config.pp == 1
-        per_stage = []
-        for s, st in enumerate(cc.stages):
+        per_stage = []  # each stage's relaxed time and step time, its fixed terms included
+        for s in range(cc.config.pp):
             if single:  # relaxed together: tighter than t and u each with the whole memory budget
-                (joint,) = self._relaxed(cc, [self._step_values(st, m)], s, levels)
-                t, u = joint / m, np.zeros_like(joint)
+                (joint,) = self._weighted_stage(cc, s, [(m, 1.0)], levels)
+                per_stage.append((joint / m, np.zeros_like(joint)))
             else:
-                t, u = self._relaxed(cc, [{k: c.time_s for k, c in st.costs.items()},
-                                          {k: c.step_time_s for k, c in st.costs.items()}], s, levels)
-            per_stage.append((t, u, st.fixed))
+                t, u = self._weighted_stage(cc, s, [(1.0, 0.0), (0.0, 1.0)], levels)
+                per_stage.append((t, u))
 
         def look(stage: int, start: int, count: int) -> tuple[float, float]:
             if count < cc.config.virtual_stages:
                 return math.inf, math.inf
-            t, u, f = per_stage[stage]
+            t, u = per_stage[stage]
             if cc.uniform:
-                return float(t[count]) + f.time_s, float(u[count]) + f.step_time_s
+                return float(t[count]), float(u[count])
             phase = start % self.period
-            return float(t[phase, count]) + f.time_s, float(u[phase, count]) + f.step_time_s
+            return float(t[phase, count]), float(u[phase, count])
 
         tables = step_tables = matrices = None
         if cc.uniform:
-            tables = self._by_start(cc, [t + f.time_s for t, _, f in per_stage])
-            step_tables = [u[1:] + f.step_time_s for _, u, f in per_stage]
+            tables = self._by_start(cc, [t for t, _ in per_stage])
+            step_tables = [u[1:] for _, u in per_stage]
         else:
-            matrices = self._by_start(cc, [t + f.time_s for t, _, f in per_stage])
+            matrices = self._by_start(cc, [t for t, _ in per_stage])
         # small: every partition (a true bound); large: the min-max and even partitions of the relaxation
         res = partition.search(n, cc.config.pp, look, self._pipe(cc),
                                exhaustive_limit=self.opt.exhaustive_partition_limit, tables=tables,
