@@ -144,5 +144,5 @@ def _bounds(planner: Planner, cc: stage_costs.ConfigCosts, floor: float, levels:
             <= planner.opt.exhaustive_partition_limit:
         lb = max(lb, planner.lower_bound(cc, levels))
     if lb < enough and levels > 1:  # the costliest (a min-sum partition per cap): refined configurations only
-        lb = max(lb, planner.fill_bound(cc, levels))
+        lb = max(lb, planner.fill_bound(cc, levels, enough=enough))
     return lb
