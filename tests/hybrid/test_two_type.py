@@ -32,7 +32,9 @@ def _value(pick: tuple[int, ...], t: np.ndarray, u: np.ndarray, trans: np.ndarra
 
 @settings(max_examples=150, deadline=None)
 @given(stage())
-def test_two_type_is_the_best_two_block_assignment(case: tuple[np.ndarray, ...]) -> None:
+def test_two_type_is_at_least_the_best_two_block_assignment(case: tuple[np.ndarray, ...]) -> None:
+    """At least as good as every assignment of two blocks, never better than enumeration, and its reported
+    mix (a third strategy included) has exactly its cost and fits."""
     t, u, mem, extra, trans, (budget, n_f) = case
     n, w = int(n_f), 3.0
     table = two_type.solve(w * t + u, t, u, mem, extra, trans, budget, n, w)
@@ -47,9 +49,22 @@ def test_two_type_is_the_best_two_block_assignment(case: tuple[np.ndarray, ...])
             if blocks <= 1:
                 best_two = min(best_two, v)
         got = float(table.obj[k - 1])
-        assert got == best_two or math.isclose(got, best_two, rel_tol=1e-9), (k, got, best_two)
+        assert got <= best_two * (1 + 1e-9), (k, got, best_two)
         assert got >= best_any - 1e-9  # a restriction never beats enumeration
         if math.isfinite(got):  # its reported mix really has that cost and fits
             pick = tuple(table.choice(k))
             assert math.isclose(_value(pick, t, u, trans, w), got, rel_tol=1e-9)
             assert sum(mem[c] for c in pick) + max(extra[c] for c in pick) <= budget
+
+
+def test_one_layer_of_a_third_strategy_takes_the_memory_the_best_pair_leaves() -> None:
+    """Recomputation none / selective / full (time 10 / 12 / 13, memory 10 / 8 / 3), 6 layers in 44: the best
+    pair is 3 none + 3 full (time 69, memory 39); 3 none + 1 selective + 2 full fits (44) and takes 68, the
+    optimum by enumeration."""
+    t, u = np.array([10.0, 12.0, 13.0]), np.zeros(3)
+    mem, extra, trans = np.array([10.0, 8.0, 3.0]), np.zeros(3), np.zeros((3, 3))
+    table = two_type.solve(t, t, u, mem, extra, trans, 44.0, 6, 1.0)
+    best = min(sum(t[c] for c in pick) for pick in itertools.product(range(3), repeat=6)
+               if sum(mem[c] for c in pick) <= 44)
+    assert best == 68 and table.obj[5] == 68 and table.time_s[5] == 68
+    assert sorted(table.choice(6)) == [0, 0, 0, 1, 2, 2]
