@@ -68,3 +68,16 @@ def test_one_layer_of_a_third_strategy_takes_the_memory_the_best_pair_leaves() -
                if sum(mem[c] for c in pick) <= 44)
     assert best == 68 and table.obj[5] == 68 and table.time_s[5] == 68
     assert sorted(table.choice(6)) == [0, 0, 0, 1, 2, 2]
+
+
+def test_a_third_strategy_beside_a_pair_that_is_not_the_best() -> None:
+    """Time 13 / 17 / 20, memory 11 / 8 / 6, 6 layers in 53: the optimum, 3 + 1 + 2 layers (96), is one layer
+    away from the pair 3 + 3 of the first and last strategies (99), not from the best pair: a third strategy is
+    tried beside each count's few best pairs."""
+    t, u = np.array([13.0, 17.0, 20.0]), np.zeros(3)
+    mem, extra, trans = np.array([11.0, 8.0, 6.0]), np.zeros(3), np.zeros((3, 3))
+    table = two_type.solve(t, t, u, mem, extra, trans, 53.0, 6, 1.0)
+    best = min(sum(t[c] for c in pick) for pick in itertools.product(range(3), repeat=6)
+               if sum(mem[c] for c in pick) <= 53)
+    assert best == 96 and table.obj[5] == 96
+    assert sorted(table.choice(6)) == [0, 0, 0, 1, 2, 2]
