@@ -9,6 +9,7 @@
     .venv/bin/python bench/hybrid.py --plain         # the analytic cases against a plainer Megatron grid
     .venv/bin/python bench/hybrid.py --layer-dp      # the layer DP on memory bins vs on exact Pareto fronts
     .venv/bin/python bench/hybrid.py --sweep         # 196 requests over the presets: certified gaps, search time
+    .venv/bin/python bench/hybrid.py --exact         # plans against the exact layer DP (every stage, ~2 min)
     .venv/bin/python bench/hybrid.py --rerun-galvatron   # re-run Galvatron (needs .venv-galvatron) and re-cache
 
 Galvatron side: ``../shared/peers/galvatron_pypi/run_galvatron_pypi.py`` runs hetu-galvatron 2.4.0's search
@@ -391,6 +392,46 @@ def sweep_table() -> None:
         print(f"| {name} | {g:.2%} | {c:.2f} |")
 
 
+# (model, GPU, nodes of 8, global batch, seq, memory limit GiB or None): drawn at random over presets and
+# scales (8 to 16,384 GPUs, some memory-capped), kept where the exact layer DP answers within ~20 s
+EXACT_CASES: list[tuple[str, str, int, int, int, int | None]] = [
+    ("t5-11b", "H100-SXM", 2048, 8192, 4096, None), ("gpt3-13b", "L4", 8, 128, 4096, 16),
+    ("gpt3-13b", "A100-80GB", 2, 32, 4096, 16), ("gpt3-175b", "L4", 64, 512, 4096, 16),
+    ("llama3-70b", "L4", 16, 256, 4096, 24), ("t5-11b", "A100-40GB", 64, 256, 4096, 32),
+    ("llama2-7b", "B200", 8, 128, 8192, 24), ("gpt3-175b", "A100-40GB", 16, 256, 8192, None),
+    ("gpt3-13b", "B200", 2, 8, 8192, None), ("llama3-70b", "H100-SXM", 16, 512, 2048, None),
+]
+
+
+def exact_table() -> None:
+    """How much the planner's fast stage tables leave: each request planned as usual, and again with every
+    stage's layers on the exact layer DP (Pareto fronts on exact memory, every mix of strategies, run however
+    large; ``PlannerOptions(layer_dp="pareto", dp_work_limit=inf)``), both through the same search and
+    certificate. Stages of identical layers normally take the two-strategy table (plus one layer of a third)."""
+    print("\n## Plans against the exact layer DP (same search; CPU s)\n")
+    print("| request | step s | exact layer DP: step s | plan slower by | certified gap | search s | exact s |")
+    print("|---|---|---|---|---|---|---|")
+    equal, worst = 0, 0.0
+    for model, gpu, nodes, batch, seq, mem in EXACT_CASES:
+        req: dict[str, Any] = {"kind": "hybrid", "model": {"preset": model},
+                               "cluster": {"gpu": gpu, "nodes": nodes, "gpus_per_node": 8},
+                               "training": {"global_batch_size": batch, "seq_length": seq}}
+        if mem:
+            req["constraints"] = {"memory_limit_gib": mem}
+        out = solve(req)
+        c0 = time.process_time()
+        exact = solve(req, options=PlannerOptions(time_limit_s=600, layer_dp="pareto", dp_work_limit=float("inf")))
+        cpu = time.process_time() - c0
+        ours, best = out["estimate"]["step_time_s"], exact["estimate"]["step_time_s"]
+        slower = ours / best - 1
+        equal += slower <= 1e-9
+        worst = max(worst, slower)
+        name = f"{model} {nodes * 8}x{gpu} seq{seq} gbs{batch}" + (f" {mem} GiB" if mem else "")
+        print(f"| {name} | {ours:.5g} | {best:.5g} | {slower:+.3%} | {out['search']['optimality_gap']:.2%} | "
+              f"{out['search']['cpu_s']:.2f} | {cpu:.1f} |", flush=True)
+    print(f"\nplan as fast as the exact layer DP's on {equal}/{len(EXACT_CASES)}; slower by at most {worst:.3%}")
+
+
 def plain_megatron_step_s(req: dict[str, Any]) -> float | None:
     """The best uniform plan of a plainer Megatron-LM grid than the baseline's: 1F1B only, the distributed
     optimizer (ZeRO-1) wherever dp > 1, no or full recomputation (no selective, no interleaving)."""
@@ -431,7 +472,11 @@ def main() -> None:
     ap.add_argument("--rerun-galvatron", action="store_true")
     ap.add_argument("--layer-dp", action="store_true", help="the layer DP on memory bins vs exact Pareto fronts")
     ap.add_argument("--sweep", action="store_true", help="196 requests over the presets: gaps and search time")
+    ap.add_argument("--exact", action="store_true", help="plans against the exact layer DP on every stage")
     a = ap.parse_args()
+    if a.exact:
+        exact_table()
+        return
     if a.plain:
         plain_table()
         return
