@@ -81,3 +81,15 @@ def test_a_third_strategy_beside_a_pair_that_is_not_the_best() -> None:
                if sum(mem[c] for c in pick) <= 53)
     assert best == 96 and table.obj[5] == 96
     assert sorted(table.choice(6)) == [0, 0, 0, 1, 2, 2]
+
+
+def test_two_layers_of_a_third_strategy() -> None:
+    """Time 14 / 15 / 19, memory 12 / 10 / 2, 6 layers in 59: the optimum, 3 + 2 + 1 layers (91, memory 58),
+    takes two layers of the middle strategy beside the pair 3 + 3 of the others; one layer of it reaches 93."""
+    t, u = np.array([14.0, 15.0, 19.0]), np.zeros(3)
+    mem, extra, trans = np.array([12.0, 10.0, 2.0]), np.zeros(3), np.zeros((3, 3))
+    table = two_type.solve(t, t, u, mem, extra, trans, 59.0, 6, 1.0)
+    best = min(sum(t[c] for c in pick) for pick in itertools.product(range(3), repeat=6)
+               if sum(mem[c] for c in pick) <= 59)
+    assert best == 91 and table.obj[5] == 91 and table.time_s[5] == 91
+    assert sorted(table.choice(6)) == [0, 0, 0, 1, 1, 2]
