@@ -431,6 +431,19 @@ def test_a_stage_under_memory_takes_one_layer_of_a_third_strategy() -> None:
     assert out["search"]["optimality_gap"] < 0.005
 
 
+def test_memory_capped_stages_match_the_exact_layer_dp() -> None:
+    """gpt3-13b on 64 L4 capped at 16 GiB: eight memory-bound stages of five layers. With a third strategy tried
+    beside each count's 4 best pairs only, the plan was 0.23 % slower than the exact layer DP's (every strategy
+    mix, on exact memory, ~8 s here); beside the 16 best it is the same plan."""
+    req = {"kind": "hybrid", "model": {"preset": "gpt3-13b"},
+           "cluster": {"gpu": "L4", "nodes": 8, "gpus_per_node": 8},
+           "training": {"global_batch_size": 128, "seq_length": 4096}, "constraints": {"memory_limit_gib": 16}}
+    out = solve_hybrid(req)
+    exact = solve_hybrid(req, options=PlannerOptions(time_limit_s=120, layer_dp="pareto", dp_work_limit=math.inf))
+    assert out["estimate"]["fits"]
+    assert out["estimate"]["step_time_s"] <= exact["estimate"]["step_time_s"] * (1 + 1e-9)
+
+
 def test_certificate_takes_stages_of_seven_layers_by_whole_candidates() -> None:
     """gpt3-13b on 12 L4 (6-7 layers a stage, memory-bound): the LP's mix of two candidates per stage read 2.15 %;
     whole candidates up to 7 layers a stage leave it tight."""
