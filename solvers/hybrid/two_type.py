@@ -49,7 +49,8 @@ class TwoTypeTable:
 
 def solve(obj: np.ndarray, time_s: np.ndarray, step_s: np.ndarray, mem: np.ndarray, extra: np.ndarray,
           trans: np.ndarray, budget: float, max_layers: int, time_weight: float) -> TwoTypeTable:
-    """Best ≤2-strategy stage for every n ≤ ``max_layers``: Σ memory + max transient ≤ ``budget``.
+    """Best stage of two strategies (plus up to ``THIRD_LAYERS`` layers of a third) for every n ≤ ``max_layers``:
+    Σ memory + max transient ≤ ``budget``.
 
     ``trans`` is the candidate-to-candidate transition time per micro-batch (weighted by ``time_weight``
     in the objective, like the layers' time)."""
@@ -99,10 +100,10 @@ def solve(obj: np.ndarray, time_s: np.ndarray, step_s: np.ndarray, mem: np.ndarr
     # finds: module docstring)
     ranked = np.argpartition(total, THIRD_FROM_PAIRS - 1, axis=0)[:THIRD_FROM_PAIRS] \
         if total.shape[0] > THIRD_FROM_PAIRS else np.argsort(total, axis=0)
-    ok = np.isfinite(total[ranked, cols])
-    na_ranked = np.where(ok, na[ranked, cols], 0).astype(np.int64)  # (an infeasible pair's count may be inf)
-    return _with_third(out, a[ranked], na_ranked, b[ranked], ok, obj, time_s, step_s, mem, extra, trans, budget,
-                       time_weight)
+    usable = np.isfinite(total[ranked, cols])
+    na_ranked = np.where(usable, na[ranked, cols], 0).astype(np.int64)  # (an infeasible pair's count may be inf)
+    return _with_third(out, a[ranked], na_ranked, b[ranked], usable, obj, time_s, step_s, mem, extra, trans,
+                       budget, time_weight)
 
 
 def _with_third(out: TwoTypeTable, a: np.ndarray, na: np.ndarray, b: np.ndarray, feasible: np.ndarray,
