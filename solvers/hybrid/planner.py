@@ -468,7 +468,7 @@ class Planner:
         ``partition.min_max_plus_sum_bound`` bounds. α = 1 is tight where the slowest stage syncs the most (an
         edge stage's embedding); α = 1/2 where the fastest candidates sync so much that charging their sync to
         one stage alone lets the others take them for free (Mixtral's replicated experts on 2,048 A100-40GB:
-        1.86 % with α = 1 alone, 0.00 % with both). α = 0 as well gained ≤ 0.01 % on the sweep for +20 % of the
+        1.86 % with α = 1 alone, 0.00 % with both). α = 0 as well gained ≤ 0.01 % on the sweep for +24-35 % of the
         certificate's time on deep stacks. ``joint_bound`` takes the slowest stage and the fill apart (the
         min-max partition, every layer's fastest candidate), which misses what balancing costs where an edge
         stage's embedding or LM head leaves whole layers no even split. Stops once a bound reaches ``enough``."""
