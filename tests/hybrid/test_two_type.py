@@ -6,6 +6,7 @@ import itertools
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,39 +58,27 @@ def test_two_type_is_at_least_the_best_two_block_assignment(case: tuple[np.ndarr
             assert sum(mem[c] for c in pick) + max(extra[c] for c in pick) <= budget
 
 
-def test_one_layer_of_a_third_strategy_takes_the_memory_the_best_pair_leaves() -> None:
-    """Recomputation none / selective / full (time 10 / 12 / 13, memory 10 / 8 / 3), 6 layers in 44: the best
-    pair is 3 none + 3 full (time 69, memory 39); 3 none + 1 selective + 2 full fits (44) and takes 68, the
-    optimum by enumeration."""
-    t, u = np.array([10.0, 12.0, 13.0]), np.zeros(3)
-    mem, extra, trans = np.array([10.0, 8.0, 3.0]), np.zeros(3), np.zeros((3, 3))
-    table = two_type.solve(t, t, u, mem, extra, trans, 44.0, 6, 1.0)
-    best = min(sum(t[c] for c in pick) for pick in itertools.product(range(3), repeat=6)
-               if sum(mem[c] for c in pick) <= 44)
-    assert best == 68 and table.obj[5] == 68 and table.time_s[5] == 68
-    assert sorted(table.choice(6)) == [0, 0, 0, 1, 2, 2]
+# (per-layer time, per-layer memory, budget, the optimum of 6 layers by enumeration, its mix)
+THIRD_CASES = [
+    # none / selective / full recomputation: the best pair 3 none + 3 full (69, memory 39); one selective in the
+    # memory it leaves reaches the optimum
+    ((10.0, 12.0, 13.0), (10.0, 8.0, 3.0), 44.0, 68.0, [0, 0, 0, 1, 2, 2]),
+    # one layer from the pair 3 + 3 of the first and last (99), not from the best pair: the few best pairs count
+    ((13.0, 17.0, 20.0), (11.0, 8.0, 6.0), 53.0, 96.0, [0, 0, 0, 1, 2, 2]),
+    # two layers of the middle strategy beside the pair of the others; one layer of it reaches 93
+    ((14.0, 15.0, 19.0), (12.0, 10.0, 2.0), 59.0, 91.0, [0, 0, 0, 1, 1, 2]),
+]
 
 
-def test_a_third_strategy_beside_a_pair_that_is_not_the_best() -> None:
-    """Time 13 / 17 / 20, memory 11 / 8 / 6, 6 layers in 53: the optimum, 3 + 1 + 2 layers (96), is one layer
-    away from the pair 3 + 3 of the first and last strategies (99), not from the best pair: a third strategy is
-    tried beside each count's few best pairs."""
-    t, u = np.array([13.0, 17.0, 20.0]), np.zeros(3)
-    mem, extra, trans = np.array([11.0, 8.0, 6.0]), np.zeros(3), np.zeros((3, 3))
-    table = two_type.solve(t, t, u, mem, extra, trans, 53.0, 6, 1.0)
-    best = min(sum(t[c] for c in pick) for pick in itertools.product(range(3), repeat=6)
-               if sum(mem[c] for c in pick) <= 53)
-    assert best == 96 and table.obj[5] == 96
-    assert sorted(table.choice(6)) == [0, 0, 0, 1, 2, 2]
-
-
-def test_two_layers_of_a_third_strategy() -> None:
-    """Time 14 / 15 / 19, memory 12 / 10 / 2, 6 layers in 59: the optimum, 3 + 2 + 1 layers (91, memory 58),
-    takes two layers of the middle strategy beside the pair 3 + 3 of the others; one layer of it reaches 93."""
-    t, u = np.array([14.0, 15.0, 19.0]), np.zeros(3)
-    mem, extra, trans = np.array([12.0, 10.0, 2.0]), np.zeros(3), np.zeros((3, 3))
-    table = two_type.solve(t, t, u, mem, extra, trans, 59.0, 6, 1.0)
-    best = min(sum(t[c] for c in pick) for pick in itertools.product(range(3), repeat=6)
-               if sum(mem[c] for c in pick) <= 59)
-    assert best == 91 and table.obj[5] == 91 and table.time_s[5] == 91
-    assert sorted(table.choice(6)) == [0, 0, 0, 1, 1, 2]
+@pytest.mark.parametrize(("t", "mem", "budget", "optimum", "mix"), THIRD_CASES)
+def test_layers_of_a_third_strategy_take_the_memory_a_pair_leaves(t: tuple[float, ...], mem: tuple[float, ...],
+                                                                  budget: float, optimum: float,
+                                                                  mix: list[int]) -> None:
+    """Six layers, three strategies: the table finds the enumerated optimum, which no pair of two reaches."""
+    tt, mm = np.array(t), np.array(mem)
+    table = two_type.solve(tt, tt, np.zeros(3), mm, np.zeros(3), np.zeros((3, 3)), budget, 6, 1.0)
+    picks = [pick for pick in itertools.product(range(3), repeat=6) if sum(mm[c] for c in pick) <= budget]
+    assert min(sum(tt[c] for c in pick) for pick in picks) == optimum
+    assert min(sum(tt[c] for c in pick) for pick in picks if len(set(pick)) <= 2) > optimum
+    assert table.obj[5] == optimum and table.time_s[5] == optimum
+    assert sorted(table.choice(6)) == mix
