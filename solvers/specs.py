@@ -249,5 +249,19 @@ class Constraints(_Spec):
 
 
 def memory_limit_bytes(cluster: ClusterSpec, constraints: Constraints | None) -> float:
-    gib = constraints.memory_limit_gib if constraints and constraints.memory_limit_gib else None
-    return (gib if gib is not None else cluster.gpu.memory_gib) * 2**30
+    """The memory a plan may use per GPU: the request's limit, never more than the GPU has (a plan sized for
+    memory the device does not have would not start)."""
+    gib = cluster.gpu.memory_gib
+    if constraints and constraints.memory_limit_gib:
+        gib = min(gib, constraints.memory_limit_gib)
+    return gib * 2**30
+
+
+def memory_limit_note(cluster: ClusterSpec, constraints: Constraints | None) -> str | None:
+    """What an estimate says when the request's limit is above the GPU's memory (the limit used instead)."""
+    asked = constraints.memory_limit_gib if constraints else None
+    have = cluster.gpu.memory_gib
+    if asked is None or asked <= have:
+        return None
+    return (f"constraints.memory_limit_gib = {asked:g} GiB is more than the {cluster.gpu.name}'s {have:.2f} GiB of "
+            f"device memory: planned and estimated within {have:.2f} GiB")

@@ -79,17 +79,16 @@ def _ordered(keys: Sequence[str], preferred: Sequence[str]) -> list[str]:
 
 
 def memory_limit_gib(request: Mapping[str, Any]) -> float | None:
-    """The per-GPU limit the planner worked under: the constraint if given, else the GPU's memory."""
+    """The per-GPU limit the planner worked under: the constraint if given, never above the GPU's memory."""
     constraints = request.get("constraints") or {}
     limit = fmt.as_float(constraints.get("memory_limit_gib")) if isinstance(constraints, Mapping) else None
-    if limit is not None:
-        return limit
     try:
         from solvers.specs import ClusterSpec
 
-        return float(ClusterSpec.model_validate(request.get("cluster")).gpu.memory_gib)
+        have = float(ClusterSpec.model_validate(request.get("cluster")).gpu.memory_gib)
     except Exception:  # an unparsable cluster only costs the limit line
-        return None
+        return limit
+    return have if limit is None else min(limit, have)
 
 
 # What fits in a narrow strip cell; the legend and tooltips carry the full words.

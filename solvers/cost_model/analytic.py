@@ -34,7 +34,7 @@ from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibrat
 from solvers.cost_model.flops import head_forward_flops, model_flops_per_step
 from solvers.cost_model.profile import CollectiveOp, Profile
 from solvers.cost_model.shapes import LayerShape, layer_shape
-from solvers.specs import ClusterSpec, Constraints, ModelSpec, TrainingSpec, memory_limit_bytes
+from solvers.specs import ClusterSpec, Constraints, ModelSpec, TrainingSpec, memory_limit_bytes, memory_limit_note
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
 _SP_CODE = {None: mem.SP_NONE, "megatron": mem.SP_MEGATRON, "ulysses": mem.SP_ULYSSES}
@@ -92,6 +92,7 @@ class AnalyticCostModel:
         self.num_layers = model.num_layers
         self.num_gpus = cluster.num_gpus
         self.memory_limit_bytes = memory_limit_bytes(cluster, constraints)
+        self.memory_limit_note = memory_limit_note(cluster, constraints)
         self.peak_flops = cluster.gpu.peak_flops(training.precision)
         self.hbm_Bps = cluster.gpu.memory_bandwidth_GBps * 1e9 * calibration.hbm_efficiency
         self.links = comm.Links.of(cluster, calibration.intra_efficiency, calibration.inter_efficiency,
@@ -486,8 +487,8 @@ class AnalyticCostModel:
         est = evaluate_plan(self, plan, global_batch_size=self.training.global_batch_size,
                             seq_length=self.training.seq_length, model_flops_per_step=self.flops_per_step(),
                             peak_flops_per_gpu=self.peak_flops)
-        for note in (moe_cost.approximate_note(plan.layers), self._unfused_attention_note(plan),
-                     self._unfused_context_parallel_note(plan)):
+        for note in (self.memory_limit_note, moe_cost.approximate_note(plan.layers),
+                     self._unfused_attention_note(plan), self._unfused_context_parallel_note(plan)):
             if note:
                 est.notes.append(note)
         return est

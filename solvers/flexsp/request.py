@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from solvers.errors import InfeasibleError, SpecError
 from solvers.flexsp.constants import FlexSPConstants, derived_constants, explicit_constants
 from solvers.request import PlanRequestBase, parse, problems_from_validation
-from solvers.specs import ModelSpec, Precision
+from solvers.specs import ModelSpec, Precision, memory_limit_bytes
 
 
 class BatchSpec(BaseModel):
@@ -73,7 +73,7 @@ def parse_request(data: Any) -> tuple[FlexSPRequest, FlexSPConstants]:
     """Validate a request and resolve its cost-model constants (explicit form or derived from specs)."""
     req: FlexSPRequest = parse(FlexSPRequest, data)
     zero = 3 if req.constraints.zero is None else req.constraints.zero
-    mem = req.constraints.memory_limit_gib or req.cluster.gpu.memory_gib
+    mem = memory_limit_bytes(req.cluster, req.constraints) / 2**30
     kind = req.cost_model.kind
     if kind == "flexsp":
         try:

@@ -523,3 +523,20 @@ def test_certificate_leaves_out_embedding_splits_the_model_cannot_price(tmp_path
     assert (out["strategy"]["pp"], out["strategy"]["micro_batches"]) == (4, 16)
     assert out["estimate"]["step_time_s"] < 1.3141 * (1 + 1e-4)
     assert 0 < out["search"]["lower_bound_step_time_s"] <= out["estimate"]["step_time_s"]
+
+
+def test_a_memory_limit_above_the_gpus_memory_plans_within_the_gpu_and_says_so() -> None:
+    """48 GiB asked of L4s (22 GiB each): the plan and its estimate keep to the GPU's memory, the same plan as
+    without a limit, and the estimate names the constraint it could not honour (the plan planned at 47 GiB a GPU
+    before, which would not have started)."""
+    req = {"kind": "hybrid", "model": {"preset": "gpt3-13b"}, "cluster": {"gpu": "L4", "nodes": 8, "gpus_per_node": 8},
+           "training": {"global_batch_size": 128, "seq_length": 2048}}
+    asked = solve({**req, "constraints": {"memory_limit_gib": 48}})
+    plain = solve(req)
+    assert asked["estimate"]["fits"] and asked["estimate"]["peak_memory_gib"] <= 22.0
+    assert asked["estimate"]["step_time_s"] == plain["estimate"]["step_time_s"]
+    assert any("memory_limit_gib = 48 GiB is more than the L4's 22.00 GiB" in n for n in asked["estimate"]["notes"])
+    assert not any("memory_limit_gib" in n for n in plain["estimate"]["notes"])
+    over = estimate({**req, "constraints": {"memory_limit_gib": 48},
+                     "strategy": {"tp": 1, "pp": 1, "dp": 64, "zero": 0, "micro_batch_size": 2}})
+    assert not over["fits"]  # judged against the 22 GiB the GPU has, not the 48 asked
