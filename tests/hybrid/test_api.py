@@ -538,5 +538,6 @@ def test_a_memory_limit_above_the_gpus_memory_plans_within_the_gpu_and_says_so()
     assert any("memory_limit_gib = 48 GiB is more than the L4's 22.00 GiB" in n for n in asked["estimate"]["notes"])
     assert not any("memory_limit_gib" in n for n in plain["estimate"]["notes"])
     over = estimate({**req, "constraints": {"memory_limit_gib": 48},
-                     "strategy": {"tp": 1, "pp": 1, "dp": 64, "zero": 0, "micro_batch_size": 2}})
+                     "strategy": {"tp": 2, "pp": 4, "dp": 8, "zero": 1, "micro_batch_size": 1}})
+    assert 22.0 < over["peak_memory_gib"] < 48.0
     assert not over["fits"]  # judged against the 22 GiB the GPU has, not the 48 asked
