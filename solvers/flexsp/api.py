@@ -18,6 +18,7 @@ from solvers.flexsp.packing import PackingContext
 from solvers.flexsp.plan import Group, MicroBatch, breakdown_ms, check_plan, plan_to_dict, step_time_ms
 from solvers.flexsp.planner import plan_batch
 from solvers.flexsp.request import FlexSPRequest, parse_request
+from solvers.specs import memory_limit_note
 
 MAX_NAMED = 20
 
@@ -85,7 +86,7 @@ def _notes(req: FlexSPRequest, plan: list[MicroBatch]) -> list[str]:
     """What a reader of the plan should know that the numbers do not say."""
     heads = req.model.num_attention_heads
     widest = max(g.size for mb in plan for g in mb.groups if g.sequences)
-    notes = []
+    notes = [note for note in (memory_limit_note(req.cluster, req.constraints),) if note]
     if widest > heads:
         notes.append(f"SP{widest} exceeds the model's {heads} attention heads: Ulysses splits heads, so a run "
                      f"needs head replication (the reference's cost model, used here, ignores this); "

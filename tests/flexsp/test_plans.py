@@ -130,3 +130,17 @@ def test_non_power_of_two_nodes_tile_with_node_aligned_groups() -> None:
     sizes = {g["sp"] for mb in result["micro_batches"] for g in mb["groups"]}
     assert sizes <= {1, 2, 6, 12}
     _check_result(result, lengths, 18, 6, result["cost_model"]["token_capacity_per_gpu"])
+
+
+def test_a_memory_limit_above_the_gpus_memory_plans_within_the_gpu_and_says_so() -> None:
+    """48 GiB asked of L4s (22 GiB each): the groups are sized for the 22 GiB the GPU has, the same plan as
+    without a limit, and the result names the constraint it could not honour."""
+    rng = np.random.default_rng(5)
+    lengths = [int(x) for x in np.minimum(rng.lognormal(np.log(3000), 1.3, 40), 30_000) + 1]
+    req = {"kind": "flexsp", "model": {"preset": "llama3-8b"}, "cluster": {"gpu": "L4", "nodes": 2, "gpus_per_node": 8},
+           "batch": {"sequence_lengths": lengths}}
+    asked, plain = solve({**req, "constraints": {"memory_limit_gib": 48}}), solve(req)
+    assert asked["estimate"]["memory_limit_gib"] == plain["estimate"]["memory_limit_gib"] == 22.0
+    assert asked["estimate"]["step_time_s"] == plain["estimate"]["step_time_s"]
+    assert any("memory_limit_gib = 48 GiB is more than the L4's 22.00 GiB" in n for n in asked["notes"])
+    assert not any("memory_limit_gib" in n for n in plain["notes"])
