@@ -8,7 +8,7 @@ from typing import Any
 
 from solvers.errors import InfeasibleError, SpecError
 from solvers.request import parse
-from solvers.specs import Precision, memory_limit_bytes
+from solvers.specs import Precision, memory_limit_bytes, memory_limit_note
 from solvers.spindle import baselines, exact, planner
 from solvers.spindle.bounds import device_ranges, lower_bound_s
 from solvers.spindle.cost import Topology, device_model, explicit_metaop, module_metaop
@@ -154,6 +154,7 @@ def solve(request: dict[str, Any], progress: Progress | None = None) -> dict[str
                            {"iteration_time_s": v.evaluation.iteration_time_s, "fits": v.evaluation.fits,
                             "slices": [_slice_dict(problem, s) for s in v.slices]} for k, v in base.items()},
         "search": search,
+        "notes": [note for note in (memory_limit_note(req.cluster, req.constraints),) if note],
     }
 
 

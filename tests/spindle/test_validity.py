@@ -104,3 +104,15 @@ def test_module_workloads_respect_memory_or_are_rejected(seed: int) -> None:
     assert out["estimate"]["fits"]
     assert max(out["estimate"]["memory_gib_per_device"]) <= limit + 1e-9
     assert out["estimate"]["iteration_time_s"] >= out["lower_bound_s"] * (1 - 1e-9)
+
+
+def test_a_memory_limit_above_the_gpus_memory_is_capped_and_named() -> None:
+    """120 GiB asked of A100-80GB (79.15 GiB): the schedule is judged against the memory the GPU has, the same as
+    without a limit, and the result names the constraint it could not honour."""
+    req = {"kind": "spindle", "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
+           "workload": {"preset": "qwen-vl"}, "options": {"exact": False}}
+    asked, plain = solve({**req, "constraints": {"memory_limit_gib": 120}}), solve(req)
+    assert asked["estimate"]["memory_limit_gib"] == plain["estimate"]["memory_limit_gib"] < 80
+    assert asked["estimate"]["iteration_time_s"] == plain["estimate"]["iteration_time_s"]
+    assert any("memory_limit_gib = 120 GiB is more than the A100-80GB's" in n for n in asked["notes"])
+    assert plain["notes"] == []
