@@ -248,20 +248,23 @@ class Constraints(_Spec):
         return v
 
 
+def requested_memory_gib(cluster: ClusterSpec, constraints: Constraints | None) -> float:
+    """The per-GPU memory the request asks plans to keep within: its limit, else the GPU's memory."""
+    if constraints and constraints.memory_limit_gib:
+        return constraints.memory_limit_gib
+    return cluster.gpu.memory_gib
+
+
 def memory_limit_bytes(cluster: ClusterSpec, constraints: Constraints | None) -> float:
     """The memory a plan may use per GPU: the request's limit, never more than the GPU has (a plan sized for
     memory the device does not have would not start)."""
-    gib = cluster.gpu.memory_gib
-    if constraints and constraints.memory_limit_gib:
-        gib = min(gib, constraints.memory_limit_gib)
-    return gib * 2**30
+    return min(requested_memory_gib(cluster, constraints), cluster.gpu.memory_gib) * 2**30
 
 
 def memory_limit_note(cluster: ClusterSpec, constraints: Constraints | None) -> str | None:
     """What an estimate says when the request's limit is above the GPU's memory (the limit used instead)."""
-    asked = constraints.memory_limit_gib if constraints else None
-    have = cluster.gpu.memory_gib
-    if asked is None or asked <= have:
+    asked, have = requested_memory_gib(cluster, constraints), cluster.gpu.memory_gib
+    if asked <= have:
         return None
     return (f"constraints.memory_limit_gib = {asked:g} GiB is more than the {cluster.gpu.name}'s {have:.2f} GiB of "
             f"device memory: planned and estimated within {have:.2f} GiB")

@@ -84,6 +84,7 @@ from solvers.cost_model.galvatron_files import (
 )
 from solvers.errors import FieldProblem, SpecError
 from solvers.request import HybridRequest, problems_from_validation
+from solvers.specs import requested_memory_gib
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
 MB = float(2**20)
@@ -278,10 +279,14 @@ class GalvatronCostModel:
         hardware = read_hardware(spec.hardware_dir, nodes=req.cluster.nodes,
                                  gpus_per_node=req.cluster.gpus_per_node, need_sp_time=spec.sp_space == "tp+sp")
         options = GalvatronOptions(**{f: getattr(spec, f) for f in GalvatronOptions.__dataclass_fields__})
+        # Galvatron budgets the memory it is told, as it is: its "80 GB" runs budget 80 x 1024 MB, above the
+        # 79.15 GiB an A100-80GB gives CUDA, and its plans are compared under that budget, so unlike the analytic
+        # model's (``solvers.specs.memory_limit_bytes``) it is not capped at the GPU's memory
         model = cls(profile, hardware, num_layers=req.model.num_layers, hidden_size=req.model.hidden_size,
                    seq_length=req.training.seq_length, global_batch_size=req.training.global_batch_size,
                    precision=req.training.precision,
-                   memory_limit_mb=_galvatron_memory_mb(req), options=options,
+                   memory_limit_mb=requested_memory_gib(req.cluster, req.constraints) * 2**30 / MB,
+                   options=options,
                    search_max_tp=spec.max_tp or req.constraints.max_tp or 8,
                    model_flops_per_step=model_flops_per_step(req.model, req.training),
                    peak_flops_per_gpu=req.cluster.gpu.peak_flops(req.training.precision))
@@ -723,11 +728,3 @@ def _fit_breakdown(est: Estimate) -> None:
         est.notes.append("Galvatron's pipeline formula assumes stage times that do not grow along the "
                          "pipeline; here it charges less than micro-batches x the slowest stage "
                          "(cost_model.pipeline_formula = 'bounded' does not)")
-
-
-def _galvatron_memory_mb(req: HybridRequest) -> float:
-    """The memory budget as Galvatron takes it: the limit it is given, as it is. Its "80 GB" runs budget
-    80 x 1024 MB, above the 79.15 GiB an A100-80GB gives CUDA, and its plans are compared under that budget,
-    so unlike the analytic model's (``solvers.specs.memory_limit_bytes``) it is not capped at the GPU's memory."""
-    gib = req.constraints.memory_limit_gib or req.cluster.gpu.memory_gib
-    return float(gib) * 2**30 / MB
