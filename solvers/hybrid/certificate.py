@@ -137,7 +137,7 @@ def _bounds(planner: Planner, cc: stage_costs.ConfigCosts, floor: float, levels:
     configuration bounded at or above the least bound so far cannot lower it)."""
     single = levels if levels <= 1 else max(levels, planner.opt.bound_single_stage_levels)  # one cheap relaxation
     lb = max(floor, planner.joint_bound(cc, levels), planner.single_stage_bound(cc, levels=single),
-             planner.chain_bound(cc, levels=levels))
+             planner.chain_bound(cc, levels=levels, enough=enough))
     if lb < enough:
         lb = max(lb, planner.mean_stage_bound(cc, levels))
     if lb < enough and partition.compositions(len(planner.kinds), cc.config.pp) \

@@ -373,14 +373,13 @@ class Planner:
             return float(cfg.micro_batches)
         return float(counted(stage_costs.stage_context(cfg, 0, self.space.global_batch_size)))
 
-    def chain_bound(self, cc: stage_costs.ConfigCosts, iterations: int = 30, levels: int = 1) -> float:
+    def chain_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1, enough: float = math.inf) -> float:
         """For a formula that charges at least A = Σ_s t_s + (m - 1) t_last (every stage once, then the last
         stage's other micro-batches) and, where it also charges B = m max_s t_s, at least max(A, B): the least
-        of that over all partitions of the relaxed stage times, by bisection on X (feasible when a partition
-        keeps every stage's part of B ≤ X and its least A ≤ X: a min-sum DP over the stages' capped tables).
-        Unlike ``joint_bound`` it keeps the pipeline's fill; the bisection's lower end is returned (a true
-        bound). Where the formula adds, past the pipelined part, the first stage's step time less its fixed
-        time (Galvatron's unhidden gradient sync B_0 - C_0, r), the step is at least max(A + r, m t_0 + r,
+        of that over all partitions of the relaxed stage times (``partition.min_of_max_and_sum``; ``enough``
+        where it is above ``enough``, a bound the caller needs no more of). Unlike ``joint_bound`` it keeps
+        the pipeline's fill. Where the formula adds, past the pipelined part, the first stage's step time less
+        its fixed time (Galvatron's unhidden gradient sync B_0 - C_0, r), the step is at least max(A + r, m t_0 + r,
         m t_s for s > 0) (the sum never below 0): the first stage is relaxed on its time and step time
         together in A and in its part of B."""
         if cc.config.pp == 1 or not self.chain:
@@ -399,24 +398,9 @@ class Planner:
             for q in range(1, min(p, int(m))):
                 (w,) = self._weighted_stage(cc, q, [(m - q, 1.0)], levels)
                 slow[q] = np.maximum(slow[q], self._by_start(cc, [w - cc.stages[q].fixed.time_s])[0])
-        lo = partition.min_sum_value(n, chain)
-        if not self.slowest_bound or not math.isfinite(lo):
-            return lo
-
-        def feasible(x: float) -> bool:
-            capped = [np.where(b <= x, a, math.inf) for b, a in zip(slow, chain, strict=True)]
-            return partition.min_sum_value(n, capped) <= x
-
-        lo = max(lo, partition.min_max_value(n, slow))
-        hi = 2.0 * lo
-        while not feasible(hi):
-            lo, hi = hi, 2.0 * hi
-            if not math.isfinite(hi):
-                return lo
-        for _ in range(iterations):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (lo, mid) if feasible(mid) else (mid, hi)
-        return lo
+        if not self.slowest_bound:
+            return partition.min_sum_value(n, chain)
+        return partition.min_of_max_and_sum(n, slow, chain, enough)
 
     def joint_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1) -> float:
         """Another lower bound for a linear pipeline of several stages (for identical layers checked just

@@ -141,3 +141,35 @@ def test_min_max_and_min_sum_tables_equal_enumeration_where_stages_take_few_laye
         sums = [sum(cost(s, int(a), n) for s, (a, n) in enumerate(zip(np.cumsum((0, *p))[:-1], p, strict=True)))
                 for p in partition._all_compositions(total, k)]
         assert partition.min_sum_value(total, tables) == pytest.approx(min(sums, default=np.inf))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8), st.data())
+def test_min_of_max_and_sum_equals_enumeration(total: int, data: st.DataObject) -> None:
+    """The chain bound's core: the least over partitions of max(largest ``slow``, sum of ``fill``), by count
+    (1-D) and by [start, count] (2-D) tables with infeasible counts; with ``enough`` below it, ``enough``."""
+    k = data.draw(st.integers(1, 4))
+    vals = st.one_of(st.integers(0, 40).map(float), st.floats(0.0, 40.0, allow_nan=False), st.just(np.inf))
+
+    def tables(two_d: bool) -> list[np.ndarray]:
+        if not two_d:
+            return [np.array([data.draw(vals) for _ in range(total)]) for _ in range(k)]
+        return [np.array([[np.inf] + [data.draw(vals) if a + n <= total else np.inf for n in range(1, total + 1)]
+                          for a in range(total)]) for _ in range(k)]
+
+    for two_d in (False, True):
+        slow, fill = tables(two_d), tables(two_d)
+
+        def value(t: np.ndarray, a: int, n: int) -> float:
+            return float(t[a, n] if t.ndim == 2 else t[n - 1])
+
+        want = np.inf
+        for parts in partition._all_compositions(total, k):
+            starts = np.cumsum((0, *parts))[:-1]
+            worst = max(value(slow[s], int(a), n) for s, (a, n) in enumerate(zip(starts, parts, strict=True)))
+            total_fill = sum(value(fill[s], int(a), n) for s, (a, n) in enumerate(zip(starts, parts, strict=True)))
+            want = min(want, max(worst, total_fill))
+        assert partition.min_of_max_and_sum(total, slow, fill) == pytest.approx(want)
+        enough = data.draw(st.floats(0.0, 100.0, allow_nan=False))
+        got = partition.min_of_max_and_sum(total, slow, fill, enough)
+        assert got == (enough if want > enough else pytest.approx(want))
