@@ -381,7 +381,7 @@ class Planner:
         the pipeline's fill. Where the formula adds, past the pipelined part, the first stage's step time less
         its fixed time (Galvatron's unhidden gradient sync B_0 - C_0, r), the step is at least max(A + r, m t_0 + r,
         m t_s for s > 0) (the sum never below 0): the first stage is relaxed on its time and step time
-        together in A and in its part of B."""
+        together in A and in its part of B, and both terms at once (``_first_stage_dual``)."""
         if cc.config.pp == 1 or not self.chain:
             return 0.0
         m, p, n = self._formula_m(cc.config), cc.config.pp, len(self.kinds)
@@ -400,7 +400,41 @@ class Planner:
                 slow[q] = np.maximum(slow[q], self._by_start(cc, [w - cc.stages[q].fixed.time_s])[0])
         if not self.slowest_bound:
             return partition.min_sum_value(n, chain)
-        return partition.min_of_max_and_sum(n, slow, chain, enough)
+        value = partition.min_of_max_and_sum(n, slow, chain, enough)
+        if self.first_sync and value < enough:
+            value = max(value, self._first_stage_dual(cc, chain, m, levels))
+        return value
+
+    def _first_stage_dual(self, cc: stage_costs.ConfigCosts, chain: list[np.ndarray], m: float, levels: int,
+                          evaluations: int = 10) -> float:
+        """The chain bound relaxes the first stage apart in A + r and in m t_0 + r: one layer choice may serve
+        the one, another the other (a fast but heavily synced strategy against a slower lean one). The step is
+        at least λ (A + r) + (1 - λ) (m t_0 + r) for every λ in [0, 1], whose first-stage part, (λ + (1 - λ) m)
+        t_0 + r, is relaxed once over one choice; the least over partitions is concave in λ, so a golden-section
+        search finds its largest (every point it tries is a true bound)."""
+        n = len(self.kinds)
+
+        def at(lam: float) -> float:
+            (w,) = self._weighted_stage(cc, 0, [(lam + (1.0 - lam) * m, 1.0)], levels)
+            (first,) = self._by_start(cc, [w - cc.stages[0].fixed.time_s])
+            return partition.min_sum_value(n, [first, *(lam * c for c in chain[1:])])
+
+        ratio = (math.sqrt(5.0) - 1.0) / 2.0
+        lo, hi = 0.0, 1.0
+        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        fa, fb = at(a), at(b)
+        best = max(fa, fb)
+        for _ in range(evaluations - 2):
+            if fa < fb:
+                lo, a, fa = a, b, fb
+                b = lo + ratio * (hi - lo)
+                fb = at(b)
+            else:
+                hi, b, fb = b, a, fa
+                a = hi - ratio * (hi - lo)
+                fa = at(a)
+            best = max(best, fa, fb)
+        return best
 
     def joint_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1) -> float:
         """Another lower bound for a linear pipeline of several stages (for identical layers checked just
