@@ -60,7 +60,9 @@ def plan_from_shorthand(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpe
                         ) -> PlanStrategy:
     """A uniform plan from ``{"tp", "pp", "dp", "cp", "sp", "zero", "recompute", "micro_batch_size",
     "schedule", "virtual_stages"}`` (``micro_batch_size`` is per data-parallel rank; ``dp`` defaults to
-    whatever the other degrees leave of the cluster). Raises SpecError naming the field."""
+    whatever the other degrees leave of the cluster; a field given as null takes its default, as an absent one).
+    Raises SpecError naming the field."""
+    d = {k: v for k, v in d.items() if v is not None}
     problems = [FieldProblem(("strategy", k), "unknown strategy field") for k in d if k not in SHORTHAND_KEYS]
     tp, pp, cp, ep = (_int(d, k, 1, problems) for k in ("tp", "pp", "cp", "ep"))
     zero = _int(d, "zero", 0, problems)

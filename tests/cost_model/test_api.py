@@ -117,3 +117,12 @@ def test_context_parallel_with_unfused_attention_is_named() -> None:
     flash = estimate({**req, "cost_model": {"kind": "analytic", "calibration": {"flash_attention": True}}})
     no_cp = estimate({**req, "strategy": {**req["strategy"], "cp": 1, "dp": 16}})
     assert not any(n.startswith("context parallelism") for n in flash["notes"] + no_cp["notes"])
+
+
+@pytest.mark.parametrize("key", ["tp", "pp", "dp", "cp", "zero", "virtual_stages", "micro_batch_size",
+                                 "micro_batches", "recompute", "lsh", "ep", "etp", "schedule"])
+def test_shorthand_field_given_as_null_takes_its_default(key: str) -> None:
+    """A JSON null is an absent field (it crashed the shorthand's parser: an HTTP 500)."""
+    given = {"tp": 2, "pp": 2, "micro_batch_size": 2}
+    expected = estimate(request(strategy={k: v for k, v in given.items() if k != key}))
+    assert estimate(request(strategy={**given, key: None})) == expected
