@@ -22,3 +22,12 @@ def test_estimate_shorthand_with_null_fields(client: Any) -> None:
         r = client.post("/v1/estimate", json={**HYBRID, "strategy": {**given, key: None}})
         assert r.status_code == expected.status_code == 200, (key, r.text)
         assert r.json()["step_time_s"] == expected.json()["step_time_s"]
+
+
+def test_hf_config_value_of_the_wrong_type(client: Any) -> None:
+    t5 = {"model_type": "t5", "num_layers": [2], "d_model": 512, "num_heads": 8}
+    req = {**HYBRID, "model": {"hf_config": t5}}
+    for path in ("/v1/plans", "/v1/estimate"):
+        r = client.post(path, json={**req, "strategy": {"tp": 1}} if path == "/v1/estimate" else req)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", "model"] and "hf_config.num_layers" in r.text
