@@ -126,3 +126,34 @@ def test_shorthand_field_given_as_null_takes_its_default(key: str) -> None:
     given = {"tp": 2, "pp": 2, "micro_batch_size": 2}
     expected = estimate(request(strategy={k: v for k, v in given.items() if k != key}))
     assert estimate(request(strategy={**given, key: None})) == expected
+
+
+FULL = {"pp": 2, "micro_batches": 8, "stage_layers": [16, 16], "layers": [{"tp": 2, "dp": 4}] * 32,
+        "embedding": {"tp": 2, "dp": 4, "zero": 1}}
+
+
+@pytest.mark.parametrize(("strategy", "loc"), [
+    ({**FULL, "micro_batches": 8.5}, ("strategy", "micro_batches")),  # was run as 8
+    ({**FULL, "pp": "2"}, ("strategy", "pp")),
+    ({**FULL, "virtual_stages": "x"}, ("strategy", "virtual_stages")),
+    ({**FULL, "stage_layers": [16.5, 15.5]}, ("strategy", "stage_layers")),  # was run as [16, 15]
+    ({**FULL, "stage_layers": "16,16"}, ("strategy", "stage_layers")),
+    ({**FULL, "embedding": "tp2"}, ("strategy", "embedding")),
+    ({**FULL, "embedding": {"tp": 2, "dp": 4, "zero": "x"}}, ("strategy", "embedding", "zero")),  # a ValueError
+    ({**FULL, "embedding": {"tp": 2, "dp": 4, "zero": 9}}, ("strategy", "embedding", "zero")),  # was accepted
+    ({**FULL, "embedding": {"tp": 2, "dp": 4, "sp": "ring"}}, ("strategy", "embedding", "sp")),  # was accepted
+    ({**FULL, "embedding": {"tp": 2, "dp": 4, "zro": 1}}, ("strategy", "embedding", "zro")),
+    ({**SHORT, "stage_layers": 5}, ("strategy", "stage_layers")),
+    ({**SHORT, "embedding": {"tp": 2, "bogus": 1}}, ("strategy", "embedding", "bogus")),  # was blamed on stage_layers
+    ({**SHORT, "embedding": {"tp": 2, "dp": 4, "zero": -1}}, ("strategy", "embedding", "zero")),
+])
+def test_malformed_strategy_parts_name_their_field(strategy: dict[str, Any], loc: tuple[str, ...]) -> None:
+    with pytest.raises(SpecError) as err:
+        estimate(request(strategy=strategy))
+    assert [p.loc for p in err.value.problems] == [loc]
+    assert not any(python in str(err.value) for python in ("int()", "__init__", "argument", "iterable"))
+
+
+def test_null_parts_of_a_full_strategy_take_their_defaults() -> None:
+    est = estimate(request(strategy={**FULL, "embedding": None, "schedule": None, "virtual_stages": None}))
+    assert est["strategy"]["embedding"] == {"tp": 1, "dp": 1, "zero": 0} and est["strategy"]["schedule"] == "1f1b"

@@ -31,3 +31,13 @@ def test_hf_config_value_of_the_wrong_type(client: Any) -> None:
         r = client.post(path, json={**req, "strategy": {"tp": 1}} if path == "/v1/estimate" else req)
         assert r.status_code == 422, r.text
         assert r.json()["detail"][0]["loc"] == ["body", "model"] and "hf_config.num_layers" in r.text
+
+
+def test_estimate_of_a_strategy_with_a_malformed_embedding(client: Any) -> None:
+    """(The embedding's zero was never checked: "x" raised ValueError deep in the cost model.)"""
+    short = {"tp": 2, "pp": 2, "micro_batch_size": 2}
+    for bad, field in (({"tp": 2, "dp": 2, "zero": "x"}, "zero"), ({"tp": 2, "dp": 2, "zero": 7}, "zero"),
+                       ({"tp": 2, "dp": 2, "sp": 1}, "sp")):
+        r = client.post("/v1/estimate", json={**HYBRID, "strategy": {**short, "embedding": bad}})
+        assert r.status_code == 422, r.text
+        assert [d["loc"] for d in r.json()["detail"]] == [["body", "strategy", "embedding", field]]
