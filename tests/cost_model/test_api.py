@@ -157,3 +157,14 @@ def test_malformed_strategy_parts_name_their_field(strategy: dict[str, Any], loc
 def test_null_parts_of_a_full_strategy_take_their_defaults() -> None:
     est = estimate(request(strategy={**FULL, "embedding": None, "schedule": None, "virtual_stages": None}))
     assert est["strategy"]["embedding"] == {"tp": 1, "dp": 1, "zero": 0} and est["strategy"]["schedule"] == "1f1b"
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("gemm_eta_max", 0), ("hbm_efficiency", 0), ("intra_efficiency", 0), ("inter_efficiency", 0),  # divisors
+    ("gemm_d_half", float("nan")), ("reserve_gib", float("inf")), ("dp_overlap", 50), ("cp_overlap", 1.5),
+    ("flash_attention", "false"),  # was read as bool("false"), that is true
+])
+def test_calibration_overrides_that_would_make_estimates_infinite_or_wrong(key: str, value: Any) -> None:
+    """(Each gave inf or NaN times or memory: a response that is not JSON, an HTTP 500.)"""
+    assert _locs(request(strategy=SHORT, cost_model={"calibration": {key: value}})) == [
+        ("cost_model", "calibration", key)]

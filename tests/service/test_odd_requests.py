@@ -41,3 +41,10 @@ def test_estimate_of_a_strategy_with_a_malformed_embedding(client: Any) -> None:
         r = client.post("/v1/estimate", json={**HYBRID, "strategy": {**short, "embedding": bad}})
         assert r.status_code == 422, r.text
         assert [d["loc"] for d in r.json()["detail"]] == [["body", "strategy", "embedding", field]]
+
+
+def test_calibration_override_that_would_make_the_estimate_infinite(client: Any) -> None:
+    req = {**HYBRID, "cost_model": {"kind": "analytic", "calibration": {"intra_efficiency": 0}}}
+    r = client.post("/v1/estimate", json={**req, "strategy": {"tp": 2}})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "cost_model", "calibration", "intra_efficiency"]
