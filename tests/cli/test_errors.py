@@ -1,0 +1,26 @@
+"""``paraplan plan`` / ``paraplan estimate`` on requests the fuzzing found mishandled: one line on stderr that
+names the field, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _run(tmp_path: Path, command: str, request: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    f = tmp_path / "request.json"
+    f.write_text(json.dumps(request))
+    return subprocess.run([sys.executable, "-m", "paraplan_cli.main", command, "-f", str(f), "--json"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_plan_with_an_interleaved_schedule_one_gpu_cannot_run(tmp_path: Path) -> None:
+    req = {"kind": "hybrid", "model": {"preset": "gpt3-1.3b"}, "cluster": {"gpu": "A100-80GB", "nodes": 1,
+                                                                          "gpus_per_node": 1},
+           "training": {"global_batch_size": 8, "seq_length": 1024}, "constraints": {"schedule": "interleaved"}}
+    out = _run(tmp_path, "plan", req)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("error: constraints.schedule: the interleaved schedule needs"), out.stderr
