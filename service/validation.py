@@ -45,7 +45,8 @@ def available_kinds() -> list[str]:
     return out
 
 
-_FILE_FIELDS = (("strategy", "path"), ("cost_model", "profiles_dir"), ("cost_model", "hardware_dir"))
+_FILE_FIELDS = (("strategy", "path"), ("cost_model", "profiles_dir"), ("cost_model", "hardware_dir"),
+                ("cost_model", "profile_path"))
 
 
 def check_file_references(request: dict[str, Any], settings: Settings) -> None:

@@ -48,3 +48,19 @@ def test_calibration_override_that_would_make_the_estimate_infinite(client: Any)
     r = client.post("/v1/estimate", json={**req, "strategy": {"tp": 2}})
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"] == ["body", "cost_model", "calibration", "intra_efficiency"]
+
+
+def test_a_profile_path_outside_the_data_roots_is_not_read(client: Any, tmp_path: Any) -> None:
+    """(cost_model.profile_path escaped the data-root check: the server read any path and said whether it
+    existed and was JSON.)"""
+    outside = {**HYBRID, "cost_model": {"kind": "profile", "profile_path": "/etc/passwd"}}
+    for path, body in (("/v1/estimate", {**outside, "strategy": {"tp": 2}}), ("/v1/plans", outside)):
+        r = client.post(path, json=body)
+        assert r.status_code == 422, r.text
+        assert [d["loc"] for d in r.json()["detail"]] == [["body", "cost_model", "profile_path"]]
+        assert "PARAPLAN_DATA_ROOTS" in r.text and "JSON" not in r.text
+    client.app.state.settings.data_roots.append(str(tmp_path))
+    inside = {**HYBRID, "cost_model": {"kind": "profile", "profile_path": str(tmp_path / "missing.json")},
+              "strategy": {"tp": 2}}
+    r = client.post("/v1/estimate", json=inside)  # read (and found missing) by the cost model
+    assert r.status_code == 422 and "cannot read" in r.text
