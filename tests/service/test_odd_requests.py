@@ -64,3 +64,15 @@ def test_a_profile_path_outside_the_data_roots_is_not_read(client: Any, tmp_path
               "strategy": {"tp": 2}}
     r = client.post("/v1/estimate", json=inside)  # read (and found missing) by the cost model
     assert r.status_code == 422 and "cannot read" in r.text
+
+
+def test_a_hardware_dir_list_is_held_to_the_data_roots(client: Any, tmp_path: Any) -> None:
+    """(Galvatron's hardware_dir may be a list of directories; a list skipped the data-root check.)"""
+    client.app.state.settings.data_roots.append(str(tmp_path))
+    cost = {"kind": "galvatron", "profiles_dir": str(tmp_path), "hardware_dir": [str(tmp_path), "/etc"]}
+    for path, body in (("/v1/estimate", {**HYBRID, "cost_model": cost, "strategy": {"tp": 2}}),
+                       ("/v1/plans", {**HYBRID, "cost_model": cost})):
+        r = client.post(path, json=body)
+        assert r.status_code == 422, r.text
+        assert [d["loc"] for d in r.json()["detail"]] == [["body", "cost_model", "hardware_dir", 1]]
+        assert "PARAPLAN_DATA_ROOTS" in r.text
