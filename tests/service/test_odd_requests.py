@@ -76,3 +76,11 @@ def test_a_hardware_dir_list_is_held_to_the_data_roots(client: Any, tmp_path: An
         assert r.status_code == 422, r.text
         assert [d["loc"] for d in r.json()["detail"]] == [["body", "cost_model", "hardware_dir", 1]]
         assert "PARAPLAN_DATA_ROOTS" in r.text
+
+
+def test_the_layer_limit_counts_the_layers_of_a_hugging_face_config(client: Any) -> None:
+    """(A model imported from an HF config.json was not counted: max_layers did not apply to it.)"""
+    deep = {"model_type": "llama", "num_hidden_layers": 2000, "hidden_size": 256, "num_attention_heads": 4}
+    for path in ("/v1/plans", "/v1/estimate"):
+        r = client.post(path, json={**HYBRID, "model": {"hf_config": deep}, "strategy": {"tp": 1}})
+        assert r.status_code == 413 and "max_layers" in r.json()["detail"], r.text
