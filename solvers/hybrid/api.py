@@ -71,6 +71,14 @@ def _infeasible(planner: Planner, cm: CostModel) -> InfeasibleError:
     return err
 
 
+def validate(request: dict[str, Any]) -> None:
+    """What a request must pass before it is queued (the service's 422): its fields, its cost model's
+    (calibration, profile, Galvatron's files) and its constraints against the batch; milliseconds."""
+    req: HybridRequest = parse(HybridRequest, request)
+    make_cost_model(req)
+    build_space(req, space_mode(req))
+
+
 def solve(request: dict[str, Any], progress: Progress | None = None,
           options: PlannerOptions | None = None) -> dict[str, Any]:
     """The contract's hybrid result: the best plan, its estimate, the search and the baselines.

@@ -84,3 +84,18 @@ def test_the_layer_limit_counts_the_layers_of_a_hugging_face_config(client: Any)
     for path in ("/v1/plans", "/v1/estimate"):
         r = client.post(path, json={**HYBRID, "model": {"hf_config": deep}, "strategy": {"tp": 1}})
         assert r.status_code == 413 and "max_layers" in r.json()["detail"], r.text
+
+
+@pytest.mark.parametrize(("change", "loc"), [
+    ({"constraints": {"micro_batches": 7}}, ["body", "constraints", "micro_batches"]),
+    ({"cost_model": {"kind": "flexsp"}}, ["body", "cost_model", "kind"]),
+    ({"cost_model": {"kind": "profile"}}, ["body", "cost_model", "profile"]),
+    ({"cost_model": {"kind": "analytic", "calibration": {"gemm_eta": 0.5}}},
+     ["body", "cost_model", "calibration", "gemm_eta"]),
+])
+def test_a_plan_request_the_solver_would_refuse_is_422_not_a_queued_job(client: Any, change: dict[str, Any],
+                                                                      loc: list[Any]) -> None:
+    """(Each was queued, 202, and failed in the solver: the error came back only on polling the plan.)"""
+    r = client.post("/v1/plans", json={**HYBRID, **change})
+    assert r.status_code == 422, r.text
+    assert [d["loc"] for d in r.json()["detail"]] == [loc]
