@@ -20,7 +20,7 @@ def kind_of(request: Any) -> str:
     if not isinstance(request, dict):
         raise SpecError.at((), "request must be a JSON object")
     kind = request.get("kind", "hybrid")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise SpecError.at(("kind",), f"unknown plan kind {kind!r}; expected one of {sorted(KINDS)}")
     return str(kind)
 

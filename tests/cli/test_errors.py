@@ -24,3 +24,11 @@ def test_plan_with_an_interleaved_schedule_one_gpu_cannot_run(tmp_path: Path) ->
     out = _run(tmp_path, "plan", req)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith("error: constraints.schedule: the interleaved schedule needs"), out.stderr
+
+
+def test_estimate_with_a_kind_that_is_not_a_string(tmp_path: Path) -> None:
+    req = {"kind": ["hybrid"], "model": {"preset": "gpt3-1.3b"}, "cluster": {"gpu": "A100-80GB"},
+           "training": {"global_batch_size": 8}, "strategy": {"tp": 1}}
+    for command in ("estimate", "plan"):
+        out = _run(tmp_path, command, req)
+        assert out.returncode == 2 and out.stderr.startswith("error: kind: unknown plan kind ['hybrid']"), out.stderr

@@ -99,3 +99,12 @@ def test_a_plan_request_the_solver_would_refuse_is_422_not_a_queued_job(client: 
     r = client.post("/v1/plans", json={**HYBRID, **change})
     assert r.status_code == 422, r.text
     assert [d["loc"] for d in r.json()["detail"]] == [loc]
+
+
+@pytest.mark.parametrize("kind", [["hybrid"], {"hybrid": 1}])
+def test_a_kind_that_is_not_a_string(client: Any, kind: Any) -> None:
+    """(A list or object raised TypeError looking it up in the table of kinds: HTTP 500.)"""
+    for path in ("/v1/plans", "/v1/estimate"):
+        r = client.post(path, json={**HYBRID, "kind": kind, "strategy": {"tp": 2}})
+        assert r.status_code == 422, r.text
+        assert [d["loc"] for d in r.json()["detail"]] == [["body", "kind"]]
