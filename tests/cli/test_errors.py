@@ -32,3 +32,16 @@ def test_estimate_with_a_kind_that_is_not_a_string(tmp_path: Path) -> None:
     for command in ("estimate", "plan"):
         out = _run(tmp_path, command, req)
         assert out.returncode == 2 and out.stderr.startswith("error: kind: unknown plan kind ['hybrid']"), out.stderr
+
+
+def test_json_python_cannot_read(tmp_path: Path) -> None:
+    """(A 5,000-digit number or 100,000 nested arrays raised out of json.loads: a traceback, exit 1.)"""
+    f = tmp_path / "request.json"
+    for text, reason in (('{"training": {"global_batch_size": ' + "9" * 5000 + "}}", "digits"),
+                         ("[" * 100_000 + "]" * 100_000, "nested too deeply")):
+        f.write_text(text)
+        for command in ("estimate", "plan"):
+            out = subprocess.run([sys.executable, "-m", "paraplan_cli.main", command, "-f", str(f), "--json"],
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 2 and out.stderr.startswith(f"error: {f}: unreadable JSON"), out.stderr
+            assert reason in out.stderr and "Traceback" not in out.stderr
