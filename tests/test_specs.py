@@ -166,3 +166,13 @@ def test_hf_config_with_an_unmodelled_feature_is_refused_naming_the_key(key: str
     with pytest.raises(SpecError) as info:
         parse(HybridRequest, {**req, "model": {"hf_config": "config.json"}})  # a server reads no paths
     assert "config.json" in str(info.value)
+
+
+def test_a_global_batch_beyond_any_training_run_is_refused() -> None:
+    """(2^63 samples was accepted, and planning it ran for minutes enumerating the batch's divisors.)"""
+    req = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "A100-80GB"},
+           "training": {"global_batch_size": 2**63}}
+    with pytest.raises(SpecError) as info:
+        parse(HybridRequest, req)
+    assert [p.loc for p in info.value.problems] == [("training", "global_batch_size")]
+    assert parse(HybridRequest, {**req, "training": {"global_batch_size": 2**40}})

@@ -108,3 +108,10 @@ def test_a_kind_that_is_not_a_string(client: Any, kind: Any) -> None:
         r = client.post(path, json={**HYBRID, "kind": kind, "strategy": {"tp": 2}})
         assert r.status_code == 422, r.text
         assert [d["loc"] for d in r.json()["detail"]] == [["body", "kind"]]
+
+
+def test_a_global_batch_of_2_to_the_63_is_refused_not_queued(client: Any) -> None:
+    """(It was queued, and its solve ran until the job's time limit.)"""
+    r = client.post("/v1/plans", json={**HYBRID, "training": {"global_batch_size": 2**63}})
+    assert r.status_code == 422, r.text
+    assert [d["loc"] for d in r.json()["detail"]] == [["body", "training", "global_batch_size"]]
