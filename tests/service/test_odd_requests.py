@@ -115,3 +115,12 @@ def test_a_global_batch_of_2_to_the_63_is_refused_not_queued(client: Any) -> Non
     r = client.post("/v1/plans", json={**HYBRID, "training": {"global_batch_size": 2**63}})
     assert r.status_code == 422, r.text
     assert [d["loc"] for d in r.json()["detail"]] == [["body", "training", "global_batch_size"]]
+
+
+def test_an_estimate_array_over_the_limit_is_413_not_cut_short(client: Any) -> None:
+    """(Past 1,000 elements the answer silently held the first 1,000 results.)"""
+    one = {**HYBRID, "model": {"preset": "gpt3-1.3b", "num_layers": 2}, "strategy": {"tp": 2}}
+    client.app.state.settings.max_estimates = 3
+    assert len(client.post("/v1/estimate", json=[one] * 3).json()) == 3
+    r = client.post("/v1/estimate", json=[one] * 4)
+    assert r.status_code == 413 and "max_estimates" in r.json()["detail"], r.text
