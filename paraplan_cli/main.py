@@ -32,6 +32,10 @@ def _read_json(path: Path) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as err:
         _fail(f"{path}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}")
+    except ValueError as err:  # an integer of more digits than Python converts
+        _fail(f"{path}: unreadable JSON: {err}")
+    except RecursionError:
+        _fail(f"{path}: unreadable JSON: nested too deeply")
 
 
 def _inline_hf_config(request: Any, base: Path) -> Any:

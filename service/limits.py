@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from service.errors import TooLarge
 from service.settings import Settings
-from solvers.presets import MODEL_PRESETS
+from solvers.presets import MODEL_PRESETS, model_from_hf_config
 
 
 def _int(value: Any) -> int | None:
@@ -27,6 +28,9 @@ def count_layers(request: dict[str, Any]) -> int | None:
         layers = _int(model.get("num_layers"))
         if layers is None and isinstance(model.get("preset"), str):
             layers = _int(MODEL_PRESETS.get(model["preset"].lower(), {}).get("num_layers"))
+        if layers is None and isinstance(model.get("hf_config"), dict):
+            with contextlib.suppress(ValueError):  # the request's validation names what is wrong with the config
+                layers = _int(model_from_hf_config(model["hf_config"]).get("num_layers"))
         return layers
     workload = request.get("workload")
     if isinstance(workload, dict) and isinstance(workload.get("metaops"), list):

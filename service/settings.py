@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     max_gpus: int = 65536
     max_sequences: int = 200_000
     max_metaops: int = 512
+    max_estimates: int = 1000  # requests in one POST /v1/estimate array
     max_wait_s: float = 60.0
     # Directories whose files requests may name (Galvatron profiles, plan files); none by default, so that a
     # request cannot make the server read arbitrary paths. JSON list in the environment.

@@ -20,7 +20,7 @@ def kind_of(request: Any) -> str:
     if not isinstance(request, dict):
         raise SpecError.at((), "request must be a JSON object")
     kind = request.get("kind", "hybrid")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise SpecError.at(("kind",), f"unknown plan kind {kind!r}; expected one of {sorted(KINDS)}")
     return str(kind)
 
@@ -45,7 +45,22 @@ def available_kinds() -> list[str]:
     return out
 
 
-_FILE_FIELDS = (("strategy", "path"), ("cost_model", "profiles_dir"), ("cost_model", "hardware_dir"))
+_FILE_FIELDS = (("strategy", "path"), ("cost_model", "profiles_dir"), ("cost_model", "hardware_dir"),
+                ("cost_model", "profile_path"))
+
+
+def _named_paths(request: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    """(field, path) of every file or directory the request names; a field may hold a list of them (Galvatron's
+    hardware_dir is searched in order)."""
+    out: list[tuple[tuple[str | int, ...], str]] = []
+    for section, key in _FILE_FIELDS:
+        part = request.get(section)
+        value = part.get(key) if isinstance(part, dict) else None
+        if isinstance(value, str):
+            out.append(((section, key), value))
+        elif isinstance(value, list):
+            out += [((section, key, i), v) for i, v in enumerate(value) if isinstance(v, str)]
+    return [(loc, v) for loc, v in out if v]
 
 
 def check_file_references(request: dict[str, Any], settings: Settings) -> None:
@@ -53,19 +68,15 @@ def check_file_references(request: dict[str, Any], settings: Settings) -> None:
     roots = [Path(r).resolve() for r in settings.data_roots]
     profiles_dir = (request.get("cost_model") or {}).get("profiles_dir") if isinstance(
         request.get("cost_model"), dict) else None
-    for section, key in _FILE_FIELDS:
-        part = request.get(section)
-        value = part.get(key) if isinstance(part, dict) else None
-        if not isinstance(value, str) or not value:
-            continue
+    for loc, value in _named_paths(request):
         path = Path(value)
-        if not path.is_absolute() and key == "path" and isinstance(profiles_dir, str):
+        if not path.is_absolute() and loc[-1] == "path" and isinstance(profiles_dir, str):
             path = Path(profiles_dir) / path
         resolved = path.resolve()
         if not any(resolved.is_relative_to(root) for root in roots):
             allowed = ", ".join(str(r) for r in roots) or "none configured"
-            raise SpecError.at((section, key), f"this server reads files only under its data roots ({allowed}; "
-                                               "PARAPLAN_DATA_ROOTS)")
+            raise SpecError.at(loc, f"this server reads files only under its data roots ({allowed}; "
+                                    "PARAPLAN_DATA_ROOTS)")
 
 
 def validate_plan_request(request: Any, settings: Settings) -> str:

@@ -25,7 +25,7 @@ _ESTIMATORS = {**_SOLVERS, "hybrid": "solvers.cost_model.api"}
 
 
 def _module(kind: str, table: dict[str, str] = _SOLVERS) -> Any:
-    if kind not in table:
+    if not isinstance(kind, str) or kind not in table:
         raise SpecError.at(("kind",), f"unknown plan kind {kind!r}; expected one of {sorted(table)}")
     try:
         return importlib.import_module(table[kind])

@@ -141,10 +141,27 @@ def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None =
                 return config[k]
         return default
 
+    def number(kind: type[int] | type[float], *keys: str, default: Any = None) -> Any:
+        """The first of ``keys`` the config sets, as a ``kind``; ValueError naming the key if it is not one."""
+        key = next((k for k in keys if config.get(k) is not None), None)
+        if key is None:
+            return default
+        value = config[key]
+        if isinstance(value, int | float | str) and not isinstance(value, bool):
+            try:
+                converted = float(value)
+                if kind is float or converted.is_integer():
+                    return kind(converted)
+            except ValueError:
+                pass
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"hf_config.{key} must be {what}, got {value!r}")
+
     mtype = str(config.get("model_type", "")).lower()
     layers = pick("num_hidden_layers", "n_layer", "num_layers")
     if mtype == "t5":
-        layers = int(config.get("num_layers", 0)) + int(config.get("num_decoder_layers") or config.get("num_layers", 0))
+        encoder = number(int, "num_layers", default=0)
+        layers = encoder + (number(int, "num_decoder_layers") or encoder)
     hidden = pick("hidden_size", "n_embd", "d_model")
     heads = pick("num_attention_heads", "n_head", "num_heads")
     act = str(pick("hidden_act", "activation_function", "feed_forward_proj", default="gelu")).lower()
@@ -165,20 +182,20 @@ def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None =
     no_dropout = 0.0 if family in _DROPOUT_FREE else None
     for field, keys in (("attention_dropout", ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")),
                         ("hidden_dropout", ("hidden_dropout", "resid_pdrop", "hidden_dropout_prob", "dropout_rate"))):
-        p = pick(*keys, default=no_dropout)
+        p = number(float, *keys, default=no_dropout)
         if p is not None:
-            spec[field] = float(p)
+            spec[field] = p
     if config.get("head_dim") or config.get("d_kv"):
         spec["head_dim"] = pick("head_dim", "d_kv")
     if spec["ffn_hidden_size"] is None:
         spec.pop("ffn_hidden_size")
-    experts = pick("num_local_experts", "num_experts", "n_routed_experts")
-    if experts and int(experts) > 1:
-        moe: dict[str, Any] = {"num_experts": int(experts), "top_k": int(pick("num_experts_per_tok", default=2))}
+    experts = number(int, "num_local_experts", "num_experts", "n_routed_experts")
+    if experts and experts > 1:
+        moe: dict[str, Any] = {"num_experts": experts, "top_k": number(int, "num_experts_per_tok", default=2)}
         if config.get("moe_intermediate_size"):
-            moe["expert_ffn_hidden_size"] = int(config["moe_intermediate_size"])
+            moe["expert_ffn_hidden_size"] = number(int, "moe_intermediate_size")
         # Qwen-MoE: layer i is sparse when (i + 1) % decoder_sparse_step == 0, the spec's own convention
         if config.get("decoder_sparse_step"):
-            moe["moe_layer_frequency"] = int(config["decoder_sparse_step"])
+            moe["moe_layer_frequency"] = number(int, "decoder_sparse_step")
         spec["moe"] = moe
     return spec

@@ -212,8 +212,13 @@ class ClusterSpec(_Spec):
         return gbps / 8.0 / self.gpus_per_node
 
 
+# Far beyond any training batch (2^40 samples), and within what the planner's divisor enumerations (O(sqrt))
+# finish in seconds: at 2^63 they ran for minutes.
+MAX_GLOBAL_BATCH_SIZE = 2**40
+
+
 class TrainingSpec(_Spec):
-    global_batch_size: int = Field(gt=0)
+    global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH_SIZE)
     seq_length: int = Field(default=2048, gt=0)
     precision: Precision = "bf16"
     optimizer: Literal["adam", "adamw"] = "adam"

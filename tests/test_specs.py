@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from solvers.errors import SpecError
@@ -102,6 +104,29 @@ def test_hf_config_import() -> None:
     assert (bert.attention_dropout, bert.hidden_dropout) == (0.0, 0.2)
 
 
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"model_type": "t5", "num_layers": None, "d_model": 512, "num_heads": 8}, "num_layers"),  # 0 layers
+    ({"model_type": "t5", "num_layers": [2], "d_model": 512, "num_heads": 8}, "num_layers"),
+    ({"model_type": "t5", "num_layers": 2, "num_decoder_layers": "two", "d_model": 512, "num_heads": 8},
+     "num_decoder_layers"),
+    ({"num_local_experts": [8]}, "num_local_experts"),
+    ({"num_experts": 8, "num_experts_per_tok": {"k": 2}}, "num_experts_per_tok"),
+    ({"num_experts": 8, "moe_intermediate_size": 25.5}, "moe_intermediate_size"),
+    ({"num_experts": 8, "decoder_sparse_step": "x"}, "decoder_sparse_step"),
+    ({"attention_dropout": [0.1]}, "attention_dropout"),
+    ({"resid_pdrop": "x"}, "resid_pdrop"),
+])
+def test_hf_config_values_of_the_wrong_type_name_the_key(change: dict[str, Any], key: str) -> None:
+    """(Lists, objects and nulls raised TypeError out of the model's validator: HTTP 500.)"""
+    cfg = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, **change}
+    req = {"model": {"hf_config": cfg}, "cluster": {"gpu": "A100-80GB"}, "training": {"global_batch_size": 8}}
+    with pytest.raises(SpecError) as info:
+        parse(HybridRequest, req)
+    assert [p.loc[0] for p in info.value.problems] == ["model"]
+    assert key in str(info.value)
+
+
 # Qwen3-30B-A3B's config.json (the fields that shape the model): 30.5 B parameters as published
 QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 48,
              "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
@@ -141,3 +166,13 @@ def test_hf_config_with_an_unmodelled_feature_is_refused_naming_the_key(key: str
     with pytest.raises(SpecError) as info:
         parse(HybridRequest, {**req, "model": {"hf_config": "config.json"}})  # a server reads no paths
     assert "config.json" in str(info.value)
+
+
+def test_a_global_batch_beyond_any_training_run_is_refused() -> None:
+    """(2^63 samples was accepted, and planning it ran for minutes enumerating the batch's divisors.)"""
+    req = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "A100-80GB"},
+           "training": {"global_batch_size": 2**63}}
+    with pytest.raises(SpecError) as info:
+        parse(HybridRequest, req)
+    assert [p.loc for p in info.value.problems] == [("training", "global_batch_size")]
+    assert parse(HybridRequest, {**req, "training": {"global_batch_size": 2**40}})

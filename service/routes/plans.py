@@ -15,7 +15,7 @@ from service import plans
 from service.auth import ReadAccess, SubmitAccess
 from service.canonical import content_hash
 from service.context import ServiceContext, get_context
-from service.errors import Conflict, NotImplementedYet
+from service.errors import Conflict, NotImplementedYet, TooLarge
 from service.limits import check_limits
 from service.schemas import ExportFormat, ExportOf, PlanList, PlanOut, PlanStatus
 from service.tokens import Principal
@@ -158,8 +158,8 @@ def export_plan(plan_id: str, format: ExportFormat = Query(..., description="tar
                                      422: {"description": "invalid request; `loc` names the field"}})
 def estimate(body: dict[str, Any] | list[dict[str, Any]] = Body(..., description="one request or an array"),
              ctx: ServiceContext = Depends(get_context), _: Principal = ReadAccess) -> Any:
-    """What-if estimate of a given strategy (synchronous: estimates are fast). An array gives an array,
-    with `{"error": ...}` in place of an invalid element."""
+    """What-if estimate of a given strategy (synchronous: estimates are fast). An array (up to
+    PARAPLAN_MAX_ESTIMATES elements) gives an array, with `{"error": ...}` in place of an invalid element."""
     from solvers.api import estimate as estimate_fn
 
     def one(request: dict[str, Any]) -> dict[str, Any]:
@@ -170,8 +170,11 @@ def estimate(body: dict[str, Any] | list[dict[str, Any]] = Body(..., description
         return result
 
     if isinstance(body, list):
+        if len(body) > ctx.settings.max_estimates:
+            raise TooLarge(f"request has {len(body)} estimates; this service's limit max_estimates is "
+                           f"{ctx.settings.max_estimates} (PARAPLAN_MAX_ESTIMATES)")
         out: list[dict[str, Any]] = []
-        for request in body[:1000]:
+        for request in body:
             try:
                 out.append(one(request))
             except SpecError as err:

@@ -12,11 +12,29 @@ overridable per request: ``"cost_model": {"kind": "analytic", "calibration": {"g
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from solvers.cost_model.efficiency import GemmEfficiency
 from solvers.errors import FieldProblem, SpecError
+
+# Constants the model divides by (an override of 0 would make every estimate infinite), and fractions.
+_DIVISORS = ("gemm_eta_max", "hbm_efficiency", "intra_efficiency", "inter_efficiency")
+_FRACTIONS = ("dp_overlap", "tp_overlap", "zero_overlap", "cp_overlap")
+
+
+def _override_problem(key: str, value: Any, kind: Any) -> str | None:
+    """Why ``value`` cannot override the constant ``key`` (None: it can)."""
+    if kind in ("bool", bool):
+        return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        return f"must be a finite non-negative number, got {value!r}"
+    if key in _DIVISORS and value == 0:
+        return "must be positive (the model divides by it)"
+    if key in _FRACTIONS and value > 1:
+        return f"is a fraction: must be within 0..1, got {value!r}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -58,12 +76,10 @@ class AnalyticCalibration:
         for key, value in overrides.items():
             if key not in known:
                 problems.append(FieldProblem((*loc, key), f"unknown calibration constant; known: {', '.join(known)}"))
-            elif known[key].type in ("bool", bool):
-                clean[key] = bool(value)
-            elif not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-                problems.append(FieldProblem((*loc, key), "must be a non-negative number"))
+            elif (why := _override_problem(key, value, known[key].type)) is not None:
+                problems.append(FieldProblem((*loc, key), why))
             else:
-                clean[key] = float(value)
+                clean[key] = value if isinstance(value, bool) else float(value)
         if problems:
             raise SpecError(problems)
         return replace(self, **clean)

@@ -18,6 +18,7 @@ from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule
 
 LAYER_KEYS = {f.name for f in fields(LayerStrategy)}
+EMBEDDING_KEYS = {f.name for f in fields(EmbeddingStrategy)}
 SHORTHAND_KEYS = {"tp", "pp", "dp", "cp", "sp", "zero", "recompute", "micro_batch_size", "micro_batches",
                   "schedule", "virtual_stages", "ep", "etp", "lsh", "stage_layers", "embedding"}
 
@@ -48,6 +49,26 @@ def _int(d: dict[str, Any], key: str, default: int | None, problems: list[FieldP
     return v
 
 
+def _stage_layers(value: Any, problems: list[FieldProblem]) -> tuple[int, ...] | None:
+    if not isinstance(value, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in value):
+        problems.append(FieldProblem(("strategy", "stage_layers"), f"must be a list of layer counts, one per "
+                                     f"pipeline stage, got {value!r}"))
+        return None
+    return tuple(value)
+
+
+def _embedding(value: Any, problems: list[FieldProblem]) -> EmbeddingStrategy | None:
+    """The embedding / LM-head strategy object (its values are checked with the plan's)."""
+    if not isinstance(value, dict):
+        problems.append(FieldProblem(("strategy", "embedding"), f"must be an object with tp, dp, zero and sp, "
+                                     f"got {value!r}"))
+        return None
+    unknown = [FieldProblem(("strategy", "embedding", k), "unknown embedding strategy field")
+               for k in value if k not in EMBEDDING_KEYS]
+    problems += unknown
+    return None if unknown else EmbeddingStrategy(**value)
+
+
 def _shorthand_split(layers: int, pp: int, chunks: int) -> tuple[int, ...]:
     """The split Megatron-LM runs for a uniform strategy; where none is whole model chunks, the most even one
     in layers (the cost model prices it; Megatron would refuse it)."""
@@ -60,7 +81,9 @@ def plan_from_shorthand(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpe
                         ) -> PlanStrategy:
     """A uniform plan from ``{"tp", "pp", "dp", "cp", "sp", "zero", "recompute", "micro_batch_size",
     "schedule", "virtual_stages"}`` (``micro_batch_size`` is per data-parallel rank; ``dp`` defaults to
-    whatever the other degrees leave of the cluster). Raises SpecError naming the field."""
+    whatever the other degrees leave of the cluster; a field given as null takes its default, as an absent one).
+    Raises SpecError naming the field."""
+    d = {k: v for k, v in d.items() if v is not None}
     problems = [FieldProblem(("strategy", k), "unknown strategy field") for k in d if k not in SHORTHAND_KEYS]
     tp, pp, cp, ep = (_int(d, k, 1, problems) for k in ("tp", "pp", "cp", "ep"))
     zero = _int(d, "zero", 0, problems)
@@ -104,37 +127,50 @@ def plan_from_shorthand(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpe
         raise SpecError.at(("strategy", "schedule"), f"must be one of {', '.join(get_args(Schedule))}")
     if pp > model.num_layers:
         raise SpecError.at(("strategy", "pp"), f"pp ({pp}) exceeds the model's {model.num_layers} layers")
-    stage_layers = d.get("stage_layers") or _shorthand_split(model.num_layers, pp, pipeline.chunks(schedule, v))
+    stage_layers = (_stage_layers(d["stage_layers"], problems) if "stage_layers" in d
+                    else _shorthand_split(model.num_layers, pp, pipeline.chunks(schedule, v)))
+    emb = _embedding(d.get("embedding", {"tp": tp, "dp": dp * cp, "zero": zero}), problems)
+    if problems:
+        raise SpecError(problems)
+    assert stage_layers is not None and emb is not None
     layer = LayerStrategy(tp=tp, dp=dp, cp=cp, sp=d.get("sp"), zero=zero, recompute=d.get("recompute", "none"))
     # expert fields apply to the MoE layers (a model may interleave dense ones)
     moe_layer = replace(layer, ep=ep, etp=etp, lsh=bool(d.get("lsh", False)))
     layers = tuple(moe_layer if model.is_moe_layer(i) else layer for i in range(model.num_layers))
-    emb = d.get("embedding") or {"tp": tp, "dp": dp * cp, "zero": zero}
-    try:
-        plan = PlanStrategy(pp=pp, micro_batches=m, layers=layers,
-                            stage_layers=tuple(int(x) for x in stage_layers), schedule=schedule, virtual_stages=v,
-                            embedding=EmbeddingStrategy(**emb))
-    except (TypeError, ValueError) as err:
-        raise SpecError.at(("strategy", "stage_layers"), str(err)) from None
+    plan = _plan(pp=pp, micro_batches=m, layers=layers, stage_layers=stage_layers, schedule=schedule,
+                 virtual_stages=v, embedding=emb)
     _raise_if_bad(plan, model, cluster, training, uniform=True)
     return plan
 
 
+def _plan(**parts: Any) -> PlanStrategy:
+    try:
+        return PlanStrategy(**parts)
+    except ValueError as err:  # stage_layers that do not match pp or the layers
+        raise SpecError.at(("strategy", "stage_layers"), str(err)) from None
+
+
 def plan_from_dict(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> PlanStrategy:
-    """A full strategy object as the hybrid planner returns it (``layers`` per layer, ``stage_layers``...)."""
+    """A full strategy object as the hybrid planner returns it (``layers`` per layer, ``stage_layers``...);
+    a field given as null is an absent one."""
+    d = {k: v for k, v in d.items() if v is not None}
     layers = d.get("layers")
     if not isinstance(layers, list) or not all(isinstance(x, dict) for x in layers):
         raise SpecError.at(("strategy", "layers"), "must be a list of per-layer strategy objects")
-    unknown = [FieldProblem(("strategy", "layers", i, k), "unknown layer strategy field")
-               for i, x in enumerate(layers) for k in x if k not in LAYER_KEYS]
-    if unknown:
-        raise SpecError(unknown)
-    try:
-        plan = PlanStrategy.from_dict(d)
-    except KeyError as err:
-        raise SpecError.at(("strategy", str(err.args[0])), "missing") from None
-    except (TypeError, ValueError) as err:
-        raise SpecError.at(("strategy",), str(err)) from None
+    problems = [FieldProblem(("strategy", "layers", i, k), "unknown layer strategy field")
+                for i, x in enumerate(layers) for k in x if k not in LAYER_KEYS]
+    problems += [FieldProblem(("strategy", k), "missing") for k in ("pp", "micro_batches", "stage_layers")
+                 if k not in d]
+    if problems:
+        raise SpecError(problems)
+    pp, m, v = _int(d, "pp", None, problems), _int(d, "micro_batches", None, problems), \
+        _int(d, "virtual_stages", 1, problems)
+    stage_layers = _stage_layers(d["stage_layers"], problems)
+    emb = _embedding(d.get("embedding", {}), problems)
+    if problems:
+        raise SpecError(problems)
+    plan = _plan(pp=pp, micro_batches=m, layers=tuple(LayerStrategy.from_dict(x) for x in layers),
+                 stage_layers=stage_layers, schedule=d.get("schedule", "1f1b"), virtual_stages=v, embedding=emb)
     _raise_if_bad(plan, model, cluster, training)
     return plan
 

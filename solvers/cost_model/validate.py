@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from solvers.errors import FieldProblem
 from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
-from solvers.strategy import LayerStrategy, PlanStrategy
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
 Loc = tuple[str | int, ...]
 _SP = (None, "megatron", "ulysses")
@@ -12,25 +12,33 @@ _RECOMPUTE = ("none", "selective", "full")
 _SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
+def _non_integers(x: LayerStrategy | EmbeddingStrategy, fields: tuple[str, ...], loc: Loc) -> list[FieldProblem]:
+    """Problems of ``x``'s parallel degrees (positive integers) and ZeRO stage (a non-negative one)."""
+    return [FieldProblem((*loc, field), f"must be a positive integer, got {v!r}") for field in fields
+            if not isinstance(v := getattr(x, field), int) or isinstance(v, bool) or v < (0 if field == "zero" else 1)]
+
+
+def _bad_sp_and_zero(x: LayerStrategy | EmbeddingStrategy, loc: Loc) -> list[FieldProblem]:
+    out = []
+    if x.sp not in _SP:
+        out.append(FieldProblem((*loc, "sp"), f"must be null, 'megatron' or 'ulysses', got {x.sp!r}"))
+    if x.zero > 3:
+        out.append(FieldProblem((*loc, "zero"), f"ZeRO stage must be 0..3, got {x.zero}"))
+    return out
+
+
 def check_layer(x: LayerStrategy, index: int, model: ModelSpec, stage_gpus: int, micro_batch_samples: float,
                 seq_length: int, loc: Loc) -> list[FieldProblem]:
-    out: list[FieldProblem] = []
+    out = _non_integers(x, ("tp", "dp", "cp", "ep", "zero"), loc)
+    if out:
+        return out
+    out = _bad_sp_and_zero(x, loc)
 
     def bad(field: str, msg: str) -> None:
         out.append(FieldProblem((*loc, field), msg))
 
-    for field in ("tp", "dp", "cp", "ep", "zero"):
-        v = getattr(x, field)
-        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if field == "zero" else 1):
-            bad(field, f"must be a positive integer, got {v!r}")
-    if out:
-        return out
-    if x.sp not in _SP:
-        bad("sp", f"must be null, 'megatron' or 'ulysses', got {x.sp!r}")
     if x.recompute not in _RECOMPUTE:
         bad("recompute", f"must be one of {', '.join(_RECOMPUTE)}, got {x.recompute!r}")
-    if x.zero > 3:
-        bad("zero", f"ZeRO stage must be 0..3, got {x.zero}")
     if x.world != stage_gpus:
         bad("dp", f"tp*cp*dp = {x.tp}*{x.cp}*{x.dp} = {x.world} GPUs, but each pipeline stage has {stage_gpus}")
     if model.num_attention_heads % x.tp:
@@ -90,7 +98,9 @@ def check_plan(plan: PlanStrategy, model: ModelSpec, cluster: ClusterSpec, train
     stage_gpus = n // plan.pp
     for i, layer in enumerate(plan.layers):
         out.extend(check_layer(layer, i, model, stage_gpus, mb, training.seq_length, (*loc, "layers", i)))
-    emb = plan.embedding
-    if model.vocab_size and (emb.tp < 1 or stage_gpus % emb.tp):
-        out.append(FieldProblem((*loc, "embedding", "tp"), f"must divide the stage's {stage_gpus} GPUs"))
+    emb, emb_loc = plan.embedding, (*loc, "embedding")
+    bad_emb = _non_integers(emb, ("tp", "dp", "zero"), emb_loc)
+    out.extend(bad_emb or _bad_sp_and_zero(emb, emb_loc))
+    if model.vocab_size and not bad_emb and stage_gpus % emb.tp:
+        out.append(FieldProblem((*emb_loc, "tp"), f"must divide the stage's {stage_gpus} GPUs"))
     return out

@@ -14,7 +14,7 @@ from solvers.hybrid import baselines
 from solvers.hybrid.cached import CachedStages
 from solvers.hybrid.certificate import certify
 from solvers.hybrid.planner import Planner, PlannerOptions
-from solvers.hybrid.space import SpaceMode, build_space
+from solvers.hybrid.space import SearchSpace, SpaceMode, build_space
 from solvers.request import HybridRequest, parse
 from solvers.specs import ModelSpec
 
@@ -35,12 +35,24 @@ def space_mode(req: HybridRequest) -> SpaceMode:
     return "galvatron" if req.cost_model.kind == "galvatron" else "full"
 
 
+def _no_interleaved_pipeline(space: SearchSpace) -> str:
+    """Why no pipeline takes the interleaved schedule (the only schedule without a one-stage pipeline)."""
+    chunks = min(space.virtual_stage_options)
+    micro = f"constraints.micro_batches = {space.micro_batches[0]}" if space.micro_batches else \
+        f"a global batch of {space.global_batch_size}"
+    return (f"the interleaved schedule needs a pipeline of pp ≥ 2 stages (pp dividing the {space.num_gpus} GPUs, "
+            f"pp ≤ {space.max_pp}), a number of micro-batches that pp divides and at least {chunks} layers a "
+            f"stage; {space.num_layers} layers and {micro} allow none: choose another schedule")
+
+
 def _infeasible(planner: Planner, cm: CostModel) -> InfeasibleError:
     need = planner.min_memory_bytes()
     limit = cm.memory_limit_bytes / GIB
     field: tuple[str, ...] = ("constraints", "memory_limit_gib")
     unsplittable = planner.space.unsplittable() if need == float("inf") else None
-    if unsplittable:
+    if need == float("inf") and not planner.space.pipeline_configs():
+        field, msg = ("constraints", "schedule"), _no_interleaved_pipeline(planner.space)
+    elif unsplittable:
         field, msg = ("cluster",), unsplittable
     elif need == float("inf"):
         msg = "no plan satisfies the constraints (no legal strategy for this model on this cluster)"
@@ -57,6 +69,14 @@ def _infeasible(planner: Planner, cm: CostModel) -> InfeasibleError:
     err = InfeasibleError([FieldProblem(field, msg)])
     err.min_memory_gib = need / GIB  # type: ignore[attr-defined]
     return err
+
+
+def validate(request: dict[str, Any]) -> None:
+    """What a request must pass before it is queued (the service's 422): its fields, its cost model's
+    (calibration, profile, Galvatron's files) and its constraints against the batch; milliseconds."""
+    req: HybridRequest = parse(HybridRequest, request)
+    make_cost_model(req)
+    build_space(req, space_mode(req))
 
 
 def solve(request: dict[str, Any], progress: Progress | None = None,

@@ -14,6 +14,7 @@ keeps the first of equal candidates, so dense layers never carry expert fields.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import replace
 from functools import lru_cache
@@ -39,7 +40,7 @@ def expert_layouts(x: LayerStrategy, num_experts: int, gpus_per_node: int, allow
         if etp == 1 and x.expert_tp == 1:
             continue  # the same layout as None
         etp_n = x.expert_tp if etp is None else etp
-        for ep in _divisors(num_experts):
+        for ep in _divisors(math.gcd(num_experts, x.world)):  # ep divides both (the world: see below)
             if x.world % (etp_n * ep):
                 continue
             crosses = crosses_nodes(ep, etp_n, gpus_per_node)

@@ -117,3 +117,54 @@ def test_context_parallel_with_unfused_attention_is_named() -> None:
     flash = estimate({**req, "cost_model": {"kind": "analytic", "calibration": {"flash_attention": True}}})
     no_cp = estimate({**req, "strategy": {**req["strategy"], "cp": 1, "dp": 16}})
     assert not any(n.startswith("context parallelism") for n in flash["notes"] + no_cp["notes"])
+
+
+@pytest.mark.parametrize("key", ["tp", "pp", "dp", "cp", "zero", "virtual_stages", "micro_batch_size",
+                                 "micro_batches", "recompute", "lsh", "ep", "etp", "schedule"])
+def test_shorthand_field_given_as_null_takes_its_default(key: str) -> None:
+    """A JSON null is an absent field (it crashed the shorthand's parser: an HTTP 500)."""
+    given = {"tp": 2, "pp": 2, "micro_batch_size": 2}
+    expected = estimate(request(strategy={k: v for k, v in given.items() if k != key}))
+    assert estimate(request(strategy={**given, key: None})) == expected
+
+
+FULL = {"pp": 2, "micro_batches": 8, "stage_layers": [16, 16], "layers": [{"tp": 2, "dp": 4}] * 32,
+        "embedding": {"tp": 2, "dp": 4, "zero": 1}}
+
+
+@pytest.mark.parametrize(("strategy", "loc"), [
+    ({**FULL, "micro_batches": 8.5}, ("strategy", "micro_batches")),  # was run as 8
+    ({**FULL, "pp": "2"}, ("strategy", "pp")),
+    ({**FULL, "virtual_stages": "x"}, ("strategy", "virtual_stages")),
+    ({**FULL, "stage_layers": [16.5, 15.5]}, ("strategy", "stage_layers")),  # was run as [16, 15]
+    ({**FULL, "stage_layers": "16,16"}, ("strategy", "stage_layers")),
+    ({**FULL, "embedding": "tp2"}, ("strategy", "embedding")),
+    ({**FULL, "embedding": {"tp": 2, "dp": 4, "zero": "x"}}, ("strategy", "embedding", "zero")),  # a ValueError
+    ({**FULL, "embedding": {"tp": 2, "dp": 4, "zero": 9}}, ("strategy", "embedding", "zero")),  # was accepted
+    ({**FULL, "embedding": {"tp": 2, "dp": 4, "sp": "ring"}}, ("strategy", "embedding", "sp")),  # was accepted
+    ({**FULL, "embedding": {"tp": 2, "dp": 4, "zro": 1}}, ("strategy", "embedding", "zro")),
+    ({**SHORT, "stage_layers": 5}, ("strategy", "stage_layers")),
+    ({**SHORT, "embedding": {"tp": 2, "bogus": 1}}, ("strategy", "embedding", "bogus")),  # was blamed on stage_layers
+    ({**SHORT, "embedding": {"tp": 2, "dp": 4, "zero": -1}}, ("strategy", "embedding", "zero")),
+])
+def test_malformed_strategy_parts_name_their_field(strategy: dict[str, Any], loc: tuple[str, ...]) -> None:
+    with pytest.raises(SpecError) as err:
+        estimate(request(strategy=strategy))
+    assert [p.loc for p in err.value.problems] == [loc]
+    assert not any(python in str(err.value) for python in ("int()", "__init__", "argument", "iterable"))
+
+
+def test_null_parts_of_a_full_strategy_take_their_defaults() -> None:
+    est = estimate(request(strategy={**FULL, "embedding": None, "schedule": None, "virtual_stages": None}))
+    assert est["strategy"]["embedding"] == {"tp": 1, "dp": 1, "zero": 0} and est["strategy"]["schedule"] == "1f1b"
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("gemm_eta_max", 0), ("hbm_efficiency", 0), ("intra_efficiency", 0), ("inter_efficiency", 0),  # divisors
+    ("gemm_d_half", float("nan")), ("reserve_gib", float("inf")), ("dp_overlap", 50), ("cp_overlap", 1.5),
+    ("flash_attention", "false"),  # was read as bool("false"), that is true
+])
+def test_calibration_overrides_that_would_make_estimates_infinite_or_wrong(key: str, value: Any) -> None:
+    """(Each gave inf or NaN times or memory: a response that is not JSON, an HTTP 500.)"""
+    assert _locs(request(strategy=SHORT, cost_model={"calibration": {key: value}})) == [
+        ("cost_model", "calibration", key)]

@@ -541,3 +541,19 @@ def test_a_memory_limit_above_the_gpus_memory_plans_within_the_gpu_and_says_so()
                      "strategy": {"tp": 2, "pp": 4, "dp": 8, "zero": 1, "micro_batch_size": 1}})
     assert 22.0 < over["peak_memory_gib"] < 48.0
     assert not over["fits"]  # judged against the 22 GiB the GPU has, not the 48 asked
+
+
+@pytest.mark.parametrize(("model", "nodes", "gpus", "constraints"), [
+    ({"preset": "gpt3-1.3b"}, 1, 1, {"schedule": "interleaved"}),  # one GPU: no second stage
+    ({"preset": "gpt3-1.3b", "num_layers": 3}, 1, 8, {"schedule": "interleaved"}),  # no 2 stages of 2 layers
+    ({"preset": "gpt3-1.3b"}, 1, 8, {"schedule": "interleaved", "micro_batches": 3}),  # pp 3 divides no 8
+])
+def test_an_interleaved_schedule_no_pipeline_can_take_is_named(model: dict[str, Any], nodes: int, gpus: int,
+                                                               constraints: dict[str, Any]) -> None:
+    """It was blamed on the cluster: "no split of 1 GPUs into pp x tp x cp x dp obeys pp ≤ 1, tp ≤ 1 ..."."""
+    req = {**SMALL, "model": model, "cluster": {"gpu": "A100-80GB", "nodes": nodes, "gpus_per_node": gpus},
+           "training": {"global_batch_size": 48, "seq_length": 1024}, "constraints": constraints}
+    with pytest.raises(SpecError) as err:
+        solve(req)
+    assert [p.loc for p in err.value.problems] == [("constraints", "schedule")]
+    assert "interleaved schedule needs a pipeline of pp ≥ 2 stages" in str(err.value)

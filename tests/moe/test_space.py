@@ -51,3 +51,17 @@ def test_lsh_only_across_nodes_and_when_allowed() -> None:
     assert not [y for y in with_expert_layouts([x], 8, 8, False) if y.lsh]
     note = approximate_note(cands)
     assert note is not None and note.startswith("approximate") and approximate_note([x]) is None
+
+
+def test_the_expert_degrees_tried_are_read_off_the_layer_not_every_expert_count(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A million experts on 64 GPUs took 49 s to plan: every candidate scanned 1..num_experts for divisors.
+    The expert degree divides the layer's ranks too, so only their common divisors are looked at."""
+    import solvers.hybrid.moe as moe
+
+    scanned: list[int] = []
+    real = moe._divisors
+    monkeypatch.setattr(moe, "_divisors", lambda n: scanned.append(n) or real(n))
+    x = LayerStrategy(tp=2, dp=32)
+    layouts = expert_layouts.__wrapped__(x, 2**20, 8, False)
+    assert {y.ep for y in layouts} == {1, 2, 4, 8, 16, 32, 64} and max(scanned) <= x.world

@@ -1,0 +1,47 @@
+"""``paraplan plan`` / ``paraplan estimate`` on requests the fuzzing found mishandled: one line on stderr that
+names the field, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _run(tmp_path: Path, command: str, request: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    f = tmp_path / "request.json"
+    f.write_text(json.dumps(request))
+    return subprocess.run([sys.executable, "-m", "paraplan_cli.main", command, "-f", str(f), "--json"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_plan_with_an_interleaved_schedule_one_gpu_cannot_run(tmp_path: Path) -> None:
+    req = {"kind": "hybrid", "model": {"preset": "gpt3-1.3b"}, "cluster": {"gpu": "A100-80GB", "nodes": 1,
+                                                                          "gpus_per_node": 1},
+           "training": {"global_batch_size": 8, "seq_length": 1024}, "constraints": {"schedule": "interleaved"}}
+    out = _run(tmp_path, "plan", req)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("error: constraints.schedule: the interleaved schedule needs"), out.stderr
+
+
+def test_estimate_with_a_kind_that_is_not_a_string(tmp_path: Path) -> None:
+    req = {"kind": ["hybrid"], "model": {"preset": "gpt3-1.3b"}, "cluster": {"gpu": "A100-80GB"},
+           "training": {"global_batch_size": 8}, "strategy": {"tp": 1}}
+    for command in ("estimate", "plan"):
+        out = _run(tmp_path, command, req)
+        assert out.returncode == 2 and out.stderr.startswith("error: kind: unknown plan kind ['hybrid']"), out.stderr
+
+
+def test_json_python_cannot_read(tmp_path: Path) -> None:
+    """(A 5,000-digit number or 100,000 nested arrays raised out of json.loads: a traceback, exit 1.)"""
+    f = tmp_path / "request.json"
+    for text, reason in (('{"training": {"global_batch_size": ' + "9" * 5000 + "}}", "digits"),
+                         ("[" * 100_000 + "]" * 100_000, "nested too deeply")):
+        f.write_text(text)
+        for command in ("estimate", "plan"):
+            out = subprocess.run([sys.executable, "-m", "paraplan_cli.main", command, "-f", str(f), "--json"],
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 2 and out.stderr.startswith(f"error: {f}: unreadable JSON"), out.stderr
+            assert reason in out.stderr and "Traceback" not in out.stderr
