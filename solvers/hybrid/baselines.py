@@ -107,8 +107,8 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
                 ft[s, j], fu[s, j], fm[s, j] = fixed[key]
         t, u, mem = t + ft, u + fu, mem + fm
         fits = np.all(np.isfinite(t), axis=0) & (np.max(mem, axis=0) <= cm.memory_limit_bytes)
-        ctx0 = stage_context(cfg, 0, batch)
         for j in map(int, np.flatnonzero(fits)):
+            ctx0 = stage_context(replace(cfg, embedding=embs[j]), 0, batch)
             step = float(cm.pipeline_step_time(list(t[:, j]), list(u[:, j]), ctx0))
             if math.isfinite(step) and (best is None or step < best.step_time_s):
                 x = cands[j]
