@@ -289,6 +289,11 @@ class AnalyticCostModel:
             kept = kept + expert.extra_activation_bytes
         frag = 1.0 + cal.fragmentation
         gathered = np.where(c.zero == 3, 2.0 * weight_bytes, 0.0)  # this layer's weights and the prefetched next
+        # a layout whose (expert) TP does not divide the FFN width runs on no framework (the validator names it):
+        # no plan of the search may take it, though an MoE model's dense layers share its candidate list
+        unsplit = np.mod(shape.ffn, c.etp if shape.is_moe else split) != 0
+        if unsplit.any():
+            time, w = np.where(unsplit, np.inf, time), np.where(unsplit, np.inf, w)
         return LayerCosts(
             time_s=time,
             step_time_s=dp_step + optimizer + wrapper_step,

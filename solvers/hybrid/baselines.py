@@ -87,10 +87,12 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
             mem[s] += extra
             start += n
         # fixed terms only add time and memory: a candidate that misses without them misses with them
-        alive = np.max(mem, axis=0) <= cm.memory_limit_bytes
-        if linear:
-            layers_step = pipeline.step_time_columns(t, u, cfg.micro_batches, cfg.virtual_stages, cfg.schedule)
-            alive &= layers_step < (best.step_time_s if best else math.inf)
+        alive = (np.max(mem, axis=0) <= cm.memory_limit_bytes) & np.all(np.isfinite(t), axis=0)
+        if linear and alive.any():
+            cols = np.flatnonzero(alive)
+            layers_step = pipeline.step_time_columns(t[:, cols], u[:, cols], cfg.micro_batches, cfg.virtual_stages,
+                                                     cfg.schedule)
+            alive[cols] = layers_step < (best.step_time_s if best else math.inf)
         if not alive.any():
             continue
         # plus each stage's fixed terms under the candidate's embedding (Megatron: the layers' TP group)

@@ -57,6 +57,7 @@ class SearchSpace:
     virtual_stage_options: tuple[int, ...] = (2,)
     pipeline_parallel: bool = True
     num_experts: int = 1  # > 1: MoE layers also choose expert layouts (solvers.hybrid.moe)
+    ffn: int = 0  # the dense layers' FFN width, which Megatron TP must divide (0: no dense layers, unchecked)
     allow_approximate: bool = False
     notes: list[str] = field(default_factory=list, compare=False)
 
@@ -128,6 +129,8 @@ class SearchSpace:
                     continue
                 if sp != "ulysses" and self.kv_heads % tp and tp % self.kv_heads:
                     continue
+                if sp != "ulysses" and self.ffn % tp:
+                    continue  # (an MoE layer's experts that TP does not divide: the cost model prices them out)
                 for zero in self._zero_options(dp * cp):
                     for rc in self.recomputes:
                         out.append(LayerStrategy(tp=tp, dp=dp, cp=cp, sp=sp, zero=zero, recompute=rc))
@@ -249,6 +252,7 @@ def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:
         schedules=schedules,
         micro_batches=micro,
         num_experts=m.moe.num_experts if (m.moe is not None and mode == "full") else 1,
+        ffn=m.ffn_size if not all(m.is_moe_layer(i) for i in range(m.num_layers)) else 0,
         allow_approximate=c.allow_approximate,
         virtual_stage_options=tuple(range(2, (c.max_virtual_stages or 2) + 1)),
         notes=notes,

@@ -260,22 +260,24 @@ def test_cli_reads_a_hugging_face_config_named_by_the_request(tmp_path: Path) ->
 
 def test_every_candidate_passes_the_plan_validator() -> None:
     """The search space only holds strategies the cost model's validator accepts: Megatron TP must divide the
-    KV heads (or be a multiple), the sequence must split over cp x tp under SP."""
+    KV heads (or be a multiple) and the FFN width, the sequence must split over cp x tp under SP."""
     from solvers.cost_model.validate import check_layer
 
-    model = {"name": "odd", "num_layers": 4, "hidden_size": 768, "num_attention_heads": 12, "num_kv_heads": 3,
-             "ffn_hidden_size": 2048, "vocab_size": 1000, "mlp": "swiglu"}
-    req: HybridRequest = parse(HybridRequest, {**SMALL, "model": model,
-                                               "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 12},
-                                               "training": {"global_batch_size": 24, "seq_length": 3000},
-                                               "constraints": {"max_cp": 4}})
-    space = build_space(req)
-    seen_tp = set()
-    for g, mbs in ((12, 12), (6, 12), (4, 24)):
-        for x in space.layer_candidates(g, mbs):
-            seen_tp.add(x.tp)
-            assert not check_layer(x, 0, req.model, g, mbs, req.training.seq_length, ("l",)), x
-    assert {3, 6, 12} <= seen_tp  # non-power-of-two TP degrees are in the space
+    for ffn in (3072, 2048):
+        model = {"name": "odd", "num_layers": 4, "hidden_size": 768, "num_attention_heads": 12, "num_kv_heads": 3,
+                 "ffn_hidden_size": ffn, "vocab_size": 1000, "mlp": "swiglu"}
+        req: HybridRequest = parse(HybridRequest, {**SMALL, "model": model,
+                                                   "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 12},
+                                                   "training": {"global_batch_size": 24, "seq_length": 3000},
+                                                   "constraints": {"max_cp": 4}})
+        space = build_space(req)
+        megatron_tp = set()
+        for g, mbs in ((12, 12), (6, 12), (4, 24)):
+            for x in space.layer_candidates(g, mbs):
+                megatron_tp |= {x.tp} if x.sp != "ulysses" else set()
+                assert not check_layer(x, 0, req.model, g, mbs, req.training.seq_length, ("l",)), x
+        # non-power-of-two TP degrees are in the space where they divide the FFN (2048 = 2^11: none of them)
+        assert {3, 6, 12} <= megatron_tp if ffn == 3072 else not {3, 6, 12} & megatron_tp
 
 
 def test_search_counts_are_reported_when_a_baseline_stands_as_the_plan() -> None:

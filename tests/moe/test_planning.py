@@ -126,3 +126,29 @@ def test_space_expands_only_moe_models() -> None:
     assert {(x.ep, x.expert_tp) for x in a} >= {(1, 1), (8, 1), (8, 2), (2, 8)}
     assert all(x.ep == 1 and x.etp is None and not x.lsh for x in dense_space.layer_candidates(16, 8))
     assert not [x for x in a if x.lsh]  # approximate methods are off by default
+
+
+TINY_MOE = {"name": "tiny", "num_layers": 3, "hidden_size": 192, "num_attention_heads": 6, "vocab_size": 1000,
+            "mlp": "gelu", "moe": {"num_experts": 4, "top_k": 1, "expert_ffn_hidden_size": 256}}
+
+
+def test_an_expert_tp_that_does_not_divide_the_expert_ffn_is_never_planned_and_is_named() -> None:
+    """6 GPUs (TP 3 divides the 6 heads and the dense FFN of 768, not the experts' 256): the plan keeps its MoE
+    layers' expert TP a divisor of 256 and re-estimates as it was planned (it returned TP 3 with the experts as
+    the MLP, which the estimate refused: "etp (3) must divide the expert FFN width"). An estimate of TP 3 with
+    the experts as the MLP, or of a dense FFN TP 3 does not divide, names tp."""
+    doc = {"kind": "hybrid", "model": TINY_MOE, "cluster": {"nodes": 1, "gpus_per_node": 6, "gpu": "H200"},
+           "training": {"global_batch_size": 128, "seq_length": 2, "precision": "fp8"},
+           "constraints": {"max_cp": 2, "time_limit_s": 10}}
+    res = solve(doc)
+    layers = [LayerStrategy.from_dict(x) for x in res["strategy"]["layers"]]
+    assert all(256 % x.expert_tp == 0 for x in layers)
+    again = estimate({**doc, "strategy": res["strategy"]})
+    assert again["step_time_s"] == pytest.approx(res["estimate"]["step_time_s"], rel=1e-9)
+    plain = {**doc, "strategy": {"tp": 3, "dp": 2, "micro_batch_size": 2}}
+    for model in (TINY_MOE, {**TINY_MOE, "moe": None, "ffn_hidden_size": 256}):
+        with pytest.raises(SpecError) as err:
+            estimate({**plain, "model": model})
+        assert [p.loc for p in err.value.problems] == [("strategy", "tp")], err.value.problems
+        assert "must divide the" in err.value.problems[0].msg and "FFN width (256)" in err.value.problems[0].msg
+    assert estimate({**plain, "strategy": {**plain["strategy"], "etp": 1}})["step_time_s"] > 0
