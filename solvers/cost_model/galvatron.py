@@ -290,6 +290,12 @@ class GalvatronCostModel:
                    search_max_tp=spec.max_tp or req.constraints.max_tp or 8,
                    model_flops_per_step=model_flops_per_step(req.model, req.training),
                    peak_flops_per_gpu=req.cluster.gpu.peak_flops(req.training.precision))
+        asked, have = requested_memory_gib(req.cluster, req.constraints), req.cluster.gpu.memory_gib
+        if asked > have:
+            gpu = req.cluster.gpu.name
+            model.warnings.append(f"constraints.memory_limit_gib = {asked:g} GiB is more than the {gpu}'s {have:.2f} "
+                                  "GiB of device memory: Galvatron's model plans to the budget as given, as Galvatron "
+                                  f"does (a plan above {have:.2f} GiB would not start)")
         # Galvatron takes the model's shape from its arguments and the costs from the profiles; say so when
         # they visibly describe different models (profiled parameter size = 4 bytes per parameter).
         expected_mb = req.model.layer_params(0) * 4 / MB

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from solvers.api import estimate
 from solvers.cost_model.aggregate import stage_context, stage_memory_bytes
 from solvers.cost_model.factory import make_cost_model
 from solvers.cost_model.galvatron import GalvatronCostModel
@@ -446,3 +447,14 @@ def test_hardware_folders_are_searched_in_order() -> None:
     with pytest.raises(SpecError) as err:
         GalvatronCostModel.from_request(parse(HybridRequest, req))
     assert err.value.problems[0].loc == ("cost_model", "hardware_dir")
+
+
+def test_a_budget_above_the_gpus_memory_is_kept_and_named() -> None:
+    """Galvatron plans to the budget it is told (its "80 GB" runs budget above the 79.10 GiB an A100-80GB gives
+    CUDA): kept as given, but an estimate under a budget above the GPU's memory says so, and one within does not."""
+    assert model(memory_gib=200).memory_limit_bytes == 200 * 2**30
+    strategy = {"tp": 8, "pp": 1, "dp": 1, "micro_batch_size": 8}
+    over = estimate({**request(memory_gib=200), "strategy": strategy})
+    assert any("memory_limit_gib = 200 GiB is more than the A100-80GB's 79.10 GiB" in n for n in over["notes"])
+    within = estimate({**request(memory_gib=36), "strategy": strategy})
+    assert not any("memory_limit_gib" in n for n in within["notes"])
