@@ -18,7 +18,7 @@ MlpKind = Literal["gelu", "swiglu"]
 
 class _Spec(BaseModel):
     # Unknown keys are an error: a typo such as "num_layer" must not silently fall back to a default.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _expand_preset(data: Any, table: dict[str, dict[str, Any]], what: str) -> Any:

@@ -73,6 +73,12 @@ def test_default_memory_limit_is_what_the_device_reports_not_the_marketed_size(g
         ({"model": {"num_layers": 2, "hidden_size": 100, "num_attention_heads": 3}}, ("model",)),
         ({"training": {"global_batch_size": 0}}, ("training", "global_batch_size")),
         ({"model": {"preset": "llama2-7b", "num_layer": 3}}, ("model", "num_layer")),
+        # Python's JSON reader (the CLI's and the server's) accepts Infinity and NaN: no spec number may be either
+        ({"cluster": {"gpu": {"name": "x", "peak_tflops": 300, "memory_gib": float("inf")}}},
+         ("cluster", "gpu", "memory_gib")),
+        ({"cluster": {"gpu": "A100-80GB", "inter_node_bandwidth_Gbps": float("nan")}},
+         ("cluster", "inter_node_bandwidth_Gbps")),
+        ({"constraints": {"memory_limit_gib": float("inf")}}, ("constraints", "memory_limit_gib")),
     ],
 )
 def test_bad_specs_name_the_field(patch: dict, loc: tuple) -> None:
