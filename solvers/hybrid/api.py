@@ -52,8 +52,9 @@ def _infeasible(planner: Planner, cm: CostModel) -> InfeasibleError:
     unsplittable = planner.space.unsplittable() if need == float("inf") else None
     if need == float("inf") and not planner.space.pipeline_configs():
         field, msg = ("constraints", "schedule"), _no_interleaved_pipeline(planner.space)
-    elif unsplittable:
-        field, msg = ("cluster",), unsplittable
+    elif unsplittable:  # (a fixed micro-batch count is what the degrees missed, when the request fixed it)
+        field = ("constraints", "micro_batches") if planner.space.micro_batches else ("cluster",)
+        msg = unsplittable
     elif need == float("inf"):
         msg = "no plan satisfies the constraints (no legal strategy for this model on this cluster)"
     elif need / GIB > limit:

@@ -157,15 +157,23 @@ class SearchSpace:
                 if (self.global_batch_size // c.micro_batches) % dp == 0:
                     return None
                 splits.setdefault(dp, (c.pp, tp, cp))
-        rules = (f"pp ≤ {min(self.max_pp, self.num_layers)}, tp ≤ {self.tp_cap()} dividing the {self.heads} heads, "
-                 f"cp ≤ {self.max_cp}")
+        interleaved_only = self.schedules == ("interleaved",)
+        rules = (f"pp ≤ {min(self.max_pp, self.num_layers)}{' dividing the micro-batches' if interleaved_only else ''}"
+                 f", tp ≤ {self.tp_cap()} dividing the {self.heads} heads, cp ≤ {self.max_cp}")
         if not splits:
             return f"no split of {self.num_gpus:,} GPUs into pp x tp x cp x dp obeys {rules}"
         dp = min(splits)
         pp, tp, cp = splits[dp]
+        if self.micro_batches:  # the request fixed the micro-batch, the unit a data-parallel degree must divide
+            m = self.micro_batches[0]
+            batch = (f"a micro-batch ({self.global_batch_size:,} samples in constraints.micro_batches = {m} are "
+                     f"{self.global_batch_size // m:,} each)")
+        else:
+            batch = f"the global batch of {self.global_batch_size:,}"
+        fix = ["constraints.micro_batches"] * bool(self.micro_batches) + ["constraints.schedule"] * interleaved_only
         return (f"{self.num_gpus:,} GPUs split into pp x tp x cp x dp ({rules}) leave no data-parallel degree "
-                f"that gives each rank whole samples of the global batch of {self.global_batch_size:,}: the least "
-                f"is dp {dp:,} (pp {pp}, tp {tp}, cp {cp}); choose a GPU count or a global batch that fit")
+                f"that gives each rank whole samples of {batch}: the least is dp {dp:,} (pp {pp}, tp {tp}, cp {cp}); "
+                f"choose {', '.join([*fix, 'a GPU count or a global batch'])} that fit")
 
     def allows(self, plan: PlanStrategy) -> bool:
         """Whether ``plan`` lies in this space (all its choices honour the request's constraints)."""

@@ -104,6 +104,23 @@ def test_a_gpu_count_no_layout_can_split_is_named_not_blamed_on_memory() -> None
     # the named cause is the cause: a batch that dp 5 divides is planned
     assert solve({**req, "training": {"global_batch_size": 10, "seq_length": 4096}})["strategy"]["layers"][0]["dp"] == 5
 
+
+def test_a_micro_batch_count_no_layout_can_split_is_named_at_micro_batches() -> None:
+    """48 GPUs, 3 heads, 5 layers, 8 micro-batches of 64 samples, interleaved only: pp 2 (the one pipeline the
+    schedule allows) leaves dp 24, which no micro-batch of 64 divides. Named at constraints.micro_batches with
+    the micro-batch's size, not blamed on the global batch (which pp 3 splits without the schedule)."""
+    model = {"name": "t", "num_layers": 5, "hidden_size": 192, "num_attention_heads": 3, "vocab_size": 1000,
+             "mlp": "gelu"}
+    req = {"kind": "hybrid", "model": model, "cluster": {"gpu": "H100-SXM", "nodes": 6, "gpus_per_node": 8},
+           "training": {"global_batch_size": 512, "seq_length": 128},
+           "constraints": {"micro_batches": 8, "schedule": "interleaved"}}
+    with pytest.raises(InfeasibleError) as err:
+        solve(req)
+    problem = err.value.problems[0]
+    assert problem.loc == ("constraints", "micro_batches"), problem
+    assert "dp 24 " in problem.msg and "are 64 each" in problem.msg and "constraints.schedule" in problem.msg
+    assert solve({**req, "constraints": {"micro_batches": 8}})["strategy"]["pp"] == 3
+
 @pytest.mark.parametrize("layers,seq,batch", [(4, 65536, 1), (8, 32768, 2)])
 def test_the_minimum_memory_named_is_what_the_leanest_plan_needs(layers: int, seq: int, batch: int) -> None:
     """Long sequences under unfused attention: the least resident memory (full recompute) and the least
