@@ -143,7 +143,7 @@ def test_min_max_and_min_sum_tables_equal_enumeration_where_stages_take_few_laye
         assert partition.min_sum_value(total, tables) == pytest.approx(min(sums, default=np.inf))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.integers(1, 8), st.data())
 def test_min_of_max_and_sum_equals_enumeration(total: int, data: st.DataObject) -> None:
     """The chain bound's core: the least over partitions of max(largest ``slow``, sum of ``fill``), by count
