@@ -62,7 +62,7 @@ def check_layer(x: LayerStrategy, index: int, model: ModelSpec, stage_gpus: int,
         elif x.world % (x.ep * x.expert_tp):
             # parallel folding: the layer's tp*cp*dp ranks are re-read as etp * ep * expert-dp
             bad("ep", f"ep*etp ({x.ep}*{x.expert_tp}) must divide the layer's tp*cp*dp = {x.world} ranks")
-    if not any(p.loc[len(loc)] in ("tp", "etp") for p in out):
+    if not any(p.loc[len(loc):][:1] in (("tp",), ("etp",)) for p in out):  # (one problem a field)
         # the MLP's weights split over (expert) TP; Ulysses keeps the MLP whole (its expert TP is 1)
         if model.is_moe_layer(index) and model.expert_ffn_size % x.expert_tp:
             bad("etp" if x.etp is not None else "tp", f"{'etp' if x.etp is not None else 'the expert TP, tp,'} "

@@ -161,14 +161,15 @@ def min_of_max_and_sum(total: int, slow: Sequence[np.ndarray], fill: Sequence[np
     def capped(cap: float) -> float:
         return min_sum_value(total, [np.where(a <= cap, b, INF) for a, b in zip(slow, fill, strict=True)])
 
-    if math.isfinite(enough) and not capped(enough) <= enough:
-        return enough
     caps = np.unique(np.concatenate([a[np.isfinite(a) & (a <= enough)].ravel() for a in slow]))
     if not caps.size:
-        return INF  # no partition at all (with a finite ``enough``, the first test has returned)
+        return enough  # no partition keeps every stage within ``enough`` (INF: no partition at all)
     lo, hi = 0, caps.size - 1  # the first passing cap lies in [lo, hi] (or none passes)
-    if not capped(float(caps[hi])) <= caps[hi]:
-        return min(capped(float(caps[hi])), enough)  # F is constant above the last cap
+    top = capped(float(caps[hi]))  # F from the last cap up to ``enough``
+    if not top <= enough:
+        return enough
+    if not top <= caps[hi]:
+        return top  # the least x with F(x) <= x is F itself
     while lo < hi:
         mid = (lo + hi) // 2
         if capped(float(caps[mid])) <= caps[mid]:
