@@ -158,8 +158,12 @@ def min_of_max_and_sum(total: int, slow: Sequence[np.ndarray], fill: Sequence[np
     once along the c_i: a binary search finds the first c_i that passes, and between it and the value before
     it, c_i-1, F is F(c_i-1), so the answer is min(c_i, F(c_i-1)); about log2 of the distinct values min-sum
     DPs, against ~30 for a bisection on x to 1e-9."""
+    asked: dict[float, float] = {}  # F at the caps tried (the search's last miss is the answer's F(c_i-1))
+
     def capped(cap: float) -> float:
-        return min_sum_value(total, [np.where(a <= cap, b, INF) for a, b in zip(slow, fill, strict=True)])
+        if cap not in asked:
+            asked[cap] = min_sum_value(total, [np.where(a <= cap, b, INF) for a, b in zip(slow, fill, strict=True)])
+        return asked[cap]
 
     caps = np.unique(np.concatenate([a[np.isfinite(a) & (a <= enough)].ravel() for a in slow]))
     if not caps.size:
