@@ -7,6 +7,7 @@ imported lazily so that a solver-only install of one kind does not load the othe
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -33,13 +34,33 @@ def _module(kind: str, table: dict[str, str] = _SOLVERS) -> Any:
         raise SpecError.at(("kind",), f"plan kind {kind!r} is not available: {err}") from None
 
 
+def _non_finite_at(doc: Any, path: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
+    """Where the first infinite or NaN number of a result document is (None: it has none)."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return path
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for key, value in items:
+        if (found := _non_finite_at(value, (*path, key))) is not None:
+            return found
+    return None
+
+
+def _finite(result: dict[str, Any]) -> dict[str, Any]:
+    """The result, if JSON can carry it: a number that overflowed is the request's fault, said as such."""
+    where = _non_finite_at(result)
+    if where is not None:
+        raise SpecError.at((), f"the cost model overflowed ({'.'.join(map(str, where))} is not finite): some number "
+                               "of the request, or of a profile it names, is beyond what it can price")
+    return result
+
+
 def solve(request: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
     """Solve a plan request and return the contract's result object."""
     if not isinstance(request, dict):
         raise SpecError.at((), "request must be a JSON object")
     kind = request.get("kind", "hybrid")
     result: dict[str, Any] = _module(kind).solve(request, progress=progress)
-    return result
+    return _finite(result)
 
 
 def estimate(request: dict[str, Any]) -> dict[str, Any]:
@@ -48,7 +69,7 @@ def estimate(request: dict[str, Any]) -> dict[str, Any]:
         raise SpecError.at((), "request must be a JSON object")
     kind = request.get("kind", "hybrid")
     result: dict[str, Any] = _module(kind, _ESTIMATORS).estimate(request)
-    return result
+    return _finite(result)
 
 
 def available_kinds() -> list[str]:

@@ -16,6 +16,16 @@ Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 MlpKind = Literal["gelu", "swiglu"]
 
 
+# Physical ranges: far beyond any hardware or model that exists, and well inside what float arithmetic prices.
+# A GPU of 1e-300 TFLOP/s or links of 1e-300 GB/s made every time overflow to inf, and the planner then said
+# that no plan fits the memory limit.
+MIN_TFLOPS, MAX_TFLOPS = 1e-6, 1e6  # 1 MFLOP/s .. 1 EFLOP/s per device
+MIN_GIB, MAX_GIB = 2.0**-20, 2.0**20  # 1 KiB .. 1 PiB per device
+MIN_BANDWIDTH, MAX_BANDWIDTH = 1e-6, 1e7  # GB/s for memory and NVLink, Gb/s for networks
+MAX_WIDTH = 2**24  # hidden, FFN and head sizes, heads (PaLM 540B: hidden 18,432)
+MAX_SEQ_LENGTH = 2**30  # tokens per sample (the longest-context training runs reach ~10 M)
+
+
 class _Spec(BaseModel):
     # Unknown keys are an error: a typo such as "num_layer" must not silently fall back to a default.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -37,8 +47,8 @@ def _expand_preset(data: Any, table: dict[str, dict[str, Any]], what: str) -> An
 class MoESpec(_Spec):
     num_experts: int = Field(gt=1)
     top_k: int = Field(default=2, ge=1)
-    expert_ffn_hidden_size: int | None = Field(default=None, gt=0)
-    capacity_factor: float = Field(default=1.25, gt=0)
+    expert_ffn_hidden_size: int | None = Field(default=None, gt=0, le=MAX_WIDTH)
+    capacity_factor: float = Field(default=1.25, gt=0, le=2**20)
     # Layers that are MoE: every `moe_layer_frequency`-th layer (1 = all layers, as in Mixtral).
     moe_layer_frequency: int = Field(default=1, ge=1)
 
@@ -54,12 +64,12 @@ class ModelSpec(_Spec):
 
     name: str = "custom"
     num_layers: int = Field(gt=0, le=4096)
-    hidden_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_kv_heads: int | None = Field(default=None, gt=0)
-    head_dim: int | None = Field(default=None, gt=0)
-    ffn_hidden_size: int | None = Field(default=None, gt=0)
-    vocab_size: int = Field(default=0, ge=0)
+    hidden_size: int = Field(gt=0, le=MAX_WIDTH)
+    num_attention_heads: int = Field(gt=0, le=MAX_WIDTH)
+    num_kv_heads: int | None = Field(default=None, gt=0, le=MAX_WIDTH)
+    head_dim: int | None = Field(default=None, gt=0, le=MAX_WIDTH)
+    ffn_hidden_size: int | None = Field(default=None, gt=0, le=MAX_WIDTH)
+    vocab_size: int = Field(default=0, ge=0, le=2**32)
     mlp: MlpKind = "gelu"
     tied_embeddings: bool = False
     causal: bool = True
@@ -158,13 +168,13 @@ class ModelSpec(_Spec):
 
 class GPUSpec(_Spec):
     name: str = "custom"
-    peak_tflops: float = Field(gt=0, description="dense bf16/fp16 tensor-core peak, TFLOP/s")
-    peak_tflops_fp8: float | None = Field(default=None, gt=0)
-    peak_tflops_fp32: float | None = Field(default=None, gt=0)
-    memory_gib: float = Field(gt=0)
-    memory_bandwidth_GBps: float = Field(default=2000.0, gt=0)
-    intra_node_bandwidth_GBps: float = Field(default=300.0, gt=0)
-    inter_node_bandwidth_Gbps: float = Field(default=1600.0, gt=0)
+    peak_tflops: float = Field(ge=MIN_TFLOPS, le=MAX_TFLOPS, description="dense bf16/fp16 tensor-core peak, TFLOP/s")
+    peak_tflops_fp8: float | None = Field(default=None, ge=MIN_TFLOPS, le=MAX_TFLOPS)
+    peak_tflops_fp32: float | None = Field(default=None, ge=MIN_TFLOPS, le=MAX_TFLOPS)
+    memory_gib: float = Field(ge=MIN_GIB, le=MAX_GIB)
+    memory_bandwidth_GBps: float = Field(default=2000.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
+    intra_node_bandwidth_GBps: float = Field(default=300.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
+    inter_node_bandwidth_Gbps: float = Field(default=1600.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
 
     def peak_flops(self, precision: Precision) -> float:
         """Peak FLOP/s for the precision of the matrix multiplies."""
@@ -179,8 +189,8 @@ class ClusterSpec(_Spec):
     gpu: GPUSpec
     nodes: int = Field(default=1, gt=0, le=100_000)
     gpus_per_node: int = Field(default=8, gt=0, le=1024)
-    intra_node_bandwidth_GBps: float | None = Field(default=None, gt=0)
-    inter_node_bandwidth_Gbps: float | None = Field(default=None, gt=0)
+    intra_node_bandwidth_GBps: float | None = Field(default=None, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
+    inter_node_bandwidth_Gbps: float | None = Field(default=None, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
 
     @field_validator("gpu", mode="before")
     @classmethod
@@ -219,7 +229,7 @@ MAX_GLOBAL_BATCH_SIZE = 2**40
 
 class TrainingSpec(_Spec):
     global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH_SIZE)
-    seq_length: int = Field(default=2048, gt=0)
+    seq_length: int = Field(default=2048, gt=0, le=MAX_SEQ_LENGTH)
     precision: Precision = "bf16"
     optimizer: Literal["adam", "adamw"] = "adam"
 
@@ -227,7 +237,7 @@ class TrainingSpec(_Spec):
 class Constraints(_Spec):
     """Planner limits. Unknown keys are rejected so typos surface."""
 
-    memory_limit_gib: float | None = Field(default=None, gt=0)
+    memory_limit_gib: float | None = Field(default=None, ge=MIN_GIB, le=MAX_GIB)
     micro_batches: int | None = Field(default=None, gt=0)
     max_tp: int | None = Field(default=None, gt=0)
     max_pp: int | None = Field(default=None, gt=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -79,6 +80,13 @@ def test_default_memory_limit_is_what_the_device_reports_not_the_marketed_size(g
         ({"cluster": {"gpu": "A100-80GB", "inter_node_bandwidth_Gbps": float("nan")}},
          ("cluster", "inter_node_bandwidth_Gbps")),
         ({"constraints": {"memory_limit_gib": float("inf")}}, ("constraints", "memory_limit_gib")),
+        # Finite but beyond any hardware: times overflowed to inf and the planner blamed the memory limit.
+        ({"cluster": {"gpu": {"name": "x", "peak_tflops": 1e-300, "memory_gib": 80}}},
+         ("cluster", "gpu", "peak_tflops")),
+        ({"cluster": {"gpu": "A100-80GB", "intra_node_bandwidth_GBps": 1e-300}},
+         ("cluster", "intra_node_bandwidth_GBps")),
+        ({"training": {"global_batch_size": 8, "seq_length": 2**40}}, ("training", "seq_length")),
+        ({"model": {"preset": "llama2-7b", "hidden_size": 2**40}}, ("model", "hidden_size")),
     ],
 )
 def test_bad_specs_name_the_field(patch: dict, loc: tuple) -> None:
@@ -182,3 +190,18 @@ def test_a_global_batch_beyond_any_training_run_is_refused() -> None:
         parse(HybridRequest, req)
     assert [p.loc for p in info.value.problems] == [("training", "global_batch_size")]
     assert parse(HybridRequest, {**req, "training": {"global_batch_size": 2**40}})
+
+
+def test_a_gpu_at_the_edge_of_the_ranges_is_planned_with_finite_numbers() -> None:
+    """The ranges are what float arithmetic prices: the slowest GPU and links they allow still give a plan."""
+    from solvers.api import solve
+    from solvers.specs import MIN_BANDWIDTH, MIN_TFLOPS
+
+    req = {"kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 2},
+           "cluster": {"gpu": {"name": "x", "peak_tflops": MIN_TFLOPS, "memory_gib": 80}, "gpus_per_node": 4,
+                       "intra_node_bandwidth_GBps": MIN_BANDWIDTH},
+           "training": {"global_batch_size": 8}}
+    slow = solve(req)["estimate"]["step_time_s"]
+    fast = solve({**req, "cluster": {**req["cluster"], "gpu": {"name": "x", "peak_tflops": 1.0, "memory_gib": 80},
+                                     "intra_node_bandwidth_GBps": 1.0}})["estimate"]["step_time_s"]
+    assert math.isfinite(slow) and slow > 1e5 * fast

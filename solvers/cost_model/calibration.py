@@ -22,6 +22,8 @@ from solvers.errors import FieldProblem, SpecError
 # Constants the model divides by (an override of 0 would make every estimate infinite), and fractions.
 _DIVISORS = ("gemm_eta_max", "hbm_efficiency", "intra_efficiency", "inter_efficiency")
 _FRACTIONS = ("dp_overlap", "tp_overlap", "zero_overlap", "cp_overlap")
+# Beyond any constant of the model (seconds, bytes, GEMM sizes); near the float limit the times overflowed to inf.
+_MAX_OVERRIDE = 1e9
 
 
 def _override_problem(key: str, value: Any, kind: Any) -> str | None:
@@ -30,6 +32,8 @@ def _override_problem(key: str, value: Any, kind: Any) -> str | None:
         return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
     if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
         return f"must be a finite non-negative number, got {value!r}"
+    if value > _MAX_OVERRIDE:
+        return f"must be at most {_MAX_OVERRIDE:g}, got {value!r}"
     if key in _DIVISORS and value == 0:
         return "must be positive (the model divides by it)"
     if key in _FRACTIONS and value > 1:

@@ -25,6 +25,7 @@ on them reproduces Galvatron's numbers. Every problem raises SpecError naming th
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -138,8 +139,24 @@ def _read_json(path: str, loc: tuple[str, ...]) -> Any:
         raise SpecError.at(loc, f"cannot read {path}: {err}") from None
 
 
-def _int_keys(d: Mapping[str, Any]) -> dict[int, float]:
-    return {int(k): float(v) for k, v in d.items() if str(k).isdigit()}
+# Galvatron's files hold measurements (ms, MB, GB/s). A value that is none of these, such as NaN, Infinity
+# or 1e308 ms, priced every plan at inf, and the planner answered that no legal strategy exists.
+_MAX_MEASURED = 1e12
+
+
+def _measured(value: Any, loc: tuple[str, ...], what: str, *, positive: bool = False) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise SpecError.at(loc, f"{what} is not a number: {value!r}") from None
+    if not (math.isfinite(x) and (x > 0 if positive else x >= 0) and x <= _MAX_MEASURED):
+        sign = "positive" if positive else "non-negative"
+        raise SpecError.at(loc, f"{what} must be a {sign} number up to {_MAX_MEASURED:g}, got {value!r}")
+    return x
+
+
+def _int_keys(d: Mapping[str, Any], what: str) -> dict[int, float]:
+    return {int(k): _measured(v, _PROFILES, f"{what}[{k!r}]") for k, v in d.items() if str(k).isdigit()}
 
 
 def _by_seq(value: Any, seq: int, what: str) -> Any:
@@ -162,7 +179,7 @@ def _other_memory(mem: dict[str, Any], key: str, seq: int) -> OtherMemory:
     ms, act = v["model_states"], v["activation"]
     if not isinstance(ms, dict):  # old non-SP files: scalars, valid for vocabulary TP 1 only
         ms, act = {"1": ms}, {"1": act}
-    return OtherMemory(_int_keys(ms), _int_keys(act))
+    return OtherMemory(_int_keys(ms, f"{key}.model_states"), _int_keys(act, f"{key}.activation"))
 
 
 _BSZ_SEQ = re.compile(r"_bsz(\d+)(?:_seq(\d+))?$")
@@ -183,7 +200,7 @@ def _time_entries(times: dict[str, Any], prefix: str, seq: int) -> list[tuple[in
             continue
         if m.group(2) is not None and int(m.group(2)) != seq:
             continue
-        out.append((int(m.group(1)), float(v)))
+        out.append((int(m.group(1)), _measured(v, _PROFILES, f"computation profile {k!r}")))
     return out
 
 
@@ -259,9 +276,10 @@ def read_profile(profiles_dir: str, *, precision: str, seq_length: int, sequence
         precision=precision,
         seq_length=seq_length,
         sequence_parallel=sequence_parallel,
-        parameter_mb=float(layer["parameter_size"]),
-        activation_mb_per_sample=_int_keys(acts),
-        checkpoint_activation_mb_per_sample=float(acts["checkpoint"]),
+        parameter_mb=_measured(layer["parameter_size"], _PROFILES, f"{layer_key}.parameter_size"),
+        activation_mb_per_sample=_int_keys(acts, f"{layer_key}.tp_activation_per_bsz_dict"),
+        checkpoint_activation_mb_per_sample=_measured(acts["checkpoint"], _PROFILES,
+                                                      f"{layer_key}.tp_activation_per_bsz_dict.checkpoint"),
         other_pp_off=_other_memory(mem, f"other_memory_pp_off{suffix}", seq_length),
         other_pp_first=_other_memory(mem, f"other_memory_pp_on_first{suffix}", seq_length),
         other_pp_last=_other_memory(mem, f"other_memory_pp_on_last{suffix}", seq_length),
@@ -276,7 +294,7 @@ def _comm_coe(bandwidth: dict[str, Any], num_gpus: int, path: str) -> dict[str, 
         key = f"allreduce_size_{size}_consec_{consec}"
         if key not in bandwidth:
             raise SpecError.at(_HARDWARE, f"{path} lacks {key}")
-        return float(bandwidth[key])
+        return _measured(bandwidth[key], _HARDWARE, f"{path} {key}", positive=True)
 
     coe: dict[str, float] = {}
     if num_gpus >= 2:
@@ -302,7 +320,8 @@ def _collective_tables(sp_time: dict[str, Any], op: str) -> dict[int, Collective
             continue
         parts = key.split("_")
         world, mb = int(parts[-3]), int(parts[-2][:-2])
-        raw.setdefault(world, {})[mb * 1024 * 1024] = float(val) / (2 if op == "allreduce" else 1)
+        ms = _measured(val, _HARDWARE, f"sp_time {key}")
+        raw.setdefault(world, {})[mb * 1024 * 1024] = ms / (2 if op == "allreduce" else 1)
     out = {}
     for world, table in raw.items():
         if len(table) < 8:
@@ -331,8 +350,8 @@ def read_hardware(hardware_dir: str | Sequence[str], *, nodes: int, gpus_per_nod
     p2p_path = _find(dirs, f"p2p_bandwidth_{shape}.json")
     ov_path = _find(dirs, "overlap_coefficient.json")
     comm = _comm_coe(_read_json(ar_path, _HARDWARE), num_gpus, ar_path)
-    p2p = {int(k.split("_")[-1]): 1.0 / float(v) for k, v in _read_json(p2p_path, _HARDWARE).items()
-           if k.startswith("pp_size_")}
+    p2p = {int(k.split("_")[-1]): 1.0 / _measured(v, _HARDWARE, f"{p2p_path} {k}", positive=True)
+           for k, v in _read_json(p2p_path, _HARDWARE).items() if k.startswith("pp_size_")}
     overlap = _read_json(ov_path, _HARDWARE)
     if not isinstance(overlap, dict) or "overlap_coe" not in overlap:
         raise SpecError.at(_HARDWARE, f"{ov_path} lacks overlap_coe")
@@ -342,6 +361,6 @@ def read_hardware(hardware_dir: str | Sequence[str], *, nodes: int, gpus_per_nod
     if need_sp_time or os.path.exists(sp_path):
         sp = _read_json(sp_path, _HARDWARE)
         sp_allreduce, sp_all2all = _collective_tables(sp, "allreduce"), _collective_tables(sp, "all2all")
+    overlap_coe = _measured(overlap["overlap_coe"], _HARDWARE, f"{ov_path} overlap_coe")
     return GalvatronHardware(nodes=nodes, gpus_per_node=gpus_per_node, comm_coe=comm, p2p_coe=p2p,
-                             overlap_coe=float(overlap["overlap_coe"]), sp_allreduce=sp_allreduce,
-                             sp_all2all=sp_all2all)
+                             overlap_coe=overlap_coe, sp_allreduce=sp_allreduce, sp_all2all=sp_all2all)

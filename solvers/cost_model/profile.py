@@ -43,20 +43,27 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from solvers.errors import SpecError
 from solvers.request import HybridRequest, problems_from_validation
+from solvers.specs import MAX_SEQ_LENGTH
 
 CollectiveOp = Literal["allreduce", "allgather", "reduce_scatter", "alltoall", "p2p"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# A measured time or size beyond these is not a measurement; near the float limit (1e308 ms) it priced every
+# plan as infinite, and the planner then blamed the memory limit.
+MAX_MS = 1e9  # 11.6 days
+MAX_BYTES = 2.0**60
 
 
 class LayerTime(_Strict):
-    batch: float = Field(gt=0)
-    seq: int = Field(gt=0)
+    batch: float = Field(gt=0, le=2**40)
+    seq: int = Field(gt=0, le=MAX_SEQ_LENGTH)
     tp: int = Field(default=1, gt=0)
-    forward_ms: float = Field(gt=0)
-    backward_ms: float | None = Field(default=None, gt=0)
+    forward_ms: float = Field(gt=0, le=MAX_MS)
+    backward_ms: float | None = Field(default=None, gt=0, le=MAX_MS)
     layer_type: Literal["dense", "moe"] = "dense"
     sp: bool = False  # Megatron sequence parallelism (sequence-sharded residual, DTensor redistributions)
 
@@ -65,20 +72,20 @@ class CollectiveTime(_Strict):
     op: CollectiveOp
     group_size: int = Field(gt=1)
     across_nodes: bool = False
-    message_bytes: float = Field(gt=0)
-    time_ms: float = Field(gt=0)
+    message_bytes: float = Field(gt=0, le=MAX_BYTES)
+    time_ms: float = Field(gt=0, le=MAX_MS)
 
 
 class LayerOverhead(_Strict):
     parallelism: Literal["fsdp"]
     reshard: bool  # FSDP2 reshard_after_forward (ZeRO-3) or not (ZeRO-1/2)
-    forward_ms: float = Field(ge=0)
-    backward_ms: float = Field(ge=0)
+    forward_ms: float = Field(ge=0, le=MAX_MS)
+    backward_ms: float = Field(ge=0, le=MAX_MS)
 
 
 class HostContention(_Strict):
     busy_ranks: int = Field(gt=0)  # ranks of the node computing at once while the layer times were measured
-    slowdown: float = Field(ge=1)  # a layer's time with busy_ranks busy / its time on one rank alone
+    slowdown: float = Field(ge=1, le=1e6)  # a layer's time with busy_ranks busy / its time on one rank alone
 
 
 class Profile(_Strict):

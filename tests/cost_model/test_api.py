@@ -163,6 +163,7 @@ def test_null_parts_of_a_full_strategy_take_their_defaults() -> None:
     ("gemm_eta_max", 0), ("hbm_efficiency", 0), ("intra_efficiency", 0), ("inter_efficiency", 0),  # divisors
     ("gemm_d_half", float("nan")), ("reserve_gib", float("inf")), ("dp_overlap", 50), ("cp_overlap", 1.5),
     ("flash_attention", "false"),  # was read as bool("false"), that is true
+    ("kernel_overhead_s", 1e308), ("step_overhead_s", 1e300),  # finite, but the step time overflowed to inf
 ])
 def test_calibration_overrides_that_would_make_estimates_infinite_or_wrong(key: str, value: Any) -> None:
     """(Each gave inf or NaN times or memory: a response that is not JSON, an HTTP 500.)"""

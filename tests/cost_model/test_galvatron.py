@@ -458,3 +458,26 @@ def test_a_budget_above_the_gpus_memory_is_kept_and_named() -> None:
     assert any("memory_limit_gib = 200 GiB is more than the A100-80GB's 79.10 GiB" in n for n in over["notes"])
     within = estimate({**request(memory_gib=36), "strategy": strategy})
     assert not any("memory_limit_gib" in n for n in within["notes"])
+
+
+
+@pytest.mark.parametrize("value", [1e308, float("nan"), "fast", -1.0])
+def test_a_profiled_number_that_is_no_measurement_is_named(tmp_path: Any, value: Any) -> None:
+    """A profiled time of 1e308 ms priced every plan at inf, and planning answered "no legal strategy for this
+    model on this cluster" (the estimate printed `Infinity`, which is not JSON); "fast" raised ValueError."""
+    from solvers.api import estimate as api_estimate
+    from solvers.api import solve as api_solve
+
+    name = "computation_profiling_bf16_hidden4096_head32_seqlen2048.json"
+    for f in os.listdir(PROFILES):
+        doc = load(os.path.join(PROFILES, f))
+        if f == name:
+            doc["layertype_0_bsz8_seq2048"] = value
+        (tmp_path / f).write_text(json.dumps(doc))
+    req = request(batch=8)
+    req["cost_model"]["profiles_dir"] = str(tmp_path)
+    for call in (lambda: api_solve(req), lambda: api_estimate({**req, "strategy": {"tp": 2, "pp": 2}})):
+        with pytest.raises(SpecError) as err:
+            call()
+        assert [p.loc for p in err.value.problems] == [("cost_model", "profiles_dir")]
+        assert "'layertype_0_bsz8_seq2048'" in str(err.value), err.value

@@ -67,8 +67,9 @@ def test_profiled_layer_times_replace_the_analytic_compute() -> None:
     np.testing.assert_allclose(got.state_bytes, ref.state_bytes)  # memory is not what a profile measures
 
 
-def test_bad_profiles_name_the_field() -> None:
-    bad = {**PROFILE, "layer_times": [{"batch": 1, "seq": 2048, "forward_ms": -1}]}
+@pytest.mark.parametrize("forward_ms", [-1, float("inf"), 1e308])  # 1e308 ms priced every plan at inf
+def test_bad_profiles_name_the_field(forward_ms: float) -> None:
+    bad = {**PROFILE, "layer_times": [{"batch": 1, "seq": 2048, "forward_ms": forward_ms}]}
     with pytest.raises(SpecError) as err:
         _models(bad)
     assert err.value.problems[0].loc == ("cost_model", "profile", "layer_times", 0, "forward_ms")
