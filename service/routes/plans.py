@@ -159,7 +159,8 @@ def export_plan(plan_id: str, format: ExportFormat = Query(..., description="tar
 def estimate(body: dict[str, Any] | list[dict[str, Any]] = Body(..., description="one request or an array"),
              ctx: ServiceContext = Depends(get_context), _: Principal = ReadAccess) -> Any:
     """What-if estimate of a given strategy (synchronous: estimates are fast). An array (up to
-    PARAPLAN_MAX_ESTIMATES elements) gives an array, with `{"error": ...}` in place of an invalid element."""
+    PARAPLAN_MAX_ESTIMATES elements) gives an array, with `{"error": ..., "status": 422 or 413}` in place of an
+    element that is invalid or over a limit."""
     from solvers.api import estimate as estimate_fn
 
     def one(request: dict[str, Any]) -> dict[str, Any]:
@@ -173,11 +174,15 @@ def estimate(body: dict[str, Any] | list[dict[str, Any]] = Body(..., description
         if len(body) > ctx.settings.max_estimates:
             raise TooLarge(f"request has {len(body)} estimates; this service's limit max_estimates is "
                            f"{ctx.settings.max_estimates} (PARAPLAN_MAX_ESTIMATES)")
+        # An element the service refuses (invalid: 422, over a limit: 413) is an error in its place, so that
+        # one bad element does not cost the others their answers.
         out: list[dict[str, Any]] = []
         for request in body:
             try:
                 out.append(one(request))
             except SpecError as err:
-                out.append({"error": str(err), "detail": err.as_detail()})
+                out.append({"error": str(err), "status": 422, "detail": err.as_detail()})
+            except TooLarge as err:
+                out.append({"error": err.detail, "status": 413})
         return out
     return one(body)

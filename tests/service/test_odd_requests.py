@@ -124,3 +124,17 @@ def test_an_estimate_array_over_the_limit_is_413_not_cut_short(client: Any) -> N
     assert len(client.post("/v1/estimate", json=[one] * 3).json()) == 3
     r = client.post("/v1/estimate", json=[one] * 4)
     assert r.status_code == 413 and "max_estimates" in r.json()["detail"], r.text
+
+
+def test_one_estimate_over_a_limit_costs_the_others_nothing(client: Any) -> None:
+    """(One element over max_gpus made the whole array a 413.)"""
+    one = {**HYBRID, "model": {"preset": "gpt3-1.3b", "num_layers": 2}, "strategy": {"tp": 2}}
+    big = {**one, "cluster": {**one["cluster"], "nodes": 64}}
+    client.app.state.settings.max_gpus = 64
+    invalid = {**one, "strategy": {"tp": 3}}
+    r = client.post("/v1/estimate", json=[one, big, invalid, one])
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got[0] == got[3] and got[0]["step_time_s"] > 0
+    assert got[1]["status"] == 413 and "max_gpus" in got[1]["error"]
+    assert got[2]["status"] == 422 and got[2]["detail"][0]["loc"][0] == "strategy"
