@@ -45,6 +45,11 @@ def _no_interleaved_pipeline(space: SearchSpace) -> str:
             f"stage; {space.num_layers} layers and {micro} allow none: choose another schedule")
 
 
+def _gib(x: float) -> str:
+    """GiB as the errors print them: a limit of 1 KiB read "0.0 GiB"."""
+    return f"{x:.1f}" if x >= 1 else f"{x:.3g}"
+
+
 def _infeasible(planner: Planner, cm: CostModel) -> InfeasibleError:
     need = planner.min_memory_bytes()
     limit = cm.memory_limit_bytes / GIB
@@ -58,14 +63,14 @@ def _infeasible(planner: Planner, cm: CostModel) -> InfeasibleError:
     elif need == float("inf"):
         msg = "no plan satisfies the constraints (no legal strategy for this model on this cluster)"
     elif need / GIB > limit:
-        msg = (f"no plan fits in {limit:.1f} GiB per GPU, even with ZeRO-3, full recompute and up to "
-               f"pp={max(planner.space.pp_options())}; any plan needs at least {need / GIB:.1f} GiB per GPU")
+        msg = (f"no plan fits in {_gib(limit)} GiB per GPU, even with ZeRO-3, full recompute and up to "
+               f"pp={max(planner.space.pp_options())}; any plan needs at least {_gib(need / GIB)} GiB per GPU")
     elif planner.time_limited:
         field = ("constraints", "time_limit_s")
         msg = (f"the search stopped at its time limit before finding a plan; the leanest plan needs "
-               f"{need / GIB:.1f} GiB per GPU, within the {limit:.1f} GiB limit: allow more time")
+               f"{_gib(need / GIB)} GiB per GPU, within the {_gib(limit)} GiB limit: allow more time")
     else:  # the layer DP rounds memory up to its bins, so a plan this close to the limit can be missed
-        msg = (f"the leanest plan needs {need / GIB:.1f} GiB per GPU, within a memory bin of the {limit:.1f} GiB "
+        msg = (f"the leanest plan needs {_gib(need / GIB)} GiB per GPU, within a memory bin of the {_gib(limit)} GiB "
                "limit, and the search's memory resolution missed it: raise the limit slightly")
     err = InfeasibleError([FieldProblem(field, msg)])
     err.min_memory_gib = need / GIB  # type: ignore[attr-defined]

@@ -138,6 +138,11 @@ def test_the_minimum_memory_named_is_what_the_leanest_plan_needs(layers: int, se
     with pytest.raises(InfeasibleError):
         solve({**req, "constraints": {"memory_limit_gib": need * 0.99}})
 
+    # the limit is printed as given, not rounded to nothing ("no plan fits in 0.0 GiB")
+    with pytest.raises(InfeasibleError) as err:
+        solve({**req, "constraints": {"memory_limit_gib": 0.002}})
+    assert "no plan fits in 0.002 GiB per GPU" in err.value.problems[0].msg
+
 
 def test_a_search_stopped_by_its_time_limit_says_so_not_that_memory_is_short(monkeypatch: pytest.MonkeyPatch
                                                                               ) -> None:
