@@ -51,12 +51,17 @@ def _breakdown(parts: Mapping[str, Any], total: float) -> str:
     return ", ".join(f"{k} {seconds(v)} ({100 * v / total:.1f}%)" for k, v in items)
 
 
+def _micro_batches(strategy: Mapping[str, Any]) -> str:
+    n = strategy.get("micro_batches")
+    return f"{n} micro-batch" + ("" if n == 1 else "es")
+
+
 def hybrid(request: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
     est, strat, search = (result.get(k) or {} for k in ("estimate", "strategy", "search"))
     layers, stage_layers = strat.get("layers") or [], strat.get("stage_layers") or []
     sched = strat.get("schedule", "1f1b") + (f", {strat['virtual_stages']} chunks per GPU"
                                              if (strat.get("virtual_stages") or 1) > 1 else "")
-    out = [f"plan: pp={strat.get('pp')}, {strat.get('micro_batches')} micro-batches ({sched}), "
+    out = [f"plan: pp={strat.get('pp')}, {_micro_batches(strat)} ({sched}), "
            f"stages {list(stage_layers)}"]
     out += layer_runs(layers)
     if strat.get("embedding"):
@@ -125,7 +130,7 @@ def _uniform_text(strategy: Mapping[str, Any]) -> str:
     layout = max(set(layers), key=lambda t: ("ep" in t, layers.count(t)))
     v = strategy.get("virtual_stages") or 1
     sched = strategy.get("schedule", "1f1b") + (f" v{v}" if v > 1 else "")
-    return f"; {layout}, pp{strategy.get('pp')}, {strategy.get('micro_batches')} micro-batches, {sched}"
+    return f"; {layout}, pp{strategy.get('pp')}, {_micro_batches(strategy)}, {sched}"
 
 
 def render_estimate(request: Mapping[str, Any], estimate: Mapping[str, Any]) -> str:

@@ -50,6 +50,12 @@ def test_hybrid_summary_accounts_for_every_layer_and_quotes_the_result() -> None
     assert f"pp{megatron['strategy']['pp']}, {megatron['strategy']['micro_batches']} micro-batches" in text
 
 
+def test_one_micro_batch_is_said_in_the_singular() -> None:
+    req = {**SMALL, "constraints": {"memory_limit_gib": 80, "micro_batches": 1}}
+    text = render(req, solve(req))
+    assert "1 micro-batch (" in text and "1 micro-batches" not in text, text
+
+
 def test_other_kinds_print_their_step_bound_and_baselines() -> None:
     for kind in ("flexsp", "spindle"):
         req = DEMO_REQUESTS[kind]
