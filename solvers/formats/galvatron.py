@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from solvers.errors import FieldProblem, SpecError
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute, Schedule, SpKind
@@ -32,20 +33,36 @@ Loc = tuple[str | int, ...]
 _PIPELINES: dict[str, Schedule] = {"pipedream_flush": "1f1b", "gpipe": "gpipe"}
 
 
+# ASCII digits only: Python's int() also takes other scripts' digits ('٢') and underscores ('2_0' is 20)
+_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
+
+
+def _integer(value: Any) -> int | None:
+    """``value`` as Galvatron writes an integer (a JSON integer, an integral number, or its digits), else None.
+    Booleans, fractions, null, lists and objects are not integers (int() would take some or raise TypeError)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and _INTEGER.fullmatch(value):
+        return int(value)
+    return None
+
+
 def _ints(config: Mapping[str, Any], key: str, loc: Loc, default: list[int] | None = None) -> list[int]:
     if key not in config:
         if default is None:
             raise SpecError.at((*loc, key), "field required in a Galvatron config")
         return default
     value = config[key]
-    try:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return [value]
-        if isinstance(value, list):
-            return [int(v) for v in value]
-        return [int(v) for v in str(value).split(",")]
-    except ValueError:
-        raise SpecError.at((*loc, key), f"expected comma-separated integers, got {value!r}") from None
+    entries = value if isinstance(value, list) else str(value).split(",") if isinstance(value, str) else [value]
+    out = [_integer(v) for v in entries]
+    if not entries or None in out:
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise SpecError.at((*loc, key), f"expected comma-separated integers, got {shown}")
+    return cast(list[int], out)
 
 
 def _int(config: Mapping[str, Any], key: str, loc: Loc, default: int | None = None) -> int:

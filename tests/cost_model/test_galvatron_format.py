@@ -110,3 +110,15 @@ def test_gpu_count_is_required_and_files_must_exist() -> None:
     with pytest.raises(SpecError) as err:
         read_galvatron_config("no_such_config.json", [REFERENCE_PROFILES])
     assert err.value.problems[0].loc == ("strategy", "path")
+
+
+@pytest.mark.parametrize("value", [[None, None], [[2], [2]], [{}, {}], [2.5, 2.5], [True, True], "٢,٢", "2_0,2",
+                                   None, True, {}, [], ""])
+def test_non_integer_entries_name_the_field(value: Any) -> None:
+    """A list entry that was not a number (null, a list) crashed the reader with a TypeError; a fraction was
+    truncated (2.5 read as 2), true read as 1, and Python-only digit forms ('٢', '2_0' as 20) were taken."""
+    cfg = {"pp_deg": 1, "tp_sizes_enc": value, "dp_types_enc": "0,0", "pp_division": "2"}
+    with pytest.raises(SpecError) as err:
+        plan_from_galvatron_config(cfg, 8)
+    assert [p.loc for p in err.value.problems] == [("strategy", "tp_sizes_enc")]
+    assert plan_from_galvatron_config({**cfg, "tp_sizes_enc": [2.0, " 2"]}, 8).layers[1].tp == 2
