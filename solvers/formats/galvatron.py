@@ -88,7 +88,11 @@ def plan_from_galvatron_config(config: Mapping[str, Any], num_gpus: int | None =
         if "num_gpus" not in config:
             raise SpecError.at((*loc, "num_gpus"), "the GPU count is needed to read a Galvatron config")
         num_gpus = _int(config, "num_gpus", loc)
-    sp_flag = bool(config.get("sequence_parallel", True)) if sequence_parallel is None else sequence_parallel
+    if sequence_parallel is None:
+        sequence_parallel = config.get("sequence_parallel", True)
+        if not isinstance(sequence_parallel, bool):  # bool("false") is True
+            raise SpecError.at((*loc, "sequence_parallel"), f"expected true or false, got {sequence_parallel!r}")
+    sp_flag = sequence_parallel
     pp = _int(config, "pp_deg", loc)
     tps = _ints(config, "tp_sizes_enc", loc)
     n = len(tps)
@@ -100,6 +104,14 @@ def plan_from_galvatron_config(config: Mapping[str, Any], num_gpus: int | None =
     }
     problems = [FieldProblem((*loc, k), f"has {len(v)} entries for {n} layers")
                 for k, v in per_layer.items() if len(v) != n]
+    # Galvatron's per-layer and embedding switches are 0 or 1; other values were read as one or the other
+    # (use_sp 2 as off, checkpoint -1 as on), so a corrupt file gave a plan nobody wrote
+    flags = {**per_layer, "vsp": [_int(config, "vsp", loc, 0)], "embed_sdp": [_int(config, "embed_sdp", loc, 0)]}
+    problems += [FieldProblem((*loc, k), f"expected 0 or 1, got {bad[0]}")
+                 for k, v in flags.items() if (bad := [x for x in v if x not in (0, 1)])]
+    chunks = _int(config, "chunks", loc, 1)
+    if chunks < 1:  # was read as 1 micro-batch
+        problems.append(FieldProblem((*loc, "chunks"), f"the number of micro-batches must be at least 1, got {chunks}"))
     if pp < 1 or num_gpus % pp:
         problems.append(FieldProblem((*loc, "pp_deg"), f"pp_deg {pp} does not divide {num_gpus} GPUs"))
     if problems:
@@ -143,7 +155,7 @@ def plan_from_galvatron_config(config: Mapping[str, Any], num_gpus: int | None =
     embed_sp: SpKind = "ulysses" if _int(config, "vsp", loc, 0) else None
     return PlanStrategy(
         pp=pp,
-        micro_batches=max(1, _int(config, "chunks", loc, 1)),
+        micro_batches=chunks,
         layers=tuple(layers),
         stage_layers=tuple(division),
         schedule=_PIPELINES[pipeline],

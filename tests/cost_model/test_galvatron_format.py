@@ -122,3 +122,17 @@ def test_non_integer_entries_name_the_field(value: Any) -> None:
         plan_from_galvatron_config(cfg, 8)
     assert [p.loc for p in err.value.problems] == [("strategy", "tp_sizes_enc")]
     assert plan_from_galvatron_config({**cfg, "tp_sizes_enc": [2.0, " 2"]}, 8).layers[1].tp == 2
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"use_sp": "2,0"}, "use_sp"), ({"checkpoint": "-1,0"}, "checkpoint"), ({"dp_types_enc": "0,7"}, "dp_types_enc"),
+    ({"tp_consecutive_flags": "1,2"}, "tp_consecutive_flags"), ({"vsp": -1}, "vsp"), ({"embed_sdp": 7}, "embed_sdp"),
+    ({"chunks": 0}, "chunks"), ({"chunks": -4}, "chunks"), ({"sequence_parallel": "false"}, "sequence_parallel"),
+])
+def test_switches_out_of_range_name_the_field(change: dict[str, Any], field: str) -> None:
+    """Galvatron's 0/1 switches took any integer (use_sp 2 read as off, checkpoint -1 and embed_sdp 7 as on),
+    chunks 0 or -4 became one micro-batch, and sequence_parallel "false" read as true."""
+    cfg = {"pp_deg": 1, "tp_sizes_enc": "2,2", "dp_types_enc": "0,0", "pp_division": "2", **change}
+    with pytest.raises(SpecError) as err:
+        plan_from_galvatron_config(cfg, 8)
+    assert [p.loc for p in err.value.problems] == [("strategy", field)]
