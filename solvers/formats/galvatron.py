@@ -84,10 +84,17 @@ def plan_from_galvatron_config(config: Mapping[str, Any], num_gpus: int | None =
     ``num_gpus``); ``sequence_parallel``: Megatron SP on TP layers (default: the file's, else on)."""
     if not isinstance(config, Mapping):
         raise SpecError.at(loc, "a Galvatron config must be a JSON object")
+    written_for = _int(config, "num_gpus", loc) if "num_gpus" in config else None
+    if written_for is not None and written_for < 1:
+        raise SpecError.at((*loc, "num_gpus"), f"expected a positive GPU count, got {written_for}")
     if num_gpus is None:
-        if "num_gpus" not in config:
+        if written_for is None:
             raise SpecError.at((*loc, "num_gpus"), "the GPU count is needed to read a Galvatron config")
-        num_gpus = _int(config, "num_gpus", loc)
+        num_gpus = written_for
+    elif written_for is not None and written_for != num_gpus:
+        # data-parallel degrees are implied by the GPU count: on another cluster the same file is another plan
+        raise SpecError.at((*loc, "num_gpus"), f"this config was written for {written_for} GPUs; the cluster has "
+                                               f"{num_gpus}")
     if sequence_parallel is None:
         sequence_parallel = config.get("sequence_parallel", True)
         if not isinstance(sequence_parallel, bool):  # bool("false") is True

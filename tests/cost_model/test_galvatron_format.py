@@ -136,3 +136,19 @@ def test_switches_out_of_range_name_the_field(change: dict[str, Any], field: str
     with pytest.raises(SpecError) as err:
         plan_from_galvatron_config(cfg, 8)
     assert [p.loc for p in err.value.problems] == [("strategy", field)]
+
+
+def test_a_config_for_another_gpu_count_is_refused() -> None:
+    """A file we wrote for 16 GPUs (its num_gpus says so) read on 8 silently halved every data-parallel degree,
+    estimating another plan; and a file's num_gpus of 0 or -8 was taken as the GPU count."""
+    plan = PlanStrategy(pp=2, micro_batches=4, layers=(LayerStrategy(tp=2, dp=4, sp="megatron"),) * 4,
+                        stage_layers=(2, 2), embedding=EmbeddingStrategy(tp=2, dp=4))
+    cfg = plan_to_galvatron_config(plan, num_gpus=16)
+    assert plan_from_galvatron_config(cfg, 16) == plan_from_galvatron_config(cfg) == plan
+    with pytest.raises(SpecError) as err:
+        plan_from_galvatron_config(cfg, 8)
+    assert err.value.problems[0].loc == ("strategy", "num_gpus") and "written for 16 GPUs" in str(err.value)
+    for bad in (0, -8):
+        with pytest.raises(SpecError) as err:
+            plan_from_galvatron_config({**cfg, "num_gpus": bad})
+        assert err.value.problems[0].loc == ("strategy", "num_gpus")
