@@ -25,12 +25,21 @@ def _galvatron_plan(strategy: dict[str, Any], req: HybridRequest) -> PlanStrateg
         candidates = [Path(base) / p] if isinstance(base, str) else []
         candidates.append(Path.cwd() / p)
         p = next((c for c in candidates if c.is_file()), candidates[0])
+    if p.exists() and not p.is_file():  # a device such as /dev/zero would be read without end
+        raise SpecError.at(("strategy", "path"), f"cannot read {p}: not a regular file")
     try:
-        config = json.loads(p.read_text())
+        config = json.loads(p.read_text(encoding="utf-8"))
     except OSError as err:
         raise SpecError.at(("strategy", "path"), f"cannot read {p}: {err.strerror}") from None
     except json.JSONDecodeError as err:
         raise SpecError.at(("strategy", "path"), f"{p} is not valid JSON: {err.msg}") from None
+    except UnicodeDecodeError:
+        raise SpecError.at(("strategy", "path"), f"{p} is not valid JSON: not UTF-8 text") from None
+    except RecursionError:
+        raise SpecError.at(("strategy", "path"), f"{p} is not valid JSON: nested too deeply") from None
+    if not isinstance(config, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(config), "a number")
+        raise SpecError.at(("strategy", "path"), f"{p} holds {kind}, not a Galvatron config (a JSON object)")
     try:
         formats = importlib.import_module("solvers.formats.galvatron")
     except ModuleNotFoundError:

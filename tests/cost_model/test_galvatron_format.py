@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from solvers.api import estimate
 from solvers.errors import SpecError
 from solvers.formats.galvatron import plan_from_galvatron_config, plan_to_galvatron_config, read_galvatron_config
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
@@ -152,3 +154,23 @@ def test_a_config_for_another_gpu_count_is_refused() -> None:
         with pytest.raises(SpecError) as err:
             plan_from_galvatron_config({**cfg, "num_gpus": bad})
         assert err.value.problems[0].loc == ("strategy", "num_gpus")
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (b"\xff\xfe{", "not UTF-8"), (b"[" * 100_000, "nested too deeply"), (b"[1, 2]", "holds an array"),
+    (b"null", "holds null"), (None, "regular file")])
+def test_an_unreadable_plan_file_names_the_path(tmp_path: Path, content: bytes | None, why: str) -> None:
+    """A plan file that was not UTF-8 or nested too deeply crashed estimate (UnicodeDecodeError,
+    RecursionError); a JSON list was blamed on ``strategy``, not its path; a device (/dev/zero) was read without
+    end."""
+    path = tmp_path / "galvatron_config.json"
+    if content is None:
+        path = Path("/dev/zero")
+    else:
+        path.write_bytes(content)
+    req = {"model": {"preset": "llama2-7b", "num_layers": 2}, "cluster": {"gpu": "A100-80GB", "gpus_per_node": 8},
+           "training": {"global_batch_size": 8, "seq_length": 2048},
+           "strategy": {"format": "galvatron", "path": str(path)}}
+    with pytest.raises(SpecError) as err:
+        estimate(req)
+    assert [p.loc for p in err.value.problems] == [("strategy", "path")] and why in str(err.value)
