@@ -70,8 +70,12 @@ def check_file_references(request: dict[str, Any], settings: Settings) -> None:
         request.get("cost_model"), dict) else None
     for loc, value in _named_paths(request):
         path = Path(value)
-        if not path.is_absolute() and loc[-1] == "path" and isinstance(profiles_dir, str):
-            path = Path(profiles_dir) / path
+        if loc == ("strategy", "path"):
+            from solvers.cost_model.api import galvatron_plan_file
+
+            # the file the cost model will read: a relative path missing under profiles_dir falls back to the
+            # working directory, which checking profiles_dir/path alone let through
+            path = galvatron_plan_file(value, profiles_dir)
         resolved = path.resolve()
         if not any(resolved.is_relative_to(root) for root in roots):
             allowed = ", ".join(str(r) for r in roots) or "none configured"

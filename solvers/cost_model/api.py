@@ -15,16 +15,23 @@ from solvers.request import HybridRequest, parse
 from solvers.strategy import PlanStrategy
 
 
+def galvatron_plan_file(path: str, profiles_dir: Any) -> Path:
+    """The file a Galvatron ``strategy.path`` names: as given when absolute, else under ``profiles_dir`` (a str)
+    where it is there, else under the working directory (else the profiles_dir one, to name it as missing). The
+    service holds this path, the one read, to its data roots."""
+    p = Path(path)
+    if p.is_absolute():
+        return p
+    candidates = [Path(profiles_dir) / p] if isinstance(profiles_dir, str) else []
+    candidates.append(Path.cwd() / p)
+    return next((c for c in candidates if c.is_file()), candidates[0])
+
+
 def _galvatron_plan(strategy: dict[str, Any], req: HybridRequest) -> PlanStrategy:
     path = strategy.get("path")
     if not isinstance(path, str) or not path:
         raise SpecError.at(("strategy", "path"), "a Galvatron plan needs the path of its galvatron_config_*.json")
-    p = Path(path)
-    if not p.is_absolute():
-        base = (req.cost_model.model_extra or {}).get("profiles_dir")
-        candidates = [Path(base) / p] if isinstance(base, str) else []
-        candidates.append(Path.cwd() / p)
-        p = next((c for c in candidates if c.is_file()), candidates[0])
+    p = galvatron_plan_file(path, (req.cost_model.model_extra or {}).get("profiles_dir"))
     if p.exists() and not p.is_file():  # a device such as /dev/zero would be read without end
         raise SpecError.at(("strategy", "path"), f"cannot read {p}: not a regular file")
     try:

@@ -3,6 +3,7 @@ field, never a 500."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -138,3 +139,21 @@ def test_one_estimate_over_a_limit_costs_the_others_nothing(client: Any) -> None
     assert got[0] == got[3] and got[0]["step_time_s"] > 0
     assert got[1]["status"] == 413 and "max_gpus" in got[1]["error"]
     assert got[2]["status"] == 422 and got[2]["detail"][0]["loc"][0] == "strategy"
+
+
+def test_a_plan_file_is_not_read_from_the_working_directory_past_the_data_roots(
+        client: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    """A relative strategy.path was checked as profiles_dir/path, but where that file did not exist the cost model
+    read the same name from the server's working directory, outside the data roots, and echoed its content."""
+    root, outside = tmp_path / "data", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "secret.json").write_text(json.dumps({"pp_deg": "TOP-SECRET", "tp_sizes_enc": "1"}))
+    monkeypatch.chdir(outside)
+    client.app.state.settings.data_roots.append(str(root))
+    req = {**HYBRID, "strategy": {"format": "galvatron", "path": "secret.json"},
+           "cost_model": {"kind": "galvatron", "profiles_dir": str(root)}}
+    r = client.post("/v1/estimate", json=req)
+    assert r.status_code == 422, r.text
+    assert [d["loc"] for d in r.json()["detail"]] == [["body", "strategy", "path"]]
+    assert "PARAPLAN_DATA_ROOTS" in r.text and "TOP-SECRET" not in r.text
