@@ -43,11 +43,25 @@ def expert_layout(plan: PlanStrategy) -> tuple[int, int | None]:
     return max(counts, key=lambda k: counts[k]) if counts else (1, None)
 
 
+def run_expert_tp(plan: PlanStrategy, base: LayerStrategy) -> int | None:
+    """The expert TP to give the MoE layers of a run that puts ``base`` on every layer: the one the plan's
+    expert-parallel layers use (``LayerStrategy.expert_tp``, most of them), None where ``base`` implies it anyway
+    or the plan shards no experts. An implied one would follow the run's layout instead: the plan's Ulysses
+    layers keep the MLP whole (expert TP 1), a framework writing them as TP would split the experts over it,
+    and ep * that need not divide the ranks (Megatron-LM refuses such arguments)."""
+    counts = Counter((x.ep, x.expert_tp) for x in plan.layers if x.ep > 1 or x.etp is not None)
+    if not counts:
+        return None
+    etp = max(counts, key=lambda k: counts[k])[1]
+    return None if etp == replace(base, etp=None).expert_tp else etp
+
+
 def _with_experts(plan: PlanStrategy, base: LayerStrategy, expert_layers: Sequence[bool] | None,
                   recompute: Sequence[Recompute] | None = None) -> tuple[LayerStrategy, ...]:
     """``base`` on every layer, with the plan's dominant expert layout on the MoE layers (``expert_layers``,
     else those of the plan that shard experts) and, if given, each layer's recomputation."""
-    ep, etp = expert_layout(plan)
+    ep, _ = expert_layout(plan)
+    etp = run_expert_tp(plan, base)
     moe = expert_layers or [x.ep > 1 or x.etp is not None for x in plan.layers]
     return tuple(replace(base, ep=ep if m else 1, etp=etp if m else None,
                          recompute=recompute[i] if recompute else base.recompute) for i, m in enumerate(moe))
@@ -195,14 +209,19 @@ def _fastest_that_fits(request: dict[str, Any], options: Sequence[tuple[T, PlanS
     return min(scored, key=lambda t: t[0])[1] if scored else None
 
 
+def _megatron_base(plan: PlanStrategy) -> LayerStrategy:
+    """The layer layout Megatron-LM runs for every layer of ``plan`` (experts aside)."""
+    s = dominant(plan)
+    return replace(s, sp="megatron" if s.tp > 1 else None, zero=min(s.zero, 1) if s.dp * s.cp > 1 else 0)
+
+
 def megatron_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None,
                       layout: MegatronLayout | None = None) -> PlanStrategy:
     """What Megatron-LM runs from ``megatron_args``: the dominant layout on every layer (Ulysses as TP with
     sequence parallelism, ZeRO-2/3 as the distributed optimizer), one pipeline split and one recomputation
     setting (``layout``, by default the nearest split and the memory-safe recomputation), the embedding on
     the layers' TP group."""
-    s = dominant(plan)
-    base = replace(s, sp="megatron" if s.tp > 1 else None, zero=min(s.zero, 1) if s.dp * s.cp > 1 else 0)
+    base = _megatron_base(plan)
     layout = layout or _memory_safe_layout(plan)
     parts = layout.split or plan.stage_layers
     modes = layout.recompute.modes(parts, chunks(plan.schedule, plan.virtual_stages))
@@ -405,7 +424,8 @@ def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: dict[str, Any
 def _megatron_moe_args(plan: PlanStrategy, model: dict[str, Any]) -> list[str]:
     """Experts, routing and expert parallelism. Megatron's integer --moe-layer-freq N puts MoE on layers 0,
     N, 2N, ...; the spec's every-N-th layer is N - 1, 2N - 1, ..., so anything but all-MoE is a pattern."""
-    ep, etp = expert_layout(plan)
+    ep, _ = expert_layout(plan)
+    etp = run_expert_tp(plan, _megatron_base(plan))  # as megatron_run_plan runs them
     pattern = [int(x) for x in model["expert_layers"]]
     args = [f"--num-experts {model['num_experts']}", f"--moe-router-topk {model['top_k']}",
             f"--moe-ffn-hidden-size {model['expert_ffn_hidden_size']}", f"--expert-model-parallel-size {ep}"]

@@ -278,6 +278,24 @@ def test_moe_plan_exports_its_experts_and_expert_parallelism() -> None:
     assert "expert_parallel_degree = 4" in export(result, "torchtitan", req)
 
 
+def test_experts_keep_the_plans_expert_tp_where_the_framework_changes_the_layers_tp() -> None:
+    """The plan's Ulysses layers keep the experts whole (expert TP 1); written as Megatron TP 2 the experts
+    were split over it too, so ep 2 x etp 2 did not divide the stage's 6 ranks: Megatron-LM would refuse the
+    arguments and every framework's as-run note said the export could not be estimated."""
+    req = {"kind": "hybrid", "model": {"preset": "mixtral-8x7b", "num_layers": 4},
+           "cluster": {"gpu": "A100-80GB", "nodes": 3, "gpus_per_node": 4},
+           "training": {"global_batch_size": 48, "seq_length": 1024}}
+    uly = LayerStrategy(tp=2, dp=3, sp="ulysses", zero=1)
+    plan = PlanStrategy(pp=2, micro_batches=8, layers=(uly, uly, replace(uly, zero=3, ep=2), uly),
+                        stage_layers=(2, 2), embedding=EmbeddingStrategy(tp=1, dp=6, zero=3))
+    result = {"strategy": plan.to_dict(), "estimate": estimate({**req, "strategy": plan.to_dict()})}
+    text = export(result, "megatron", req)
+    assert "--expert-model-parallel-size 2" in text and "--expert-tensor-parallel-size 1" in text
+    assert {(x.ep, x.etp) for x in megatron_run_plan(plan, [True] * 4).layers} == {(2, 1)}
+    for fmt in ("megatron", "torchtitan", "deepspeed"):
+        assert "could not be estimated" not in export(result, fmt, req), fmt
+
+
 def megatron_refusal(text: str, num_layers: int) -> str | None:
     """Megatron-LM's start-up checks of the pipeline and recomputation arguments (validate_args and
     TransformerConfig): the reason it would refuse ``text``, or None."""
