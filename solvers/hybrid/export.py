@@ -210,17 +210,20 @@ def _fastest_that_fits(request: dict[str, Any], options: Sequence[tuple[T, PlanS
 
 
 def _megatron_base(plan: PlanStrategy) -> LayerStrategy:
-    """The layer layout Megatron-LM runs for every layer of ``plan`` (experts aside)."""
+    """The layer layout Megatron-LM runs for every layer of ``plan`` (experts aside): the dominant one, Ulysses as
+    TP with sequence parallelism (``--sequence-parallel``, the nearest to its sequence-split activations), plain
+    TP as plain TP (the plan may have no SP because the sequence does not split over TP, or by request)."""
     s = dominant(plan)
-    return replace(s, sp="megatron" if s.tp > 1 else None, zero=min(s.zero, 1) if s.dp * s.cp > 1 else 0)
+    return replace(s, sp="megatron" if s.tp > 1 and s.sp is not None else None,
+                   zero=min(s.zero, 1) if s.dp * s.cp > 1 else 0)
 
 
 def megatron_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None,
                       layout: MegatronLayout | None = None) -> PlanStrategy:
-    """What Megatron-LM runs from ``megatron_args``: the dominant layout on every layer (Ulysses as TP with
-    sequence parallelism, ZeRO-2/3 as the distributed optimizer), one pipeline split and one recomputation
-    setting (``layout``, by default the nearest split and the memory-safe recomputation), the embedding on
-    the layers' TP group."""
+    """What Megatron-LM runs from ``megatron_args``: the dominant layout on every layer (``_megatron_base``:
+    Ulysses as TP with sequence parallelism, ZeRO-2/3 as the distributed optimizer), one pipeline split and one
+    recomputation setting (``layout``, by default the nearest split and the memory-safe recomputation), the
+    embedding on the layers' TP group."""
     base = _megatron_base(plan)
     layout = layout or _memory_safe_layout(plan)
     parts = layout.split or plan.stage_layers
@@ -370,10 +373,11 @@ def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: dict[str, Any
         f"--context-parallel-size {s.cp}", f"--micro-batch-size {max(mbs, 1)}", f"--global-batch-size {batch}",
         f"--seq-length {seq}", "--bf16",
     ]
-    if s.sp == "megatron" and s.tp > 1:
+    if _megatron_base(plan).sp == "megatron":
         args.append("--sequence-parallel")
     if s.sp == "ulysses":
-        notes.append("Megatron-LM has no Ulysses sequence parallelism: written as tensor parallelism")
+        notes.append("Megatron-LM has no Ulysses sequence parallelism: written as tensor parallelism with sequence "
+                     "parallelism")
     if s.zero >= 1:
         args.append("--use-distributed-optimizer")
     if s.zero >= 2:

@@ -296,6 +296,26 @@ def test_experts_keep_the_plans_expert_tp_where_the_framework_changes_the_layers
         assert "could not be estimated" not in export(result, fmt, req), fmt
 
 
+def test_megatron_arguments_and_their_as_run_estimate_agree_on_sequence_parallelism() -> None:
+    """The as-run estimate gave every TP layer Megatron SP while the arguments wrote --sequence-parallel only
+    for the plan's Megatron-SP layers: a plain-TP plan (tp 3 on a 2048-token sequence, which SP cannot split)
+    could not be estimated, and a Ulysses plan's arguments lacked the SP the note priced."""
+    req = {"kind": "hybrid", "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 6},
+           "model": {"name": "t", "num_layers": 4, "hidden_size": 384, "num_attention_heads": 12},
+           "training": {"global_batch_size": 8, "seq_length": 2048}}
+    plain = LayerStrategy(tp=3, dp=2, zero=1)
+    plan = PlanStrategy(pp=1, micro_batches=4, layers=(plain,) * 4, stage_layers=(4,),
+                        embedding=EmbeddingStrategy(tp=3, dp=2, zero=1))
+    result = {"strategy": plan.to_dict(), "estimate": estimate({**req, "strategy": plan.to_dict()})}
+    text = export(result, "megatron", req)
+    assert "--sequence-parallel" not in text and "+0.0% against the plan" in text.splitlines()[0]
+    assert {x.sp for x in megatron_run_plan(plan).layers} == {None}
+    uly = replace(plan, layers=(LayerStrategy(tp=2, dp=3, sp="ulysses", zero=1),) * 4,
+                  embedding=EmbeddingStrategy(tp=2, dp=3, zero=1))
+    text = export({"strategy": uly.to_dict(), "estimate": result["estimate"]}, "megatron", req)
+    assert "--sequence-parallel" in text and {x.sp for x in megatron_run_plan(uly).layers} == {"megatron"}
+
+
 def megatron_refusal(text: str, num_layers: int) -> str | None:
     """Megatron-LM's start-up checks of the pipeline and recomputation arguments (validate_args and
     TransformerConfig): the reason it would refuse ``text``, or None."""
