@@ -533,10 +533,45 @@ def torchtitan_toml(plan: PlanStrategy, batch: int, seq: int, recompute: Torchti
     return "\n".join(lines) + "\n"
 
 
-def galvatron_json(plan: PlanStrategy, batch: int, num_gpus: int | None) -> str:
-    from solvers.formats.galvatron import plan_to_galvatron_config
+def galvatron_notes(plan: PlanStrategy, run: PlanStrategy) -> list[str]:
+    """What Galvatron runs differently from the plan (``run``: the written file read back), one note per kind of
+    change with the number of layers it touches."""
+    changes: Counter[tuple[str, Any, Any]] = Counter()
+    for a, b in zip(plan.layers, run.layers, strict=True):
+        for key in ("tp", "dp", "cp", "sp", "zero", "recompute", "ep", "etp"):
+            if getattr(a, key) != getattr(b, key):
+                changes[(key, getattr(a, key), getattr(b, key))] += 1
+    why = {"recompute": "Galvatron checkpoints whole layers",
+           "zero": "Galvatron sets ZeRO-3 per layer and one default_dp_type, ddp or zero2, for all other layers",
+           "sp": "Galvatron's sequence_parallel is one switch for every tensor-parallel layer"}
 
-    return json.dumps(plan_to_galvatron_config(plan, global_batch_size=batch, num_gpus=num_gpus), indent=2) + "\n"
+    def say(key: str, value: Any, named: bool = True) -> str:
+        return f"ZeRO-{value}" if key == "zero" else f"{key} {value}" if named else str(value)
+
+    notes = [f"{n} of {len(plan.layers)} layers: {say(key, a)} written as {say(key, b, named=False)}"
+             + (f" ({why[key]})" if key in why else "") for (key, a, b), n in changes.items()]
+    if plan.embedding != run.embedding:
+        notes.append(f"embedding {plan.embedding.to_dict()} written as {run.embedding.to_dict()} "
+                     "(Galvatron's embed_sdp is ZeRO-3, else the layers' default_dp_type)")
+    return notes
+
+
+def galvatron_json(plan: PlanStrategy, batch: int, num_gpus: int | None, result: dict[str, Any] | None = None,
+                   request: dict[str, Any] | None = None) -> str:
+    """Galvatron's plan file, with ``_paraplan_notes`` (a key Galvatron ignores) saying what it runs differently:
+    the file read back, against the plan (and, with the request, estimated as the other exports are)."""
+    from solvers.formats.galvatron import plan_from_galvatron_config, plan_to_galvatron_config
+
+    config = plan_to_galvatron_config(plan, global_batch_size=batch, num_gpus=num_gpus)
+    try:
+        run = plan_from_galvatron_config(config, num_gpus or plan.pp * (plan.layers[0].world if plan.layers else 1))
+    except SpecError as err:
+        notes = [f"Galvatron cannot read this file back as a plan: {err}"]
+    else:
+        note = as_run_note(run, result, request, "Galvatron") if result is not None else ""
+        notes = ([note] if note else []) + galvatron_notes(plan, run)
+    config["_paraplan_notes"] = notes
+    return json.dumps(config, indent=2) + "\n"
 
 
 def export(result: dict[str, Any], fmt: str, request: dict[str, Any] | None = None, of: str = "plan") -> str:
@@ -571,7 +606,7 @@ def export(result: dict[str, Any], fmt: str, request: dict[str, Any] | None = No
     if request is not None:
         c = request.get("cluster", {})
         gpus = int(c.get("nodes", 1)) * int(c.get("gpus_per_node", 8))
-    return galvatron_json(plan, batch, gpus)
+    return galvatron_json(plan, batch, gpus, result, request)
 
 
 def _baseline_result(result: dict[str, Any], name: str) -> dict[str, Any]:
