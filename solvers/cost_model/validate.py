@@ -94,6 +94,8 @@ def check_plan(plan: PlanStrategy, model: ModelSpec, cluster: ClusterSpec, train
     elif plan.virtual_stages > 1:
         if plan.schedule != "interleaved":
             out.append(FieldProblem((*loc, "schedule"), "virtual_stages > 1 needs the interleaved schedule"))
+        if plan.pp == 1:  # as the planner's space: Megatron-LM and torchtitan refuse to interleave one stage
+            out.append(FieldProblem((*loc, "virtual_stages"), "interleaving needs a pipeline of pp ≥ 2 stages"))
         if plan.micro_batches % plan.pp:
             out.append(FieldProblem((*loc, "micro_batches"), f"the interleaved schedule needs micro_batches "
                                     f"({plan.micro_batches}) to be a multiple of pp ({plan.pp})"))

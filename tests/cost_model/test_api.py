@@ -67,6 +67,14 @@ def test_full_strategy_problems_name_the_layer() -> None:
     assert _locs(request(strategy=typo)) == [("strategy", "layers", 2, "recompue")]
 
 
+def test_interleaving_one_stage_is_refused_as_the_planner_refuses_it() -> None:
+    """(A one-stage interleaved plan was estimated, and exported as arguments Megatron-LM refuses.)"""
+    good = estimate(request(strategy={**SHORT, "pp": 1, "dp": 8}))["strategy"]
+    one_stage = {**good, "micro_batches": 4, "schedule": "interleaved", "virtual_stages": 2}
+    assert _locs(request(strategy=one_stage)) == [("strategy", "virtual_stages")]
+    estimate(request(strategy={**one_stage, "virtual_stages": 1}))  # one chunk: plain 1F1B, as before
+
+
 def test_calibration_overrides_are_checked_and_used() -> None:
     base = estimate(request(strategy=SHORT))
     slower = estimate(request(strategy=SHORT, cost_model={"kind": "analytic", "calibration": {"gemm_eta_max": 0.4}}))
