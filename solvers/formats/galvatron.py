@@ -183,9 +183,13 @@ def plan_to_galvatron_config(plan: PlanStrategy, *, global_batch_size: int | Non
     problems: list[FieldProblem] = []
     if plan.schedule == "interleaved" or plan.virtual_stages > 1:
         problems.append(FieldProblem((*loc, "schedule"), "Galvatron has GPipe and 1F1B schedules only"))
-    for i, s in enumerate(plan.layers):
-        if s.cp != 1 or s.ep != 1:
-            problems.append(FieldProblem((*loc, "layers", i), "Galvatron has no context or expert parallelism"))
+    # one problem for all such layers, at the first: one per layer made a line of thousands of characters
+    unwritable = [i for i, s in enumerate(plan.layers) if s.cp != 1 or s.ep != 1]
+    if unwritable:
+        which = f"layer {unwritable[0]} uses" if len(unwritable) == 1 else \
+            f"{len(unwritable)} of {len(plan.layers)} layers, from layer {unwritable[0]}, use"
+        problems.append(FieldProblem((*loc, "layers", unwritable[0]),
+                                     f"{which} context or expert parallelism, which Galvatron does not have"))
     if problems:
         raise SpecError(problems)
     sharded = [s.zero for s in plan.layers if s.dp > 1 and s.zero in (1, 2)]

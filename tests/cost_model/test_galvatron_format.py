@@ -86,6 +86,12 @@ def test_lossy_export_rules() -> None:
         plan_to_galvatron_config(PlanStrategy(pp=1, micro_batches=1, layers=(LayerStrategy(tp=2, cp=2, dp=2),),
                                               stage_layers=(1,)))
     assert ("strategy", "layers", 0) in [p.loc for p in err.value.problems]
+    # a deep context-parallel plan is one problem naming how many layers, not one per layer
+    deep = tuple([LayerStrategy(tp=2, dp=4)] * 2 + [LayerStrategy(tp=2, cp=2, dp=2)] * 78)
+    with pytest.raises(SpecError) as err:
+        plan_to_galvatron_config(PlanStrategy(pp=1, micro_batches=1, layers=deep, stage_layers=(80,)))
+    assert [p.loc for p in err.value.problems] == [("strategy", "layers", 2)]
+    assert "78 of 80 layers, from layer 2, use context or expert parallelism" in str(err.value)
 
 
 @pytest.mark.parametrize(("change", "field"), [
