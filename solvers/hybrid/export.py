@@ -339,8 +339,8 @@ def as_run_note(run: PlanStrategy, result: dict[str, Any], request: dict[str, An
 
     try:
         est = estimate({**request, "strategy": run.to_dict()})
-    except SpecError as err:
-        return f"as {framework} runs it, the export could not be estimated: {err}"
+    except SpecError as err:  # the run is no valid plan: say why once, not once per layer of the run
+        return f"{framework} cannot run it as exported: " + "; ".join(dict.fromkeys(p.msg for p in err.problems))
     plan_step = float(result.get("estimate", {}).get("step_time_s") or 0.0)
     step, peak = float(est["step_time_s"]), float(est["peak_memory_gib"])
     slower = f" ({step / plan_step - 1:+.1%} against the plan's {plan_step:.4g} s)" if plan_step else ""

@@ -311,7 +311,7 @@ def test_experts_keep_the_plans_expert_tp_where_the_framework_changes_the_layers
     assert "--expert-model-parallel-size 2" in text and "--expert-tensor-parallel-size 1" in text
     assert {(x.ep, x.etp) for x in megatron_run_plan(plan, [True] * 4).layers} == {(2, 1)}
     for fmt in ("megatron", "torchtitan", "deepspeed"):
-        assert "could not be estimated" not in export(result, fmt, req), fmt
+        assert "cannot run it as exported" not in export(result, fmt, req), fmt
 
 
 def test_megatron_arguments_and_their_as_run_estimate_agree_on_sequence_parallelism() -> None:
@@ -332,6 +332,18 @@ def test_megatron_arguments_and_their_as_run_estimate_agree_on_sequence_parallel
                   embedding=EmbeddingStrategy(tp=2, dp=3, zero=1))
     text = export({"strategy": uly.to_dict(), "estimate": result["estimate"]}, "megatron", req)
     assert "--sequence-parallel" in text and {x.sp for x in megatron_run_plan(uly).layers} == {"megatron"}
+
+
+def test_a_framework_that_cannot_run_the_export_says_so_once() -> None:
+    """torchtitan shards every TP layer's sequence; plain TP 6 over 1,021 tokens cannot be. The note read "the
+    export could not be estimated", with the same reason once per layer."""
+    req = {"kind": "hybrid", "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 6},
+           "model": {"name": "t", "num_layers": 4, "hidden_size": 768, "num_attention_heads": 12},
+           "training": {"global_batch_size": 6, "seq_length": 1021}}
+    est = estimate({**req, "strategy": {"tp": 6, "sp": None}})
+    note = export({"strategy": est["strategy"], "estimate": est}, "torchtitan", req).splitlines()[0]
+    assert note == ("# torchtitan cannot run it as exported: seq_length (1021) is not divisible by the sequence "
+                    "split (6)"), note
 
 
 def megatron_refusal(text: str, num_layers: int) -> str | None:
