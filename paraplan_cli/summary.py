@@ -75,7 +75,7 @@ def hybrid(request: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
     if step and isinstance(est.get("breakdown_s"), Mapping):
         out.append("time per step: " + _breakdown(est["breakdown_s"], step))
     out += _memory(est.get("memory_breakdown_gib_per_stage") or [])
-    out += _baselines(result.get("baselines") or {}, step)
+    out += _baselines(result.get("baselines") or {}, step, est.get("breakdown_s"))
     bound, gap = _f(search.get("lower_bound_step_time_s")), _f(search.get("optimality_gap"))
     if bound is not None and gap is not None:
         out.append(f"certificate: no plan of the search space runs a step under {seconds(bound)}; "
@@ -107,7 +107,7 @@ def _memory(stages: Sequence[Mapping[str, Any]], show: int = 4) -> list[str]:
             f"memory, the other {len(rest)} stages: {min(rest):.1f}-{max(rest):.1f} GiB (--json for each)"]
 
 
-def _baselines(raw: Mapping[str, Any], step: float) -> list[str]:
+def _baselines(raw: Mapping[str, Any], step: float, plan_breakdown: Any = None) -> list[str]:
     out = ["baselines (same cost model):"] if raw else []
     for name, entry in raw.items():
         entry = entry or {}
@@ -119,7 +119,21 @@ def _baselines(raw: Mapping[str, Any], step: float) -> list[str]:
         out.append(f"  {name:<10} step {seconds(base_step)}: this plan {100 * (base_step / step - 1):+.1f}%"
                    + (f" (any plan at most {100 * bound:+.1f}%)" if bound is not None else "")
                    + _uniform_text(entry.get("strategy") or {}))
+        out += _against(entry["estimate"].get("breakdown_s"), plan_breakdown, step)
     return out
+
+
+def _against(base: Any, plan: Any, step: float, show: int = 4) -> list[str]:
+    """Where the plan's step differs from a baseline's, part by part: the gain's why (the largest parts, those
+    of at least 0.5% of the step)."""
+    if not isinstance(base, Mapping) or not isinstance(plan, Mapping) or not step:
+        return []
+    diff = {k: (_f(base.get(k)) or 0.0) - (_f(plan.get(k)) or 0.0) for k in dict.fromkeys([*base, *plan])}
+    big = sorted((kv for kv in diff.items() if abs(kv[1]) >= 0.005 * step), key=lambda kv: -abs(kv[1]))[:show]
+    saves = ", ".join(f"{k} {seconds(d)}" for k, d in big if d > 0)
+    spends = ", ".join(f"{seconds(-d)} more on {k}" for k, d in big if d < 0)
+    said = "; ".join(x for x in (saves and f"saves {saves}", spends and f"spends {spends}") if x)
+    return [f"{'':13}against it, this plan {said}"] if said else []
 
 
 def _uniform_text(strategy: Mapping[str, Any]) -> str:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from paraplan_cli.summary import layer_runs, render, render_estimate
+from paraplan_cli.summary import layer_runs, render, render_estimate, seconds
 from service.demo import DEMO_REQUESTS
 from solvers.api import estimate, solve
 
@@ -48,6 +48,24 @@ def test_hybrid_summary_accounts_for_every_layer_and_quotes_the_result() -> None
     megatron = result["baselines"]["megatron"]
     assert f"this plan {100 * megatron['gain']:+.1f}%" in text
     assert f"pp{megatron['strategy']['pp']}, {megatron['strategy']['micro_batches']} micro-batches" in text
+
+
+def test_each_baseline_says_where_the_plan_gains_on_it() -> None:
+    result = solve(SMALL)
+    lines = render(SMALL, result).splitlines()
+    plan = result["estimate"]["breakdown_s"]
+    for name, entry in result["baselines"].items():
+        if not entry.get("fits"):
+            continue
+        base = entry["estimate"]["breakdown_s"]
+        diff = {k: base.get(k, 0.0) - plan.get(k, 0.0) for k in {*base, *plan}}
+        key = max(diff, key=lambda k: abs(diff[k]))
+        why = lines[next(i for i, x in enumerate(lines) if x.startswith(f"  {name} ")) + 1]
+        if abs(diff[key]) < 0.005 * result["estimate"]["step_time_s"]:  # the plan is this baseline: nothing to say
+            assert "against it" not in why, why
+            continue
+        part = f"{key} {seconds(diff[key])}" if diff[key] > 0 else f"{seconds(-diff[key])} more on {key}"
+        assert why.strip().startswith("against it, this plan ") and part in why, (name, why, diff)
 
 
 def test_one_micro_batch_is_said_in_the_singular() -> None:
