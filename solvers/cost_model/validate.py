@@ -72,6 +72,26 @@ def check_layer(x: LayerStrategy, index: int, model: ModelSpec, stage_gpus: int,
     return out
 
 
+def check_structure(plan: PlanStrategy, loc: Loc = ("strategy",)) -> list[FieldProblem]:
+    """The problems a plan has whatever model and cluster it is for: counts below 1, unknown kinds, ZeRO stages
+    past 3 (what a stored result of another version may hold; PlanStrategy checks that the stages add up)."""
+    out = [FieldProblem((*loc, f), f"must be at least 1, got {v!r}")
+           for f in ("pp", "micro_batches", "virtual_stages")
+           if not isinstance(v := getattr(plan, f), int) or isinstance(v, bool) or v < 1]
+    if plan.schedule not in _SCHEDULES:
+        out.append(FieldProblem((*loc, "schedule"), f"must be one of {', '.join(_SCHEDULES)}"))
+    for i, x in enumerate(plan.layers):
+        at = (*loc, "layers", i)
+        bad = _non_integers(x, ("tp", "dp", "cp", "ep", "zero"), at) or _bad_sp_and_zero(x, at)
+        if x.recompute not in _RECOMPUTE:
+            bad.append(FieldProblem((*at, "recompute"), f"must be one of {', '.join(_RECOMPUTE)}"))
+        out.extend(bad)
+    emb_loc = (*loc, "embedding")
+    out.extend(_non_integers(plan.embedding, ("tp", "dp", "zero"), emb_loc)
+               or _bad_sp_and_zero(plan.embedding, emb_loc))
+    return out
+
+
 def check_plan(plan: PlanStrategy, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                loc: Loc = ("strategy",)) -> list[FieldProblem]:
     """All problems of ``plan`` (empty when it is runnable)."""

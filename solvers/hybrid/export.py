@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar, cast
 
 from solvers.cost_model.pipeline import chunks, megatron_splits
+from solvers.cost_model.validate import check_structure
 from solvers.errors import SpecError
 from solvers.hybrid.baselines import megatron_embedding, without_experts
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute
@@ -587,6 +588,11 @@ def export(result: dict[str, Any], fmt: str, request: dict[str, Any] | None = No
         plan = PlanStrategy.from_dict(result["strategy"])
     except (KeyError, TypeError, ValueError) as err:
         raise SpecError.at(("result", "strategy"), f"not a hybrid plan: {err}") from None
+    # a stored result may be damaged or come from another version of paraplan: micro_batches 0 or ZeRO 7 raised
+    # ZeroDivisionError / KeyError deep in the writers (an HTTP 500)
+    problems = check_structure(plan, ("result", "strategy"))
+    if problems:
+        raise SpecError(problems)
     batch, seq = _batch(result, request)
     model = _model(request)
     experts = model["expert_layers"] if model else None
@@ -615,7 +621,7 @@ def _baseline_result(result: dict[str, Any], name: str) -> dict[str, Any]:
     if name not in baselines:
         known = ", ".join(["plan", *baselines])
         raise SpecError.at(("of",), f"unknown plan to export {name!r}; this result has: {known}")
-    base = baselines[name]
+    base = baselines[name] if isinstance(baselines[name], dict) else {}
     if not base.get("strategy"):
         why = base.get("note") or "it does not fit"
         raise SpecError.at(("of",), f"the {name} baseline has no plan to export: {why}")

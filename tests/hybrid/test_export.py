@@ -125,6 +125,29 @@ def test_a_baseline_exports_as_it_is_and_a_missing_one_is_named() -> None:
         export(result, "megatron", req, of="pure_dp")
     assert "the pure_dp baseline has no plan to export" in err.value.problems[0].msg
 
+
+@pytest.mark.parametrize(("damage", "loc"), [
+    ({"micro_batches": 0}, ("result", "strategy", "micro_batches")),  # ZeroDivisionError
+    ({"layers": [{"tp": 1, "dp": 8, "zero": 7}] * 8}, ("result", "strategy", "layers", 0, "zero")),  # KeyError
+    ({"stage_layers": [4, 3]}, ("result", "strategy")),  # (these two were refused already)
+    ({"pp": 0}, ("result", "strategy")),
+])
+def test_a_damaged_stored_result_is_a_field_error_not_a_crash(damage: dict[str, Any], loc: tuple) -> None:
+    """A stored result may be damaged or written by another version; its export raised ZeroDivisionError,
+    KeyError or AttributeError in the writers (an HTTP 500)."""
+    req = {"kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 8},
+           "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8}, "training": {"global_batch_size": 32}}
+    result = solve(req)
+    bad = {**result, "strategy": {**result["strategy"], **damage}}
+    for fmt in ("megatron", "deepspeed", "torchtitan", "galvatron"):
+        with pytest.raises(SpecError) as err:
+            export(bad, fmt, req)
+        assert loc in [p.loc for p in err.value.problems], (fmt, err.value)
+    with pytest.raises(SpecError) as err:  # a baseline stored as null: AttributeError
+        export({**result, "baselines": {**result["baselines"], "megatron": None}}, "megatron", req, of="megatron")
+    assert err.value.problems[0].loc == ("of",)
+
+
 def test_deepspeed_config_is_consistent_json() -> None:
     cfg = json.loads(export(RESULT, "deepspeed", REQUEST))
     dp = 4
