@@ -155,8 +155,24 @@ def _measured(value: Any, loc: tuple[str, ...], what: str, *, positive: bool = F
     return x
 
 
-def _int_keys(d: Mapping[str, Any], what: str) -> dict[int, float]:
-    return {int(k): _measured(v, _PROFILES, f"{what}[{k!r}]") for k, v in d.items() if str(k).isdigit()}
+def _object(value: Any, loc: tuple[str, ...], what: str) -> dict[str, Any]:
+    """``value`` where it is a JSON object. A damaged file (a key holding null, a number or a list where
+    Galvatron writes an object) raised TypeError / AttributeError from deep in a reader."""
+    if not isinstance(value, dict):
+        kind = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+        raise SpecError.at(loc, f"{what} is {kind}, not a JSON object")
+    return value
+
+
+def _entry(d: Mapping[str, Any], key: str, loc: tuple[str, ...], what: str) -> Any:
+    if key not in d:
+        raise SpecError.at(loc, f"{what} lacks {key!r}")
+    return d[key]
+
+
+def _int_keys(d: Any, what: str) -> dict[int, float]:
+    return {int(k): _measured(v, _PROFILES, f"{what}[{k!r}]")
+            for k, v in _object(d, _PROFILES, what).items() if str(k).isdecimal()}
 
 
 def _by_seq(value: Any, seq: int, what: str) -> Any:
@@ -169,14 +185,14 @@ def _by_seq(value: Any, seq: int, what: str) -> Any:
         have = ", ".join(sorted(value))
         raise SpecError.at(("training", "seq_length"), f"{what} has no profile for sequence length {seq} "
                                                       f"(profiled: {have})")
-    return value[str(seq)]
+    return _object(value[str(seq)], _PROFILES, f"{what}[{str(seq)!r}]")
 
 
 def _other_memory(mem: dict[str, Any], key: str, seq: int) -> OtherMemory:
     if key not in mem:
         raise SpecError.at(_PROFILES, f"memory profile lacks {key!r}")
     v = _by_seq(mem[key], seq, key)
-    ms, act = v["model_states"], v["activation"]
+    ms, act = _entry(v, "model_states", _PROFILES, key), _entry(v, "activation", _PROFILES, key)
     if not isinstance(ms, dict):  # old non-SP files: scalars, valid for vocabulary TP 1 only
         ms, act = {"1": ms}, {"1": act}
     return OtherMemory(_int_keys(ms, f"{key}.model_states"), _int_keys(act, f"{key}.activation"))
@@ -259,8 +275,10 @@ def read_profile(profiles_dir: str, *, precision: str, seq_length: int, sequence
                  name: str | None = None, time_mode: TimeMode = "static",
                  static_bsz: int | None = None) -> GalvatronProfile:
     name = resolve_profile_name(profiles_dir, precision, name)
-    mem = _read_json(os.path.join(profiles_dir, f"memory_profiling_{precision}_{name}.json"), _PROFILES)
-    tim = _read_json(os.path.join(profiles_dir, f"computation_profiling_{precision}_{name}.json"), _PROFILES)
+    mem = _object(_read_json(os.path.join(profiles_dir, f"memory_profiling_{precision}_{name}.json"), _PROFILES),
+                  _PROFILES, f"memory profile {name}")
+    tim = _object(_read_json(os.path.join(profiles_dir, f"computation_profiling_{precision}_{name}.json"),
+                             _PROFILES), _PROFILES, f"computation profile {name}")
     suffix = "_sp" if sequence_parallel else ""
     layer_key = f"layertype_0{suffix}"
     if layer_key not in mem:
@@ -268,7 +286,8 @@ def read_profile(profiles_dir: str, *, precision: str, seq_length: int, sequence
                            f"memory profile {name} has no {layer_key!r} (profiled with sequence parallelism "
                            f"{'off' if sequence_parallel else 'on'} only?)")
     layer = _by_seq(mem[layer_key], seq_length, layer_key)
-    acts = layer["tp_activation_per_bsz_dict"]
+    acts = _object(_entry(layer, "tp_activation_per_bsz_dict", _PROFILES, layer_key), _PROFILES,
+                   f"{layer_key}.tp_activation_per_bsz_dict")
     if "checkpoint" not in acts:
         raise SpecError.at(_PROFILES, f"{layer_key} lacks the checkpoint activation size")
     return GalvatronProfile(
@@ -276,7 +295,8 @@ def read_profile(profiles_dir: str, *, precision: str, seq_length: int, sequence
         precision=precision,
         seq_length=seq_length,
         sequence_parallel=sequence_parallel,
-        parameter_mb=_measured(layer["parameter_size"], _PROFILES, f"{layer_key}.parameter_size"),
+        parameter_mb=_measured(_entry(layer, "parameter_size", _PROFILES, layer_key), _PROFILES,
+                               f"{layer_key}.parameter_size"),
         activation_mb_per_sample=_int_keys(acts, f"{layer_key}.tp_activation_per_bsz_dict"),
         checkpoint_activation_mb_per_sample=_measured(acts["checkpoint"], _PROFILES,
                                                       f"{layer_key}.tp_activation_per_bsz_dict.checkpoint"),
@@ -288,8 +308,9 @@ def read_profile(profiles_dir: str, *, precision: str, seq_length: int, sequence
     )
 
 
-def _comm_coe(bandwidth: dict[str, Any], num_gpus: int, path: str) -> dict[str, float]:
+def _comm_coe(bandwidth: Any, num_gpus: int, path: str) -> dict[str, float]:
     """Galvatron's comm_coe_dict: the whole cluster contiguous, then halving group sizes both ways."""
+    bandwidth = _object(bandwidth, _HARDWARE, path)
     def bw(size: int, consec: int) -> float:
         key = f"allreduce_size_{size}_consec_{consec}"
         if key not in bandwidth:
@@ -308,6 +329,9 @@ def _comm_coe(bandwidth: dict[str, Any], num_gpus: int, path: str) -> dict[str, 
     return coe
 
 
+_SP_TIME_KEY = re.compile(r"_size_(\d+)_(\d+)MB_time$")
+
+
 def _collective_tables(sp_time: dict[str, Any], op: str) -> dict[int, CollectiveTable]:
     """Galvatron's remap_config: per group size, ms by message bytes and a linear fit over MB.
 
@@ -318,8 +342,10 @@ def _collective_tables(sp_time: dict[str, Any], op: str) -> dict[int, Collective
     for key, val in sp_time.items():
         if not key.startswith(op):
             continue
-        parts = key.split("_")
-        world, mb = int(parts[-3]), int(parts[-2][:-2])
+        m = _SP_TIME_KEY.search(key)
+        if m is None:
+            raise SpecError.at(_HARDWARE, f"sp_time key {key!r} is not {op}_size_<GPUs>_<MB>MB_time")
+        world, mb = int(m.group(1)), int(m.group(2))
         ms = _measured(val, _HARDWARE, f"sp_time {key}")
         raw.setdefault(world, {})[mb * 1024 * 1024] = ms / (2 if op == "allreduce" else 1)
     out = {}
@@ -350,8 +376,13 @@ def read_hardware(hardware_dir: str | Sequence[str], *, nodes: int, gpus_per_nod
     p2p_path = _find(dirs, f"p2p_bandwidth_{shape}.json")
     ov_path = _find(dirs, "overlap_coefficient.json")
     comm = _comm_coe(_read_json(ar_path, _HARDWARE), num_gpus, ar_path)
-    p2p = {int(k.split("_")[-1]): 1.0 / _measured(v, _HARDWARE, f"{p2p_path} {k}", positive=True)
-           for k, v in _read_json(p2p_path, _HARDWARE).items() if k.startswith("pp_size_")}
+    p2p: dict[int, float] = {}
+    for k, v in _object(_read_json(p2p_path, _HARDWARE), _HARDWARE, p2p_path).items():
+        if not k.startswith("pp_size_"):
+            continue
+        if not k[len("pp_size_"):].isdecimal():
+            raise SpecError.at(_HARDWARE, f"{p2p_path} key {k!r} is not pp_size_<pipeline degree>")
+        p2p[int(k[len("pp_size_"):])] = 1.0 / _measured(v, _HARDWARE, f"{p2p_path} {k}", positive=True)
     overlap = _read_json(ov_path, _HARDWARE)
     if not isinstance(overlap, dict) or "overlap_coe" not in overlap:
         raise SpecError.at(_HARDWARE, f"{ov_path} lacks overlap_coe")
@@ -359,7 +390,7 @@ def read_hardware(hardware_dir: str | Sequence[str], *, nodes: int, gpus_per_nod
     sp_all2all: dict[int, CollectiveTable] = {}
     sp_path = _find(dirs, f"sp_time_{shape}.json")
     if need_sp_time or os.path.exists(sp_path):
-        sp = _read_json(sp_path, _HARDWARE)
+        sp = _object(_read_json(sp_path, _HARDWARE), _HARDWARE, sp_path)
         sp_allreduce, sp_all2all = _collective_tables(sp, "allreduce"), _collective_tables(sp, "all2all")
     overlap_coe = _measured(overlap["overlap_coe"], _HARDWARE, f"{ov_path} overlap_coe")
     return GalvatronHardware(nodes=nodes, gpus_per_node=gpus_per_node, comm_coe=comm, p2p_coe=p2p,

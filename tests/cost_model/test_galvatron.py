@@ -481,3 +481,47 @@ def test_a_profiled_number_that_is_no_measurement_is_named(tmp_path: Any, value:
             call()
         assert [p.loc for p in err.value.problems] == [("cost_model", "profiles_dir")]
         assert "'layertype_0_bsz8_seq2048'" in str(err.value), err.value
+
+
+MEMORY_FILE = "memory_profiling_bf16_hidden4096_head32_seqlen2048.json"
+
+
+@pytest.mark.parametrize(("folder", "name", "damage"), [
+    (PROFILES, MEMORY_FILE, lambda d: d["other_memory_pp_off_sp"].update({"2048": None})),
+    (PROFILES, MEMORY_FILE, lambda d: d["other_memory_pp_on_last_sp"]["2048"].pop("model_states")),
+    (PROFILES, MEMORY_FILE, lambda d: d["other_memory_pp_on_first_sp"]["2048"].update({"activation": [1, 2]})),
+    (PROFILES, MEMORY_FILE, lambda d: d["layertype_0_sp"]["2048"].pop("tp_activation_per_bsz_dict")),
+    (PROFILES, MEMORY_FILE, lambda d: d["layertype_0_sp"]["2048"].update({"tp_activation_per_bsz_dict": 3})),
+    (PROFILES, MEMORY_FILE, lambda d: d["layertype_0_sp"]["2048"].pop("parameter_size")),
+    (HARDWARE, "p2p_bandwidth_1nodes_8gpus_per_node.json", lambda d: d.update({"pp_size_x": 100})),
+    (HARDWARE, "sp_time_1nodes_8gpus_per_node.json", lambda d: d.update({"allreduce_size_8_xMB_time": 1})),
+])
+def test_a_damaged_galvatron_file_is_named(tmp_path: Any, folder: str, name: str, damage: Any) -> None:
+    """A key of a profile or hardware file holding null, a list or a number where an object belongs, a missing
+    key, or a key not in Galvatron's pattern raised TypeError / KeyError / AttributeError / ValueError."""
+    for f in os.listdir(folder):
+        doc = load(os.path.join(folder, f))
+        if f == name:
+            damage(doc)
+        (tmp_path / f).write_text(json.dumps(doc))
+    req = request(sp_space="tp+sp")
+    req["cost_model"]["profiles_dir" if folder == PROFILES else "hardware_dir"] = str(tmp_path)
+    with pytest.raises(SpecError) as err:
+        GalvatronCostModel.from_request(parse(HybridRequest, req))
+    assert [p.loc for p in err.value.problems] == [("cost_model", "profiles_dir" if folder == PROFILES
+                                                    else "hardware_dir")]
+
+
+@pytest.mark.parametrize("name", [MEMORY_FILE, "allreduce_bandwidth_1nodes_8gpus_per_node.json",
+                                  "p2p_bandwidth_1nodes_8gpus_per_node.json", "sp_time_1nodes_8gpus_per_node.json"])
+@pytest.mark.parametrize("doc", [None, [], 3])
+def test_a_galvatron_file_that_is_no_object_is_named(tmp_path: Any, name: str, doc: Any) -> None:
+    """A profile or hardware file holding null, a list or a number raised TypeError / AttributeError."""
+    folder = PROFILES if name == MEMORY_FILE else HARDWARE
+    for f in os.listdir(folder):
+        (tmp_path / f).write_text(json.dumps(doc if f == name else load(os.path.join(folder, f))))
+    req = request(sp_space="tp+sp", profile_name="hidden4096_head32_seqlen2048")
+    req["cost_model"]["profiles_dir" if folder == PROFILES else "hardware_dir"] = str(tmp_path)
+    with pytest.raises(SpecError) as err:
+        GalvatronCostModel.from_request(parse(HybridRequest, req))
+    assert "not a JSON object" in str(err.value) or "lacks" in str(err.value)
