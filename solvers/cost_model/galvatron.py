@@ -380,7 +380,10 @@ class GalvatronCostModel:
         k = e.tp
         if not _pow2(k) or not batching.min_tp <= k <= self.max_tp or k * pp > self.num_gpus:
             return f"vocabulary tp must be a power of two within [{batching.min_tp}, {self.max_tp}]"
-        if e.zero == 1:
+        # ZeRO over a single replica shards nothing (level 1 is level 0 there), as for the layers: refusing it
+        # left constraints.zero = 1 with no embedding at all, and the planner then blamed the memory limit
+        shards = self.num_gpus // pp // (1 if e.sp == "ulysses" else k)
+        if e.zero == 1 and shards > 1:
             return "Galvatron has no ZeRO-1 for the embedding (use 0, 2 or 3)"
         if e.sp == "megatron":
             return "the vocabulary layers are tensor parallel (sp null) or sequence parallel (sp 'ulysses')"

@@ -525,3 +525,20 @@ def test_a_galvatron_file_that_is_no_object_is_named(tmp_path: Any, name: str, d
     with pytest.raises(SpecError) as err:
         GalvatronCostModel.from_request(parse(HybridRequest, req))
     assert "not a JSON object" in str(err.value) or "lacks" in str(err.value)
+
+
+def test_zero1_on_unreplicated_weights_is_zero0_for_the_embedding_too() -> None:
+    """ZeRO-1 on a single-replica embedding was refused while single-replica layers took it, so constraints.zero
+    = 1 left no embedding and planning answered that the leanest plan was "within a memory bin" of the limit."""
+    from solvers.api import estimate as api_estimate
+    from solvers.api import solve as api_solve
+
+    req = request(batch=8)
+    req["constraints"]["zero"] = 1
+    assert api_estimate({**req, "strategy": {"tp": 8, "zero": 1}})["fits"]
+    with pytest.raises(SpecError) as err:  # replicated weights still have no ZeRO-1 in Galvatron
+        api_estimate({**req, "strategy": {"tp": 2, "zero": 1}})
+    assert ("strategy", "embedding") in [p.loc for p in err.value.problems]
+    out = api_solve({**req, "constraints": {**req["constraints"], "max_pp": 1}})
+    assert out["strategy"]["embedding"] == {"tp": 8, "dp": 1, "zero": 1}
+    assert {layer["dp"] for layer in out["strategy"]["layers"]} == {1}
