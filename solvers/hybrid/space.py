@@ -228,6 +228,10 @@ def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:
     n = req.cluster.num_gpus
     notes: list[str] = []
     schedules: tuple[Schedule, ...]
+    if mode == "galvatron" and c.schedule == "interleaved":
+        # its cost model prices no interleaved plan: the search found none and blamed the memory limit
+        raise SpecError.at(("constraints", "schedule"), "Galvatron's cost model has the gpipe and 1f1b schedules "
+                                                        "only, not interleaved")
     if c.schedule is not None:
         schedules = (c.schedule,)
     elif mode == "galvatron":

@@ -542,3 +542,13 @@ def test_zero1_on_unreplicated_weights_is_zero0_for_the_embedding_too() -> None:
     out = api_solve({**req, "constraints": {**req["constraints"], "max_pp": 1}})
     assert out["strategy"]["embedding"] == {"tp": 8, "dp": 1, "zero": 1}
     assert {layer["dp"] for layer in out["strategy"]["layers"]} == {1}
+
+
+def test_an_interleaved_schedule_constraint_is_refused_at_its_field() -> None:
+    """Galvatron's model prices no interleaved plan, so constraints.schedule = "interleaved" searched an empty space
+    and was refused at constraints.memory_limit_gib ("no legal strategy for this model on this cluster")."""
+    req = request(batch=8)
+    req["constraints"]["schedule"] = "interleaved"
+    with pytest.raises(SpecError) as err:
+        solve(req)
+    assert [p.loc for p in err.value.problems] == [("constraints", "schedule")]
