@@ -200,9 +200,20 @@ def profile_from_request(req: HybridRequest) -> Profile | None:
             raise SpecError.at(("cost_model", "profile"), "cost_model.kind 'profile' needs a profile or profile_path")
         return None
     loc = ("cost_model", "profile_path")
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise SpecError.at(loc, f"must be the path of a profile JSON file, got {path!r}")
+    file = Path(path)
+    if file.exists() and not file.is_file():  # a device such as /dev/zero is read without end, a FIFO blocks
+        raise SpecError.at(loc, f"cannot read {path}: not a regular file")
     try:
-        return load_profile(json.loads(Path(str(path)).read_text()), loc)
+        text = file.read_text(encoding="utf-8")
+        data = json.loads(text)
     except OSError as err:
         raise SpecError.at(loc, f"cannot read {path}: {err.strerror}") from None
     except json.JSONDecodeError as err:
         raise SpecError.at(loc, f"{path} is not valid JSON: {err.msg}") from None
+    except UnicodeDecodeError:
+        raise SpecError.at(loc, f"{path} is not valid JSON: not UTF-8 text") from None
+    except RecursionError:
+        raise SpecError.at(loc, f"{path} is not valid JSON: nested too deeply") from None
+    return load_profile(data, loc)

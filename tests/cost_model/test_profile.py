@@ -76,3 +76,24 @@ def test_bad_profiles_name_the_field(forward_ms: float) -> None:
     with pytest.raises(SpecError) as err:
         make_cost_model(parse(HybridRequest, request(cost_model={"kind": "profile"})))
     assert err.value.problems[0].loc == ("cost_model", "profile")
+
+
+@pytest.mark.parametrize(("content", "path", "why"), [
+    (b"\xff\xfe{}", None, "not UTF-8 text"),
+    (b"[" * 100_000 + b"]" * 100_000, None, "nested too deeply"),
+    (None, "/dev/zero", "not a regular file"),
+    (None, "a\0b", "must be the path"),
+    (None, 3, "must be the path"),
+])
+def test_an_unreadable_profile_path_is_named(tmp_path: Any, content: bytes | None, path: Any, why: str) -> None:
+    """A profile_path to a file that is not UTF-8 or nested too deeply raised UnicodeDecodeError / RecursionError,
+    one with a NUL byte ValueError, and /dev/zero was read without end."""
+    if content is not None:
+        path = tmp_path / "profile.json"
+        path.write_bytes(content)
+        path = str(path)
+    req = request(cost_model={"kind": "profile", "profile_path": path})
+    with pytest.raises(SpecError) as err:
+        make_cost_model(parse(HybridRequest, req))
+    assert [p.loc for p in err.value.problems] == [("cost_model", "profile_path")]
+    assert why in str(err.value)
