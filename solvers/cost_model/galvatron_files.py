@@ -130,6 +130,8 @@ class GalvatronHardware:
 
 
 def _read_json(path: str, loc: tuple[str, ...]) -> Any:
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO blocks the reader, a device never ends
+        raise SpecError.at(loc, f"cannot read {path}: not a regular file")
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -137,6 +139,8 @@ def _read_json(path: str, loc: tuple[str, ...]) -> Any:
         raise SpecError.at(loc, f"missing file {path}") from None
     except (OSError, ValueError) as err:
         raise SpecError.at(loc, f"cannot read {path}: {err}") from None
+    except RecursionError:
+        raise SpecError.at(loc, f"cannot read {path}: JSON nested too deeply") from None
 
 
 # Galvatron's files hold measurements (ms, MB, GB/s). A value that is none of these, such as NaN, Infinity
@@ -243,7 +247,7 @@ def _per_sample_time(times: dict[str, Any], prefix: str, seq: int, mode: TimeMod
 def _profile_names(profiles_dir: str, precision: str) -> list[str]:
     try:
         files = os.listdir(profiles_dir)
-    except OSError as err:
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
         raise SpecError.at(_PROFILES, f"cannot list {profiles_dir}: {err}") from None
     pre_t, pre_m = f"computation_profiling_{precision}_", f"memory_profiling_{precision}_"
     names = {f[len(pre_t):-5] for f in files if f.startswith(pre_t) and f.endswith(".json")}

@@ -552,3 +552,24 @@ def test_an_interleaved_schedule_constraint_is_refused_at_its_field() -> None:
     with pytest.raises(SpecError) as err:
         solve(req)
     assert [p.loc for p in err.value.problems] == [("constraints", "schedule")]
+
+
+def test_an_unreadable_galvatron_file_or_folder_is_named(tmp_path: Any) -> None:
+    """A profile nested too deeply raised RecursionError, a profiles_dir with a NUL byte ValueError, and a FIFO in
+    the hardware folder blocked the request for good."""
+    for f in os.listdir(PROFILES):
+        (tmp_path / f).write_text("[" * 100_000 + "]" * 100_000 if f == MEMORY_FILE else
+                                  json.dumps(load(os.path.join(PROFILES, f))))
+    hardware = tmp_path / "hardware"
+    hardware.mkdir()
+    for f in os.listdir(HARDWARE):
+        if f != "overlap_coefficient.json":
+            (hardware / f).write_text(json.dumps(load(os.path.join(HARDWARE, f))))
+    os.mkfifo(hardware / "overlap_coefficient.json")
+    for change, loc in (({"profiles_dir": str(tmp_path)}, "profiles_dir"), ({"profiles_dir": "a\0b"}, "profiles_dir"),
+                        ({"hardware_dir": str(hardware)}, "hardware_dir")):
+        req = request()
+        req["cost_model"].update(change)
+        with pytest.raises(SpecError) as err:
+            GalvatronCostModel.from_request(parse(HybridRequest, req))
+        assert [p.loc for p in err.value.problems] == [("cost_model", loc)]
