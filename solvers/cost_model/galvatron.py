@@ -267,6 +267,15 @@ class GalvatronCostModel:
             raise problems_from_validation(err, ("cost_model",)) from None
         problems = [FieldProblem(("cost_model", k), f"{k} must be a power of two")
                     for k in ("min_tp", "max_tp") if getattr(spec, k) is not None and not _pow2(getattr(spec, k))]
+        # Layers take tp in [min_tp, max_tp]: a min_tp above the cluster or the TP cap the request sets left every
+        # plan unpriced, and planning blamed constraints.memory_limit_gib ("no legal strategy")
+        caps = [(req.cluster.num_gpus, f"the cluster's {req.cluster.num_gpus} GPUs"),
+                (spec.max_tp, f"cost_model.max_tp ({spec.max_tp})"),
+                (req.constraints.max_tp, f"constraints.max_tp ({req.constraints.max_tp})")]
+        over = [what for cap, what in caps if cap is not None and spec.min_tp is not None and spec.min_tp > cap]
+        if over and not problems:
+            problems.append(FieldProblem(("cost_model", "min_tp"), f"min_tp ({spec.min_tp}) exceeds {over[0]}: "
+                                                                   "no layer can take a tensor-parallel degree"))
         if req.training.precision not in ("bf16", "fp16", "fp32"):
             problems.append(FieldProblem(("training", "precision"),
                                          f"Galvatron profiles bf16, fp16 or fp32, not {req.training.precision}"))

@@ -334,6 +334,14 @@ def test_shipped_config_evaluates() -> None:
     ({"training": {"global_batch_size": 64, "seq_length": 4096}}, ("training", "seq_length")),
     ({"cost_model": {"kind": "galvatron", "profiles_dir": PROFILES, "hardware_dir": HARDWARE,
                      "time_profile_mode": "batch"}}, ("cost_model", "time_profile_mode")),
+    # a min_tp above the GPUs or a TP cap left no layer priced, and planning blamed the memory limit
+    ({"cost_model": {"kind": "galvatron", "profiles_dir": PROFILES, "hardware_dir": HARDWARE, "min_tp": 16}},
+     ("cost_model", "min_tp")),
+    ({"cost_model": {"kind": "galvatron", "profiles_dir": PROFILES, "hardware_dir": HARDWARE, "min_tp": 8,
+                     "max_tp": 4}}, ("cost_model", "min_tp")),
+    ({"constraints": {"memory_limit_gib": 36, "max_tp": 2},
+      "cost_model": {"kind": "galvatron", "profiles_dir": PROFILES, "hardware_dir": HARDWARE, "min_tp": 4}},
+     ("cost_model", "min_tp")),
 ])
 def test_bad_cost_model_specs_name_the_field(change: dict[str, Any], loc: tuple[str, ...]) -> None:
     req = request()
