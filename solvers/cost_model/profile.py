@@ -56,10 +56,14 @@ class _Strict(BaseModel):
 # plan as infinite, and the planner then blamed the memory limit.
 MAX_MS = 1e9  # 11.6 days
 MAX_BYTES = 2.0**60
+# Nor is a batch below a thousandth of a sample or a message below a byte: two such points (1e-300, 2e-300)
+# underflowed the least-squares fit, which raised LinAlgError; one priced a step at inf.
+MIN_BATCH = 1e-3
+MIN_BYTES = 1.0
 
 
 class LayerTime(_Strict):
-    batch: float = Field(gt=0, le=2**40)
+    batch: float = Field(ge=MIN_BATCH, le=2**40)
     seq: int = Field(gt=0, le=MAX_SEQ_LENGTH)
     tp: int = Field(default=1, gt=0)
     forward_ms: float = Field(gt=0, le=MAX_MS)
@@ -72,7 +76,7 @@ class CollectiveTime(_Strict):
     op: CollectiveOp
     group_size: int = Field(gt=1)
     across_nodes: bool = False
-    message_bytes: float = Field(gt=0, le=MAX_BYTES)
+    message_bytes: float = Field(ge=MIN_BYTES, le=MAX_BYTES)
     time_ms: float = Field(gt=0, le=MAX_MS)
 
 

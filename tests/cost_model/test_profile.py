@@ -97,3 +97,15 @@ def test_an_unreadable_profile_path_is_named(tmp_path: Any, content: bytes | Non
         make_cost_model(parse(HybridRequest, req))
     assert [p.loc for p in err.value.problems] == [("cost_model", "profile_path")]
     assert why in str(err.value)
+
+
+@pytest.mark.parametrize(("section", "field"), [("layer_times", "batch"), ("collectives", "message_bytes")])
+def test_a_size_too_small_to_fit_is_named(section: str, field: str) -> None:
+    """Two layer times at batches 1e-300 and 2e-300 (or collectives at such message sizes) underflowed the
+    least-squares fit, which raised numpy's LinAlgError."""
+    entry = PROFILE[section][0]
+    bad = {**PROFILE, section: [{**entry, field: 1e-300, "forward_ms" if section == "layer_times" else "time_ms": 1e9},
+                                {**entry, field: 2e-300}]}
+    with pytest.raises(SpecError) as err:
+        _models(bad)
+    assert err.value.problems[0].loc == ("cost_model", "profile", section, 0, field)
