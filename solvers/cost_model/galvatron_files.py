@@ -77,7 +77,9 @@ class PerSampleTime:
 
     def batch_ms(self, samples: float) -> float:
         if self.fit is not None:
-            return self.fit(samples)
+            # a line fitted to noisy or decreasing batch times can go below zero at the samples asked for (a
+            # fraction of a sample under TP): a negative time gave a negative step time
+            return max(0.0, self.fit(samples))
         assert self.ms_per_sample is not None
         return self.ms_per_sample * samples
 
@@ -220,6 +222,8 @@ def _time_entries(times: dict[str, Any], prefix: str, seq: int) -> list[tuple[in
             continue
         if m.group(2) is not None and int(m.group(2)) != seq:
             continue
+        if int(m.group(1)) == 0:
+            raise SpecError.at(_PROFILES, f"computation profile {k!r} times a batch of 0 samples")
         out.append((int(m.group(1)), _measured(v, _PROFILES, f"computation profile {k!r}")))
     return out
 
@@ -230,10 +234,12 @@ def _per_sample_time(times: dict[str, Any], prefix: str, seq: int, mode: TimeMod
     if not entries:
         raise SpecError.at(_PROFILES, f"computation profile has no {prefix}* time for sequence length {seq}")
     if mode == "batch":
-        if len(entries) < 8:
+        # distinct sizes: keys of one size (old and new style, or several names) fit no line (LinAlgError at
+        # size 0, an arbitrary line otherwise)
+        sizes = len({b for b, _ in entries})
+        if sizes < 8:
             raise SpecError.at(("cost_model", "time_profile_mode"),
-                               f"batch mode fits {prefix}* over at least 8 batch sizes; the profile has "
-                               f"{len(entries)}")
+                               f"batch mode fits {prefix}* over at least 8 batch sizes; the profile has {sizes}")
         return PerSampleTime(fit=linear_fit([b for b, _ in entries], [t * b for b, t in entries]))
     if static_bsz is None:
         return PerSampleTime(ms_per_sample=entries[0][1])  # Galvatron: the first matching key

@@ -581,3 +581,35 @@ def test_an_unreadable_galvatron_file_or_folder_is_named(tmp_path: Any) -> None:
         with pytest.raises(SpecError) as err:
             GalvatronCostModel.from_request(parse(HybridRequest, req))
         assert [p.loc for p in err.value.problems] == [("cost_model", loc)]
+
+
+@pytest.mark.parametrize(("times", "loc", "why"), [
+    ({f"layertype_{t}_{c}_bsz0_seq2048": 5.0 for t in ("0", "other") for c in "abcdefgh"},
+     ("cost_model", "profiles_dir"), "a batch of 0 samples"),
+    ({f"layertype_{t}_{c}_bsz8_seq2048": 5.0 for t in ("0", "other") for c in "abcdefgh"},
+     ("cost_model", "time_profile_mode"), "the profile has 1"),
+])
+def test_batch_mode_needs_distinct_nonzero_batch_sizes(tmp_path: Any, times: dict[str, float],
+                                                       loc: tuple[str, ...], why: str) -> None:
+    """Batch mode counted keys, not batch sizes: eight keys of one batch size passed and fitted an arbitrary line
+    (four times the static estimate), eight of batch size 0 raised numpy's LinAlgError."""
+    for f in os.listdir(PROFILES):
+        (tmp_path / f).write_text(json.dumps(times if f.startswith("computation") else load(os.path.join(PROFILES, f))))
+    req = request(profiles_dir=str(tmp_path), time_profile_mode="batch")
+    with pytest.raises(SpecError) as err:
+        GalvatronCostModel.from_request(parse(HybridRequest, req))
+    assert [p.loc for p in err.value.problems] == [loc]
+    assert why in str(err.value)
+
+
+def test_a_batch_fit_below_zero_costs_nothing_rather_than_less(tmp_path: Any) -> None:
+    """A batch-mode line fitted to times that fall with the batch went below zero for larger batches, and
+    planning returned a negative step time."""
+    times = {f"layertype_{t}_bsz{b}_seq2048": 100.0 / b**2 for t in ("0", "other") for b in range(1, 9)}
+    for f in os.listdir(PROFILES):
+        (tmp_path / f).write_text(json.dumps(times if f.startswith("computation") else load(os.path.join(PROFILES, f))))
+    m = model(profiles_dir=str(tmp_path), time_profile_mode="batch")
+    assert m.profile.layer_time.fit is not None and m.profile.layer_time.fit(64) < 0
+    assert m.profile.layer_time.batch_ms(64) == 0.0
+    plan = uniform(LayerStrategy(tp=1, dp=8, zero=2), 1, 1, EmbeddingStrategy(tp=1, dp=8, zero=2))
+    assert model(profiles_dir=str(tmp_path), time_profile_mode="batch", memory_gib=1e4).evaluate(plan).step_time_s > 0
