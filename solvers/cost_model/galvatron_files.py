@@ -44,13 +44,15 @@ _HARDWARE = ("cost_model", "hardware_dir")
 
 @dataclass(frozen=True)
 class LinearFit:
-    """``y = slope * x + intercept`` (Galvatron fits collective times and batched layer times this way)."""
+    """``y = slope * x + intercept`` (Galvatron fits collective times and batched layer times this way), never
+    below zero: a line fitted to noisy or falling times goes negative at sizes it was not measured at (a fraction
+    of a sample under TP, a message larger than any profiled), and a negative time gave a negative step time."""
 
     slope: float
     intercept: float
 
     def __call__(self, x: float) -> float:
-        return self.slope * x + self.intercept
+        return max(0.0, self.slope * x + self.intercept)
 
 
 def linear_fit(x: list[float], y: list[float]) -> LinearFit:
@@ -77,9 +79,7 @@ class PerSampleTime:
 
     def batch_ms(self, samples: float) -> float:
         if self.fit is not None:
-            # a line fitted to noisy or decreasing batch times can go below zero at the samples asked for (a
-            # fraction of a sample under TP): a negative time gave a negative step time
-            return max(0.0, self.fit(samples))
+            return self.fit(samples)
         assert self.ms_per_sample is not None
         return self.ms_per_sample * samples
 

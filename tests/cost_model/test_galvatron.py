@@ -609,7 +609,21 @@ def test_a_batch_fit_below_zero_costs_nothing_rather_than_less(tmp_path: Any) ->
     for f in os.listdir(PROFILES):
         (tmp_path / f).write_text(json.dumps(times if f.startswith("computation") else load(os.path.join(PROFILES, f))))
     m = model(profiles_dir=str(tmp_path), time_profile_mode="batch")
-    assert m.profile.layer_time.fit is not None and m.profile.layer_time.fit(64) < 0
+    assert m.profile.layer_time.fit is not None and m.profile.layer_time.fit.slope < 0
     assert m.profile.layer_time.batch_ms(64) == 0.0
     plan = uniform(LayerStrategy(tp=1, dp=8, zero=2), 1, 1, EmbeddingStrategy(tp=1, dp=8, zero=2))
     assert model(profiles_dir=str(tmp_path), time_profile_mode="batch", memory_gib=1e4).evaluate(plan).step_time_s > 0
+
+
+def test_an_sp_time_fit_below_zero_costs_nothing_rather_than_less(tmp_path: Any) -> None:
+    """sp_time all-reduce times that fall with the message size fitted a line below zero for messages larger than
+    any profiled (sp_space "tp+sp"), and estimates came out with negative step times."""
+    for f in os.listdir(HARDWARE):
+        doc = load(os.path.join(HARDWARE, f))
+        if f == "sp_time_1nodes_8gpus_per_node.json":
+            doc = {k: 1000.0 / int(k.split("_")[-2][:-2]) for k in doc}
+        (tmp_path / f).write_text(json.dumps(doc))
+    req = request(batch=1536, memory_gib=1e4, sp_space="tp+sp")
+    req["cost_model"]["hardware_dir"] = str(tmp_path)
+    est = estimate({**req, "strategy": {"tp": 8, "micro_batch_size": 512}})
+    assert est["step_time_s"] > 0 and all(v >= 0 for v in est["breakdown_s"].values())
