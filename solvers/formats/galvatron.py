@@ -193,7 +193,11 @@ def plan_to_galvatron_config(plan: PlanStrategy, *, global_batch_size: int | Non
     if problems:
         raise SpecError(problems)
     sharded = [s.zero for s in plan.layers if s.dp > 1 and s.zero in (1, 2)]
-    zero2 = bool(sharded) or plan.embedding.zero in (1, 2)
+    # ZeRO-1 over a single embedding replica is ZeRO-0 (as the Galvatron cost model prices it); written as zero2
+    # it read back as ZeRO-2, to which Galvatron applies its ZeRO-2 ratio even unsharded
+    emb = plan.embedding
+    replicas = emb.dp * (emb.tp if emb.sp == "ulysses" else 1)
+    zero2 = bool(sharded) or emb.zero == 2 or (emb.zero == 1 and replicas > 1)
     mp_sp = [s.sp == "megatron" for s in plan.layers if s.tp > 1 and s.sp != "ulysses"]
 
     def join(values: Sequence[int]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +181,15 @@ def test_an_unreadable_plan_file_names_the_path(tmp_path: Path, content: bytes |
     with pytest.raises(SpecError) as err:
         estimate(req)
     assert [p.loc for p in err.value.problems] == [("strategy", "path")] and why in str(err.value)
+
+
+def test_zero1_of_an_unreplicated_embedding_is_written_as_no_zero() -> None:
+    """A plan of single-replica layers and embedding under ZeRO-1 (what constraints.zero = 1 plans under Galvatron's
+    model) was written with default_dp_type zero2, which read back as a ZeRO-2 embedding priced higher."""
+    plan = PlanStrategy(pp=1, micro_batches=2, layers=(LayerStrategy(tp=8, dp=1, zero=1),) * 2, stage_layers=(2,),
+                        embedding=EmbeddingStrategy(tp=8, dp=1, zero=1))
+    out = plan_to_galvatron_config(plan, num_gpus=8)
+    assert out["default_dp_type"] == "ddp"
+    assert plan_from_galvatron_config(out).embedding.zero == 0
+    replicated = replace(plan, embedding=EmbeddingStrategy(tp=4, dp=2, zero=1))
+    assert plan_to_galvatron_config(replicated, num_gpus=8)["default_dp_type"] == "zero2"
