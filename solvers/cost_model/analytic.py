@@ -474,8 +474,10 @@ class AnalyticCostModel:
     @property
     def linear_pipeline(self) -> bool:
         """Whether ``pipeline_step_time`` is exactly ``pipeline.step_time_s`` (no measured host bound on top):
-        one stage then costs m x its time + its step time, which the planner's bounds rely on."""
-        return self.profile is None
+        one stage then costs m x its time + its step time, which the planner's bounds rely on (without them its
+        certificate solves every configuration). Measured layer and collective times keep it so; only a host
+        contention bound does not."""
+        return self.profile is None or not self.profile.host_bound
 
     def pipeline_step_time(self, stage_time_s: Sequence[float], stage_step_time_s: Sequence[float],
                            ctx: StageContext) -> float:

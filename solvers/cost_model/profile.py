@@ -110,6 +110,11 @@ class Profile(_Strict):
                 out = np.where(mode == (3 if o.reshard else 2), (o.forward_ms + o.backward_ms) / 1e3, out)
         return out
 
+    @property
+    def host_bound(self) -> bool:
+        """Whether ``host_bound_step_s`` can lower a step: ranks share cores and the layer times show it."""
+        return self.host is not None and self.host.slowdown > 1.0
+
     def host_bound_step_s(self, step_s: float, stage_time_s: Sequence[float], stage_step_time_s: Sequence[float],
                           micro_batches: int) -> float:
         """The step time where ranks share the host's cores (``host.slowdown`` > 1).
@@ -118,7 +123,7 @@ class Profile(_Strict):
         uneven stage), the busy ones run up to ``slowdown`` times faster, so the step is the longer of the
         critical path at uncontended speed and the average rank's work at contended speed (the cores' total
         work divided among the ranks). With no idle rank (pp = 1) both bounds give ``step_s`` back."""
-        if self.host is None or self.host.slowdown <= 1.0 or not stage_time_s:
+        if self.host is None or not self.host_bound or not stage_time_s:
             return step_s
         work = [micro_batches * t + u for t, u in zip(stage_time_s, stage_step_time_s, strict=True)]
         mean_work = sum(work) / len(work)

@@ -110,3 +110,20 @@ def test_a_host_bound_pipeline_is_cheaper_and_its_breakdown_still_sums_to_the_st
     assert b.step_time_s < a.step_time_s  # the 3 bubble slots of 7 run on freed cores
     assert sum(b.breakdown_s.values()) == pytest.approx(b.step_time_s)
     assert sum(a.breakdown_s.values()) == pytest.approx(a.step_time_s)
+
+
+def test_only_host_contention_makes_a_profiled_pipeline_non_linear() -> None:
+    """Any profile, even an empty one, marked the pipeline non-linear: the planner lost its bounds and the
+    certificate solved every configuration (no lower bound, 7 s instead of 0.1 s on 16 GPUs), for the same plan."""
+    from solvers.hybrid.api import solve
+
+    base = request(model={"preset": "llama2-7b", "num_layers": 4},
+                   cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})
+    for profile, linear in (({}, True), ({"layer_times": [{"batch": 1, "seq": 2048, "forward_ms": 9.0}]}, True),
+                            ({"host": {"busy_ranks": 8, "slowdown": 1.0}}, True),
+                            ({"host": {"busy_ranks": 8, "slowdown": 2.0}}, False)):
+        cm = make_cost_model(parse(HybridRequest, {**base, "cost_model": {"kind": "profile", "profile": profile}}))
+        assert cm.linear_pipeline is linear, profile
+    out = solve({**base, "cost_model": {"kind": "profile", "profile": {}}})
+    assert out["search"]["lower_bound_step_time_s"] is not None
+    assert out["estimate"]["step_time_s"] == pytest.approx(solve(base)["estimate"]["step_time_s"], rel=1e-12)
