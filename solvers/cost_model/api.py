@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 from typing import Any
 
 from solvers.cost_model.factory import make_cost_model, plan_from_dict, plan_from_shorthand
 from solvers.cost_model.validate import check_plan
 from solvers.errors import SpecError
+from solvers.json_file import read_json_file
 from solvers.request import HybridRequest, parse
 from solvers.strategy import PlanStrategy
 
@@ -32,18 +32,7 @@ def _galvatron_plan(strategy: dict[str, Any], req: HybridRequest) -> PlanStrateg
     if not isinstance(path, str) or not path:
         raise SpecError.at(("strategy", "path"), "a Galvatron plan needs the path of its galvatron_config_*.json")
     p = galvatron_plan_file(path, (req.cost_model.model_extra or {}).get("profiles_dir"))
-    if p.exists() and not p.is_file():  # a device such as /dev/zero would be read without end
-        raise SpecError.at(("strategy", "path"), f"cannot read {p}: not a regular file")
-    try:
-        config = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise SpecError.at(("strategy", "path"), f"cannot read {p}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise SpecError.at(("strategy", "path"), f"{p} is not valid JSON: {err.msg}") from None
-    except UnicodeDecodeError:
-        raise SpecError.at(("strategy", "path"), f"{p} is not valid JSON: not UTF-8 text") from None
-    except RecursionError:
-        raise SpecError.at(("strategy", "path"), f"{p} is not valid JSON: nested too deeply") from None
+    config = read_json_file(p, ("strategy", "path"))
     if not isinstance(config, dict):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(config), "a number")
         raise SpecError.at(("strategy", "path"), f"{p} holds {kind}, not a Galvatron config (a JSON object)")

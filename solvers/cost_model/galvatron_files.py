@@ -24,7 +24,6 @@ on them reproduces Galvatron's numbers. Every problem raises SpecError naming th
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -35,6 +34,7 @@ from typing import Any, Literal
 import numpy as np
 
 from solvers.errors import SpecError
+from solvers.json_file import read_json_file
 
 TimeMode = Literal["static", "batch"]
 
@@ -129,20 +129,6 @@ class GalvatronHardware:
             raise SpecError.at(_HARDWARE, f"no all-reduce bandwidth for a group of {size} GPUs "
                                           f"(have: {', '.join(sorted(self.comm_coe))})")
         return self.comm_coe[key]
-
-
-def _read_json(path: str, loc: tuple[str, ...]) -> Any:
-    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO blocks the reader, a device never ends
-        raise SpecError.at(loc, f"cannot read {path}: not a regular file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise SpecError.at(loc, f"missing file {path}") from None
-    except (OSError, ValueError) as err:
-        raise SpecError.at(loc, f"cannot read {path}: {err}") from None
-    except RecursionError:
-        raise SpecError.at(loc, f"cannot read {path}: JSON nested too deeply") from None
 
 
 # Galvatron's files hold measurements (ms, MB, GB/s). A value that is none of these, such as NaN, Infinity
@@ -261,8 +247,8 @@ def _profile_names(profiles_dir: str, precision: str) -> list[str]:
 
 
 def _has_layer_profiles(profiles_dir: str, precision: str, name: str) -> bool:
-    mem = _read_json(os.path.join(profiles_dir, f"memory_profiling_{precision}_{name}.json"), _PROFILES)
-    tim = _read_json(os.path.join(profiles_dir, f"computation_profiling_{precision}_{name}.json"), _PROFILES)
+    mem = read_json_file(os.path.join(profiles_dir, f"memory_profiling_{precision}_{name}.json"), _PROFILES)
+    tim = read_json_file(os.path.join(profiles_dir, f"computation_profiling_{precision}_{name}.json"), _PROFILES)
     return (isinstance(mem, dict) and any(k.startswith("layertype_0") for k in mem)
             and isinstance(tim, dict) and any(k.startswith("layertype_0_") for k in tim))
 
@@ -285,9 +271,9 @@ def read_profile(profiles_dir: str, *, precision: str, seq_length: int, sequence
                  name: str | None = None, time_mode: TimeMode = "static",
                  static_bsz: int | None = None) -> GalvatronProfile:
     name = resolve_profile_name(profiles_dir, precision, name)
-    mem = _object(_read_json(os.path.join(profiles_dir, f"memory_profiling_{precision}_{name}.json"), _PROFILES),
+    mem = _object(read_json_file(os.path.join(profiles_dir, f"memory_profiling_{precision}_{name}.json"), _PROFILES),
                   _PROFILES, f"memory profile {name}")
-    tim = _object(_read_json(os.path.join(profiles_dir, f"computation_profiling_{precision}_{name}.json"),
+    tim = _object(read_json_file(os.path.join(profiles_dir, f"computation_profiling_{precision}_{name}.json"),
                              _PROFILES), _PROFILES, f"computation profile {name}")
     suffix = "_sp" if sequence_parallel else ""
     layer_key = f"layertype_0{suffix}"
@@ -385,22 +371,22 @@ def read_hardware(hardware_dir: str | Sequence[str], *, nodes: int, gpus_per_nod
     ar_path = _find(dirs, f"allreduce_bandwidth_{shape}.json")
     p2p_path = _find(dirs, f"p2p_bandwidth_{shape}.json")
     ov_path = _find(dirs, "overlap_coefficient.json")
-    comm = _comm_coe(_read_json(ar_path, _HARDWARE), num_gpus, ar_path)
+    comm = _comm_coe(read_json_file(ar_path, _HARDWARE), num_gpus, ar_path)
     p2p: dict[int, float] = {}
-    for k, v in _object(_read_json(p2p_path, _HARDWARE), _HARDWARE, p2p_path).items():
+    for k, v in _object(read_json_file(p2p_path, _HARDWARE), _HARDWARE, p2p_path).items():
         if not k.startswith("pp_size_"):
             continue
         if not k[len("pp_size_"):].isdecimal():
             raise SpecError.at(_HARDWARE, f"{p2p_path} key {k!r} is not pp_size_<pipeline degree>")
         p2p[int(k[len("pp_size_"):])] = 1.0 / _measured(v, _HARDWARE, f"{p2p_path} {k}", positive=True)
-    overlap = _read_json(ov_path, _HARDWARE)
+    overlap = read_json_file(ov_path, _HARDWARE)
     if not isinstance(overlap, dict) or "overlap_coe" not in overlap:
         raise SpecError.at(_HARDWARE, f"{ov_path} lacks overlap_coe")
     sp_allreduce: dict[int, CollectiveTable] = {}
     sp_all2all: dict[int, CollectiveTable] = {}
     sp_path = _find(dirs, f"sp_time_{shape}.json")
     if need_sp_time or os.path.exists(sp_path):
-        sp = _object(_read_json(sp_path, _HARDWARE), _HARDWARE, sp_path)
+        sp = _object(read_json_file(sp_path, _HARDWARE), _HARDWARE, sp_path)
         sp_allreduce, sp_all2all = _collective_tables(sp, "allreduce"), _collective_tables(sp, "all2all")
     overlap_coe = _measured(overlap["overlap_coe"], _HARDWARE, f"{ov_path} overlap_coe")
     return GalvatronHardware(nodes=nodes, gpus_per_node=gpus_per_node, comm_coe=comm, p2p_coe=p2p,

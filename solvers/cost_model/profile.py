@@ -33,15 +33,14 @@ the contended critical path (``host_bound_step_s``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from solvers.errors import SpecError
+from solvers.json_file import read_json_file
 from solvers.request import HybridRequest, problems_from_validation
 from solvers.specs import MAX_SEQ_LENGTH
 
@@ -211,18 +210,5 @@ def profile_from_request(req: HybridRequest) -> Profile | None:
     loc = ("cost_model", "profile_path")
     if not isinstance(path, str) or not path or "\0" in path:
         raise SpecError.at(loc, f"must be the path of a profile JSON file, got {path!r}")
-    file = Path(path)
-    if file.exists() and not file.is_file():  # a device such as /dev/zero is read without end, a FIFO blocks
-        raise SpecError.at(loc, f"cannot read {path}: not a regular file")
-    try:
-        text = file.read_text(encoding="utf-8")
-        data = json.loads(text)
-    except OSError as err:
-        raise SpecError.at(loc, f"cannot read {path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise SpecError.at(loc, f"{path} is not valid JSON: {err.msg}") from None
-    except UnicodeDecodeError:
-        raise SpecError.at(loc, f"{path} is not valid JSON: not UTF-8 text") from None
-    except RecursionError:
-        raise SpecError.at(loc, f"{path} is not valid JSON: nested too deeply") from None
+    data = read_json_file(path, loc)
     return load_profile(data, loc)
