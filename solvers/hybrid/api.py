@@ -50,7 +50,7 @@ def _gib(x: float) -> str:
     return f"{x:.1f}" if x >= 1 else f"{x:.3g}"
 
 
-def _infeasible(planner: Planner, cm: CostModel) -> InfeasibleError:
+def _infeasible(planner: Planner, cm: CostModel, galvatron: bool = False) -> InfeasibleError:
     need = planner.min_memory_bytes()
     limit = cm.memory_limit_bytes / GIB
     field: tuple[str, ...] = ("constraints", "memory_limit_gib")
@@ -60,8 +60,11 @@ def _infeasible(planner: Planner, cm: CostModel) -> InfeasibleError:
     elif unsplittable:  # (a fixed micro-batch count is what the degrees missed, when the request fixed it)
         field = ("constraints", "micro_batches") if planner.space.micro_batches else ("cluster",)
         msg = unsplittable
-    elif need == float("inf"):
-        msg = "no plan satisfies the constraints (no legal strategy for this model on this cluster)"
+    elif need == float("inf"):  # no strategy is priced at all: memory is not what is short
+        field = ("constraints",)
+        rules = " and the Galvatron cost model's rules (cost_model: min_tp, max_tp, its micro-batching)" \
+            if galvatron else ""
+        msg = f"no plan satisfies the constraints (no legal strategy for this model on this cluster under them{rules})"
     elif need / GIB > limit:
         msg = (f"no plan fits in {_gib(limit)} GiB per GPU, even with ZeRO-3, full recompute and up to "
                f"pp={max(planner.space.pp_options())}; any plan needs at least {_gib(need / GIB)} GiB per GPU")
@@ -118,7 +121,7 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
                                  "time_limited": res.time_limited}
     except LookupError:
         if incumbent is None:
-            raise _infeasible(planner, cm) from None
+            raise _infeasible(planner, cm, req.cost_model.kind == "galvatron") from None
         plan, step, source = incumbent.plan, incumbent.step_time_s, f"baseline:{incumbent.name}"
         total, solved, pruned = planner.last_counts
         stats = {"configs_total": total, "configs_solved": solved, "configs_pruned_by_bound": pruned,

@@ -627,3 +627,13 @@ def test_an_sp_time_fit_below_zero_costs_nothing_rather_than_less(tmp_path: Any)
     req["cost_model"]["hardware_dir"] = str(tmp_path)
     est = estimate({**req, "strategy": {"tp": 8, "micro_batch_size": 512}})
     assert est["step_time_s"] > 0 and all(v >= 0 for v in est["breakdown_s"].values())
+
+
+def test_no_legal_galvatron_strategy_is_not_blamed_on_the_memory_limit() -> None:
+    """min_tp 16 on 16 GPUs leaves Galvatron's model no strategy it prices; the refusal was put at
+    constraints.memory_limit_gib, though no memory limit would help."""
+    req = request(nodes=2, min_tp=16)
+    with pytest.raises(SpecError) as err:
+        solve(req)
+    [problem] = err.value.problems
+    assert problem.loc == ("constraints",) and "Galvatron cost model's rules" in problem.msg, problem
