@@ -9,6 +9,7 @@ from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 Loc = tuple[str | int, ...]
 _SP = (None, "megatron", "ulysses")
 _RECOMPUTE = ("none", "selective", "full")
+_LAYER_DEGREES = ("tp", "dp", "cp", "ep", "zero")
 _SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
@@ -27,18 +28,24 @@ def _bad_sp_and_zero(x: LayerStrategy | EmbeddingStrategy, loc: Loc) -> list[Fie
     return out
 
 
+def _layer_kinds(x: LayerStrategy, loc: Loc) -> list[FieldProblem]:
+    """A layer's SP kind, ZeRO stage and recomputation, checked whatever model and cluster it is for."""
+    out = _bad_sp_and_zero(x, loc)
+    if x.recompute not in _RECOMPUTE:
+        out.append(FieldProblem((*loc, "recompute"), f"must be one of {', '.join(_RECOMPUTE)}, got {x.recompute!r}"))
+    return out
+
+
 def check_layer(x: LayerStrategy, index: int, model: ModelSpec, stage_gpus: int, micro_batch_samples: float,
                 seq_length: int, loc: Loc) -> list[FieldProblem]:
-    out = _non_integers(x, ("tp", "dp", "cp", "ep", "zero"), loc)
+    out = _non_integers(x, _LAYER_DEGREES, loc)
     if out:
         return out
-    out = _bad_sp_and_zero(x, loc)
+    out = _layer_kinds(x, loc)
 
     def bad(field: str, msg: str) -> None:
         out.append(FieldProblem((*loc, field), msg))
 
-    if x.recompute not in _RECOMPUTE:
-        bad("recompute", f"must be one of {', '.join(_RECOMPUTE)}, got {x.recompute!r}")
     if x.world != stage_gpus:
         bad("dp", f"tp*cp*dp = {x.tp}*{x.cp}*{x.dp} = {x.world} GPUs, but each pipeline stage has {stage_gpus}")
     if model.num_attention_heads % x.tp:
@@ -82,10 +89,7 @@ def check_structure(plan: PlanStrategy, loc: Loc = ("strategy",)) -> list[FieldP
         out.append(FieldProblem((*loc, "schedule"), f"must be one of {', '.join(_SCHEDULES)}"))
     for i, x in enumerate(plan.layers):
         at = (*loc, "layers", i)
-        bad = _non_integers(x, ("tp", "dp", "cp", "ep", "zero"), at) or _bad_sp_and_zero(x, at)
-        if x.recompute not in _RECOMPUTE:
-            bad.append(FieldProblem((*at, "recompute"), f"must be one of {', '.join(_RECOMPUTE)}"))
-        out.extend(bad)
+        out.extend(_non_integers(x, _LAYER_DEGREES, at) or _layer_kinds(x, at))
     emb_loc = (*loc, "embedding")
     out.extend(_non_integers(plan.embedding, ("tp", "dp", "zero"), emb_loc)
                or _bad_sp_and_zero(plan.embedding, emb_loc))
