@@ -10,6 +10,12 @@ from typing import Any
 from solvers.errors import SpecError
 
 
+def json_kind(value: Any) -> str:
+    """What a JSON value is, as an error names it where another kind belongs ("an array", "null", ...)."""
+    kinds = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return kinds.get(type(value), "a number")
+
+
 def read_json_file(path: str | Path, loc: tuple[str | int, ...]) -> Any:
     """The JSON document in ``path``; the field ``loc`` is blamed for a file that cannot be read as JSON."""
     if "\0" in str(path):  # the OS refuses such a name with ValueError

@@ -10,7 +10,7 @@ from typing import Any
 from solvers.cost_model.factory import make_cost_model, plan_from_dict, plan_from_shorthand
 from solvers.cost_model.validate import check_plan
 from solvers.errors import SpecError
-from solvers.json_file import read_json_file
+from solvers.json_file import json_kind, read_json_file
 from solvers.request import HybridRequest, parse
 from solvers.strategy import PlanStrategy
 
@@ -34,8 +34,8 @@ def _galvatron_plan(strategy: dict[str, Any], req: HybridRequest) -> PlanStrateg
     p = galvatron_plan_file(path, (req.cost_model.model_extra or {}).get("profiles_dir"))
     config = read_json_file(p, ("strategy", "path"))
     if not isinstance(config, dict):
-        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(config), "a number")
-        raise SpecError.at(("strategy", "path"), f"{p} holds {kind}, not a Galvatron config (a JSON object)")
+        raise SpecError.at(("strategy", "path"),
+                           f"{p} holds {json_kind(config)}, not a Galvatron config (a JSON object)")
     try:
         formats = importlib.import_module("solvers.formats.galvatron")
     except ModuleNotFoundError:

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 
 from solvers.errors import SpecError
-from solvers.json_file import read_json_file
+from solvers.json_file import json_kind, read_json_file
 
 TimeMode = Literal["static", "batch"]
 
@@ -151,8 +151,7 @@ def _object(value: Any, loc: tuple[str, ...], what: str) -> dict[str, Any]:
     """``value`` where it is a JSON object. A damaged file (a key holding null, a number or a list where
     Galvatron writes an object) raised TypeError / AttributeError from deep in a reader."""
     if not isinstance(value, dict):
-        kind = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
-        raise SpecError.at(loc, f"{what} is {kind}, not a JSON object")
+        raise SpecError.at(loc, f"{what} is {json_kind(value)}, not a JSON object")
     return value
 
 
