@@ -383,6 +383,11 @@ class GalvatronCostModel:
                 return f"the sp_time file has no collective times for {s.tp} GPUs"
         return None
 
+    def _embedding_shards(self, e: EmbeddingStrategy, pp: int) -> int:
+        """The copies of the embedding's weights its ZeRO shards over: the stage's GPUs over the vocabulary TP,
+        or all of them where the vocabulary is sequence-split (vsp: weights as with vocabulary TP 1)."""
+        return self.num_gpus // pp // (1 if e.sp == "ulysses" else e.tp)
+
     def embedding_problem(self, e: EmbeddingStrategy, pp: int, batching: Batching | None) -> str | None:
         if batching is None:
             return "no valid micro-batching"
@@ -391,8 +396,7 @@ class GalvatronCostModel:
             return f"vocabulary tp must be a power of two within [{batching.min_tp}, {self.max_tp}]"
         # ZeRO over a single replica shards nothing (level 1 is level 0 there), as for the layers: refusing it
         # left constraints.zero = 1 with no embedding at all, and the planner then blamed the memory limit
-        shards = self.num_gpus // pp // (1 if e.sp == "ulysses" else k)
-        if e.zero == 1 and shards > 1:
+        if e.zero == 1 and self._embedding_shards(e, pp) > 1:
             return "Galvatron has no ZeRO-1 for the embedding (use 0, 2 or 3)"
         if e.sp == "megatron":
             return "the vocabulary layers are tensor parallel (sp null) or sequence parallel (sp 'ulysses')"
@@ -522,8 +526,7 @@ class GalvatronCostModel:
         p, k, pp, stage = self.profile, e.tp, ctx.pp, ctx.stage
         n_stage = self.num_gpus // pp
         samples = self.global_batch_size * k / n_stage / batching.chunks
-        # sequence-split vocabulary (vsp): weights as with vocabulary TP 1, ZeRO over the whole stage
-        model_tp, shards = (1, n_stage) if e.sp == "ulysses" else (k, n_stage // k)
+        model_tp, shards = (1 if e.sp == "ulysses" else k), self._embedding_shards(e, pp)
         if e.zero in (2, 3):
             ratio = zero_ratio(e.zero, shards, batching.chunks, mixed=self.mixed,
                                async_grad_reduce=self.options.async_grad_reduce)
