@@ -33,8 +33,22 @@ def _front(t: np.ndarray, u: np.ndarray) -> list[tuple[float, float]]:
     return out
 
 
-def best_step_time(cm: CostModel, space: SearchSpace) -> float:
-    """Minimum step time over the whole space (stages are contiguous blocks of layers)."""
+def _lower_hull(front: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The vertices of the lower convex hull of a (time, step time) front sorted by time: the points some
+    positive weighting w x time + step time ranks strictly first."""
+    hull: list[tuple[float, float]] = []
+    for p in front:
+        while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (p[1] - hull[-2][1])
+                                  - (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0])) <= 0:
+            hull.pop()
+        hull.append(p)
+    return hull
+
+
+def best_step_time(cm: CostModel, space: SearchSpace, hull_only: bool = False) -> float:
+    """Minimum step time over the whole space (stages are contiguous blocks of layers). ``hull_only``: over
+    the plans whose every stage is a vertex of its lower convex (time, step time) hull, the plans a search
+    that scalarises each stage's two times with positive weights can find."""
     best = math.inf
     n_layers = space.num_layers
     for cfg in space.pipeline_configs():
@@ -72,7 +86,8 @@ def best_step_time(cm: CostModel, space: SearchSpace) -> float:
                 if not ok.any():
                     fronts = None
                     break
-                fronts.append(_front(t[ok], u[ok]))  # type: ignore[union-attr]
+                front = _front(t[ok], u[ok])
+                fronts.append(_lower_hull(front) if hull_only else front)  # type: ignore[union-attr]
             if fronts is None:
                 continue
             ctx0 = StageContext(cfg.pp, 0, cfg.micro_batches, mbs, cfg.schedule, cfg.virtual_stages)
