@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+
+def shown(value: object) -> str:
+    """A value the user sent, as JSON writes it (null, true, "x"): requests are JSON, Python's repr (None,
+    True, 'x') would not be what they typed. Anything JSON cannot write falls back to repr."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 @dataclass

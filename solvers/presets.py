@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from solvers.errors import shown
+
 GPU_PRESETS: dict[str, dict[str, Any]] = {
     "a100-40gb": {"name": "A100-40GB", "peak_tflops": 312, "peak_tflops_fp32": 19.5, "memory_gib": 39.5,
                   "memory_bandwidth_GBps": 1555, "intra_node_bandwidth_GBps": 300,
@@ -155,7 +157,7 @@ def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None =
             except ValueError:
                 pass
         what = "an integer" if kind is int else "a number"
-        raise ValueError(f"hf_config.{key} must be {what}, got {value!r}")
+        raise ValueError(f"hf_config.{key} must be {what}, got {shown(value)}")
 
     mtype = str(config.get("model_type", "")).lower()
     layers = pick("num_hidden_layers", "n_layer", "num_layers")

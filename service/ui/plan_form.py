@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from solvers.errors import FieldProblem
+from solvers.errors import FieldProblem, shown
 from solvers.presets import GPU_PRESETS, MODEL_PRESETS
 
 KINDS = ("hybrid", "flexsp", "spindle")
@@ -85,7 +85,7 @@ def _int(form: Mapping[str, Any], name: str, default: int, problems: list[FieldP
     try:
         return int(raw)
     except ValueError:
-        problems.append(FieldProblem((name,), f"must be a whole number, got {raw!r}"))
+        problems.append(FieldProblem((name,), f"must be a whole number, got {shown(raw)}"))
         return default
 
 
@@ -118,7 +118,7 @@ def read_form(form: Mapping[str, Any]) -> FormInput:
         try:
             out.memory_limit_gib = float(raw_limit)
         except ValueError:
-            problems.append(FieldProblem(("memory_limit_gib",), f"must be a number of GiB, got {raw_limit!r}"))
+            problems.append(FieldProblem(("memory_limit_gib",), f"must be a number of GiB, got {shown(raw_limit)}"))
     for name in ("nodes", "gpus_per_node", "global_batch_size", "seq_length"):
         if getattr(out, name) <= 0:
             problems.append(FieldProblem((name,), "must be positive"))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from solvers.cost_model.efficiency import GemmEfficiency
-from solvers.errors import FieldProblem, SpecError
+from solvers.errors import FieldProblem, SpecError, shown
 
 # Constants the model divides by (an override of 0 would make every estimate infinite), and fractions.
 _DIVISORS = ("gemm_eta_max", "hbm_efficiency", "intra_efficiency", "inter_efficiency")
@@ -29,15 +29,15 @@ _MAX_OVERRIDE = 1e9
 def _override_problem(key: str, value: Any, kind: Any) -> str | None:
     """Why ``value`` cannot override the constant ``key`` (None: it can)."""
     if kind in ("bool", bool):
-        return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+        return None if isinstance(value, bool) else f"must be true or false, got {shown(value)}"
     if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-        return f"must be a finite non-negative number, got {value!r}"
+        return f"must be a finite non-negative number, got {shown(value)}"
     if value > _MAX_OVERRIDE:
-        return f"must be at most {_MAX_OVERRIDE:g}, got {value!r}"
+        return f"must be at most {_MAX_OVERRIDE:g}, got {shown(value)}"
     if key in _DIVISORS and value == 0:
         return "must be positive (the model divides by it)"
     if key in _FRACTIONS and value > 1:
-        return f"is a fraction: must be within 0..1, got {value!r}"
+        return f"is a fraction: must be within 0..1, got {shown(value)}"
     return None
 
 

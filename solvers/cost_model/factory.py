@@ -12,7 +12,7 @@ from solvers.cost_model.base import CostModel
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION
 from solvers.cost_model.profile import profile_from_request
 from solvers.cost_model.validate import check_plan
-from solvers.errors import FieldProblem, SpecError
+from solvers.errors import FieldProblem, SpecError, shown
 from solvers.request import HybridRequest
 from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule
@@ -44,7 +44,7 @@ def _int(d: dict[str, Any], key: str, default: int | None, problems: list[FieldP
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "zero" else 1):
-        problems.append(FieldProblem(("strategy", key), f"must be a positive integer, got {v!r}"))
+        problems.append(FieldProblem(("strategy", key), f"must be a positive integer, got {shown(v)}"))
         return None
     return v
 
@@ -52,7 +52,7 @@ def _int(d: dict[str, Any], key: str, default: int | None, problems: list[FieldP
 def _stage_layers(value: Any, problems: list[FieldProblem]) -> tuple[int, ...] | None:
     if not isinstance(value, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in value):
         problems.append(FieldProblem(("strategy", "stage_layers"), f"must be a list of layer counts, one per "
-                                     f"pipeline stage, got {value!r}"))
+                                     f"pipeline stage, got {shown(value)}"))
         return None
     return tuple(value)
 
@@ -61,7 +61,7 @@ def _embedding(value: Any, problems: list[FieldProblem]) -> EmbeddingStrategy | 
     """The embedding / LM-head strategy object (its values are checked with the plan's)."""
     if not isinstance(value, dict):
         problems.append(FieldProblem(("strategy", "embedding"), f"must be an object with tp, dp, zero and sp, "
-                                     f"got {value!r}"))
+                                     f"got {shown(value)}"))
         return None
     unknown = [FieldProblem(("strategy", "embedding", k), "unknown embedding strategy field")
                for k in value if k not in EMBEDDING_KEYS]
@@ -90,7 +90,7 @@ def plan_from_shorthand(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpe
     v = _int(d, "virtual_stages", 1, problems)
     etp = _int(d, "etp", None, problems)
     if not isinstance(d.get("lsh", False), bool):
-        problems.append(FieldProblem(("strategy", "lsh"), f"must be true or false, got {d['lsh']!r}"))
+        problems.append(FieldProblem(("strategy", "lsh"), f"must be true or false, got {shown(d['lsh'])}"))
     if model.moe is None:  # the expert fields apply to MoE layers only: on a dense model they would be ignored
         problems += [FieldProblem(("strategy", k), "the model has no MoE layers (model.moe is not set)")
                      for k in ("ep", "etp", "lsh") if k in d and d[k] not in (None, False, 1)]

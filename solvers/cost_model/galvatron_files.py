@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from solvers.errors import SpecError
+from solvers.errors import SpecError, shown
 from solvers.json_file import json_kind, read_json_file
 
 TimeMode = Literal["static", "batch"]
@@ -140,10 +140,10 @@ def _measured(value: Any, loc: tuple[str, ...], what: str, *, positive: bool = F
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise SpecError.at(loc, f"{what} is not a number: {value!r}") from None
+        raise SpecError.at(loc, f"{what} is not a number: {shown(value)}") from None
     if not (math.isfinite(x) and (x > 0 if positive else x >= 0) and x <= _MAX_MEASURED):
         sign = "positive" if positive else "non-negative"
-        raise SpecError.at(loc, f"{what} must be a {sign} number up to {_MAX_MEASURED:g}, got {value!r}")
+        raise SpecError.at(loc, f"{what} must be a {sign} number up to {_MAX_MEASURED:g}, got {shown(value)}")
     return x
 
 

@@ -39,7 +39,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from solvers.errors import SpecError
+from solvers.errors import SpecError, shown
 from solvers.json_file import read_json_file
 from solvers.request import HybridRequest, problems_from_validation
 from solvers.specs import MAX_SEQ_LENGTH
@@ -209,6 +209,6 @@ def profile_from_request(req: HybridRequest) -> Profile | None:
         return None
     loc = ("cost_model", "profile_path")
     if not isinstance(path, str) or not path or "\0" in path:
-        raise SpecError.at(loc, f"must be the path of a profile JSON file, got {path!r}")
+        raise SpecError.at(loc, f"must be the path of a profile JSON file, got {shown(path)}")
     data = read_json_file(path, loc)
     return load_profile(data, loc)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from solvers.errors import FieldProblem
+from solvers.errors import FieldProblem, shown
 from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
@@ -15,14 +15,14 @@ _SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 def _non_integers(x: LayerStrategy | EmbeddingStrategy, fields: tuple[str, ...], loc: Loc) -> list[FieldProblem]:
     """Problems of ``x``'s parallel degrees (positive integers) and ZeRO stage (a non-negative one)."""
-    return [FieldProblem((*loc, field), f"must be a positive integer, got {v!r}") for field in fields
+    return [FieldProblem((*loc, field), f"must be a positive integer, got {shown(v)}") for field in fields
             if not isinstance(v := getattr(x, field), int) or isinstance(v, bool) or v < (0 if field == "zero" else 1)]
 
 
 def _bad_sp_and_zero(x: LayerStrategy | EmbeddingStrategy, loc: Loc) -> list[FieldProblem]:
     out = []
     if x.sp not in _SP:
-        out.append(FieldProblem((*loc, "sp"), f"must be null, 'megatron' or 'ulysses', got {x.sp!r}"))
+        out.append(FieldProblem((*loc, "sp"), f"must be null, 'megatron' or 'ulysses', got {shown(x.sp)}"))
     if x.zero > 3:
         out.append(FieldProblem((*loc, "zero"), f"ZeRO stage must be 0..3, got {x.zero}"))
     return out
@@ -32,7 +32,8 @@ def _layer_kinds(x: LayerStrategy, loc: Loc) -> list[FieldProblem]:
     """A layer's SP kind, ZeRO stage and recomputation, checked whatever model and cluster it is for."""
     out = _bad_sp_and_zero(x, loc)
     if x.recompute not in _RECOMPUTE:
-        out.append(FieldProblem((*loc, "recompute"), f"must be one of {', '.join(_RECOMPUTE)}, got {x.recompute!r}"))
+        out.append(FieldProblem((*loc, "recompute"),
+                                f"must be one of {', '.join(_RECOMPUTE)}, got {shown(x.recompute)}"))
     return out
 
 
@@ -59,7 +60,7 @@ def check_layer(x: LayerStrategy, index: int, model: ModelSpec, stage_gpus: int,
     if per_rank < 1 or abs(per_rank - round(per_rank)) > 1e-9:
         bad("dp", f"the micro-batch of {micro_batch_samples:g} samples does not split over dp={x.dp} ranks")
     if x.etp is not None and (not isinstance(x.etp, int) or isinstance(x.etp, bool) or x.etp < 1):
-        bad("etp", f"must be a positive integer, got {x.etp!r}")
+        bad("etp", f"must be a positive integer, got {shown(x.etp)}")
     elif x.ep > 1 or x.etp is not None or x.lsh:
         field = "ep" if x.ep > 1 else "etp" if x.etp is not None else "lsh"
         if not model.is_moe_layer(index):
@@ -82,7 +83,7 @@ def check_layer(x: LayerStrategy, index: int, model: ModelSpec, stage_gpus: int,
 def check_structure(plan: PlanStrategy, loc: Loc = ("strategy",)) -> list[FieldProblem]:
     """The problems a plan has whatever model and cluster it is for: counts below 1, unknown kinds, ZeRO stages
     past 3 (what a stored result of another version may hold; PlanStrategy checks that the stages add up)."""
-    out = [FieldProblem((*loc, f), f"must be at least 1, got {v!r}")
+    out = [FieldProblem((*loc, f), f"must be at least 1, got {shown(v)}")
            for f in ("pp", "micro_batches", "virtual_stages")
            if not isinstance(v := getattr(plan, f), int) or isinstance(v, bool) or v < 1]
     if plan.schedule not in _SCHEDULES:

@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from solvers.errors import FieldProblem, SpecError
+from solvers.errors import FieldProblem, SpecError, shown
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute, Schedule, SpKind
 
 Loc = tuple[str | int, ...]
@@ -68,7 +68,7 @@ def _ints(config: Mapping[str, Any], key: str, loc: Loc, default: list[int] | No
 def _int(config: Mapping[str, Any], key: str, loc: Loc, default: int | None = None) -> int:
     values = _ints(config, key, loc, None if default is None else [default])
     if len(values) != 1:
-        raise SpecError.at((*loc, key), f"expected one integer, got {config[key]!r}")
+        raise SpecError.at((*loc, key), f"expected one integer, got {shown(config[key])}")
     return values[0]
 
 
@@ -98,7 +98,7 @@ def plan_from_galvatron_config(config: Mapping[str, Any], num_gpus: int | None =
     if sequence_parallel is None:
         sequence_parallel = config.get("sequence_parallel", True)
         if not isinstance(sequence_parallel, bool):  # bool("false") is True
-            raise SpecError.at((*loc, "sequence_parallel"), f"expected true or false, got {sequence_parallel!r}")
+            raise SpecError.at((*loc, "sequence_parallel"), f"expected true or false, got {shown(sequence_parallel)}")
     sp_flag = sequence_parallel
     pp = _int(config, "pp_deg", loc)
     tps = _ints(config, "tp_sizes_enc", loc)
@@ -128,11 +128,11 @@ def plan_from_galvatron_config(config: Mapping[str, Any], num_gpus: int | None =
         raise SpecError.at((*loc, "pp_division"), f"{division} is not a partition of {n} layers into {pp} stages")
     default_dp = str(config.get("default_dp_type", "ddp"))
     if default_dp not in ("ddp", "zero2"):
-        raise SpecError.at((*loc, "default_dp_type"), f"expected 'ddp' or 'zero2', got {default_dp!r}")
+        raise SpecError.at((*loc, "default_dp_type"), f"expected 'ddp' or 'zero2', got {shown(default_dp)}")
     default_zero = 2 if default_dp == "zero2" else 0
     pipeline = str(config.get("pipeline_type", "gpipe"))
     if pipeline not in _PIPELINES:
-        raise SpecError.at((*loc, "pipeline_type"), f"expected one of {sorted(_PIPELINES)}, got {pipeline!r}")
+        raise SpecError.at((*loc, "pipeline_type"), f"expected one of {sorted(_PIPELINES)}, got {shown(pipeline)}")
 
     stage_gpus = num_gpus // pp
     layers: list[LayerStrategy] = []

@@ -177,3 +177,14 @@ def test_calibration_overrides_that_would_make_estimates_infinite_or_wrong(key: 
     """(Each gave inf or NaN times or memory: a response that is not JSON, an HTTP 500.)"""
     assert _locs(request(strategy=SHORT, cost_model={"calibration": {key: value}})) == [
         ("cost_model", "calibration", key)]
+
+
+@pytest.mark.parametrize(("layer", "shown"), [
+    ({"tp": 2, "dp": 4, "zero": 1, "recompute": None}, "got null"),  # was Python's None
+    ({"tp": 2, "dp": 4, "zero": 1, "recompute": True}, "got true"),
+    ({"tp": 2, "dp": 4, "zero": 1, "recompute": "most"}, 'got "most"'),
+])
+def test_bad_values_are_shown_as_the_json_that_was_sent(layer: dict[str, Any], shown: str) -> None:
+    with pytest.raises(SpecError) as err:
+        estimate(request(strategy={**FULL, "layers": [layer] * len(FULL["layers"])}))
+    assert shown in str(err.value), str(err.value)
