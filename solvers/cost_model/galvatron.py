@@ -271,7 +271,10 @@ class GalvatronCostModel:
         # plan unpriced, and planning blamed constraints.memory_limit_gib ("no legal strategy")
         caps = [(req.cluster.num_gpus, f"the cluster's {req.cluster.num_gpus} GPUs"),
                 (spec.max_tp, f"cost_model.max_tp ({spec.max_tp})"),
-                (req.constraints.max_tp, f"constraints.max_tp ({req.constraints.max_tp})")]
+                (req.constraints.max_tp, f"constraints.max_tp ({req.constraints.max_tp})"),
+                (None if req.constraints.tp_across_nodes else req.cluster.gpus_per_node,
+                 f"a node's {req.cluster.gpus_per_node} GPUs (tensor parallelism stays inside a node unless "
+                 "constraints.tp_across_nodes is true)")]
         over = [what for cap, what in caps if cap is not None and spec.min_tp is not None and spec.min_tp > cap]
         if over and not problems:
             problems.append(FieldProblem(("cost_model", "min_tp"), f"min_tp ({spec.min_tp}) exceeds {over[0]}: "
@@ -285,6 +288,10 @@ class GalvatronCostModel:
                                seq_length=req.training.seq_length, sequence_parallel=spec.sequence_parallel,
                                name=spec.profile_name, time_mode=spec.time_profile_mode,
                                static_bsz=spec.static_bsz)
+        profiled = max(profile.activation_mb_per_sample, default=0)
+        if spec.min_tp is not None and spec.min_tp > profiled:  # (else every layer is unpriced: "no plan")
+            raise SpecError.at(("cost_model", "min_tp"), f"min_tp ({spec.min_tp}) exceeds the largest tensor-parallel "
+                                                         f"degree the memory profile covers ({profiled})")
         hardware = read_hardware(spec.hardware_dir, nodes=req.cluster.nodes,
                                  gpus_per_node=req.cluster.gpus_per_node, need_sp_time=spec.sp_space == "tp+sp")
         options = GalvatronOptions(**{f: getattr(spec, f) for f in GalvatronOptions.__dataclass_fields__})

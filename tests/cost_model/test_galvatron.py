@@ -351,6 +351,23 @@ def test_bad_cost_model_specs_name_the_field(change: dict[str, Any], loc: tuple[
     assert loc in [p.loc for p in err.value.problems]
 
 
+def test_min_tp_across_nodes_says_what_is_missing() -> None:
+    """On 2x8 GPUs min_tp 16 left every layer unpriced and planning said only "no plan satisfies the
+    constraints": TP stays inside a node unless allowed, and the shipped profile stops at tp=8."""
+    req = request(nodes=2, min_tp=16, max_tp=16)
+    with pytest.raises(SpecError) as err:
+        GalvatronCostModel.from_request(parse(HybridRequest, req))
+    assert [p.loc for p in err.value.problems] == [("cost_model", "min_tp")]
+    assert "constraints.tp_across_nodes" in str(err.value)
+    req["constraints"]["tp_across_nodes"] = True
+    with pytest.raises(SpecError) as err:
+        GalvatronCostModel.from_request(parse(HybridRequest, req))
+    assert [p.loc for p in err.value.problems] == [("cost_model", "min_tp")]
+    assert "the memory profile covers (8)" in str(err.value)
+    req["cost_model"]["min_tp"] = 8  # what the profile covers: priced across nodes
+    assert GalvatronCostModel.from_request(parse(HybridRequest, req)).max_tp == 16
+
+
 def test_plans_galvatron_cannot_express_name_the_field() -> None:
     m = model()
     emb = EmbeddingStrategy(tp=1, dp=8, zero=2)
@@ -631,9 +648,10 @@ def test_an_sp_time_fit_below_zero_costs_nothing_rather_than_less(tmp_path: Any)
 
 def test_no_legal_galvatron_strategy_is_not_blamed_on_the_memory_limit() -> None:
     """min_tp 16 on 16 GPUs leaves Galvatron's model no strategy it prices; the refusal was put at
-    constraints.memory_limit_gib, though no memory limit would help."""
+    constraints.memory_limit_gib, though no memory limit would help (then at constraints, "no legal
+    strategy"; now at min_tp, with what is missing)."""
     req = request(nodes=2, min_tp=16)
     with pytest.raises(SpecError) as err:
         solve(req)
     [problem] = err.value.problems
-    assert problem.loc == ("constraints",) and "Galvatron cost model's rules" in problem.msg, problem
+    assert problem.loc == ("cost_model", "min_tp") and "a node's 8 GPUs" in problem.msg, problem
