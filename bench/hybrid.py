@@ -305,6 +305,12 @@ def deep_table() -> None:
     for n in (16, 32, 64, 128):
         rows.append(("mixtral-8x7b shape, MoE every 2nd layer, gbs 64", {**DEEP, "model": {**MIXED, "num_layers": n},
                      "training": {"global_batch_size": 64, "seq_length": 4096}}, n))
+    galv = GalvatronCase(8, 36, 0, 256)  # the swaps' and hull search's cost grows with depth: Galvatron's formula
+    if (DATA / galv.name / "result.json").exists():
+        for n in (32, 128):
+            req = galvatron_request(DATA / galv.name, galv)
+            rows.append((f"Galvatron model ({galv.name}), llama2-7b shape",
+                         {**req, "model": {"preset": "llama2-7b", "num_layers": n}}, n))
     for name, req, n in rows:
         c0, w0 = time.process_time(), time.perf_counter()
         try:
