@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -96,23 +97,27 @@ def test_planner_near_exhaustive_with_per_step_costs(case: tuple[SyntheticCostMo
 
 
 # (layers, GPUs, batch, layer scale, GPUs per node, memory MiB, act MiB per sample, param MiB, schedules, max CP,
-# gap allowed now):
+# gap allowed now, the planner option whose step closes it):
 # random cases where the planner was slower than enumeration (gap before this search's hull weights, rival
 # refinement and layer swaps), all with Galvatron's pipeline formula and a 0.02 s gradient sync
 REGRESSIONS = [
-    (3, 2, 4, [1.0, 0.5, 2.0], 2, 893, 16.0, 20.0, ("1f1b",), 1, 0.0),  # 2.2 %: off the hull
-    (2, 6, 6, [2.0, 1.5], 8, 1346, 64.0, 20.0, ("1f1b",), 1, 0.0),  # 4.0 %: off the hull
-    (3, 4, 4, [2.0, 1.5, 1.5], 4, 1473, 64.0, 20.0, ("gpipe",), 1, 0.0),  # 8.6 %: the runner-up, refined, wins
-    (4, 2, 4, [], 2, 491, 4.0, 5.0, ("1f1b", "interleaved"), 2, 0.0),  # 2.4 %: the runner-up, swapped, wins
-    (4, 4, 8, [0.5, 2.0, 1.5, 2.0], 4, 1482, 16.0, 5.0, ("1f1b",), 1, 0.005),  # 4.4 %, now 0.40 %: two
-    # layers would have to change at once
+    # 2.2 % and 4.0 %: off the hull
+    (3, 2, 4, [1.0, 0.5, 2.0], 2, 893, 16.0, 20.0, ("1f1b",), 1, 0.0, "swap_moves"),
+    (2, 6, 6, [2.0, 1.5], 8, 1346, 64.0, 20.0, ("1f1b",), 1, 0.0, "swap_moves"),
+    # 8.6 %: the runner-up, refined, wins
+    (3, 4, 4, [2.0, 1.5, 1.5], 4, 1473, 64.0, 20.0, ("gpipe",), 1, 0.0, "rival_refine_rounds"),
+    # 2.4 %: the runner-up, swapped, wins
+    (4, 2, 4, [], 2, 491, 4.0, 5.0, ("1f1b", "interleaved"), 2, 0.0, "swap_moves"),
+    # 4.4 %, now 0.40 %: two layers would have to change at once
+    (4, 4, 8, [0.5, 2.0, 1.5, 2.0], 4, 1482, 16.0, 5.0, ("1f1b",), 1, 0.005, "swap_moves"),
 ]
 
 
-@pytest.mark.parametrize("layers,gpus,batch,scale,per_node,limit,act,param,schedules,max_cp,gap", REGRESSIONS)
+@pytest.mark.parametrize("layers,gpus,batch,scale,per_node,limit,act,param,schedules,max_cp,gap,closer",
+                         REGRESSIONS)
 def test_planner_exact_on_former_misses(layers: int, gpus: int, batch: int, scale: list[float], per_node: int,
                                         limit: int, act: float, param: float, schedules: tuple[Schedule, ...],
-                                        max_cp: int, gap: float) -> None:
+                                        max_cp: int, gap: float, closer: str) -> None:
     cm = SyntheticCostModel(num_layers=layers, num_gpus=gpus, memory_limit_bytes=limit * MIB, global_batch=batch,
                             layer_scale=scale, gpus_per_node=per_node, dp_sync_s=0.02, act_mib_per_sample=act,
                             param_mib=param, linear_pipeline=False, galvatron_formula=True)
@@ -122,6 +127,9 @@ def test_planner_exact_on_former_misses(layers: int, gpus: int, batch: int, scal
                         schedules=schedules)
     found, truth = _solve(cm, space)
     assert truth * (1 - 1e-9) <= found <= truth * (1 + gap + 1e-9), (found, truth)
+    off = replace(EXACT, swap_moves=0) if closer == "swap_moves" else replace(EXACT, rival_refine_rounds=0)
+    without, _ = _solve(cm, space, off)  # each was off by 2.2 to 8.6 %
+    assert without > truth * 1.02, (closer, without, truth)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
