@@ -32,11 +32,6 @@ from solvers.strategy import EmbeddingStrategy, PlanStrategy
 Progress = Callable[[float, str], None]
 
 
-def _cross(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float]) -> float:
-    """z of (a - o) x (b - o): > 0 when o, a, b turn left (a lies below the chord o-b, on a lower hull)."""
-    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
-
-
 def kind_period(kinds: Sequence[Hashable]) -> int:
     """Smallest P with kinds[i] == kinds[i + P] everywhere (1: identical layers; MoE every other layer: 2).
 
@@ -604,14 +599,16 @@ class Planner:
         if self.linear:
             return best
         for i, o in enumerate(ranking):
-            if o.config != cc.config and o.lower_bound_s >= best[2] * (1 - 1e-12):
+            if o.config == cc.config:
+                ranking[i] = replace(o, step_time_s=best[2])
                 continue
-            if o.config != cc.config and self.over_time():
+            if o.lower_bound_s >= best[2] * (1 - 1e-12):
+                continue
+            if self.over_time():
                 self.time_limited = True
                 continue
             rival = costs[o.config]
-            v = best[2] if o.config == cc.config else self.swap(
-                rival, o.parts, self.refine(rival, o.parts, o.step_time_s, self.opt.rival_refine_rounds))
+            v = self.swap(rival, o.parts, self.refine(rival, o.parts, o.step_time_s, self.opt.rival_refine_rounds))
             ranking[i] = replace(o, step_time_s=v)
             if v < best[2]:
                 best = (rival, o.parts, v)
@@ -676,16 +673,10 @@ class Planner:
         for s, n in enumerate(parts):
             found = options(s, start, n)
             at = next((t for t, _, i in found if i == pick[s]), math.nan)
-            pts = sorted({(t, u) for t, u, _ in found if math.isfinite(t) and math.isfinite(u)})
-            hull: list[tuple[float, float]] = []
-            for p in pts:
-                if hull and p[1] >= hull[-1][1]:
-                    continue  # dominated: no faster-in-step point after a slower-in-time one
-                while len(hull) >= 2 and _cross(hull[-2], hull[-1], p) <= 0:
-                    hull.pop()
-                hull.append(p)
+            ts, us = bounds.convex_envelope(np.array([t for t, _, _ in found]), np.array([u for _, u, _ in found]))
             # (the gaps whose ends enclose the picked time: its two when it is a vertex, else the one around it)
-            out.extend((a[1] - b[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(hull) if a[0] <= at <= b[0])
+            out.extend(float((us[j] - us[j + 1]) / (ts[j + 1] - ts[j])) for j in range(len(ts) - 1)
+                       if ts[j] <= at <= ts[j + 1])
             start += n
         return out
 
@@ -758,10 +749,8 @@ class Planner:
         (measured: no gap on 1,995 random cases), so it is left alone."""
         if self.linear or self.opt.swap_moves <= 0:
             return step_s
-        kinds, start = [], 0
-        for n in parts:
-            kinds.append([self.kinds[i] for i in range(start, start + n)])
-            start += n
+        ends = list(itertools.accumulate(parts))
+        kinds = [self.kinds[end - n:end] for n, end in zip(parts, ends, strict=True)]
         got, v = swaps.improve(cc.stages, kinds, self.choices(cc, parts), self.limit, self._pipe(cc),
                                self.opt.swap_moves)
         if v >= step_s:

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from solvers.cost_model.base import CostModel, StageContext
+from solvers.hybrid.bounds import convex_envelope
 from solvers.hybrid.space import SearchSpace
 
 
@@ -34,15 +35,10 @@ def _front(t: np.ndarray, u: np.ndarray) -> list[tuple[float, float]]:
 
 
 def _lower_hull(front: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The vertices of the lower convex hull of a (time, step time) front sorted by time: the points some
-    positive weighting w x time + step time ranks strictly first."""
-    hull: list[tuple[float, float]] = []
-    for p in front:
-        while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (p[1] - hull[-2][1])
-                                  - (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0])) <= 0:
-            hull.pop()
-        hull.append(p)
-    return hull
+    """The vertices of the lower convex hull of a (time, step time) front: the points some positive
+    weighting w x time + step time ranks strictly first."""
+    ts, us = convex_envelope(np.array([t for t, _ in front]), np.array([u for _, u in front]))
+    return list(zip(ts.tolist(), us.tolist(), strict=True))
 
 
 def best_step_time(cm: CostModel, space: SearchSpace, hull_only: bool = False) -> float:
