@@ -11,6 +11,7 @@
     .venv/bin/python bench/hybrid.py --layer-dp      # the layer DP on memory bins vs on exact Pareto fronts
     .venv/bin/python bench/hybrid.py --sweep         # 196 requests over the presets: certified gaps, search time
     .venv/bin/python bench/hybrid.py --exact         # plans against the exact layer DP (every stage, ~2 min)
+    .venv/bin/python bench/hybrid.py --host          # profiles of hosts whose ranks share cores (CPU workers)
     .venv/bin/python bench/hybrid.py --rerun-galvatron   # re-run Galvatron (needs .venv-galvatron) and re-cache
 
 Galvatron side: ``../shared/peers/galvatron_pypi/run_galvatron_pypi.py`` runs hetu-galvatron 2.4.0's search
@@ -325,6 +326,26 @@ def deep_table() -> None:
         print(f"| {name} | {n} | {cpu:.2f} | {wall:.2f} | {stats} | {outcome} |", flush=True)
 
 
+def host_table() -> None:
+    """Profiles taken on hosts whose ranks share cores (``host.slowdown`` > 1: the workers' CPU clusters): the
+    step is min(L, max(L / slowdown, W)), not the linear formula, and the planner lifts its linear bounds
+    through it. Search time and the certified gap per request."""
+    print("\n## Contended hosts (profile `host`, analytic layer times; CPU s of this process, least of 3)\n")
+    print("| request | slowdown | samples/s | plan | certified gap | configs solved by the certificate | search s |")
+    print("|---|---|---|---|---|---|---|")
+    for model, nodes in (("llama2-7b", 1), ("llama2-7b", 2), ("llama2-13b", 2), ("llama2-70b", 4)):
+        for slowdown in (1.5, 2.0, 4.0):
+            req = {**_analytic_request(model, "A100-80GB", 8 * nodes, 64, 2048),
+                   "cost_model": {"kind": "profile",
+                                  "profile": {"host": {"busy_ranks": 8, "slowdown": slowdown}}}}
+            out, cpu = timed_solve(req)
+            s, st = out["search"], out["strategy"]
+            print(f"| {model} {nodes}x8 A100-80GB gbs64 | {slowdown} | "
+                  f"{out['estimate']['throughput_samples_per_s']:.2f} | pp{st['pp']} m{st['micro_batches']} "
+                  f"{st['stage_layers']} | {gap_text(out)} | {s['configs_solved_by_certificate']} | {cpu:.2f} |",
+                  flush=True)
+
+
 def layer_dp_table() -> None:
     """The issue's choice, measured: the layer DP vectorised over memory bins (numpy) or as Pareto fronts over
     (time, memory) on exact memory. Same search otherwise; "stage tables" is the CPU time spent building the
@@ -509,7 +530,11 @@ def main() -> None:
     ap.add_argument("--layer-dp", action="store_true", help="the layer DP on memory bins vs exact Pareto fronts")
     ap.add_argument("--sweep", action="store_true", help="196 requests over the presets: gaps and search time")
     ap.add_argument("--exact", action="store_true", help="plans against the exact layer DP on every stage")
+    ap.add_argument("--host", action="store_true", help="profiles of hosts whose ranks share cores")
     a = ap.parse_args()
+    if a.host:
+        host_table()
+        return
     if a.exact:
         exact_table()
         return

@@ -479,6 +479,19 @@ class AnalyticCostModel:
         contention bound does not."""
         return self.profile is None or not self.profile.host_bound
 
+    @property
+    def pipeline_bounded_by_linear(self) -> bool:
+        """Whether ``step_bound_from_linear`` turns bounds on ``pipeline.step_time_s`` and on the stages' mean
+        work into bounds on ``pipeline_step_time``: always here (the host bound grows with both)."""
+        return True
+
+    def step_bound_from_linear(self, linear_s: float, mean_work_s: float) -> float:
+        """A lower bound on ``pipeline_step_time`` from one on the linear formula's step and one on the stages'
+        mean work per step (Σ_s (m t_s + u_s) / p)."""
+        if self.profile is None:
+            return linear_s
+        return self.profile.host_step_lower_bound(linear_s, mean_work_s)
+
     def pipeline_step_time(self, stage_time_s: Sequence[float], stage_step_time_s: Sequence[float],
                            ctx: StageContext) -> float:
         step = pipeline.step_time_s(stage_time_s, stage_step_time_s, ctx.micro_batches, ctx.virtual_stages,

@@ -128,6 +128,15 @@ class Profile(_Strict):
         mean_work = sum(work) / len(work)
         return min(step_s, max(step_s / self.host.slowdown, mean_work))
 
+    def host_step_lower_bound(self, linear_s: float, mean_work_s: float) -> float:
+        """A lower bound on ``host_bound_step_s`` from lower bounds on its two inputs: the contention-free
+        pipeline step (``linear_s``) and the stages' mean work m t + u (``mean_work_s``). The step,
+        min(L, max(L / slowdown, W)), grows with L and with W, so bounds on them bound it; the planner's bounds
+        on the linear formula then carry over to a contended host."""
+        if self.host is None or not self.host_bound:
+            return linear_s
+        return min(linear_s, max(linear_s / self.host.slowdown, mean_work_s))
+
     def _layer_fit(self, seq: int, tp: int, layer_type: str, backward: bool, sp: bool = False
                    ) -> tuple[float, float] | None:
         def points(sp: bool) -> list[LayerTime]:

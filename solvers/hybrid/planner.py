@@ -129,6 +129,10 @@ class Planner:
         # the step is at least m x the slowest stage's time (the linear formula is; Galvatron's, bounded, too):
         # the floors and the min-max bound hold without the fill/drain and step terms
         self.slowest_bound = self.linear or bool(getattr(cm, "pipeline_at_least_slowest_stage", False))
+        # a formula that grows with the linear one's step and with the stages' mean work (ranks sharing a host's
+        # cores): the linear formula's bounds hold once lifted through the cost model's ``step_bound_from_linear``
+        self.lifted = not self.linear and bool(getattr(cm, "pipeline_bounded_by_linear", False))
+        self.linear_bounds = self.linear or self.lifted
         # the step is at least every stage's time plus (m - 1) x the last one's (Galvatron's formula, either form)
         self.chain = bool(getattr(cm, "pipeline_at_least_chain", False))
         # ... and on top of the pipelined part, the first stage's step time less its fixed time (Galvatron's
@@ -319,7 +323,7 @@ class Planner:
         one stage of a linear pipeline: its relaxed m t + u, the step itself)."""
         n = len(self.kinds)
         m = float(cc.config.micro_batches)
-        single = self.linear and cc.config.pp == 1
+        single = self.one_critical_stage(cc.config)
         per_stage = []  # each stage's relaxed time and step time, its fixed terms included
         for s in range(cc.config.pp):
             if single:  # relaxed together: tighter than t and u each with the whole memory budget
@@ -453,18 +457,20 @@ class Planner:
         fastest candidate and every stage's fixed time over v (the fill and drain of the pipeline).
         A formula known only to charge at least m × the slowest stage (Galvatron's, bounded) gets m × the
         min-max partition of the relaxed stage times."""
-        if cc.config.pp == 1 or not self.slowest_bound:
+        if cc.config.pp == 1 or not (self.slowest_bound or self.lifted):
             return 0.0
         cfg = cc.config
         m = float(cfg.micro_batches)
-        if not self.linear:  # only step >= m max_s t_s: the min-max partition of the relaxed stage times
+        if not self.linear_bounds:  # only step >= m max_s t_s: the min-max partition of the relaxed stage times
             return self._formula_m(cfg) * partition.min_max_value(len(self.kinds),
                                                                   self._relaxed_stage_times(cc, levels))
         v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
-        rows = [self._weighted_stage(cc, s, [(m, 1.0)], levels)[0] for s in range(cfg.pp)]
-        j = partition.min_max_value(len(self.kinds), self._by_start(cc, rows))
+        rows = self._by_start(cc, [self._weighted_stage(cc, s, [(m, 1.0)], levels)[0] for s in range(cfg.pp)])
+        j = partition.min_max_value(len(self.kinds), rows)
         sum_t = self._fastest_layers_s([st.costs for st in cc.stages]) + sum(st.fixed.time_s for st in cc.stages)
-        return max(j, (1 - 1 / (v * m)) * j + sum_t / v)
+        # (the rows are each stage's relaxed work m t + u: their least sum over p is the mean work's bound)
+        return self._lift(max(j, (1 - 1 / (v * m)) * j + sum_t / v),
+                          lambda: partition.min_sum_value(len(self.kinds), rows) / cfg.pp)
 
     def mean_stage_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1) -> float:
         """A lower bound for the linear pipeline formula of several stages, (m - 1/v) t_max + Σ t / v + u_max:
@@ -474,13 +480,17 @@ class Planner:
         layer's fastest time, whatever its step time; here each layer pays for one candidate in both terms,
         which is tight where the fastest candidates carry a large per-step gradient sync (MoE experts
         replicated over data parallelism) and the plan runs slower ones that shard it."""
-        if cc.config.pp == 1 or not self.linear:
+        if cc.config.pp == 1 or not self.linear_bounds:
             return 0.0
         cfg = cc.config
         v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
         weights = [((cfg.micro_batches - 1 / v) / cfg.pp + 1 / v, 1.0 / cfg.pp)]
-        rows = [self._weighted_stage(cc, s, weights, levels)[0] for s in range(cfg.pp)]
-        return partition.min_sum_value(len(self.kinds), self._by_start(cc, rows))
+        if self.lifted:  # and the mean work, Σ_s (m t_s + u_s) / p, in the same relaxation
+            weights.append((cfg.micro_batches / cfg.pp, 1.0 / cfg.pp))
+        rows = [self._weighted_stage(cc, s, weights, levels) for s in range(cfg.pp)]
+        n = len(self.kinds)
+        return self._lift(partition.min_sum_value(n, self._by_start(cc, [r[0] for r in rows])),
+                          lambda: partition.min_sum_value(n, self._by_start(cc, [r[1] for r in rows])))
 
     def fill_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1, splits: int = 8,
                    enough: float = math.inf) -> float:
@@ -498,7 +508,7 @@ class Planner:
         certificate's time on deep stacks. ``joint_bound`` takes the slowest stage and the fill apart (the
         min-max partition, every layer's fastest candidate), which misses what balancing costs where an edge
         stage's embedding or LM head leaves whole layers no even split. Stops once a bound reaches ``enough``."""
-        if cc.config.pp == 1 or not self.linear:
+        if cc.config.pp == 1 or not self.linear_bounds:
             return 0.0
         cfg = cc.config
         v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
@@ -515,7 +525,27 @@ class Planner:
             fill = [b for _, b in rows]
             best = max(best, partition.min_max_plus_sum_bound(len(self.kinds), self._by_start(cc, slow),
                                                               self._by_start(cc, fill), splits))
-        return best
+        return self._lift(best, lambda: self.mean_work_bound(cc, levels))
+
+    def mean_work_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1) -> float:
+        """A lower bound on the stages' mean work per step, Σ_s (m t_s + u_s) / p: the least over partitions of
+        each stage's relaxed m t + u, over p."""
+        cfg = cc.config
+        weights = [(cfg.micro_batches / cfg.pp, 1.0 / cfg.pp)]
+        rows = [self._weighted_stage(cc, s, weights, levels)[0] for s in range(cfg.pp)]
+        return partition.min_sum_value(len(self.kinds), self._by_start(cc, rows))
+
+    def _lift(self, linear_s: float, mean_work_s: Callable[[], float]) -> float:
+        """A bound on the linear formula's step as one on the cost model's (``lifted``: with the mean work's
+        bound, computed only then)."""
+        if not self.lifted:
+            return linear_s
+        return float(self.cm.step_bound_from_linear(linear_s, mean_work_s()))  # type: ignore[attr-defined]
+
+    def one_critical_stage(self, cfg: PipelineConfig) -> bool:
+        """Whether the configuration's step is its one stage's m t + u exactly (one stage under the linear
+        formula, or under a contended host's, where no rank idles): the weight-m table is then its optimum."""
+        return cfg.pp == 1 and self.linear_bounds
 
     def _fastest_layers_s(self, costs_by_stage: Sequence[dict[Hashable, LayerCosts]]) -> float:
         """Every layer at its kind's fastest candidate on any stage (candidates a cost model cannot price,
@@ -531,7 +561,7 @@ class Planner:
         (m - 1/v) t_max + Σ t / v is at least ((m - 1/v) / p + 1/v) Σ t. It prunes configurations whose
         bubble alone loses to the incumbent (deep pipelines with few micro-batches) at the cost of the layer
         costs, which the configuration's embedding variants share."""
-        if not (self.slowest_bound and self.opt.use_bounds):
+        if not ((self.slowest_bound or self.lifted) and self.opt.use_bounds):
             return 0.0
         hit = self._floors.get(cfg)
         if hit is None:
@@ -547,8 +577,9 @@ class Planner:
                                                   self._memo)
         m = float(cfg.micro_batches)
         v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
-        factor = (m - 1 / v) / cfg.pp + 1 / v if self.linear else self._formula_m(cfg) / cfg.pp  # slowest ≥ mean
-        return factor * self._fastest_layers_s([c for _, c in stages])
+        factor = (m - 1 / v) / cfg.pp + 1 / v if self.linear_bounds else self._formula_m(cfg) / cfg.pp  # slowest ≥ mean
+        fastest = self._fastest_layers_s([c for _, c in stages])
+        return self._lift(factor * fastest, lambda: m * fastest / cfg.pp)
 
     # ------------------------------------------------------------------ one configuration
     def solve_config(self, cc: stage_costs.ConfigCosts) -> tuple[float, tuple[int, ...]]:
@@ -564,8 +595,7 @@ class Planner:
                 step_tables.append(tab.step_s)
         elif partition.compositions(n, cc.config.pp) > self.opt.exhaustive_partition_limit:
             matrices = [self._stage_matrix(cc, s) for s in range(cc.config.pp)]
-        # one stage of a linear pipeline is always the critical one: the weight-m table is its optimum
-        variants = None if self.linear and cc.config.pp == 1 else self._variants(cc)
+        variants = None if self.one_critical_stage(cc.config) else self._variants(cc)
         res = partition.search(n, cc.config.pp, self._lookup(cc), self._pipe(cc),
                                memory_weights=self._memory_weights(cc),
                                exhaustive_limit=self.opt.exhaustive_partition_limit, tables=tables,
@@ -602,8 +632,8 @@ class Planner:
             if o.config == cc.config:
                 ranking[i] = replace(o, step_time_s=best[2])
                 continue
-            if o.lower_bound_s >= best[2] * (1 - 1e-12):
-                continue
+            if o.lower_bound_s >= best[2] * (1 - 1e-12) or not math.isfinite(o.step_time_s):
+                continue  # (infinite: no partition fits, the relaxation that ranked it notwithstanding)
             if self.over_time():
                 self.time_limited = True
                 continue
@@ -630,7 +660,7 @@ class Planner:
         3-layer case). Each round splits the gaps next to each stage's picked point, then picks again. Points
         off the hull no weight finds (``swap`` goes there). A linear pipeline formula needs only the fixed
         sweep (measured: exact on 1,995 random cases). ``rounds``: for a rival, only that many rounds."""
-        if self.linear and cc.config.pp == 1:  # one stage, always the critical one: the weight-m table is exact
+        if self.one_critical_stage(cc.config):
             return step_s
         sweep = stage_costs.sweep_weights(float(cc.config.micro_batches))
         if self.linear:
@@ -746,8 +776,8 @@ class Planner:
     def swap(self, cc: stage_costs.ConfigCosts, parts: tuple[int, ...], step_s: float) -> float:
         """The plan's layers changed one at a time while the cost model's pipeline formula says faster
         (``swaps``): for formulas the weighted DP does not capture exactly. A linear pipeline's is captured
-        (measured: no gap on 1,995 random cases), so it is left alone."""
-        if self.linear or self.opt.swap_moves <= 0:
+        (measured: no gap on 1,995 random cases), so it is left alone, and so is one critical stage."""
+        if self.linear or self.one_critical_stage(cc.config) or self.opt.swap_moves <= 0:
             return step_s
         ends = list(itertools.accumulate(parts))
         kinds = [self.kinds[end - n:end] for n, end in zip(parts, ends, strict=True)]

@@ -49,6 +49,9 @@ class SyntheticCostModel:
     linear_pipeline: bool = True
     # with linear_pipeline False: Galvatron's bounded formula instead (at least m x the slowest stage)
     galvatron_formula: bool = False
+    # with neither: above 1, ranks that share a host's cores (the profile's ``host``): the step is
+    # min(L, max(L / slowdown, W)), L the linear formula's step and W the stages' mean work m t + u
+    host_slowdown: float = 1.0
     # an embedding/LM-head TP degree the model cannot price (infinite fixed terms on every stage, as Galvatron's
     # model marks a vocabulary split it has no profile for)
     unpriced_embedding_tp: int | None = None
@@ -65,6 +68,17 @@ class SyntheticCostModel:
     @property
     def pipeline_adds_first_stage_sync(self) -> bool:
         return self.pipeline_at_least_chain
+
+    @property
+    def pipeline_bounded_by_linear(self) -> bool:
+        return self._host_bound
+
+    @property
+    def _host_bound(self) -> bool:
+        return not self.linear_pipeline and not self.galvatron_formula and self.host_slowdown > 1.0
+
+    def step_bound_from_linear(self, linear_s: float, mean_work_s: float) -> float:
+        return min(linear_s, max(linear_s / self.host_slowdown, mean_work_s))
 
     def _scale(self, layer: int) -> float:
         return float(self.layer_scale[layer]) if self.layer_scale else 1.0
@@ -146,6 +160,10 @@ class SyntheticCostModel:
             fixed = [self.stage_fixed(replace(ctx, stage=s)).time_s for s in range(len(stage_time_s))]
             with_sync = [t + u - f for t, u, f in zip(stage_time_s, stage_step_time_s, fixed, strict=True)]
             return galvatron_pipeline_time(list(stage_time_s), with_sync, ctx.micro_batches, bounded=True)
+        if self._host_bound:
+            linear = step_time_s(stage_time_s, stage_step_time_s, ctx.micro_batches, v, ctx.schedule)
+            work = sum(ctx.micro_batches * t + u for t, u in zip(stage_time_s, stage_step_time_s, strict=True))
+            return self.step_bound_from_linear(linear, work / len(stage_time_s))
         fill = sum(stage_time_s) / v
         return (ctx.micro_batches - 1) * max(stage_time_s) + fill + max(stage_step_time_s)
 

@@ -30,14 +30,17 @@ def small_case(draw: st.DrawFn, per_step: bool = True) -> tuple[SyntheticCostMod
     limit = draw(st.integers(60, 1500))
     schedules: list[tuple[Schedule, ...]] = [("1f1b",), ("1f1b", "interleaved"), ("gpipe",)]
     sched = draw(st.sampled_from(schedules))
+    linear, galvatron = draw(st.booleans()), draw(st.booleans())
     cm = SyntheticCostModel(
         num_layers=layers, num_gpus=gpus, memory_limit_bytes=limit * MIB, global_batch=batch,
         layer_scale=scale, gpus_per_node=draw(st.sampled_from([2, 4, 8])),
         dp_sync_s=draw(st.sampled_from([0.02, 0.2])) if per_step else 0.0,
         act_mib_per_sample=draw(st.sampled_from([4.0, 16.0, 64.0])),
         param_mib=draw(st.sampled_from([5.0, 20.0, 60.0])),
-        linear_pipeline=draw(st.booleans()),
-        galvatron_formula=draw(st.booleans()),
+        linear_pipeline=linear,
+        galvatron_formula=galvatron,
+        # (the other monotone formulas: the generic one, a contended host's)
+        host_slowdown=1.0 if linear or galvatron else draw(st.sampled_from([1.0, 2.0, 4.0])),
     )
     space = SearchSpace(
         num_gpus=gpus, gpus_per_node=cm.gpus_per_node, num_layers=layers, global_batch_size=batch,
@@ -130,6 +133,21 @@ def test_planner_exact_on_former_misses(layers: int, gpus: int, batch: int, scal
     off = replace(EXACT, swap_moves=0) if closer == "swap_moves" else replace(EXACT, rival_refine_rounds=0)
     without, _ = _solve(cm, space, off)  # each was off by 2.2 to 8.6 %
     assert without > truth * 1.02, (closer, without, truth)
+
+
+def test_a_contended_host_plans_exactly_past_a_rival_that_fits_no_partition() -> None:
+    """Under a contended host's formula, a configuration whose relaxed bound ranks it below the plan may still
+    fit no partition (step time inf): refining it as a rival crashed (IndexError) before it was skipped."""
+    cm = SyntheticCostModel(num_layers=2, num_gpus=6, memory_limit_bytes=532 * MIB, global_batch=12,
+                            layer_scale=[1.5, 2.0], gpus_per_node=4, dp_sync_s=0.02, act_mib_per_sample=16.0,
+                            param_mib=60.0, linear_pipeline=False, host_slowdown=2.0)
+    space = SearchSpace(num_gpus=6, gpus_per_node=4, num_layers=2, global_batch_size=12, seq_length=1024,
+                        heads=12, kv_heads=12, max_tp=4, max_pp=4, max_cp=1, sp_kinds=(None, "megatron"),
+                        zero_levels=(0, 3), recomputes=("none", "full"), schedules=("1f1b",))
+    found, truth = _solve(cm, space)
+    assert math.isfinite(truth) and math.isclose(found, truth, rel_tol=1e-9), (found, truth)
+    bound = certified_bound(Planner(cm, space, options=EXACT), ceiling=found)
+    assert 0.0 < bound <= truth * (1 + 1e-12)  # the lifted linear bounds: a certificate, not 0
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
