@@ -61,6 +61,7 @@ class PlannerOptions:
     refine_rounds: int = 8
     rival_refine_rounds: int = 1  # the same, local rounds only, for configurations that may overtake it
     swap_moves: int = 64  # the chosen plan's single-layer changes under a non-linear pipeline formula (0: none)
+    swap_pairs: bool = True  # ... and, where no single change helps, changes of two layers of a stage at once
     polish_factor: int = 4  # mixed layer kinds: the chosen configuration re-solved with this many times finer bins
     # the layer DP: numpy over memory bins, or Pareto fronts on exact memory. Measured (bench/hybrid.py --layer-dp):
     # bins are as fast or faster everywhere and 5.7x faster on a 64-layer mixed stack, whose fronts grow to ~16,000
@@ -782,7 +783,7 @@ class Planner:
         ends = list(itertools.accumulate(parts))
         kinds = [self.kinds[end - n:end] for n, end in zip(parts, ends, strict=True)]
         got, v = swaps.improve(cc.stages, kinds, self.choices(cc, parts), self.limit, self._pipe(cc),
-                               self.opt.swap_moves)
+                               self.opt.swap_moves, self.opt.swap_pairs)
         if v >= step_s:
             return step_s
         self._swapped[(cc.config, parts)] = got
