@@ -122,17 +122,16 @@ class Profile(_Strict):
         uneven stage), the busy ones run up to ``slowdown`` times faster, so the step is the longer of the
         critical path at uncontended speed and the average rank's work at contended speed (the cores' total
         work divided among the ranks). With no idle rank (pp = 1) both bounds give ``step_s`` back."""
-        if self.host is None or not self.host_bound or not stage_time_s:
+        if self.host is None or not self.host_bound or not stage_time_s:  # (the search's hot path: no work sums)
             return step_s
         work = [micro_batches * t + u for t, u in zip(stage_time_s, stage_step_time_s, strict=True)]
-        mean_work = sum(work) / len(work)
-        return min(step_s, max(step_s / self.host.slowdown, mean_work))
+        return self.host_step_lower_bound(step_s, sum(work) / len(work))
 
     def host_step_lower_bound(self, linear_s: float, mean_work_s: float) -> float:
-        """A lower bound on ``host_bound_step_s`` from lower bounds on its two inputs: the contention-free
-        pipeline step (``linear_s``) and the stages' mean work m t + u (``mean_work_s``). The step,
-        min(L, max(L / slowdown, W)), grows with L and with W, so bounds on them bound it; the planner's bounds
-        on the linear formula then carry over to a contended host."""
+        """``host_bound_step_s`` from its two inputs, the contention-free pipeline step L (``linear_s``) and the
+        stages' mean work W, m t + u (``mean_work_s``): min(L, max(L / slowdown, W)). It grows with L and with W,
+        so given lower bounds on them it is a lower bound on the step: the planner's bounds on the linear
+        formula then carry over to a contended host."""
         if self.host is None or not self.host_bound:
             return linear_s
         return min(linear_s, max(linear_s / self.host.slowdown, mean_work_s))
