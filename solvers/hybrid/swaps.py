@@ -15,7 +15,7 @@ as outer sums of the two layers' changes and only their (time, step time) front 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,47 +119,48 @@ def _key(stage: _Stage, pos: int) -> tuple[Hashable, int, int, int]:
             stage.choice[pos + 1] if pos + 1 < len(stage.choice) else -1)
 
 
-def _best_single(state: list[_Stage], limit: float, pipe: PipelineTime, value: float
-                 ) -> tuple[float, int, dict[int, int]] | None:
-    """The single-layer change that lowers the step time most: (step time, stage, {layer: candidate})."""
+# a change of a stage's layers: ({layer: candidate}, the stage's new time, its new step time)
+Move = tuple[dict[int, int], float, float]
+
+
+def _single_changes(stage: _Stage, limit: float) -> Iterator[Move]:
+    """Every improving change of one layer (a run of identical neighbourhoods priced once)."""
+    tried: set[tuple[Hashable, int, int, int]] = set()
+    for pos in range(len(stage.choice)):
+        key = _key(stage, pos)
+        if key in tried:
+            continue
+        tried.add(key)
+        cands, t_new, u_new = _moves(stage, pos, limit)
+        for c, t, u in zip(cands, t_new, u_new, strict=True):
+            yield {pos: int(c)}, float(t), float(u)
+
+
+def _pair_changes(stage: _Stage, limit: float) -> Iterator[Move]:
+    """Every improving change of two layers at once (as ``_single_changes``, per pair of neighbourhoods)."""
+    tried: set[tuple[object, ...]] = set()
+    for a, b in itertools.combinations(range(len(stage.choice)), 2):
+        key = (_key(stage, a), _key(stage, b), b - a == 1)
+        if key in tried:
+            continue
+        tried.add(key)
+        xs, ys, t_new, u_new = _pair_moves(stage, a, b, limit)
+        for x, y, t, u in zip(xs, ys, t_new, u_new, strict=True):
+            yield {a: int(x), b: int(y)}, float(t), float(u)
+
+
+def _best(state: list[_Stage], pipe: PipelineTime, value: float, changes: Callable[[_Stage], Iterator[Move]]
+          ) -> tuple[float, int, dict[int, int]] | None:
+    """Of every stage's ``changes``, the one that lowers the step time most: (step time, stage, change)."""
     best: tuple[float, int, dict[int, int]] | None = None
     times, steps = [s.time_s for s in state], [s.step_s for s in state]
     for i, s in enumerate(state):
-        tried: set[tuple[Hashable, int, int, int]] = set()
-        for pos in range(len(s.choice)):
-            key = _key(s, pos)
-            if key in tried:
-                continue
-            tried.add(key)
-            cands, t_new, u_new = _moves(s, pos, limit)
-            for c, t, u in zip(cands, t_new, u_new, strict=True):
-                times[i], steps[i] = float(t), float(u)
-                v = pipe(times, steps)
-                if v < value * (1 - 1e-12) and (best is None or v < best[0]):
-                    best = (v, i, {pos: int(c)})
-            times[i], steps[i] = s.time_s, s.step_s
-    return best
-
-
-def _best_pair(state: list[_Stage], limit: float, pipe: PipelineTime, value: float
-               ) -> tuple[float, int, dict[int, int]] | None:
-    """The change of two layers of one stage at once that lowers the step time most (as ``_best_single``)."""
-    best: tuple[float, int, dict[int, int]] | None = None
-    times, steps = [s.time_s for s in state], [s.step_s for s in state]
-    for i, s in enumerate(state):
-        tried: set[tuple[object, ...]] = set()
-        for a, b in itertools.combinations(range(len(s.choice)), 2):
-            key = (_key(s, a), _key(s, b), b - a == 1)
-            if key in tried:
-                continue
-            tried.add(key)
-            xs, ys, t_new, u_new = _pair_moves(s, a, b, limit)
-            for x, y, t, u in zip(xs, ys, t_new, u_new, strict=True):
-                times[i], steps[i] = float(t), float(u)
-                v = pipe(times, steps)
-                if v < value * (1 - 1e-12) and (best is None or v < best[0]):
-                    best = (v, i, {a: int(x), b: int(y)})
-            times[i], steps[i] = s.time_s, s.step_s
+        for change, t, u in changes(s):
+            times[i], steps[i] = t, u
+            v = pipe(times, steps)
+            if v < value * (1 - 1e-12) and (best is None or v < best[0]):
+                best = (v, i, change)
+        times[i], steps[i] = s.time_s, s.step_s
     return best
 
 
@@ -175,7 +176,9 @@ def improve(stages: Sequence[StageInputs], kinds: Sequence[Sequence[Hashable]], 
         s.total()
     value = pipe([s.time_s for s in state], [s.step_s for s in state])
     for _ in range(max_moves):
-        best = _best_single(state, limit, pipe, value) or (_best_pair(state, limit, pipe, value) if pairs else None)
+        best = _best(state, pipe, value, lambda s: _single_changes(s, limit))
+        if best is None and pairs:
+            best = _best(state, pipe, value, lambda s: _pair_changes(s, limit))
         if best is None:
             break
         _, i, change = best
