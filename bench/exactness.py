@@ -17,7 +17,6 @@ import argparse
 import math
 import random
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -27,7 +26,7 @@ from solvers.hybrid.planner import Planner
 from solvers.hybrid.space import SearchSpace
 from tests.hybrid.brute_force import best_step_time
 from tests.hybrid.synthetic import MIB, SyntheticCostModel
-from tests.hybrid.test_exactness import EXACT
+from tests.hybrid.test_exactness import exact_without
 
 FORMULAS = ("linear", "galvatron", "generic", "host")
 
@@ -59,7 +58,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs=2, default=(1000, 4000), metavar=("FIRST", "END"))
     ap.add_argument("--off", nargs="*", default=[], help="planner options to turn off (e.g. swap_pairs)")
     a = ap.parse_args()
-    options = replace(EXACT, **{name: type(getattr(EXACT, name))(0) for name in a.off})
+    options = exact_without(*a.off)
     cases = inexact = 0
     worst = 0.0
     for seed in range(*a.seeds):

@@ -70,11 +70,7 @@ class SyntheticCostModel:
         return self.pipeline_at_least_chain
 
     @property
-    def pipeline_bounded_by_linear(self) -> bool:
-        return self._host_bound
-
-    @property
-    def _host_bound(self) -> bool:
+    def pipeline_bounded_by_linear(self) -> bool:  # (the host formula: the only one lifted from the linear one)
         return not self.linear_pipeline and not self.galvatron_formula and self.host_slowdown > 1.0
 
     def step_bound_from_linear(self, linear_s: float, mean_work_s: float) -> float:
@@ -160,7 +156,7 @@ class SyntheticCostModel:
             fixed = [self.stage_fixed(replace(ctx, stage=s)).time_s for s in range(len(stage_time_s))]
             with_sync = [t + u - f for t, u, f in zip(stage_time_s, stage_step_time_s, fixed, strict=True)]
             return galvatron_pipeline_time(list(stage_time_s), with_sync, ctx.micro_batches, bounded=True)
-        if self._host_bound:
+        if self.pipeline_bounded_by_linear:
             linear = step_time_s(stage_time_s, stage_step_time_s, ctx.micro_batches, v, ctx.schedule)
             work = sum(ctx.micro_batches * t + u for t, u in zip(stage_time_s, stage_step_time_s, strict=True))
             return self.step_bound_from_linear(linear, work / len(stage_time_s))

@@ -20,6 +20,11 @@ from tests.hybrid.synthetic import MIB, SyntheticCostModel
 EXACT = PlannerOptions(memory_unit_bytes=MIB, peak_levels=64, dp_work_limit=math.inf)
 
 
+def exact_without(*steps: str) -> PlannerOptions:
+    """``EXACT`` with the named planner steps turned off (0 rounds or moves, or False)."""
+    return replace(EXACT, **{name: type(getattr(EXACT, name))(0) for name in steps})
+
+
 @st.composite
 def small_case(draw: st.DrawFn, per_step: bool = True) -> tuple[SyntheticCostModel, SearchSpace]:
     gpus = draw(st.sampled_from([1, 2, 3, 4, 6]))
@@ -135,8 +140,7 @@ def test_planner_exact_on_former_misses(layers: int, gpus: int, batch: int, scal
                         schedules=schedules)
     found, truth = _solve(cm, space)
     assert math.isclose(found, truth, rel_tol=1e-9), (found, truth)
-    off = replace(EXACT, **{name: type(getattr(EXACT, name))(0) for name in closer.split()})
-    without, _ = _solve(cm, space, off)
+    without, _ = _solve(cm, space, exact_without(*closer.split()))
     assert without > truth * (1 + off_gap), (closer, without, truth)
 
 
