@@ -486,8 +486,8 @@ class Planner:
         cfg = cc.config
         v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
         weights = [((cfg.micro_batches - 1 / v) / cfg.pp + 1 / v, 1.0 / cfg.pp)]
-        if self.lifted:  # and the mean work, Σ_s (m t_s + u_s) / p, in the same relaxation
-            weights.append((cfg.micro_batches / cfg.pp, 1.0 / cfg.pp))
+        if self.lifted:  # and the mean work in the same relaxation
+            weights.append(self._mean_work_weights(cfg))
         rows = [self._weighted_stage(cc, s, weights, levels) for s in range(cfg.pp)]
         n = len(self.kinds)
         return self._lift(partition.min_sum_value(n, self._by_start(cc, [r[0] for r in rows])),
@@ -531,10 +531,14 @@ class Planner:
     def mean_work_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1) -> float:
         """A lower bound on the stages' mean work per step, Σ_s (m t_s + u_s) / p: the least over partitions of
         each stage's relaxed m t + u, over p."""
-        cfg = cc.config
-        weights = [(cfg.micro_batches / cfg.pp, 1.0 / cfg.pp)]
-        rows = [self._weighted_stage(cc, s, weights, levels)[0] for s in range(cfg.pp)]
+        weights = [self._mean_work_weights(cc.config)]
+        rows = [self._weighted_stage(cc, s, weights, levels)[0] for s in range(cc.config.pp)]
         return partition.min_sum_value(len(self.kinds), self._by_start(cc, rows))
+
+    @staticmethod
+    def _mean_work_weights(cfg: PipelineConfig) -> tuple[float, float]:
+        """(w_t, w_u) of a stage's share of the mean work Σ_s (m t_s + u_s) / p."""
+        return cfg.micro_batches / cfg.pp, 1.0 / cfg.pp
 
     def _lift(self, linear_s: float, mean_work_s: Callable[[], float]) -> float:
         """A bound on the linear formula's step as one on the cost model's (``lifted``: with the mean work's
