@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from solvers.errors import SpecError
+
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 MlpKind = Literal["gelu", "swiglu"]
 
@@ -176,10 +178,16 @@ class GPUSpec(_Spec):
     intra_node_bandwidth_GBps: float = Field(default=300.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
     inter_node_bandwidth_Gbps: float = Field(default=1600.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
 
-    def peak_flops(self, precision: Precision) -> float:
-        """Peak FLOP/s for the precision of the matrix multiplies."""
+    def peak_flops(self, precision: Precision, loc: tuple[str, ...] = ("training", "precision")) -> float:
+        """Peak FLOP/s for the precision of the matrix multiplies. fp8 needs the GPU's FP8 peak: Ampere and
+        older have no FP8 tensor cores (guessing twice the bf16 peak priced an A100 at 1.5x its speed);
+        ``loc``: the request's precision field, named in that error."""
         if precision == "fp8":
-            return 1e12 * (self.peak_tflops_fp8 or 2 * self.peak_tflops)
+            if self.peak_tflops_fp8 is None:
+                raise SpecError.at(loc, f"fp8 needs FP8 tensor cores and the {self.name} GPU has no FP8 peak "
+                                        "(peak_tflops_fp8): use bf16 or fp16, or give cluster.gpu.peak_tflops_fp8 "
+                                        "for a GPU that has them")
+            return 1e12 * self.peak_tflops_fp8
         if precision == "fp32":
             return 1e12 * (self.peak_tflops_fp32 or self.peak_tflops / 2)
         return 1e12 * self.peak_tflops

@@ -176,7 +176,7 @@ def derived_constants(
 ) -> FlexSPConstants:
     """Constants for any model and cluster, from the specs and the efficiencies stated above."""
     n = cluster.num_gpus
-    peak = cluster.gpu.peak_flops(precision)
+    peak = cluster.gpu.peak_flops(precision, ("precision",))
     params = model.total_params()
     # ZeRO-3: all-gather params for fwd and bwd, reduce-scatter grads, 2 bytes each, once per micro-batch.
     zero_bytes = 3 * 2 * params * (n - 1) / n if zero == 3 else 0.0

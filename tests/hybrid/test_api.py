@@ -581,3 +581,26 @@ def test_an_interleaved_schedule_no_pipeline_can_take_is_named(model: dict[str, 
         solve(req)
     assert [p.loc for p in err.value.problems] == [("constraints", "schedule")]
     assert "interleaved schedule needs a pipeline of pp ≥ 2 stages" in str(err.value)
+
+
+def test_fp8_is_priced_only_on_a_gpu_with_fp8_tensor_cores() -> None:
+    """An A100 (no FP8 tensor cores) was priced at twice its bf16 peak in fp8, a third faster, without a word.
+    Now fp8 needs the GPU's FP8 peak: a preset's, or the one given with a custom GPU."""
+    fp8 = {**SMALL, "training": {**SMALL["training"], "precision": "fp8"}}
+    shorthand = {"tp": 2, "dp": 4, "micro_batch_size": 1, "recompute": "full"}
+    for call in (solve_hybrid, lambda r: estimate({**r, "strategy": shorthand})):
+        with pytest.raises(SpecError) as err:
+            call(fp8)
+        assert [p.loc for p in err.value.problems] == [("training", "precision")]
+        assert "A100-80GB GPU has no FP8 peak" in str(err.value)
+    custom = {"name": "mine", "peak_tflops": 400, "memory_gib": 80}
+    with pytest.raises(SpecError, match=r"give cluster\.gpu\.peak_tflops_fp8"):
+        estimate({**fp8, "cluster": {**SMALL["cluster"], "gpu": custom}, "strategy": shorthand})
+    steps = {}
+    for gpu in ("H100-SXM", {**custom, "peak_tflops_fp8": 800}):
+        for precision in ("bf16", "fp8"):
+            req = {**SMALL, "cluster": {**SMALL["cluster"], "gpu": gpu},
+                   "training": {**SMALL["training"], "precision": precision}, "strategy": shorthand}
+            steps[str(gpu), precision] = estimate(req)["step_time_s"]
+        assert steps[str(gpu), "fp8"] < steps[str(gpu), "bf16"]
+

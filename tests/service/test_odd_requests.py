@@ -93,6 +93,8 @@ def test_the_layer_limit_counts_the_layers_of_a_hugging_face_config(client: Any)
     ({"cost_model": {"kind": "profile"}}, ["body", "cost_model", "profile"]),
     ({"cost_model": {"kind": "analytic", "calibration": {"gemm_eta": 0.5}}},
      ["body", "cost_model", "calibration", "gemm_eta"]),
+    # an A100 has no FP8 tensor cores (fp8 was priced at twice its bf16 peak)
+    ({"training": {**HYBRID["training"], "precision": "fp8"}}, ["body", "training", "precision"]),
 ])
 def test_a_plan_request_the_solver_would_refuse_is_422_not_a_queued_job(client: Any, change: dict[str, Any],
                                                                       loc: list[Any]) -> None:
