@@ -24,7 +24,7 @@ from solvers.cost_model.base import CostModel, Estimate
 from solvers.hybrid.moe import with_expert_layouts
 from solvers.hybrid.space import ALL_RECOMPUTE, PipelineConfig, SearchSpace
 from solvers.hybrid.stage_costs import fixed_memory_bytes, layout_transitions, stage_context
-from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute, SpKind
 
 
 @dataclass
@@ -141,10 +141,17 @@ def megatron_grid(space: SearchSpace) -> tuple[list[PipelineConfig], list[LayerS
     for pp in space.pp_options():
         g = space.num_gpus // pp
         for tp in space.tp_options(g):
+            # Megatron SP where the sequence splits tp ways, else plain TP; neither where TP does not split the
+            # KV heads or the FFN (the planner's own rules: such a baseline was priced, and could beat the plan)
+            kinds: tuple[SpKind, ...] = ("megatron", None) if tp > 1 else (None,)
+            legal = [x for x in kinds if space.splits_layer(tp, 1, x)]
+            if not legal:
+                continue
+            sp = legal[0]
             for zero in (0, 1):
                 for rc in ALL_RECOMPUTE:
-                    strategies.append(LayerStrategy(tp=tp, dp=g // tp, sp="megatron" if tp > 1 else None,
-                                                    zero=zero if g // tp > 1 else 0, recompute=rc))
+                    strategies.append(LayerStrategy(tp=tp, dp=g // tp, sp=sp, zero=zero if g // tp > 1 else 0,
+                                                    recompute=rc))
     strategies = list(dict.fromkeys(strategies))
     if space.num_experts > 1:
         strategies = with_expert_layouts(strategies, space.num_experts, space.gpus_per_node, allow_approximate=False)

@@ -124,19 +124,22 @@ class SearchSpace:
             if micro_batch_samples % dp:
                 continue  # every data-parallel rank gets whole samples
             for sp in self._sp_options(tp):
-                # the sequence splits over cp (and over tp under SP); Megatron TP splits KV heads too
-                if self.seq_length % (cp * (tp if sp is not None else 1)):
+                if not self.splits_layer(tp, cp, sp):
                     continue
-                if sp != "ulysses" and self.kv_heads % tp and tp % self.kv_heads:
-                    continue
-                if sp != "ulysses" and self.ffn % tp:
-                    continue  # (an MoE layer's experts that TP does not divide: the cost model prices them out)
                 for zero in self._zero_options(dp * cp):
                     for rc in self.recomputes:
                         out.append(LayerStrategy(tp=tp, dp=dp, cp=cp, sp=sp, zero=zero, recompute=rc))
         if self.num_experts > 1:
             out = with_expert_layouts(out, self.num_experts, self.gpus_per_node, self.allow_approximate)
         return out
+
+    def splits_layer(self, tp: int, cp: int, sp: SpKind) -> bool:
+        """Whether a layer splits evenly ``tp`` x ``cp`` ways under ``sp``: the sequence over cp (and over tp
+        under SP), and under Megatron TP the KV heads and the FFN width too (an MoE layer's experts that TP
+        does not divide: the cost model prices them out)."""
+        if self.seq_length % (cp * (tp if sp is not None else 1)):
+            return False
+        return sp == "ulysses" or ((not self.kv_heads % tp or not tp % self.kv_heads) and not self.ffn % tp)
 
     def _tp_cp_splits(self, stage_gpus: int) -> Iterator[tuple[int, int]]:
         """(tp, cp) pairs legal on a stage of that many GPUs; the rest of the stage is data parallel."""
@@ -153,13 +156,17 @@ class SearchSpace:
         for c in self.pipeline_configs():
             g = self.num_gpus // c.pp
             for tp, cp in self._tp_cp_splits(g):
+                if not any(self.splits_layer(tp, cp, sp) for sp in self._sp_options(tp)):
+                    continue
                 dp = g // (tp * cp)
                 if (self.global_batch_size // c.micro_batches) % dp == 0:
                     return None
                 splits.setdefault(dp, (c.pp, tp, cp))
         interleaved_only = self.schedules == ("interleaved",)
         rules = (f"pp ≤ {min(self.max_pp, self.num_layers)}{' dividing the micro-batches' if interleaved_only else ''}"
-                 f", tp ≤ {self.tp_cap()} dividing the {self.heads} heads, cp ≤ {self.max_cp}")
+                 f", tp ≤ {self.tp_cap()} dividing the {self.heads} heads and either the FFN width of {self.ffn} and "
+                 f"(or as a multiple) the {self.kv_heads} KV heads, or under Ulysses the sequence of {self.seq_length}"
+                 + (f", cp ≤ {self.max_cp} with 2 cp dividing the sequence" if self.max_cp > 1 else ", cp 1"))
         if not splits:
             return f"no split of {self.num_gpus:,} GPUs into pp x tp x cp x dp obeys {rules}"
         dp = min(splits)

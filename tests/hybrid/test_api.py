@@ -604,3 +604,16 @@ def test_fp8_is_priced_only_on_a_gpu_with_fp8_tensor_cores() -> None:
             steps[str(gpu), precision] = estimate(req)["step_time_s"]
         assert steps[str(gpu), "fp8"] < steps[str(gpu), "bf16"]
 
+
+def test_a_gpu_count_no_layer_splits_into_is_blamed_on_the_cluster_with_the_layer_rules() -> None:
+    """3 GPUs, 3 heads, FFN 256, batch 1: dp 3 divides no batch of 1 and TP 3 splits neither the FFN nor (under
+    Ulysses) the 1,024 tokens. The GPU count was not blamed (TP 3 was counted as a split) and the error said
+    "no plan satisfies the constraints" of a request that had none."""
+    req = {"kind": "hybrid", "model": {"name": "m", "num_layers": 2, "hidden_size": 96, "num_attention_heads": 3,
+                                       "mlp": "swiglu"},
+           "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 3},
+           "training": {"global_batch_size": 1, "seq_length": 1024}}
+    with pytest.raises(InfeasibleError) as err:
+        solve_hybrid(req)
+    assert [p.loc for p in err.value.problems] == [("cluster",)]
+    assert "the FFN width of 256" in str(err.value) and "the least is dp 3 (pp 1, tp 1, cp 1)" in str(err.value)

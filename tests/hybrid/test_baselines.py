@@ -15,11 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from solvers.cost_model import pipeline
+from solvers.cost_model.api import estimate
 from solvers.cost_model.base import CostModel
 from solvers.cost_model.factory import make_cost_model
 from solvers.errors import SpecError
 from solvers.hybrid import baselines
-from solvers.hybrid.api import layer_kinds
+from solvers.hybrid.api import layer_kinds, solve
 from solvers.hybrid.space import PipelineConfig, SearchSpace, build_space
 from solvers.request import HybridRequest, parse
 from solvers.strategy import LayerStrategy, PlanStrategy, Schedule
@@ -173,3 +174,26 @@ def test_megatron_baseline_equals_enumeration_on_galvatrons_model() -> None:
                        "hardware_dir": str(data / "hardware")}})
     cm, space = make_cost_model(req), build_space(req)
     _check(cm, space, layer_kinds(req.model))
+
+
+@pytest.mark.parametrize(("model", "seq", "sp"), [
+    # 6 GPUs: TP 3 divides the 12 heads; SP would split the 8,192 tokens 3 ways: plain TP 3
+    ({"name": "m", "num_layers": 2, "hidden_size": 768, "num_attention_heads": 12}, 8192, None),
+    # TP 3 divides neither the 4 KV heads nor a multiple of them: no TP 3 at all
+    ({"name": "m", "num_layers": 2, "hidden_size": 768, "num_attention_heads": 12, "num_kv_heads": 4}, 2048, "none"),
+])
+def test_the_megatron_grid_holds_only_layers_that_split_evenly(model: dict[str, object], seq: int,
+                                                              sp: str | None) -> None:
+    """The grid took Megatron SP on every TP degree of the heads, unlike the planner: TP 3 with SP over 8,192
+    tokens was priced and "fitted", beat the plan by 2 %, and its estimate and Megatron export were refused."""
+    doc = {"kind": "hybrid", "model": model, "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 6},
+           "training": {"global_batch_size": 3072, "seq_length": seq}}
+    _, strategies = baselines.megatron_grid(build_space(parse(HybridRequest, doc)))
+    at3 = {x.sp for x in strategies if x.tp == 3}
+    assert at3 == (set() if sp == "none" else {sp})
+    assert {x.sp for x in strategies if x.tp == 2} == {"megatron"}
+    out = solve(doc)
+    base = out["baselines"]["megatron"]
+    again = estimate({**doc, "strategy": base["strategy"]})
+    assert again["step_time_s"] == pytest.approx(base["estimate"]["step_time_s"], rel=1e-9)
+    assert out["estimate"]["step_time_s"] <= base["estimate"]["step_time_s"] * (1 + 1e-9)
