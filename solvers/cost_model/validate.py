@@ -34,6 +34,8 @@ def _layer_kinds(x: LayerStrategy, loc: Loc) -> list[FieldProblem]:
     if x.recompute not in _RECOMPUTE:
         out.append(FieldProblem((*loc, "recompute"),
                                 f"must be one of {', '.join(_RECOMPUTE)}, got {shown(x.recompute)}"))
+    if not isinstance(x.lsh, bool):  # ("y" or [1] crashed the cost model's candidate arrays: an HTTP 500)
+        out.append(FieldProblem((*loc, "lsh"), f"must be true or false, got {shown(x.lsh)}"))
     return out
 
 
@@ -61,7 +63,7 @@ def check_layer(x: LayerStrategy, index: int, model: ModelSpec, stage_gpus: int,
         bad("dp", f"the micro-batch of {micro_batch_samples:g} samples does not split over dp={x.dp} ranks")
     if x.etp is not None and (not isinstance(x.etp, int) or isinstance(x.etp, bool) or x.etp < 1):
         bad("etp", f"must be a positive integer, got {shown(x.etp)}")
-    elif x.ep > 1 or x.etp is not None or x.lsh:
+    elif x.ep > 1 or x.etp is not None or x.lsh is True:  # (an lsh not true or false: said once, above)
         field = "ep" if x.ep > 1 else "etp" if x.etp is not None else "lsh"
         if not model.is_moe_layer(index):
             bad(field, "expert parallelism, expert TP and LSH compression need an MoE layer")
@@ -69,7 +71,8 @@ def check_layer(x: LayerStrategy, index: int, model: ModelSpec, stage_gpus: int,
             bad("ep", f"ep ({x.ep}) must divide the number of experts ({model.moe.num_experts})")
         elif x.world % (x.ep * x.expert_tp):
             # parallel folding: the layer's tp*cp*dp ranks are re-read as etp * ep * expert-dp
-            bad("ep", f"ep*etp ({x.ep}*{x.expert_tp}) must divide the layer's tp*cp*dp = {x.world} ranks")
+            bad("ep" if x.ep > 1 else "etp",
+                f"ep*etp ({x.ep}*{x.expert_tp}) must divide the layer's tp*cp*dp = {x.world} ranks")
     if not any(p.loc[len(loc):][:1] in (("tp",), ("etp",)) for p in out):  # (one problem a field)
         # the MLP's weights split over (expert) TP; Ulysses keeps the MLP whole (its expert TP is 1)
         if model.is_moe_layer(index) and model.expert_ffn_size % x.expert_tp:

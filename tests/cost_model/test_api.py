@@ -154,6 +154,11 @@ FULL = {"pp": 2, "micro_batches": 8, "stage_layers": [16, 16], "layers": [{"tp":
     ({**SHORT, "stage_layers": 5}, ("strategy", "stage_layers")),
     ({**SHORT, "embedding": {"tp": 2, "bogus": 1}}, ("strategy", "embedding", "bogus")),  # was blamed on stage_layers
     ({**SHORT, "embedding": {"tp": 2, "dp": 4, "zero": -1}}, ("strategy", "embedding", "zero")),
+    # a layer's lsh was never checked: "y" and [1] crashed the cost model's candidate arrays (an HTTP 500)
+    ({**FULL, "layers": [{"tp": 2, "dp": 4, "lsh": "y"}] + [{"tp": 2, "dp": 4}] * 31},
+     ("strategy", "layers", 0, "lsh")),
+    ({**FULL, "layers": [{"tp": 2, "dp": 4}] * 31 + [{"tp": 2, "dp": 4, "lsh": [1]}]},
+     ("strategy", "layers", 31, "lsh")),
 ])
 def test_malformed_strategy_parts_name_their_field(strategy: dict[str, Any], loc: tuple[str, ...]) -> None:
     with pytest.raises(SpecError) as err:
