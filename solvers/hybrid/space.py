@@ -70,9 +70,11 @@ class SearchSpace:
     def micro_batch_options(self, pp: int) -> list[int]:
         if self.micro_batches is not None:
             return [m for m in self.micro_batches if self.global_batch_size % m == 0]
-        # Fewer micro-batches than stages leaves stages idle by construction; keep pp=1 free to accumulate.
-        lo = pp if pp > 1 else 1
-        return [m for m in divisors(self.global_batch_size) if m >= lo]
+        # Fewer micro-batches than stages leaves stages idle by construction; keep pp=1 free to accumulate. But a
+        # global batch smaller than pp has no other way through pp stages (and may need them: 16 GPUs, TP 8 and a
+        # batch of 1 was refused as unsplittable though pp 2 with one micro-batch runs).
+        every = divisors(self.global_batch_size)
+        return [m for m in every if m >= pp] or every
 
     def pipeline_configs(self) -> list[PipelineConfig]:
         out: list[PipelineConfig] = []

@@ -617,3 +617,15 @@ def test_a_gpu_count_no_layer_splits_into_is_blamed_on_the_cluster_with_the_laye
         solve_hybrid(req)
     assert [p.loc for p in err.value.problems] == [("cluster",)]
     assert "the FFN width of 256" in str(err.value) and "the least is dp 3 (pp 1, tp 1, cp 1)" in str(err.value)
+
+
+def test_a_batch_smaller_than_the_pipeline_is_planned_not_refused() -> None:
+    """llama2-7b (8 layers) on 16 GPUs with a batch of 1: one stage would need TP 16 across nodes or DP 2 over one
+    sample; two stages of TP 8 with one micro-batch run. It was refused as unsplittable, though its estimate ran."""
+    req = {"kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 8},
+           "cluster": {"gpu": "A100-80GB", "nodes": 2, "gpus_per_node": 8}, "training": {"global_batch_size": 1}}
+    out = solve_hybrid(req)
+    plan = PlanStrategy.from_dict(out["strategy"])
+    assert (plan.pp, plan.micro_batches) == (2, 1) and {x.tp for x in plan.layers} == {8}
+    again = estimate({**req, "strategy": out["strategy"]})
+    assert again["step_time_s"] == pytest.approx(out["estimate"]["step_time_s"], rel=1e-9) and again["fits"]

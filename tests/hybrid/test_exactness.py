@@ -451,3 +451,25 @@ def test_bound_ordering_never_loses_a_configuration_the_solver_finds(
             if (cc := alone.config_costs(var)) is not None]
     assert found <= min(each, default=math.inf) * (1 + 1e-9), (found, min(each))
     assert cert.bound_s <= min(each, default=math.inf) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize(("batch", "limit_mib", "linear"), [(1, 800, True), (1, 800, False), (1, 1600, True),
+                                                            (1, 1600, False), (3, 1600, False)])
+def test_a_global_batch_smaller_than_the_pipeline_is_planned_exactly(batch: int, limit_mib: int,
+                                                                     linear: bool) -> None:
+    """Fewer samples than stages: a pipeline deeper than the batch can only run fewer micro-batches than stages,
+    which the space used to leave out (a batch of 1 on 16 GPUs with TP 8 was refused). Here, with TP up to 2 on
+    4 GPUs, a batch of 1 has no plan without it; it is planned as enumeration plans it."""
+    cm = SyntheticCostModel(num_layers=4, num_gpus=4, memory_limit_bytes=limit_mib * MIB, global_batch=batch,
+                            layer_scale=[1.0, 2.0, 0.5, 1.5], gpus_per_node=4, dp_sync_s=0.02,
+                            act_mib_per_sample=64.0, param_mib=60.0, linear_pipeline=linear)
+    space = SearchSpace(num_gpus=4, gpus_per_node=4, num_layers=4, global_batch_size=batch, seq_length=1024,
+                        heads=12, kv_heads=12, max_tp=2, max_pp=4, max_cp=1, sp_kinds=(None, "megatron"),
+                        zero_levels=(0, 3), recomputes=("none", "full"), schedules=("1f1b",))
+    assert any(c.micro_batches < c.pp for c in space.pipeline_configs())
+    found, truth = _solve(cm, space)
+    assert math.isfinite(truth)
+    assert found == truth or math.isclose(found, truth, rel_tol=1e-9), (found, truth)
+    if batch == 1:  # (TP 2 x DP 2 would need two samples: no plan of one stage)
+        plan = Planner(cm, space, options=EXACT).search().plan
+        assert plan.micro_batches == 1 < plan.pp
