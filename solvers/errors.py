@@ -6,14 +6,20 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+SHOWN_CHARS = 80  # of a value quoted in a message (a 400-digit integer was quoted whole)
+
 
 def shown(value: object) -> str:
     """A value the user sent, as JSON writes it (null, true, "x"): requests are JSON, Python's repr (None,
     True, 'x') would not be what they typed. Anything JSON cannot write falls back to repr."""
     try:
-        return json.dumps(value, ensure_ascii=False)
+        text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
-        return repr(value)
+        try:
+            text = repr(value)
+        except ValueError:  # an integer past Python's digit limit for str()
+            return "a number too long to print"
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + f"… ({len(text):,} characters)"
 
 
 @dataclass

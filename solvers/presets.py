@@ -12,6 +12,7 @@ limit of every request; the cost model's reserve (CUDA context, workspaces) come
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +126,10 @@ def unsupported_hf_features(config: dict[str, Any]) -> list[str]:
     return [f"{k}: {what} is not modelled" for k, what in _UNSUPPORTED_HF_KEYS.items() if config.get(k)]
 
 
-def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None = None) -> dict[str, Any]:
-    """Map a Hugging Face ``config.json`` (dict or path) to ModelSpec fields.
+def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None = None,
+                         given: Collection[str] = ()) -> dict[str, Any]:
+    """Map a Hugging Face ``config.json`` (dict or path) to ModelSpec fields; ``given``: the fields the request
+    sets alongside it (they win, so the config need not have them).
 
     Multimodal configs are read from their ``text_config``. Raises ValueError naming the keys of
     architecture features the cost model does not represent (see ``_UNSUPPORTED_HF_KEYS``)."""
@@ -143,10 +146,13 @@ def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None =
                 return config[k]
         return default
 
-    def number(kind: type[int] | type[float], *keys: str, default: Any = None) -> Any:
-        """The first of ``keys`` the config sets, as a ``kind``; ValueError naming the key if it is not one."""
+    def number(kind: type[int] | type[float], *keys: str, default: Any = None, field: str | None = None) -> Any:
+        """The first of ``keys`` the config sets, as a ``kind``; ValueError naming the key if it is not one, or
+        naming them all if none is set and the spec ``field`` it gives is required and not given alongside."""
         key = next((k for k in keys if config.get(k) is not None), None)
         if key is None:
+            if field is not None and field not in given:
+                raise ValueError(f"hf_config sets none of {', '.join(keys)}: a transformer's config.json does")
             return default
         value = config[key]
         if isinstance(value, int | float | str) and not isinstance(value, bool):
@@ -154,18 +160,29 @@ def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None =
                 converted = float(value)
                 if kind is float or converted.is_integer():
                     return kind(converted)
-            except ValueError:
+            except (ValueError, OverflowError):  # ("1e999", or an int past float's range: 10**400)
                 pass
         what = "an integer" if kind is int else "a number"
         raise ValueError(f"hf_config.{key} must be {what}, got {shown(value)}")
 
+    def flag(key: str) -> bool:
+        """A true/false key (``bool("false")`` is True: a string is refused, naming the key)."""
+        value = config.get(key, False)
+        if value is None or isinstance(value, bool):
+            return bool(value)
+        raise ValueError(f"hf_config.{key} must be true or false, got {shown(value)}")
+
     mtype = str(config.get("model_type", "")).lower()
-    layers = pick("num_hidden_layers", "n_layer", "num_layers")
+    # sizes through ``number``: a wrong type names the config's key (not the spec field derived from it) and a
+    # JSON true is refused, not read as 1
+    layers = number(int, "num_hidden_layers", "n_layer", "num_layers", field="num_layers")
     if mtype == "t5":
         encoder = number(int, "num_layers", default=0)
         layers = encoder + (number(int, "num_decoder_layers") or encoder)
-    hidden = pick("hidden_size", "n_embd", "d_model")
-    heads = pick("num_attention_heads", "n_head", "num_heads")
+    hidden = number(int, "hidden_size", "n_embd", "d_model", field="hidden_size")
+    heads = number(int, "num_attention_heads", "n_head", "num_heads", field="num_attention_heads")
+    # Falcon: multi_query (one KV head) or, in its newer architecture, num_kv_heads
+    kv_heads = number(int, "num_key_value_heads", "num_kv_heads", default=1 if flag("multi_query") else heads)
     act = str(pick("hidden_act", "activation_function", "feed_forward_proj", default="gelu")).lower()
     family = mtype.split("_")[0]  # qwen2_moe, qwen3_moe, llama4_text, ...
     gated = "silu" in act or "swiglu" in act or "gated" in act or family in _DROPOUT_FREE
@@ -174,11 +191,11 @@ def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None =
         "num_layers": layers,
         "hidden_size": hidden,
         "num_attention_heads": heads,
-        "num_kv_heads": pick("num_key_value_heads", default=heads),
-        "ffn_hidden_size": pick("intermediate_size", "n_inner", "d_ff", "ffn_dim"),
-        "vocab_size": pick("vocab_size", default=0),
+        "num_kv_heads": kv_heads,
+        "ffn_hidden_size": number(int, "intermediate_size", "n_inner", "d_ff", "ffn_dim"),
+        "vocab_size": number(int, "vocab_size", default=0),
         "mlp": "swiglu" if gated else "gelu",
-        "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "tied_embeddings": flag("tie_word_embeddings"),
     }
     # absent from many decoder configs (older Llama ones): those architectures train without dropout
     no_dropout = 0.0 if family in _DROPOUT_FREE else None
@@ -188,7 +205,7 @@ def model_from_hf_config(config: dict[str, Any] | str | Path, name: str | None =
         if p is not None:
             spec[field] = p
     if config.get("head_dim") or config.get("d_kv"):
-        spec["head_dim"] = pick("head_dim", "d_kv")
+        spec["head_dim"] = number(int, "head_dim", "d_kv")
     if spec["ffn_hidden_size"] is None:
         spec.pop("ffn_hidden_size")
     experts = number(int, "num_local_experts", "num_experts", "n_routed_experts")

@@ -26,11 +26,23 @@ MIN_GIB, MAX_GIB = 2.0**-20, 2.0**20  # 1 KiB .. 1 PiB per device
 MIN_BANDWIDTH, MAX_BANDWIDTH = 1e-6, 1e7  # GB/s for memory and NVLink, Gb/s for networks
 MAX_WIDTH = 2**24  # hidden, FFN and head sizes, heads (PaLM 540B: hidden 18,432)
 MAX_SEQ_LENGTH = 2**30  # tokens per sample (the longest-context training runs reach ~10 M)
+MAX_LAYERS = 4096
+MAX_EXPERTS = 2**20  # per MoE layer ("A Mixture of a Million Experts", 2024)
 
 
 class _Spec(BaseModel):
     # Unknown keys are an error: a typo such as "num_layer" must not silently fall back to a default.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_flag_for_a_number(cls, v: Any, info: ValidationInfo) -> Any:
+        """A JSON true or false is no size or count (lax validation read "num_layers": true as 1 layer)."""
+        if isinstance(v, bool) and info.field_name is not None:
+            ann = cls.model_fields[info.field_name].annotation
+            if bool not in (getattr(ann, "__args__", None) or (ann,)):
+                raise ValueError(f"must be a number, got {str(v).lower()}")
+        return v
 
 
 def _expand_preset(data: Any, table: dict[str, dict[str, Any]], what: str) -> Any:
@@ -47,12 +59,13 @@ def _expand_preset(data: Any, table: dict[str, dict[str, Any]], what: str) -> An
 
 
 class MoESpec(_Spec):
-    num_experts: int = Field(gt=1)
+    # (a million: the most any published MoE has; 1e308 overflowed the FLOP count, 2^31 gave negative memory)
+    num_experts: int = Field(gt=1, le=MAX_EXPERTS)
     top_k: int = Field(default=2, ge=1)
     expert_ffn_hidden_size: int | None = Field(default=None, gt=0, le=MAX_WIDTH)
     capacity_factor: float = Field(default=1.25, gt=0, le=2**20)
     # Layers that are MoE: every `moe_layer_frequency`-th layer (1 = all layers, as in Mixtral).
-    moe_layer_frequency: int = Field(default=1, ge=1)
+    moe_layer_frequency: int = Field(default=1, ge=1, le=MAX_LAYERS)
 
     @model_validator(mode="after")
     def _top_k_le_experts(self) -> MoESpec:
@@ -65,7 +78,7 @@ class ModelSpec(_Spec):
     """A transformer (decoder, encoder or encoder-decoder treated as a stack of layers)."""
 
     name: str = "custom"
-    num_layers: int = Field(gt=0, le=4096)
+    num_layers: int = Field(gt=0, le=MAX_LAYERS)
     hidden_size: int = Field(gt=0, le=MAX_WIDTH)
     num_attention_heads: int = Field(gt=0, le=MAX_WIDTH)
     num_kv_heads: int | None = Field(default=None, gt=0, le=MAX_WIDTH)
@@ -93,7 +106,8 @@ class ModelSpec(_Spec):
             if not isinstance(cfg, dict):
                 raise ValueError("hf_config must be the contents of a Hugging Face config.json (a JSON object); "
                                  "the CLI reads a path given there relative to the request file")
-            return {**model_from_hf_config(cfg), **{k: v for k, v in data.items() if k != "hf_config"}}
+            overrides = {k: v for k, v in data.items() if k != "hf_config"}
+            return {**model_from_hf_config(cfg, given=overrides), **overrides}
         return _expand_preset(data, MODEL_PRESETS, "model")
 
     @model_validator(mode="after")

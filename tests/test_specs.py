@@ -87,6 +87,12 @@ def test_default_memory_limit_is_what_the_device_reports_not_the_marketed_size(g
          ("cluster", "intra_node_bandwidth_GBps")),
         ({"training": {"global_batch_size": 8, "seq_length": 2**40}}, ("training", "seq_length")),
         ({"model": {"preset": "llama2-7b", "hidden_size": 2**40}}, ("model", "hidden_size")),
+        # a JSON true is no count (lax validation read it as 1 layer)
+        ({"model": {"preset": "llama2-7b", "num_layers": True}}, ("model", "num_layers")),
+        ({"training": {"global_batch_size": True}}, ("training", "global_batch_size")),
+        # 1e308 experts overflowed the FLOP count (OverflowError: HTTP 500); 2^31 gave negative memory
+        ({"model": {"preset": "mixtral-8x7b", "moe": {"num_experts": 10**308}}}, ("model", "moe", "num_experts")),
+        ({"model": {"preset": "mixtral-8x7b", "moe": {"num_experts": 2**31}}}, ("model", "moe", "num_experts")),
     ],
 )
 def test_bad_specs_name_the_field(patch: dict, loc: tuple) -> None:
@@ -116,6 +122,15 @@ def test_hf_config_import() -> None:
         {"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
          "attention_probs_dropout_prob": 0.0, "hidden_dropout_prob": 0.2}))
     assert (bert.attention_dropout, bert.hidden_dropout) == (0.0, 0.2)
+    # Falcon spells one KV head multi_query, and its newer architecture num_kv_heads (71 KV heads made
+    # Falcon-7B 8.5 B parameters)
+    falcon = {"model_type": "falcon", "num_hidden_layers": 32, "hidden_size": 4544, "num_attention_heads": 71,
+              "vocab_size": 65024}
+    assert ModelSpec.model_validate(model_from_hf_config({**falcon, "multi_query": True})).kv_heads == 1
+    assert ModelSpec.model_validate(model_from_hf_config({**falcon, "num_kv_heads": 1})).kv_heads == 1
+    assert ModelSpec.model_validate(model_from_hf_config(falcon)).kv_heads == 71
+    # a size the request gives alongside the config need not be in it
+    assert ModelSpec.model_validate({"hf_config": {"n_embd": 64, "n_head": 4}, "num_layers": 3}).num_layers == 3
 
 
 
@@ -130,6 +145,17 @@ def test_hf_config_import() -> None:
     ({"num_experts": 8, "decoder_sparse_step": "x"}, "decoder_sparse_step"),
     ({"attention_dropout": [0.1]}, "attention_dropout"),
     ({"resid_pdrop": "x"}, "resid_pdrop"),
+    # past float's range: OverflowError escaped the validator (HTTP 500, a CLI traceback)
+    ({"num_local_experts": 10**400}, "num_local_experts"),
+    ({"attn_pdrop": 10**400}, "attn_pdrop"),
+    # a JSON true is no size (it was read as 1), a string no flag (bool("false") is true)
+    ({"n_layer": True}, "n_layer"),
+    ({"n_embd": True}, "n_embd"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings"),
+    # a wrong type is named by the config's key, not the spec field derived from it
+    ({"n_head": "abc"}, "n_head"),
+    # no key for a required size: each key the importer reads is named
+    ({"n_layer": None}, "n_layer, num_layers"),
 ])
 def test_hf_config_values_of_the_wrong_type_name_the_key(change: dict[str, Any], key: str) -> None:
     """(Lists, objects and nulls raised TypeError out of the model's validator: HTTP 500.)"""
