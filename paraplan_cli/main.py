@@ -28,6 +28,8 @@ def _read_json(path: Path) -> Any:
         text = sys.stdin.read() if str(path) == "-" else path.read_text()
     except OSError as err:
         _fail(f"cannot read {path}: {err.strerror}")
+    except UnicodeDecodeError as err:  # (JSON is UTF-8; a byte 0xff crashed the CLI with a traceback)
+        _fail(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); JSON is UTF-8")
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
@@ -153,7 +155,10 @@ def model(
     try:
         spec = ModelSpec.model_validate({"hf_config": _read_json(config)})
     except ValidationError as err:
-        _fail(f"{config}: " + "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors()))
+        # each problem with its field (the spec's, e.g. num_layers, where the config gives a key it cannot map)
+        _fail(f"{config}: " + "; ".join(
+            (f"{'.'.join(map(str, e['loc']))}: " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+            for e in err.errors()))
     out = spec.model_dump(exclude_none=True)
     out["parameters"] = spec.total_params()
     typer.echo(json.dumps(out, indent=2))

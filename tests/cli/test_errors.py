@@ -45,3 +45,30 @@ def test_json_python_cannot_read(tmp_path: Path) -> None:
                                  capture_output=True, text=True, timeout=120)
             assert out.returncode == 2 and out.stderr.startswith(f"error: {f}: unreadable JSON"), out.stderr
             assert reason in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_file_that_is_not_utf8(tmp_path: Path) -> None:
+    """(A byte 0xff raised UnicodeDecodeError out of the reader: a traceback, exit 1.)"""
+    f = tmp_path / "request.json"
+    f.write_bytes(b'{"model": "\xff"}')
+    for command in (["estimate", "-f", str(f), "--json"], ["plan", "-f", str(f), "--json"], ["model", str(f)]):
+        out = subprocess.run([sys.executable, "-m", "paraplan_cli.main", *command], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 2 and out.stderr.startswith(f"error: {f}: not UTF-8 text (byte 0xff at offset 11)")
+        assert "Traceback" not in out.stderr
+
+
+def test_model_names_each_field_it_cannot_import(tmp_path: Path) -> None:
+    """``paraplan model`` printed "Input should be a valid integer" three times, naming no field."""
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+                             "num_key_value_heads": 3}))
+    out = subprocess.run([sys.executable, "-m", "paraplan_cli.main", "model", str(f)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(f"error: {f}: num_attention_heads (4) must be a multiple of num_kv_heads (3)")
+    f.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+                             "vocab_size": -5}))
+    out = subprocess.run([sys.executable, "-m", "paraplan_cli.main", "model", str(f)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.startswith(f"error: {f}: vocab_size: "), out.stderr
