@@ -119,6 +119,9 @@ def _baselines(raw: Mapping[str, Any], step: float, plan_breakdown: Any = None) 
         out.append(f"  {name:<10} step {seconds(base_step)}: this plan {100 * (base_step / step - 1):+.1f}%"
                    + (f" (any plan at most {100 * bound:+.1f}%)" if bound is not None else "")
                    + _uniform_text(entry.get("strategy") or {}))
+        beyond = entry.get("outside_constraints")
+        if isinstance(beyond, list) and beyond:
+            out.append(f"{'':13}outside this request's constraints: {'; '.join(map(str, beyond))}")
         out += _against(entry["estimate"].get("breakdown_s"), plan_breakdown, step)
     return out
 

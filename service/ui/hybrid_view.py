@@ -236,10 +236,13 @@ def baselines(result: Mapping[str, Any], plan_throughput: float | None) -> list[
         gain = plan_throughput / thr if plan_throughput and thr else None
         breakdown = est.get("breakdown_s") if isinstance(est.get("breakdown_s"), Mapping) else None
         bound = fmt.as_float(as_map(entry).get("gain_bound"))
+        beyond = as_map(entry).get("outside_constraints")
         out.append(Baseline(name, _strategy_text(entry) if isinstance(entry, Mapping) else "",
                             fmt.as_float(est.get("step_time_s")), thr, fmt.as_float(est.get("mfu")),
                             fmt.as_float(est.get("peak_memory_gib")), gain, breakdown_s=breakdown,
-                            gain_bound=None if bound is None else 1.0 + bound))
+                            gain_bound=None if bound is None else 1.0 + bound,
+                            note="outside this request's constraints: " + "; ".join(map(str, beyond))
+                            if isinstance(beyond, list) and beyond else ""))
     return out
 
 

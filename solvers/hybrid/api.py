@@ -145,7 +145,7 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
     search_s, search_cpu = time.perf_counter() - t0, time.process_time() - c0
     est = cm.evaluate(plan)
     thr = est.throughput_samples_per_s
-    out_base = {name: baselines.report(b, cm.evaluate(b.plan) if b else None, thr, why, bound)
+    out_base = {name: baselines.report(b, cm.evaluate(b.plan) if b else None, thr, why, bound, req.constraints)
                 for name, (b, why) in base.items()}
     if progress:
         progress(1.0, "done")

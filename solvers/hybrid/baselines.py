@@ -24,6 +24,7 @@ from solvers.cost_model.base import CostModel, Estimate
 from solvers.hybrid.moe import with_expert_layouts
 from solvers.hybrid.space import ALL_RECOMPUTE, PipelineConfig, SearchSpace
 from solvers.hybrid.stage_costs import fixed_memory_bytes, layout_transitions, stage_context
+from solvers.specs import Constraints
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute, SpKind
 
 
@@ -174,14 +175,42 @@ def pure_dp(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> Bas
     return best_uniform(cm, space, kinds, _single_stage(space), strategies, "pure_dp")
 
 
+def beyond_constraints(plan: PlanStrategy, c: Constraints) -> list[str]:
+    """The request's constraints ``plan`` does not keep, each with what the plan does instead. A baseline is a
+    fixed recipe (ZeRO-3 DP keeps ZeRO-3 under ``zero = 0``, Megatron's keeps its SP under ``sp = "none"``): it
+    may beat the plan only by leaving the space the request asked for, and the result says so."""
+    layers, out = plan.layers, []
+    zeros = sorted({x.zero for x in layers if x.dp * x.cp > 1} | ({plan.embedding.zero} if plan.embedding.dp > 1
+                                                                   else set()))
+    if c.zero is not None and zeros != [c.zero] and zeros:
+        out.append(f"constraints.zero = {c.zero}: it uses ZeRO {', '.join(map(str, zeros))}")
+    if c.sp is not None:
+        asked = None if c.sp == "none" else c.sp
+        other = sorted({str(x.sp) for x in layers if x.tp > 1 and x.sp != asked})
+        if other:
+            out.append(f"constraints.sp = {c.sp}: it uses {', '.join(o if o != 'None' else 'none' for o in other)}")
+    for field, value, asked in (("schedule", plan.schedule, c.schedule), ("micro_batches", plan.micro_batches,
+                                                                          c.micro_batches)):
+        if asked is not None and value != asked:
+            out.append(f"constraints.{field} = {asked}: it uses {value}")
+    for field, used, cap in (("max_tp", max(x.tp for x in layers), c.max_tp), ("max_pp", plan.pp, c.max_pp),
+                             ("max_cp", max(x.cp for x in layers), c.max_cp)):
+        if cap is not None and used > cap:
+            out.append(f"constraints.{field} = {cap}: it uses {used}")
+    return out
+
+
 def report(b: Baseline | None, est: Estimate | None, plan_throughput: float, why_missing: str,
-           bound_s: float = 0.0) -> dict[str, object]:
+           bound_s: float = 0.0, constraints: Constraints | None = None) -> dict[str, object]:
     """A baseline's entry in the result: its strategy, estimate, the plan's gain over it and, given the step
-    time no plan can beat (``bound_s`` > 0), the most any plan in the space could gain over it."""
+    time no plan can beat (``bound_s`` > 0), the most any plan in the space could gain over it; and the
+    ``constraints`` of the request it does not keep."""
     if b is None or est is None:
         return {"fits": False, "note": why_missing}
     thr = est.throughput_samples_per_s
+    beyond = beyond_constraints(b.plan, constraints) if constraints is not None else []
     return {
+        **({"outside_constraints": beyond} if beyond else {}),
         "fits": est.fits,
         "strategy": b.plan.to_dict(),
         "estimate": est.to_dict(),

@@ -115,3 +115,11 @@ def test_estimate_summary_says_when_a_strategy_does_not_fit() -> None:
     roomy = {**req, "constraints": {"memory_limit_gib": 80},
              "strategy": {"tp": 1, "pp": 1, "dp": 8, "zero": 1, "recompute": "full", "micro_batch_size": 1}}
     assert not render_estimate(roomy, estimate(roomy)).startswith("DOES NOT FIT")
+
+
+def test_a_baseline_outside_the_constraints_says_so_under_its_line() -> None:
+    req = {**SMALL, "constraints": {**SMALL.get("constraints", {}), "zero": 0}}
+    result = solve(req)
+    lines = render(req, result).splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("  zero3_dp "))
+    assert lines[at + 1].strip() == "outside this request's constraints: constraints.zero = 0: it uses ZeRO 3"

@@ -228,3 +228,11 @@ def test_form_takes_a_pasted_hugging_face_config(ui_client: TestClient) -> None:
     assert bad.status_code == 422 and "<code>hf_config</code>: not JSON" in bad.text and "{not json" in bad.text
     latent = ui_client.post("/plans/new", data={**form, "hf_config": json.dumps({**cfg, "kv_lora_rank": 64})})
     assert latent.status_code == 422 and "kv_lora_rank" in latent.text
+
+
+def test_a_baseline_outside_the_constraints_is_marked_in_its_row(ui_client: TestClient, ui_db: Database) -> None:
+    request, result = samples.hybrid()
+    result["baselines"]["megatron"]["outside_constraints"] = ["constraints.zero = 0: it uses ZeRO 1"]
+    html = ui_client.get(f"/plans/{store_plan(ui_db, request, result)}").text
+    row = html.split('id="baselines"', 1)[1].split("Best Megatron-style uniform 3D", 1)[1].split("</tr>", 1)[0]
+    assert "outside this request&#39;s constraints: constraints.zero = 0: it uses ZeRO 1" in row
