@@ -189,10 +189,11 @@ def beyond_constraints(plan: PlanStrategy, c: Constraints) -> list[str]:
         other = sorted({str(x.sp) for x in layers if x.tp > 1 and x.sp != asked})
         if other:
             out.append(f"constraints.sp = {c.sp}: it uses {', '.join(o if o != 'None' else 'none' for o in other)}")
-    for field, value, asked in (("schedule", plan.schedule, c.schedule), ("micro_batches", plan.micro_batches,
-                                                                          c.micro_batches)):
-        if asked is not None and value != asked:
-            out.append(f"constraints.{field} = {asked}: it uses {value}")
+    fixed: list[tuple[str, object, object]] = [("schedule", plan.schedule, c.schedule),
+                                               ("micro_batches", plan.micro_batches, c.micro_batches)]
+    for field, value, wanted in fixed:
+        if wanted is not None and value != wanted:
+            out.append(f"constraints.{field} = {wanted}: it uses {value}")
     for field, used, cap in (("max_tp", max(x.tp for x in layers), c.max_tp), ("max_pp", plan.pp, c.max_pp),
                              ("max_cp", max(x.cp for x in layers), c.max_cp)):
         if cap is not None and used > cap:
