@@ -161,7 +161,8 @@ def _given_plan(request: dict[str, Any], table: CostTable, n: int) -> list[Micro
             raise SpecError.at(("strategy", "sp"), f"static SP{strategy['sp']} cannot hold this batch "
                                                    f"(allowed degrees: {[int(d) for d in table.sizes]})")
         return static
-    raise SpecError.at(("micro_batches",), "give the plan to estimate as 'micro_batches' or 'strategy': {'sp': d}")
+    raise SpecError.at(("micro_batches",), 'give the plan to estimate: "micro_batches" (as a FlexSP plan returns '
+                                           'them) or "strategy": {"sp": D} for static sequence parallelism of degree D')
 
 
 def estimate(request: dict[str, Any]) -> dict[str, Any]:

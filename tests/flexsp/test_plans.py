@@ -104,6 +104,9 @@ def test_estimate_of_a_returned_plan_reproduces_its_time() -> None:
     with pytest.raises(SpecError) as err:
         estimate({**gpt7b_request(lengths), "micro_batches": broken})
     assert err.value.problems[0].loc == ("micro_batches",)
+    with pytest.raises(SpecError) as err:  # no plan given: the message spells both forms as JSON, not Python
+        estimate(gpt7b_request(lengths))
+    assert '"strategy": {"sp": D}' in str(err.value) and "'" not in str(err.value)
 
 
 def test_plan_says_when_sp_exceeds_the_head_count() -> None:
