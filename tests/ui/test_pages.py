@@ -52,6 +52,14 @@ def test_hybrid_page_shows_every_layer_stage_part_and_baseline(ui_client: TestCl
     assert f"/v1/plans/{plan_id}/export?format=megatron&amp;of=megatron" in html  # the best uniform plan
 
 
+def test_a_baseline_outside_the_constraints_is_marked_in_its_row(ui_client: TestClient, ui_db: Database) -> None:
+    request, result = samples.hybrid()
+    result["baselines"]["megatron"]["outside_constraints"] = ["constraints.zero = 0: it uses ZeRO 1"]
+    html = ui_client.get(f"/plans/{store_plan(ui_db, request, result)}").text
+    row = html.split('id="baselines"', 1)[1].split("Best Megatron-style uniform 3D", 1)[1].split("</tr>", 1)[0]
+    assert "outside this request&#39;s constraints: constraints.zero = 0: it uses ZeRO 1" in row
+
+
 def test_hybrid_page_survives_missing_optional_fields(ui_client: TestClient, ui_db: Database) -> None:
     request, result = samples.hybrid(num_layers=6, pp=1)
     del result["baselines"], result["estimate"]["memory_breakdown_gib_per_stage"], result["estimate"]["stage_time_s"]
@@ -229,10 +237,3 @@ def test_form_takes_a_pasted_hugging_face_config(ui_client: TestClient) -> None:
     latent = ui_client.post("/plans/new", data={**form, "hf_config": json.dumps({**cfg, "kv_lora_rank": 64})})
     assert latent.status_code == 422 and "kv_lora_rank" in latent.text
 
-
-def test_a_baseline_outside_the_constraints_is_marked_in_its_row(ui_client: TestClient, ui_db: Database) -> None:
-    request, result = samples.hybrid()
-    result["baselines"]["megatron"]["outside_constraints"] = ["constraints.zero = 0: it uses ZeRO 1"]
-    html = ui_client.get(f"/plans/{store_plan(ui_db, request, result)}").text
-    row = html.split('id="baselines"', 1)[1].split("Best Megatron-style uniform 3D", 1)[1].split("</tr>", 1)[0]
-    assert "outside this request&#39;s constraints: constraints.zero = 0: it uses ZeRO 1" in row
