@@ -194,7 +194,10 @@ def _solve_pulp(m: _Model, ctx: PackingContext, s: MilpSettings, hint: dict[int,
     else:
         solver = pulp.PULP_CBC_CMD(msg=False, threads=1, maxNodes=s.max_nodes, warmStart=bool(hint),
                                    options=[f"randomSeed {s.seed + 1}", f"randomCbcSeed {s.seed + 1}"])
-    prob.solve(solver)
+    try:
+        prob.solve(solver)
+    except KeyError:  # PuLP's HiGHS wrapper knows no status for HiGHS' node/solution limits (kSolutionLimit)
+        return None
     if pulp.LpStatus[prob.status] not in ("Optimal", "Not Solved") or M.varValue is None:
         return None
     out = {}
@@ -202,7 +205,11 @@ def _solve_pulp(m: _Model, ctx: PackingContext, s: MilpSettings, hint: dict[int,
         val = round(v.varValue or 0)
         if val:
             out[key] = val
-    return out
+    # "Not Solved" (CBC stopped at its node limit) may hold a partial assignment: only a whole one is a plan
+    placed = [0] * K
+    for (k, _), val in out.items():
+        placed[k] += val
+    return out if placed == list(m.counts) else None
 
 
 def solve_micro_batch(ctx: PackingContext, rows: list[int], settings: MilpSettings,

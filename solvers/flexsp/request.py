@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from solvers.errors import InfeasibleError, SpecError
 from solvers.flexsp.constants import FlexSPConstants, derived_constants, explicit_constants
 from solvers.request import PlanRequestBase, parse, problems_from_validation
-from solvers.specs import ModelSpec, Precision, memory_limit_bytes
+from solvers.specs import MAX_BANDWIDTH, MAX_SEQ_LENGTH, ModelSpec, Precision, memory_limit_bytes
+
+MIN_ALLTOALL_GBPS = 1e-3  # (1 MB/s; 1e-300 overflowed CP-SAT's integer coefficients)
 
 
 class BatchSpec(BaseModel):
@@ -19,23 +21,33 @@ class BatchSpec(BaseModel):
     @field_validator("sequence_lengths")
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:
-        bad = [i for i, s in enumerate(v) if s <= 0]
+        bad = [i for i, s in enumerate(v) if s <= 0 or s > MAX_SEQ_LENGTH]
         if bad:
-            raise ValueError(f"lengths must be positive; index {bad[0]} is {v[bad[0]]}")
+            raise ValueError(f"lengths must be 1..{MAX_SEQ_LENGTH:,} tokens (the specs' limit; 10^20 overflowed the "
+                             f"cost table); index {bad[0]} is {v[bad[0]]}")
         return v
 
 
 class FlexSPCostForm(BaseModel):
     """The reference's explicit constants (``cost_model.kind = "flexsp"``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Physical ranges, well around the reference's values (5.1e-6, 0.18, 629, 4.5, 7.1, 5-120 GB/s): a constant
+    # near the float limits (1e300, 1e-300, Infinity) overflowed the cost table or the solvers' integer scaling.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     kind: Literal["flexsp"] = "flexsp"
-    alpha1_ms_per_token2: float = Field(ge=0)
-    alpha2_ms_per_token: float = Field(ge=0)
-    beta_ms: float = Field(ge=0)
-    activation_mb_per_token: float = Field(gt=0)
-    params_billion: float = Field(gt=0)
+    alpha1_ms_per_token2: float = Field(ge=0, le=1.0)
+    alpha2_ms_per_token: float = Field(ge=0, le=1e4)
+    beta_ms: float = Field(ge=0, le=1e7)
+    activation_mb_per_token: float = Field(ge=1e-6, le=1e6)
+    params_billion: float = Field(gt=0, le=1e5)
     alltoall_GBps_by_group_size: dict[str, float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _some_compute(self) -> FlexSPCostForm:
+        if self.alpha1_ms_per_token2 + self.alpha2_ms_per_token < 1e-12:
+            # (zero work: every packing costs nothing and the filling found no best one)
+            raise ValueError("alpha1_ms_per_token2 and alpha2_ms_per_token are both 0: a sequence must take time")
+        return self
 
     @field_validator("alltoall_GBps_by_group_size")
     @classmethod
@@ -44,8 +56,9 @@ class FlexSPCostForm(BaseModel):
             if not k.isdigit() or int(k) < 2:
                 raise ValueError(f"group size {k!r} must be an integer ≥ 2 (sizes that do not tile the "
                                  f"cluster in node-aligned blocks are ignored)")
-            if bw <= 0:
-                raise ValueError(f"bandwidth for group size {k} must be positive, got {bw}")
+            if not MIN_ALLTOALL_GBPS <= bw <= MAX_BANDWIDTH:
+                raise ValueError(f"bandwidth for group size {k} must be {MIN_ALLTOALL_GBPS:g}..{MAX_BANDWIDTH:g} GB/s, "
+                                 f"got {bw}")
         return v
 
 

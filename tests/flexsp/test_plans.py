@@ -147,3 +147,44 @@ def test_a_memory_limit_above_the_gpus_memory_plans_within_the_gpu_and_says_so()
     assert asked["estimate"]["step_time_s"] == plain["estimate"]["step_time_s"]
     assert any("memory_limit_gib = 48 GiB is more than the L4's 22.00 GiB" in n for n in asked["notes"])
     assert not any("memory_limit_gib" in n for n in plain["notes"])
+
+
+EXPLICIT = {"kind": "flexsp", "model": {"num_layers": 1, "hidden_size": 4096, "num_attention_heads": 1},
+            "cluster": {"gpu": "H200", "nodes": 2, "gpus_per_node": 8},
+            "batch": {"sequence_lengths": [2253, 2109, 2042, 3109, 4251, 3394, 1924]},
+            "cost_model": {"kind": "flexsp", "alpha1_ms_per_token2": 5.128e-06, "alpha2_ms_per_token": 0.1839576,
+                           "beta_ms": 629.3563, "activation_mb_per_token": 4.480441895, "params_billion": 7.117,
+                           "alltoall_GBps_by_group_size": {"2": 119.54, "4": 104.07, "8": 96.5, "16": 10.33}}}
+
+
+@pytest.mark.parametrize(("change", "loc"), [
+    # constants near the float limits crashed the planner (a fuzz): OverflowError in the capacity and the cost
+    # table, CP-SAT refusing its coefficients, NaN in the filling's lookahead, an empty micro-batch indexed
+    ({"params_billion": 1e308}, ("cost_model", "params_billion")),
+    ({"activation_mb_per_token": 1e-300}, ("cost_model", "activation_mb_per_token")),
+    ({"alpha1_ms_per_token2": 1e300}, ("cost_model", "alpha1_ms_per_token2")),
+    ({"alpha2_ms_per_token": 1e300}, ("cost_model", "alpha2_ms_per_token")),
+    ({"beta_ms": float("inf")}, ("cost_model", "beta_ms")),
+    ({"alltoall_GBps_by_group_size": {"2": 1e-300}}, ("cost_model", "alltoall_GBps_by_group_size")),
+    # no work at all: "sequence of 100 tokens fits no SP group" (a ValueError)
+    ({"alpha1_ms_per_token2": 0, "alpha2_ms_per_token": 0}, ("cost_model",)),
+])
+def test_explicit_constants_beyond_physical_ranges_name_the_field(change: dict[str, object],
+                                                                  loc: tuple[str, ...]) -> None:
+    with pytest.raises(SpecError) as err:
+        solve({**EXPLICIT, "cost_model": {**EXPLICIT["cost_model"], **change}})
+    assert [p.loc for p in err.value.problems] == [loc]
+
+
+def test_a_sequence_longer_than_any_spec_allows_is_refused() -> None:
+    with pytest.raises(SpecError) as err:  # (10^20 tokens overflowed the cost table)
+        solve({**EXPLICIT, "batch": {"sequence_lengths": [10**20]}})
+    assert [p.loc for p in err.value.problems] == [("batch", "sequence_lengths")]
+
+
+def test_highs_stopped_at_its_node_limit_leaves_the_heuristic_plan() -> None:
+    """PuLP has no status for HiGHS' solution limit: a KeyError escaped solve (an HTTP 500)."""
+    out = solve({**EXPLICIT, "solver": {"milp": "highs", "max_nodes": 10, "max_deterministic_time_s": 1e-6}})
+    placed = sorted(i for mb in out["micro_batches"] for g in mb["groups"] for i in g["sequences"])
+    assert placed == list(range(len(EXPLICIT["batch"]["sequence_lengths"])))
+    assert out["estimate"]["step_time_s"] >= out["lower_bound_s"] > 0
