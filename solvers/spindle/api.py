@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
-from solvers.errors import InfeasibleError, SpecError
+from solvers.errors import InfeasibleError, SpecError, shown
 from solvers.request import parse
 from solvers.specs import Precision, memory_limit_bytes, memory_limit_note
 from solvers.spindle import baselines, exact, planner
@@ -158,6 +159,11 @@ def solve(request: dict[str, Any], progress: Progress | None = None) -> dict[str
     }
 
 
+def _whole(x: object) -> TypeGuard[int]:
+    """An integer of JSON's (true and false are not counts)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def placements_from_slices(problem: Problem, given: list[dict[str, Any]]) -> list[Placement]:
     """Turn contract slices into placements, run in order of their start_s (list order when absent)."""
     index = problem.workload.index
@@ -167,22 +173,24 @@ def placements_from_slices(problem: Problem, given: list[dict[str, Any]]) -> lis
         if not isinstance(s, dict):
             raise SpecError.at(loc, "a slice must be an object")
         name = s.get("metaop")
-        if name not in index:
-            raise SpecError.at((*loc, "metaop"), f"unknown metaop {name!r}")
+        if not isinstance(name, str) or name not in index:  # (["a"] raised TypeError: unhashable)
+            raise SpecError.at((*loc, "metaop"), f"unknown metaop {shown(name)}")
         devices = s.get("devices")
-        if (not isinstance(devices, list) or not devices or not all(isinstance(d, int) for d in devices)
+        if (not isinstance(devices, list) or not devices or not all(_whole(d) for d in devices)
                 or sorted(devices) != list(range(min(devices), min(devices) + len(devices)))):
             raise SpecError.at((*loc, "devices"), "devices must be a non-empty contiguous list of device ids")
         if min(devices) < 0 or max(devices) >= problem.num_devices:
             raise SpecError.at((*loc, "devices"), f"devices outside the cluster's {problem.num_devices}")
         layers = s.get("layers")
-        if not isinstance(layers, int) or layers < 1:
+        if not _whole(layers) or layers < 1:
             raise SpecError.at((*loc, "layers"), "layers must be a positive integer")
         start = s.get("start_s", k)
-        if not isinstance(start, int | float):
-            raise SpecError.at((*loc, "start_s"), "start_s must be a number")
-        keyed.append((float(start), k, Placement(index[name], layers, min(devices), len(devices),
-                                                 int(s.get("wave", 0)))))
+        if not isinstance(start, int | float) or isinstance(start, bool) or not math.isfinite(start):
+            raise SpecError.at((*loc, "start_s"), f"start_s must be a finite number, got {shown(start)}")
+        wave = s.get("wave", 0)
+        if not _whole(wave) or wave < 0:  # ("a" or null raised out of int())
+            raise SpecError.at((*loc, "wave"), f"wave must be a non-negative integer, got {shown(wave)}")
+        keyed.append((float(start), k, Placement(index[name], layers, min(devices), len(devices), wave)))
     keyed.sort(key=lambda x: (x[0], x[1]))
     return [p for *_, p in keyed]
 

@@ -15,23 +15,32 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from solvers.errors import FieldProblem, SpecError
 from solvers.request import PlanRequestBase
-from solvers.specs import ModelSpec, MoESpec
+from solvers.specs import MAX_LAYERS, MAX_SEQ_LENGTH, MAX_WIDTH, ModelSpec, MoESpec
 
 Mode = Literal["train", "forward", "decode"]
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# Physical ranges: a time or count near the float limits (1e300 ms, 5e-324 ms, 10^400 samples) overflowed or
+# vanished in the planners' arithmetic (NaN splits, a zero division, CP-SAT domains, a successor ordered
+# before a predecessor whose duration rounded away).
+MIN_LAYER_MS, MAX_LAYER_MS = 1e-3, 1e7  # a GPU layer takes at least a microsecond; at most ~3 hours
+MAX_SAMPLES = 2**24
 
 
 class TimePerLayer(_Spec):
-    slope_ms_per_sample: float = Field(ge=0)
-    intercept_ms: float = Field(ge=0)
+    slope_ms_per_sample: float = Field(ge=0, le=MAX_LAYER_MS)
+    intercept_ms: float = Field(ge=0, le=MAX_LAYER_MS)
 
     @model_validator(mode="after")
     def _positive(self) -> TimePerLayer:
-        if self.slope_ms_per_sample == 0 and self.intercept_ms == 0:
-            raise ValueError("slope_ms_per_sample and intercept_ms cannot both be 0")
+        if self.slope_ms_per_sample + self.intercept_ms < MIN_LAYER_MS:
+            raise ValueError(f"a layer of one sample takes slope_ms_per_sample + intercept_ms = "
+                             f"{self.slope_ms_per_sample + self.intercept_ms:g} ms; it must be at least "
+                             f"{MIN_LAYER_MS:g} ms (a microsecond)")
         return self
 
 
@@ -39,13 +48,13 @@ class ModuleShape(_Spec):
     """A transformer stack; ``name`` identifies its parameters (metaops with one name share weights)."""
 
     name: str | None = None
-    num_layers: int = Field(gt=0, le=4096)
-    hidden_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    seq_length: int = Field(gt=0)
-    num_kv_heads: int | None = Field(default=None, gt=0)
-    head_dim: int | None = Field(default=None, gt=0)
-    ffn_hidden_size: int | None = Field(default=None, gt=0)
+    num_layers: int = Field(gt=0, le=MAX_LAYERS)
+    hidden_size: int = Field(gt=0, le=MAX_WIDTH)
+    num_attention_heads: int = Field(gt=0, le=MAX_WIDTH)
+    seq_length: int = Field(gt=0, le=MAX_SEQ_LENGTH)
+    num_kv_heads: int | None = Field(default=None, gt=0, le=MAX_WIDTH)
+    head_dim: int | None = Field(default=None, gt=0, le=MAX_WIDTH)
+    ffn_hidden_size: int | None = Field(default=None, gt=0, le=MAX_WIDTH)
     mlp: Literal["gelu", "swiglu"] = "gelu"
     causal: bool = False
     moe: MoESpec | None = None
@@ -60,7 +69,8 @@ class ModuleShape(_Spec):
             key = str(data["preset"]).lower()
             if key not in MODEL_PRESETS:
                 raise ValueError(f"unknown model preset {data['preset']!r}")
-            base = {k: v for k, v in MODEL_PRESETS[key].items() if k not in ("vocab_size", "tied_embeddings")}
+            # the layer shape only (a preset's vocabulary, dropout, ... are no module fields: they were refused)
+            base = {k: v for k, v in MODEL_PRESETS[key].items() if k in cls.model_fields}
             data = {**base, **{k: v for k, v in data.items() if k != "preset"}}
         return data
 
@@ -74,15 +84,15 @@ class ModuleShape(_Spec):
 class MetaOpSpec(_Spec):
     name: str = Field(min_length=1)
     task: str | None = None
-    batch_size: int = Field(gt=0)
-    num_layers: int | None = Field(default=None, gt=0, le=4096)
+    batch_size: int = Field(gt=0, le=MAX_SAMPLES)
+    num_layers: int | None = Field(default=None, gt=0, le=MAX_LAYERS)
     time_ms_per_layer: TimePerLayer | None = None
     module: ModuleShape | None = None
     # train: forward+backward with optimizer states; forward: frozen forward only; decode: autoregressive.
     mode: Mode = "train"
-    layer_offset: int = Field(default=0, ge=0)  # first layer of module this metaop runs (split stacks)
-    decode_tokens: int = Field(default=1, gt=0)
-    steps: int = Field(default=1, gt=0)  # repeated forward passes (diffusion denoising steps)
+    layer_offset: int = Field(default=0, ge=0, le=MAX_LAYERS)  # first layer of module this metaop runs (split stacks)
+    decode_tokens: int = Field(default=1, gt=0, le=MAX_SEQ_LENGTH)
+    steps: int = Field(default=1, gt=0, le=100_000)  # repeated forward passes (diffusion denoising steps)
     recompute: bool = False  # full activation recomputation: keep layer inputs only, redo the forward
 
     @model_validator(mode="after")

@@ -133,3 +133,55 @@ def test_baseline_plans_are_valid_schedules_with_the_reported_times() -> None:
         assert est["iteration_time_s"] == pytest.approx(plan["iteration_time_s"])
     # sequential: every metaop on the whole cluster
     assert all(len(s["devices"]) == 16 for s in out["baseline_plans"]["sequential_full_cluster"]["slices"])
+
+
+TINY: dict[str, Any] = {"kind": "spindle", "cluster": {"nodes": 1, "gpus_per_node": 2},
+                        "workload": {"metaops": [{"name": "a", "batch_size": 2, "num_layers": 1, "time_ms_per_layer":
+                                                  {"slope_ms_per_sample": 0.3, "intercept_ms": 1.0}}]},
+                        "options": {"exact": False}}
+
+
+def _op(**change: Any) -> dict[str, Any]:
+    op = copy.deepcopy(TINY["workload"]["metaops"][0])
+    for key, value in change.items():
+        if key in ("slope_ms_per_sample", "intercept_ms"):
+            op["time_ms_per_layer"][key] = value
+        else:
+            op[key] = value
+    return {**TINY, "workload": {"metaops": [op]}}
+
+
+@pytest.mark.parametrize(("request_", "loc"), [
+    # numbers near the float limits crashed the planners (found by a fuzz): OverflowError, NaN splits, CP-SAT
+    # domains, a zero division
+    (_op(batch_size=10**400), ("workload", "metaops", 0, "batch_size")),
+    (_op(slope_ms_per_sample=1e308), ("workload", "metaops", 0, "time_ms_per_layer", "slope_ms_per_sample")),
+    (_op(intercept_ms=1e300), ("workload", "metaops", 0, "time_ms_per_layer", "intercept_ms")),
+    (_op(slope_ms_per_sample=0, intercept_ms=5e-324), ("workload", "metaops", 0, "time_ms_per_layer")),
+    (_op(intercept_ms=float("inf")), ("workload", "metaops", 0, "time_ms_per_layer", "intercept_ms")),
+])
+def test_times_and_counts_beyond_physical_ranges_name_the_field(request_: dict[str, Any],
+                                                                loc: tuple[str | int, ...]) -> None:
+    assert loc in _problems(request_)
+
+
+@pytest.mark.parametrize(("slice_", "field"), [
+    ({"metaop": ["a"]}, "metaop"),  # TypeError: unhashable
+    ({"wave": "a"}, "wave"),  # ValueError out of int()
+    ({"wave": None}, "wave"),  # TypeError out of int()
+    ({"start_s": float("nan")}, "start_s"),  # accepted
+    ({"devices": [True]}, "devices"),  # accepted as device 1
+    ({"layers": True}, "layers"),  # accepted as 1 layer
+])
+def test_an_estimates_malformed_slice_names_its_field(slice_: dict[str, Any], field: str) -> None:
+    est = {**TINY, "slices": [{"metaop": "a", "devices": [0], "layers": 1, **slice_}]}
+    assert _problems(est, api.estimate) == [("slices", 0, field)]
+
+
+def test_a_module_given_as_a_model_preset_takes_its_layer_shape() -> None:
+    """(The preset's dropout fields were refused as module fields: every Llama, Qwen, Mixtral and vit-huge preset,
+    the very example of the module's docstring.)"""
+    req = {**TINY, "workload": {"metaops": [{"name": "v", "batch_size": 8,
+                                             "module": {"preset": "vit-huge", "seq_length": 257}}]}}
+    out = solve(req)
+    assert out["estimate"]["iteration_time_s"] > 0 and out["slices"]
