@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +63,31 @@ def _read_request(path: Path) -> Any:
     return _inline_hf_config(_read_json(path), base)
 
 
+@contextlib.contextmanager
+def _solver_chatter_to_stderr() -> Iterator[None]:
+    """While a solver runs, file descriptor 1 is stderr's: native solver libraries write there behind Python's back
+    (HiGHS prints its banner from C), and stdout is where the CLI's JSON goes (it opened with "Running HiGHS")."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # (no descriptor 1: nothing to keep clean)
+        yield
+        return
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _run_one(fn: Any, request: Any) -> dict[str, Any]:
     from solvers.errors import SpecError
 
     try:
-        result: dict[str, Any] = fn(request)
+        with _solver_chatter_to_stderr():
+            result: dict[str, Any] = fn(request)
     except SpecError as err:
         return {"error": str(err)}
     return result
@@ -100,7 +123,8 @@ def plan(
     else:
         from paraplan_cli.progress import solve_with_progress
 
-        result = solve_with_progress(request, quiet=as_json)
+        with _solver_chatter_to_stderr():
+            result = solve_with_progress(request, quiet=as_json)
     if export_format is not None:
         from solvers.errors import SpecError
         from solvers.hybrid.export import export

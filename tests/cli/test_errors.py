@@ -72,3 +72,12 @@ def test_model_names_each_field_it_cannot_import(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "paraplan_cli.main", "model", str(f)], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.startswith(f"error: {f}: vocab_size: "), out.stderr
+
+
+def test_json_on_stdout_stays_json_when_a_native_solver_prints(tmp_path: Path) -> None:
+    """HiGHS prints its banner from C on file descriptor 1: 'plan --json' opened with "Running HiGHS ..."."""
+    from tests.flexsp.test_plans import EXPLICIT
+
+    out = _run(tmp_path, "plan", {**EXPLICIT, "solver": {"milp": "highs"}})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["estimate"]["step_time_s"] > 0
