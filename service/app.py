@@ -19,12 +19,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from service.context import ServiceContext
 from service.db.engine import Database
 from service.dispatcher import Dispatcher
 from service.errors import HTTP_STATUS, http_body, http_status
+from service.finite_json import validation_error
 from service.metrics import Metrics
 from service.middleware import BodyLimit, RequestMetrics
 from service.routes import ops, plans, profiles, runs
@@ -102,6 +104,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     app.state.settings, app.state.db, app.state.token_cache = settings, db, ctx.tokens
     for cls, _status in HTTP_STATUS:
         app.add_exception_handler(cls, _domain_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
     app.include_router(ops.router)
     for router in (plans.router, runs.router, profiles.router):
         app.include_router(router, responses=ERROR_RESPONSES)

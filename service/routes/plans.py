@@ -16,13 +16,14 @@ from service.auth import ReadAccess, SubmitAccess
 from service.canonical import content_hash
 from service.context import ServiceContext, get_context
 from service.errors import Conflict, NotImplementedYet, TooLarge
+from service.finite_json import FiniteJSONRoute
 from service.limits import check_limits
 from service.schemas import ExportFormat, ExportOf, PlanList, PlanOut, PlanStatus
 from service.tokens import Principal
 from service.validation import check_file_references, kind_of, validate_plan_request
 from solvers.errors import SpecError
 
-router = APIRouter(prefix="/v1", tags=["plans"])
+router = APIRouter(prefix="/v1", tags=["plans"], route_class=FiniteJSONRoute)
 log = logging.getLogger("paraplan.api")
 
 _EXPORT_MEDIA = {"megatron": "text/plain", "deepspeed": "application/json", "torchtitan": "application/toml",

@@ -9,10 +9,11 @@ from fastapi import APIRouter, Depends, Query, Response
 from service import profiles
 from service.auth import AdminAccess, ReadAccess, WorkerAccess
 from service.context import ServiceContext, get_context
+from service.finite_json import FiniteJSONRoute
 from service.schemas import ProfileCreate, ProfileOut
 from service.tokens import Principal
 
-router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
+router = APIRouter(prefix="/v1/profiles", tags=["profiles"], route_class=FiniteJSONRoute)
 
 
 @router.post("", response_model=ProfileOut, status_code=201)

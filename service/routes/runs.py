@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Query, Response, status
 from service import runs, workers
 from service.auth import ReadAccess, SubmitAccess, WorkerAccess
 from service.context import ServiceContext, get_context
+from service.finite_json import FiniteJSONRoute
 from service.schemas import (
     ClaimBody,
     ClaimOut,
@@ -29,7 +30,7 @@ from service.schemas import (
 )
 from service.tokens import Principal
 
-router = APIRouter(prefix="/v1", tags=["runs"])
+router = APIRouter(prefix="/v1", tags=["runs"], route_class=FiniteJSONRoute)
 log = logging.getLogger("paraplan.api")
 _LEASE_LOST: dict[int | str, dict[str, Any]] = {
     409: {"description": "this worker does not hold the run's lease (abort the run), or it is terminal"}}

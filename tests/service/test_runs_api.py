@@ -3,6 +3,7 @@ complete exactly once, retryable failures, lease expiry, and worker tokens seein
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -150,3 +151,56 @@ def test_housekeeping_requeues_a_dead_workers_run(client: Any, db: Database, set
     Dispatcher(db, settings).housekeeping()  # nobody claims: the dispatcher's periodic sweep notices
     view = client.get(f"/v1/runs/{run_id}").json()
     assert view["status"] == "queued" and "lease" in view["error"] and view["attempts"] == 1
+
+
+def _claimed(client: Any, db: Database, make_token: Callable[[str], str]) -> tuple[str, str, str]:
+    """(run id, worker id, worker token) of a run a registered worker holds."""
+    submit, worker_token = make_token("submit"), make_token("worker")
+    run_id = client.post(f"/v1/plans/{store_plan(db)}/runs", json={"steps": 5}, headers=_auth(submit)).json()["id"]
+    wid = _register(client, worker_token)
+    claim = client.post("/v1/runs/claim", json={"worker_id": wid, "wait_s": 0}, headers=_auth(worker_token))
+    assert claim.status_code == 200 and claim.json()["run"]["id"] == run_id, claim.text
+    return run_id, wid, worker_token
+
+
+def test_a_retried_metrics_report_replaces_its_first(client: Any, db: Database,
+                                                     make_token: Callable[[str], str]) -> None:
+    """The worker retries a report whose response it lost: the step was stored twice (a fuzz of the run
+    lifecycle). One point per (attempt, step) now, tagged with its attempt; steps keep their order."""
+    run_id, wid, token = _claimed(client, db, make_token)
+    for step, loss in ((0, 3.0), (1, 2.5), (0, 3.0), (0, 2.9)):
+        r = client.post(f"/v1/runs/{run_id}/metrics", headers=_auth(token),
+                        json={"worker_id": wid, "step": step, "loss": loss, "step_time_s": 0.5})
+        assert r.status_code == 200, r.text
+    progress = client.get(f"/v1/runs/{run_id}").json()["progress"]
+    assert [(p["attempt"], p["step"], p["loss"]) for p in progress] == [(1, 0, 2.9), (1, 1, 2.5)]
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_number_json_does_not_have_is_a_422_naming_the_field(client: Any, db: Database,
+                                                               make_token: Callable[[str], str],
+                                                               number: str) -> None:
+    """Python's JSON reader takes NaN, Infinity and 1e999 (as inf). Such a field failing validation was an HTTP
+    500 (the 422 echoed a value it could not encode); one passing it (loss, an extra metric, a capability) was
+    stored and came back as null; a plan request's canonical JSON refused it (500)."""
+    run_id, wid, token = _claimed(client, db, make_token)
+    bodies = [
+        (f"/v1/runs/{run_id}/metrics", f'{{"worker_id": "{wid}", "step": 0, "loss": {number}, "step_time_s": 1}}',
+         ["body", "loss"]),
+        (f"/v1/runs/{run_id}/metrics", f'{{"worker_id": "{wid}", "step": 0, "loss": 1, "step_time_s": {number}}}',
+         ["body", "step_time_s"]),
+        (f"/v1/runs/{run_id}/complete", f'{{"worker_id": "{wid}", "metrics": {{"mfu": [0.4, {number}]}}}}',
+         ["body", "metrics", "mfu", 1]),
+        ("/v1/runs/claim", f'{{"worker_id": "{wid}", "wait_s": {number}}}', ["body", "wait_s"]),
+        ("/v1/plans", json.dumps(HYBRID).replace('"seq_length": 2048', f'"seq_length": {number}'),
+         ["body", "training", "seq_length"]),
+    ]
+    for path, text, loc in bodies:
+        r = client.post(path, content=text, headers={**_auth(token if "runs" in path else make_token("submit")),
+                                                      "Content-Type": "application/json"})
+        assert r.status_code == 422, (path, r.status_code, r.text)
+        assert r.json()["detail"][0]["loc"] == loc and "finite number" in r.json()["detail"][0]["msg"]
+    view = client.get(f"/v1/runs/{run_id}").json()
+    assert view["status"] == "running" and view["progress"] == []  # nothing stored, nothing changed
+    r = client.post("/v1/runs/claim", params={"wait": "nan"}, json={"worker_id": wid}, headers=_auth(token))
+    assert r.status_code < 500
