@@ -136,7 +136,16 @@ def report_metrics(db: Database, run_id: str, worker_id: str, principal: Princip
                    point: dict[str, Any]) -> dict[str, Any]:
     with db.writing() as session:
         run = _held_run(session, run_id, worker_id, principal)
-        run.progress = [*(run.progress or []), point][-10_000:]
+        # one point per (attempt, step): a worker's retried report (its response lost) replaces its first instead
+        # of doubling it, and a retried run's points stay apart from the failed attempt's
+        point = {**point, "attempt": run.attempts}
+        progress = list(run.progress or [])
+        same = [i for i, p in enumerate(progress) if (p.get("attempt"), p.get("step")) == (run.attempts, point["step"])]
+        if same:
+            progress[same[0]] = point
+        else:
+            progress.append(point)
+        run.progress = progress[-10_000:]
         run.lease_expires_at = utcnow() + timedelta(seconds=lease_s)
         return {"ok": True, "lease_expires_at": run.lease_expires_at}
 
