@@ -35,6 +35,9 @@ def parse_request(request: dict[str, Any]) -> SpindleRequest:
     return req
 
 
+MAX_SERIAL_MS = 1e10
+
+
 def build_problem(req: SpindleRequest) -> Problem:
     training = (req.model_extra or {}).get("training", {})
     if not isinstance(training, dict):
@@ -48,6 +51,13 @@ def build_problem(req: SpindleRequest) -> Problem:
            for s in specs]
     explicit = all(s.module is None for s in specs)
     workload = build_graph(ops, req.workload.edges, explicit)
+    # each metaop's range is physical, but together they could still run for centuries: then the exact solver's
+    # integer microseconds overflowed CP-SAT's domains and start times too large for a short slice's duration
+    # ordered a successor before its predecessor (found by a fuzz)
+    serial_ms = sum(op.layers * op.layer_ms(1) for op in workload.ops)
+    if not serial_ms <= MAX_SERIAL_MS:
+        raise SpecError.at(("workload", "metaops"), f"the metaops take {serial_ms:.3g} ms one after another on one "
+                                                    f"device, more than {MAX_SERIAL_MS:.0e} ms (about 116 days)")
     return Problem(workload, Topology.of(req.cluster), memory_limit_bytes(req.cluster, req.constraints))
 
 

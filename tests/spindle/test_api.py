@@ -159,6 +159,8 @@ def _op(**change: Any) -> dict[str, Any]:
     (_op(intercept_ms=1e300), ("workload", "metaops", 0, "time_ms_per_layer", "intercept_ms")),
     (_op(slope_ms_per_sample=0, intercept_ms=5e-324), ("workload", "metaops", 0, "time_ms_per_layer")),
     (_op(intercept_ms=float("inf")), ("workload", "metaops", 0, "time_ms_per_layer", "intercept_ms")),
+    # each in range, together centuries: CP-SAT's integer microseconds overflowed its domains
+    (_op(batch_size=2**24, num_layers=4096, slope_ms_per_sample=1e7), ("workload", "metaops")),
 ])
 def test_times_and_counts_beyond_physical_ranges_name_the_field(request_: dict[str, Any],
                                                                 loc: tuple[str | int, ...]) -> None:
