@@ -188,3 +188,20 @@ def test_highs_stopped_at_its_node_limit_leaves_the_heuristic_plan() -> None:
     placed = sorted(i for mb in out["micro_batches"] for g in mb["groups"] for i in g["sequences"])
     assert placed == list(range(len(EXPLICIT["batch"]["sequence_lengths"])))
     assert out["estimate"]["step_time_s"] >= out["lower_bound_s"] > 0
+
+
+def test_a_micro_batch_the_rebalancing_empties_is_dropped() -> None:
+    """Moving sequences off the slowest groups emptied a whole micro-batch, which the repacking then indexed
+    (IndexError: HTTP 500; a fuzz). The plan keeps every sequence once and re-estimates as planned."""
+    req = {**EXPLICIT, "model": {"num_layers": 4096, "hidden_size": 4096, "num_attention_heads": 1},
+           "cluster": {"gpu": "H200", "nodes": 8, "gpus_per_node": 1},
+           "batch": {"sequence_lengths": [4096, 1048576, 1, 1048576]},
+           "cost_model": {**EXPLICIT["cost_model"], "alpha1_ms_per_token2": 1.0, "alpha2_ms_per_token": 0.18,
+                          "beta_ms": 0, "activation_mb_per_token": 1e-06, "params_billion": 7.1,
+                          "alltoall_GBps_by_group_size": {"4": 0.001, "32": 0.001, "64": 120.0, "8": 5.0}},
+           "solver": {"milp": "cbc"}}
+    out = solve(req)
+    placed = sorted(i for mb in out["micro_batches"] for g in mb["groups"] for i in g["sequences"])
+    assert placed == [0, 1, 2, 3] and all(any(g["sequences"] for g in mb["groups"]) for mb in out["micro_batches"])
+    again = estimate({**req, "micro_batches": out["micro_batches"]})
+    assert again["step_time_s"] == pytest.approx(out["estimate"]["step_time_s"], rel=1e-9)
