@@ -20,24 +20,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
+from solvers.api import non_finite_at
+
 MESSAGE = "must be a finite number (JSON has no NaN or Infinity)"
-
-
-def non_finite_path(doc: Any, at: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
-    """Where the first NaN or infinite number of a parsed JSON document lies, or None."""
-    if isinstance(doc, float):
-        return None if math.isfinite(doc) else at
-    if isinstance(doc, dict):
-        items: Any = doc.items()
-    elif isinstance(doc, list):
-        items = enumerate(doc)
-    else:
-        return None
-    for key, value in items:
-        found = non_finite_path(value, (*at, key))
-        if found is not None:
-            return found
-    return None
 
 
 def _json_safe(value: Any) -> Any:
@@ -63,7 +48,7 @@ class FiniteJSONRoute(APIRoute):
                     doc = json.loads(await request.body())
                 except (ValueError, RecursionError):
                     doc = None  # (not JSON: the route's own parsing answers, as before)
-                at = non_finite_path(doc)
+                at = non_finite_at(doc)
                 if at is not None:
                     return JSONResponse({"detail": [{"loc": ["body", *at], "msg": MESSAGE, "type": "finite_number"}]},
                                         status_code=422)

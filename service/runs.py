@@ -140,11 +140,12 @@ def report_metrics(db: Database, run_id: str, worker_id: str, principal: Princip
         # of doubling it, and a retried run's points stay apart from the failed attempt's
         point = {**point, "attempt": run.attempts}
         progress = list(run.progress or [])
-        same = [i for i, p in enumerate(progress) if (p.get("attempt"), p.get("step")) == (run.attempts, point["step"])]
-        if same:
-            progress[same[0]] = point
-        else:
+        key = (run.attempts, point["step"])
+        at = next((i for i, p in enumerate(progress) if (p.get("attempt"), p.get("step")) == key), None)
+        if at is None:
             progress.append(point)
+        else:
+            progress[at] = point
         run.progress = progress[-10_000:]
         run.lease_expires_at = utcnow() + timedelta(seconds=lease_s)
         return {"ok": True, "lease_expires_at": run.lease_expires_at}

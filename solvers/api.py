@@ -34,20 +34,20 @@ def _module(kind: str, table: dict[str, str] = _SOLVERS) -> Any:
         raise SpecError.at(("kind",), f"plan kind {kind!r} is not available: {err}") from None
 
 
-def _non_finite_at(doc: Any, path: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
-    """Where the first infinite or NaN number of a result document is (None: it has none)."""
+def non_finite_at(doc: Any, path: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
+    """Where the first infinite or NaN number of a JSON-like document is (None: it has none)."""
     if isinstance(doc, float) and not math.isfinite(doc):
         return path
     items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
     for key, value in items:
-        if (found := _non_finite_at(value, (*path, key))) is not None:
+        if (found := non_finite_at(value, (*path, key))) is not None:
             return found
     return None
 
 
 def _finite(result: dict[str, Any]) -> dict[str, Any]:
     """The result, if JSON can carry it: a number that overflowed is the request's fault, said as such."""
-    where = _non_finite_at(result)
+    where = non_finite_at(result)
     if where is not None:
         raise SpecError.at((), f"the cost model overflowed ({'.'.join(map(str, where))} is not finite): some number "
                                "of the request, or of a profile it names, is beyond what it can price")

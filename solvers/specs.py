@@ -45,7 +45,7 @@ class _Spec(BaseModel):
         return v
 
 
-def _expand_preset(data: Any, table: dict[str, dict[str, Any]], what: str) -> Any:
+def expand_preset(data: Any, table: dict[str, dict[str, Any]], what: str) -> Any:
     """Merge ``{"preset": name, **overrides}`` into the preset's fields (overrides win)."""
     if not isinstance(data, dict) or "preset" not in data:
         return data
@@ -108,7 +108,7 @@ class ModelSpec(_Spec):
                                  "the CLI reads a path given there relative to the request file")
             overrides = {k: v for k, v in data.items() if k != "hf_config"}
             return {**model_from_hf_config(cfg, given=overrides), **overrides}
-        return _expand_preset(data, MODEL_PRESETS, "model")
+        return expand_preset(data, MODEL_PRESETS, "model")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -220,12 +220,12 @@ class ClusterSpec(_Spec):
         from solvers.presets import GPU_PRESETS
 
         if isinstance(v, str):
-            return _expand_preset({"preset": v}, GPU_PRESETS, "gpu")
+            return expand_preset({"preset": v}, GPU_PRESETS, "gpu")
         if isinstance(v, dict) and "preset" in v:
-            return _expand_preset(v, GPU_PRESETS, "gpu")
+            return expand_preset(v, GPU_PRESETS, "gpu")
         if isinstance(v, dict) and "name" in v and str(v["name"]).lower() in GPU_PRESETS:
             # {"name": "A100-80GB", "peak_tflops": 300}: start from the preset, override given fields.
-            return _expand_preset({"preset": v["name"], **v}, GPU_PRESETS, "gpu")
+            return expand_preset({"preset": v["name"], **v}, GPU_PRESETS, "gpu")
         return v
 
     @property

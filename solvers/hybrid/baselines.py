@@ -186,9 +186,9 @@ def beyond_constraints(plan: PlanStrategy, c: Constraints) -> list[str]:
         out.append(f"constraints.zero = {c.zero}: it uses ZeRO {', '.join(map(str, zeros))}")
     if c.sp is not None:
         asked = None if c.sp == "none" else c.sp
-        other = sorted({str(x.sp) for x in layers if x.tp > 1 and x.sp != asked})
+        other = sorted({x.sp or "none" for x in layers if x.tp > 1 and x.sp != asked})
         if other:
-            out.append(f"constraints.sp = {c.sp}: it uses {', '.join(o if o != 'None' else 'none' for o in other)}")
+            out.append(f"constraints.sp = {c.sp}: it uses {', '.join(other)}")
     fixed: list[tuple[str, object, object]] = [("schedule", plan.schedule, c.schedule),
                                                ("micro_batches", plan.micro_batches, c.micro_batches)]
     for field, value, wanted in fixed:

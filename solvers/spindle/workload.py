@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from solvers.errors import FieldProblem, SpecError
 from solvers.request import PlanRequestBase
-from solvers.specs import MAX_LAYERS, MAX_SEQ_LENGTH, MAX_WIDTH, ModelSpec, MoESpec
+from solvers.specs import MAX_LAYERS, MAX_SEQ_LENGTH, MAX_WIDTH, ModelSpec, MoESpec, expand_preset
 
 Mode = Literal["train", "forward", "decode"]
 
@@ -66,12 +66,9 @@ class ModuleShape(_Spec):
         if isinstance(data, dict) and "preset" in data:
             from solvers.presets import MODEL_PRESETS
 
-            key = str(data["preset"]).lower()
-            if key not in MODEL_PRESETS:
-                raise ValueError(f"unknown model preset {data['preset']!r}")
             # the layer shape only (a preset's vocabulary, dropout, ... are no module fields: they were refused)
-            base = {k: v for k, v in MODEL_PRESETS[key].items() if k in cls.model_fields}
-            data = {**base, **{k: v for k, v in data.items() if k != "preset"}}
+            shapes = {k: {f: v for f, v in p.items() if f in cls.model_fields} for k, p in MODEL_PRESETS.items()}
+            return expand_preset(data, shapes, "model")
         return data
 
     def model_spec(self) -> ModelSpec:
