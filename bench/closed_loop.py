@@ -99,7 +99,7 @@ def request(strategy: dict[str, Any], profiled: dict[str, Any] | None, ranks: in
 
 def predict_with_cost_model(strategy: dict[str, Any], profiled: dict[str, Any] | None, ranks: int) -> float:
     """The predictor: paraplan's cost model (``kind: profile`` with this node's profile)."""
-    return float(estimate(request(strategy, profiled, ranks))["step_time_s"])
+    return float(estimate(request(strategy, profiled, ranks)).to_json()["step_time_s"])
 
 
 PREDICTORS: dict[str, Callable[[dict[str, Any], dict[str, Any] | None, int], float]] = {

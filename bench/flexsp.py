@@ -27,7 +27,7 @@ def fingerprint(result: dict) -> str:
 
 def synthetic(milp: str) -> None:
     req = gpt7b_request(synthetic_lengths(), solver={"milp": milp})
-    a, b = solve(req), solve(req)
+    a, b = solve(req).to_json(), solve(req).to_json()
     same = fingerprint(a) == fingerprint(b)
     print("## synthetic batch: 512 lognormal(log 4096, 1.6) lengths, GPT-7B, 8x8 GPUs, 30 GB")
     print(f"{'':28}{'estimate_s':>11}{'solve_s':>9}{'cpu_s':>7}")
@@ -41,7 +41,7 @@ def synthetic(milp: str) -> None:
     for run, r in (("1", a), ("2", b)):
         print(f"{'paraplan FlexSP (run ' + run + ')':28}{r['estimate']['step_time_s']:>11.2f}"
               f"{r['search']['time_s']:>9.2f}{r['search']['cpu_s']:>7.2f}")
-    capped = solve(gpt7b_request(synthetic_lengths(), solver={"milp": milp, "max_sp": 32}))
+    capped = solve(gpt7b_request(synthetic_lengths(), solver={"milp": milp, "max_sp": 32})).to_json()
     print(f"{'paraplan FlexSP, SP <= 32':28}{capped['estimate']['step_time_s']:>11.2f}"
           f"{capped['search']['time_s']:>9.2f}{capped['search']['cpu_s']:>7.2f}   (within GPT-7B's 32 heads)")
     br = e["breakdown_s"]
@@ -59,7 +59,7 @@ def wikipedia(batches: int, milp: str) -> None:
     worst = worst_cpu = 0.0
     for b, lengths in enumerate(wikipedia_batches(WIKI, batches)):
         t0 = time.perf_counter()
-        r = solve(gpt7b_request(lengths, solver={"milp": milp}))
+        r = solve(gpt7b_request(lengths, solver={"milp": milp})).to_json()
         wall = time.perf_counter() - t0
         worst = max(worst, wall)
         worst_cpu = max(worst_cpu, r["search"]["cpu_s"])
@@ -83,7 +83,7 @@ def scale(nodes: int, sequences: int) -> None:
     req = {"kind": "flexsp", "model": {"preset": "llama3-8b"},
            "cluster": {"gpu": "H100-SXM", "nodes": nodes, "gpus_per_node": 8},
            "batch": {"sequence_lengths": lengths}, "constraints": {"memory_limit_gib": 70}}
-    r = solve(req)
+    r = solve(req).to_json()
     static = r["baselines"]["static_sp"]
     best = r["baselines"]["best_static_sp"]
     print(f"\n## scale: llama3-8b (derived constants), {nodes}x8 H100, {sequences} lognormal sequences ≤ 128K")

@@ -173,7 +173,8 @@ def galvatron_table(cases: list[GalvatronCase], rerun: bool, time_target_s: floa
         theirs = galv.get("throughput") or 0.0
         check = ""
         if (case_dir / "galvatron_config.json").exists():
-            e = estimate({**req, "strategy": {"format": "galvatron", "path": str(case_dir / "galvatron_config.json")}})
+            galvatron_plan = {"format": "galvatron", "path": str(case_dir / "galvatron_config.json")}
+            e = estimate({**req, "strategy": galvatron_plan}).to_json()
             check = f"{e['throughput_samples_per_s']:.3f}"
         gain = ours / theirs - 1 if theirs else float("nan")
         ok &= ours >= theirs * (1 - 1e-9) and (time_target_s is None or cpu <= time_target_s)
@@ -205,7 +206,7 @@ def timed_solve(req: dict[str, Any], repeats: int = 3,
     best: dict[str, Any] = {}
     for _ in range(repeats):
         space_module._CANDIDATES.clear()  # cold: nothing from the previous repeat
-        out = solve(req, options=options)
+        out = solve(req, options=options).to_json()
         if not best or out["search"]["cpu_s"] < best["search"]["cpu_s"]:
             best = out
     return best, best["search"]["cpu_s"]
@@ -230,7 +231,7 @@ def as_run(req: dict[str, Any], out: dict[str, Any], framework: str) -> str:
         run_plan = megatron_run_plan(plan, None, megatron_layout(plan, None, req))
     else:
         run_plan = torchtitan_run_plan(plan, None, torchtitan_recompute(plan, None, req))
-    run = estimate({**req, "strategy": run_plan.to_dict()})
+    run = estimate({**req, "strategy": run_plan.to_dict()}).to_json()
     base = out["baselines"]["megatron"].get("estimate", {}).get("step_time_s")
     if not base:
         return "-"
@@ -315,7 +316,7 @@ def deep_table() -> None:
     for name, req, n in rows:
         c0, w0 = time.process_time(), time.perf_counter()
         try:
-            out = solve(req)
+            out = solve(req).to_json()
             s = out["search"]
             outcome = f"{out['estimate']['throughput_samples_per_s']:.2f} samples/s, {s['plan_from']}"
             stats = f"{s['configs_solved']} / {s['configs_total']} | {s['dp_runs']} | {s['time_limited']}"
@@ -429,7 +430,7 @@ def sweep_table() -> None:
                        "cluster": {"gpu": gpu, "nodes": nodes, "gpus_per_node": per_node},
                        "training": {"global_batch_size": gbs, "seq_length": seq}}
                 try:
-                    out = solve(req)
+                    out = solve(req).to_json()
                 except InfeasibleError:
                     infeasible += 1
                     continue

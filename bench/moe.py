@@ -53,7 +53,7 @@ def best_uniform(base: dict[str, Any], fixed: dict[str, Any]) -> tuple[dict[str,
     for zero, rc, mbs in itertools.product((0, 1, 2, 3), ("none", "selective", "full"), (1, 2, 4)):
         strat = {"pp": 1, **fixed, "zero": zero, "recompute": rc, "micro_batch_size": mbs}
         try:
-            est = estimate({**base, "strategy": strat})
+            est = estimate({**base, "strategy": strat}).to_json()
         except SpecError:
             continue
         if est["fits"] and (best[0] is None or est["step_time_s"] < best[0]["step_time_s"]):

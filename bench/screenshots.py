@@ -59,7 +59,7 @@ BIG_REQUEST: dict[str, Any] = {
 def big_result() -> tuple[dict[str, Any], str]:
     """A 128-layer hybrid result: solved when the hybrid planner exists, else the test suite's sample."""
     if "hybrid" in available_kinds():
-        return solve(BIG_REQUEST), "solved by solvers.hybrid"
+        return solve(BIG_REQUEST).to_json(), "solved by solvers.hybrid"
     from tests.ui import samples
 
     return samples.hybrid(num_layers=128, pp=8, micro_batches=64)[1], "synthetic (hybrid solver not available)"

@@ -62,7 +62,7 @@ def main() -> int:
     misses = []
     for preset in args.presets:
         for gpus in args.gpus:
-            r = solve(request(preset, gpus, not args.no_exact, args.limit, args.explicit))
+            r = solve(request(preset, gpus, not args.no_exact, args.limit, args.explicit)).to_json()
             s = r["search"]
             lb = r["lower_bound_s"]
             final = r["estimate"]["iteration_time_s"]

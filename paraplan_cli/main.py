@@ -87,7 +87,7 @@ def _run_one(fn: Any, request: Any) -> dict[str, Any]:
 
     try:
         with _solver_chatter_to_stderr():
-            result: dict[str, Any] = fn(request)
+            result: dict[str, Any] = fn(request).to_json()
     except SpecError as err:
         return {"error": str(err)}
     return result

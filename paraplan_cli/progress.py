@@ -20,7 +20,7 @@ def solve_with_progress(request: Any, quiet: bool = False) -> dict[str, Any]:
             def report(fraction: float, message: str) -> None:
                 bar.update(task, completed=fraction, description=message)
 
-            return solve(request, progress=report)
+            return solve(request, progress=report).to_json()
     except SpecError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None

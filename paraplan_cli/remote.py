@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import typer
 
-TERMINAL = {"succeeded", "failed", "cancelled"}
+from solvers.documents import TERMINAL
 
 
 def _check(resp: httpx.Response) -> dict[str, Any]:

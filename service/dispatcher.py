@@ -27,7 +27,8 @@ from service import jobs, runs, solve_child
 from service.db.engine import Database
 from service.errors import is_retryable_db_error
 from service.settings import Settings
-from service.validation import KINDS
+from solvers.documents import load_result
+from solvers.kinds import solver_modules
 
 log = logging.getLogger("paraplan.dispatcher")
 _CTX: ForkServerContext | None = None
@@ -43,7 +44,7 @@ def _context() -> ForkServerContext:
                 os.environ.setdefault(var, "1")
             ctx = multiprocessing.get_context("forkserver")
             # Preload what solves import, so that a child costs a fork; missing modules are skipped.
-            ctx.set_forkserver_preload([*_main_imports(), "service.solve_child", "solvers.api", *KINDS.values(),
+            ctx.set_forkserver_preload([*_main_imports(), "service.solve_child", "solvers.api", *solver_modules(),
                                         "ortools.sat.python.cp_model", "highspy", "scipy.optimize"])
             _CTX = ctx
         return _CTX
@@ -159,7 +160,7 @@ class Dispatcher:
                     progress, progress_dirty = (msg[1], msg[2]), True
                 elif msg[0] == "ok":
                     elapsed = time.monotonic() - started
-                    if jobs.complete_job(self.db, job.id, self.owner, msg[1]):
+                    if jobs.complete_job(self.db, job.id, self.owner, load_result(job.kind, msg[1])):
                         self._record(job.kind, elapsed)
                         return Outcome("succeeded")
                     return Outcome("lost", "lease lost before the result was stored")

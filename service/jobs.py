@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from service.db.engine import Database
 from service.db.models import Job, Plan, PlanRequest, utcnow
+from solvers.documents import PlanResult
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,8 @@ def renew_lease(db: Database, job_id: str, owner: str, lease_s: float, progress:
         return session.execute(update(Job).where(_held(job_id, owner)).values(**values)).rowcount == 1  # type: ignore[attr-defined]
 
 
-def complete_job(db: Database, job_id: str, owner: str, result: dict[str, Any]) -> bool:
+def complete_job(db: Database, job_id: str, owner: str, result: PlanResult) -> bool:
     """Store the result; False (and nothing written) when the lease was lost meanwhile."""
-    search = result.get("search") if isinstance(result.get("search"), dict) else {}
     now = utcnow()
     with db.writing() as session:
         job = session.execute(select(Job).where(_held(job_id, owner)).with_for_update()).scalar_one_or_none()
@@ -106,12 +106,9 @@ def complete_job(db: Database, job_id: str, owner: str, result: dict[str, Any]) 
         # lease_owner stays: the record of which dispatcher solved it
         job.status, job.finished_at, job.progress, job.progress_message = "succeeded", now, 1.0, "done"
         job.lease_expires_at = None
-        estimate = result.get("estimate")
         session.execute(update(Plan).where(Plan.id == job.plan_id).values(
-            status="succeeded", result=result, finished_at=now,
-            estimate=estimate if isinstance(estimate, dict) else None,
-            solver=str(search.get("solver", job.kind))[:64] if search else job.kind,
-            search_time_s=search.get("time_s") if search and isinstance(search.get("time_s"), int | float) else None,
+            status="succeeded", result=result.to_json(), finished_at=now, estimate=result.estimate.to_json(),
+            solver=(result.search.solver or job.kind)[:64], search_time_s=result.search.time_s,
         ))
         return True
 

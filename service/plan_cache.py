@@ -11,13 +11,18 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from service.schemas import PlanOut
+from pydantic import TypeAdapter
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+from service.schemas import PlanOut
+from solvers.documents import TERMINAL
+
+_PLAN_OUT: TypeAdapter[Any] = TypeAdapter(PlanOut)
 
 
 def encode_plan(view: dict[str, Any]) -> bytes:
-    return PlanOut.model_validate(view).model_dump_json().encode()
+    """The plan's JSON body. ``view`` sets every field of the plan; what is left unset is inside its documents
+    (fields a solver did not set), and stays out of the JSON as it stays out of the stored document."""
+    return _PLAN_OUT.dump_json(_PLAN_OUT.validate_python(view), exclude_unset=True)
 
 
 class PlanCache:

@@ -16,16 +16,17 @@ from service.canonical import content_hash
 from service.db.engine import Database
 from service.db.models import IdempotencyKey, Job, Plan, PlanRequest, utcnow
 from service.errors import Conflict, NotFound, get_or_404
-
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
-STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+from solvers.documents import ACTIVE, TERMINAL, load_result
 
 
 def plan_view(plan: Plan, request: dict[str, Any] | None, job: Job | None, content: str | None) -> dict[str, Any]:
+    """The plan as the API shows it; its result is the kind's typed document (a stored one of any version)."""
     view: dict[str, Any] = {
-        "id": plan.id, "status": plan.status, "kind": plan.kind, "request": request, "result": plan.result,
+        "id": plan.id, "status": plan.status, "kind": plan.kind, "request": request,
+        "result": load_result(plan.kind, plan.result) if plan.result is not None else None,
         "error": plan.error, "content_hash": content, "solver": plan.solver, "search_time_s": plan.search_time_s,
         "estimate": plan.estimate, "created_at": plan.created_at, "finished_at": plan.finished_at,
+        "progress": None, "attempts": None, "started_at": None,
     }
     if plan.error_detail:
         view["error_detail"] = plan.error_detail
@@ -152,7 +153,7 @@ def cancel_plan(db: Database, plan_id: str) -> dict[str, Any]:
             raise Conflict(f"plan {plan_id} is already {plan.status}")
         now = utcnow()
         plan.status, plan.finished_at, plan.dedupe_hash, plan.error = "cancelled", now, None, "cancelled by request"
-        session.execute(update(Job).where(Job.plan_id == plan_id, Job.status.in_(("queued", "running")))
+        session.execute(update(Job).where(Job.plan_id == plan_id, Job.status.in_(ACTIVE))
                         .values(status="cancelled", finished_at=now, lease_owner=None, lease_expires_at=None))
         session.flush()
         return get_plan(session, plan_id)

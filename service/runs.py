@@ -17,15 +17,16 @@ from service.db.models import Plan, PlanRequest, Run, utcnow
 from service.errors import Conflict, Forbidden, NotFound, get_or_404
 from service.tokens import Principal
 from service.workers import owned_worker, workers_of_token
-
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
-STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+from solvers.documents import TERMINAL, FlexSPResult, HybridResult, PlanResult, SpindleResult, load_result
 
 
-def predicted_of(result: dict[str, Any] | None) -> dict[str, Any]:
-    est = (result or {}).get("estimate") or {}
-    step = est.get("step_time_s", est.get("iteration_time_s"))
-    return {"step_time_s": step, "peak_memory_gib": est.get("peak_memory_gib")}
+def predicted_of(result: PlanResult | None) -> dict[str, Any]:
+    """What the plan predicts a run measures: its step (a Spindle iteration) and its peak memory per GPU."""
+    if isinstance(result, HybridResult | FlexSPResult):
+        return {"step_time_s": result.estimate.step_time_s, "peak_memory_gib": result.estimate.peak_memory_gib}
+    if isinstance(result, SpindleResult):
+        return {"step_time_s": result.estimate.iteration_time_s, "peak_memory_gib": result.estimate.peak_memory_gib}
+    return {"step_time_s": None, "peak_memory_gib": None}
 
 
 def run_view(run: Run) -> dict[str, Any]:
@@ -41,7 +42,7 @@ def create_run(session: Session, plan_id: str, steps: int, max_attempts: int) ->
     if plan.status != "succeeded":
         raise Conflict(f"plan {plan_id} is {plan.status}; only a succeeded plan can be run")
     run = Run(plan_id=plan_id, steps=steps, status="queued", max_attempts=max_attempts,
-              predicted=predicted_of(plan.result), progress=[])
+              predicted=predicted_of(load_result(plan.kind, plan.result) if plan.result else None), progress=[])
     session.add(run)
     session.flush()
     return run_view(run)
@@ -108,7 +109,8 @@ def claim_run(db: Database, worker_id: str, principal: Principal, lease_s: float
         ).one()
         return {"id": run.id, "plan_id": run.plan_id, "steps": run.steps, "attempt": run.attempts,
                 "lease_expires_at": run.lease_expires_at,
-                "plan": {"id": plan.id, "kind": plan.kind, "request": request, "result": plan.result}}
+                "plan": {"id": plan.id, "kind": plan.kind, "request": request,
+                         "result": load_result(plan.kind, plan.result) if plan.result else None}}
 
 
 def _held_run(session: Session, run_id: str, worker_id: str, principal: Principal) -> Run:

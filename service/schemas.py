@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PlanStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+from solvers.documents import FlexSPResult, HybridResult, PlanKind, PlanResult, SpindleResult
+from solvers.documents import Status as PlanStatus
+from solvers.documents.flexsp import FlexSPEstimate
+from solvers.documents.hybrid import HybridEstimate
+from solvers.documents.spindle import SpindleEstimate
+
 ExportFormat = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
 ExportOf = Literal["plan", "megatron", "zero3_dp", "pure_dp"]
 
@@ -32,17 +37,16 @@ class Progress(BaseModel):
     message: str | None = None
 
 
-class PlanOut(_Out):
+class _PlanOut(_Out):
+    """A plan: its request, status, progress and (when succeeded) the kind's result document."""
+
     id: str
     status: PlanStatus
-    kind: str
     request: dict[str, Any] | None = None
-    result: dict[str, Any] | None = None
     error: str | None = None
     content_hash: str | None = None
     solver: str | None = None
     search_time_s: float | None = None
-    estimate: dict[str, Any] | None = None
     progress: Progress | None = None
     attempts: int | None = None
     created_at: datetime
@@ -50,12 +54,34 @@ class PlanOut(_Out):
     finished_at: datetime | None = None
 
 
+class HybridPlanOut(_PlanOut):
+    kind: Literal["hybrid"]
+    result: HybridResult | None = None
+    estimate: HybridEstimate | None = None
+
+
+class FlexSPPlanOut(_PlanOut):
+    kind: Literal["flexsp"]
+    result: FlexSPResult | None = None
+    estimate: FlexSPEstimate | None = None
+
+
+class SpindlePlanOut(_PlanOut):
+    kind: Literal["spindle"]
+    result: SpindleResult | None = None
+    estimate: SpindleEstimate | None = None
+
+
+PlanOut = Annotated[HybridPlanOut | FlexSPPlanOut | SpindlePlanOut, Field(discriminator="kind")]
+"""GET /v1/plans/{id}: typed by its ``kind``, so that a client can generate its types from /openapi.json."""
+
+
 class PlanSummary(_Out):
     id: str
     status: PlanStatus
-    kind: str
+    kind: PlanKind
     solver: str | None = None
-    estimate: dict[str, Any] | None = None
+    estimate: HybridEstimate | FlexSPEstimate | SpindleEstimate | None = None
     search_time_s: float | None = None
     error: str | None = None
     created_at: datetime
@@ -132,9 +158,9 @@ class LeaseOut(BaseModel):
 
 class ClaimedPlan(BaseModel):
     id: str
-    kind: str
+    kind: PlanKind
     request: dict[str, Any]
-    result: dict[str, Any] | None
+    result: PlanResult | None
 
 
 class ClaimedRun(BaseModel):

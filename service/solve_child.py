@@ -47,7 +47,7 @@ def run(conn: Connection, request: dict[str, Any], memory_mib: int, time_limit_s
             conn.send(("progress", float(fraction), text))
 
     try:
-        result = solve(request, progress=progress)
+        result = solve(request, progress=progress).to_json()
         json.dumps(result, allow_nan=False)  # what is stored must be JSON
         conn.send(("ok", result))
     except SpecError as err:

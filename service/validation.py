@@ -2,47 +2,25 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 from service.errors import Unavailable
 from service.limits import check_limits
 from service.settings import Settings
+from solvers import kinds
+from solvers.documents import PlanKind
 from solvers.errors import SpecError
-from solvers.request import HybridRequest, parse
+from solvers.kinds import SolverKind, available_kinds, kind_of
 
-KINDS: dict[str, str] = {"hybrid": "solvers.hybrid.api", "flexsp": "solvers.flexsp.api",
-                         "spindle": "solvers.spindle.api"}
-
-
-def kind_of(request: Any) -> str:
-    if not isinstance(request, dict):
-        raise SpecError.at((), "request must be a JSON object")
-    kind = request.get("kind", "hybrid")
-    if not isinstance(kind, str) or kind not in KINDS:
-        raise SpecError.at(("kind",), f"unknown plan kind {kind!r}; expected one of {sorted(KINDS)}")
-    return str(kind)
+__all__ = ["available_kinds", "check_file_references", "kind_of", "solver_module", "validate_plan_request"]
 
 
-def solver_module(kind: str) -> Any:
+def solver_module(kind: PlanKind) -> SolverKind:
     try:
-        return importlib.import_module(KINDS[kind])
-    except ModuleNotFoundError as err:
-        if err.name and KINDS[kind].startswith(err.name):
-            raise SpecError.at(("kind",), f"plan kind {kind!r} is not available on this server") from None
-        raise Unavailable(f"solver for {kind!r} failed to load: {err}") from None
-
-
-def available_kinds() -> list[str]:
-    out = []
-    for kind in KINDS:
-        try:
-            solver_module(kind)
-            out.append(kind)
-        except (SpecError, Unavailable):
-            pass
-    return out
+        return kinds.solver_kind(kind)
+    except kinds.KindUnavailable as err:
+        raise Unavailable(str(err)) from None
 
 
 _FILE_FIELDS = (("strategy", "path"), ("cost_model", "profiles_dir"), ("cost_model", "hardware_dir"),
@@ -88,12 +66,6 @@ def validate_plan_request(request: Any, settings: Settings) -> str:
     kind = kind_of(request)
     check_limits(request, settings)
     check_file_references(request, settings)
-    module = solver_module(kind)
-    # The kind's own cheap check when it has one (``validate``, else its request parser), so that a bad
-    # request is a 422 now rather than a failed job later.
-    check = getattr(module, "validate", None) or getattr(module, "parse_request", None)
-    if callable(check):
-        check(request)
-    elif kind == "hybrid":
-        parse(HybridRequest, request)
+    # the kind's own cheap check, so that a bad request is a 422 now rather than a failed job later
+    solver_module(kind).validate(request)
     return kind

@@ -1,37 +1,21 @@
 """Entry points used by the service, the CLI and the worker: ``solve`` and ``estimate``.
 
-Each takes a request document (a dict as in the contract) and returns the result document. Solvers are
-imported lazily so that a solver-only install of one kind does not load the others.
+Each takes a request document (a dict as in the contract) and returns the kind's typed document
+(``solvers.documents``); ``.to_json()`` gives the contract's JSON object.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
+from solvers.documents import Document, ResultDocument
 from solvers.errors import SpecError
+from solvers.kinds import Progress, available_kinds, kind_of, solver_kind
 
-Progress = Callable[[float, str], None]
-"""progress(fraction_done in [0, 1], message) — called by long solves."""
+D = TypeVar("D", bound=Document)
 
-_SOLVERS = {
-    "hybrid": "solvers.hybrid.api",
-    "flexsp": "solvers.flexsp.api",
-    "spindle": "solvers.spindle.api",
-}
-# What-if estimates of a given strategy. Hybrid estimates are the cost model's own business.
-_ESTIMATORS = {**_SOLVERS, "hybrid": "solvers.cost_model.api"}
-
-
-def _module(kind: str, table: dict[str, str] = _SOLVERS) -> Any:
-    if not isinstance(kind, str) or kind not in table:
-        raise SpecError.at(("kind",), f"unknown plan kind {kind!r}; expected one of {sorted(table)}")
-    try:
-        return importlib.import_module(table[kind])
-    except ModuleNotFoundError as err:  # a kind whose solver is not built yet
-        raise SpecError.at(("kind",), f"plan kind {kind!r} is not available: {err}") from None
+__all__ = ["Progress", "available_kinds", "estimate", "non_finite_at", "solve", "validate"]
 
 
 def non_finite_at(doc: Any, path: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
@@ -45,39 +29,25 @@ def non_finite_at(doc: Any, path: tuple[str | int, ...] = ()) -> tuple[str | int
     return None
 
 
-def _finite(result: dict[str, Any]) -> dict[str, Any]:
+def _finite(result: D) -> D:
     """The result, if JSON can carry it: a number that overflowed is the request's fault, said as such."""
-    where = non_finite_at(result)
+    where = non_finite_at(result.model_dump())  # (JSON mode would write inf as null)
     if where is not None:
         raise SpecError.at((), f"the cost model overflowed ({'.'.join(map(str, where))} is not finite): some number "
                                "of the request, or of a profile it names, is beyond what it can price")
     return result
 
 
-def solve(request: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
-    """Solve a plan request and return the contract's result object."""
-    if not isinstance(request, dict):
-        raise SpecError.at((), "request must be a JSON object")
-    kind = request.get("kind", "hybrid")
-    result: dict[str, Any] = _module(kind).solve(request, progress=progress)
-    return _finite(result)
+def validate(request: dict[str, Any]) -> None:
+    """The request's cheap checks (SpecError naming each bad field), before a solve is queued."""
+    solver_kind(kind_of(request)).validate(request)
 
 
-def estimate(request: dict[str, Any]) -> dict[str, Any]:
-    """Estimate a given strategy (what-if); returns the contract's ``estimate`` object."""
-    if not isinstance(request, dict):
-        raise SpecError.at((), "request must be a JSON object")
-    kind = request.get("kind", "hybrid")
-    result: dict[str, Any] = _module(kind, _ESTIMATORS).estimate(request)
-    return _finite(result)
+def solve(request: dict[str, Any], progress: Progress | None = None) -> ResultDocument:
+    """Solve a plan request: the kind's result document."""
+    return _finite(solver_kind(kind_of(request)).solve(request, progress=progress))
 
 
-def available_kinds() -> list[str]:
-    out = []
-    for kind, mod in _SOLVERS.items():
-        try:
-            importlib.import_module(mod)
-            out.append(kind)
-        except ModuleNotFoundError:
-            pass
-    return out
+def estimate(request: dict[str, Any]) -> Document:
+    """Estimate a given strategy (what-if): the kind's estimate document."""
+    return _finite(solver_kind(kind_of(request)).estimate(request))

@@ -7,9 +7,18 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pydantic import ConfigDict
 
 import solvers.api as api
+from solvers.documents import ResultDocument
 from solvers.errors import SpecError
+
+
+class _Result(ResultDocument):
+    """A document of any fields, standing in for a kind's."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: str = "hybrid"
 
 
 @pytest.mark.parametrize(("result", "where"), [
@@ -17,8 +26,9 @@ from solvers.errors import SpecError
     ({"micro_batches": [{"time_s": 1.0}, {"time_s": math.nan}]}, "micro_batches.1.time_s"),
 ])
 def test_a_non_finite_result_is_an_error_naming_where(monkeypatch: Any, result: dict[str, Any], where: str) -> None:
-    solver = SimpleNamespace(solve=lambda request, progress=None: result, estimate=lambda request: result)
-    monkeypatch.setattr(api, "_module", lambda kind, table=None: solver)
+    doc = _Result.model_validate(result)
+    solver = SimpleNamespace(solve=lambda request, progress=None: doc, estimate=lambda request: doc)
+    monkeypatch.setattr(api, "solver_kind", lambda kind: solver)
     for call in (api.solve, api.estimate):
         with pytest.raises(SpecError, match="overflowed") as err:
             call({"kind": "hybrid"})
@@ -26,6 +36,6 @@ def test_a_non_finite_result_is_an_error_naming_where(monkeypatch: Any, result: 
 
 
 def test_a_finite_result_passes_unchanged(monkeypatch: Any) -> None:
-    result = {"estimate": {"step_time_s": 1e300, "notes": ["inf is a word here"], "fits": True}}
-    monkeypatch.setattr(api, "_module", lambda kind, table=None: SimpleNamespace(estimate=lambda request: result))
+    result = _Result.model_validate({"estimate": {"step_time_s": 1e300, "notes": ["inf is a word here"], "fits": True}})
+    monkeypatch.setattr(api, "solver_kind", lambda kind: SimpleNamespace(estimate=lambda request: result))
     assert api.estimate({"kind": "hybrid"}) is result

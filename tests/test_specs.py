@@ -220,8 +220,8 @@ def test_a_global_batch_beyond_any_training_run_is_refused() -> None:
 
 def test_a_gpu_at_the_edge_of_the_ranges_is_planned_with_finite_numbers() -> None:
     """The ranges are what float arithmetic prices: the slowest GPU and links they allow still give a plan."""
-    from solvers.api import solve
     from solvers.specs import MIN_BANDWIDTH, MIN_TFLOPS
+    from tests.contract_json import solve
 
     req = {"kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 2},
            "cluster": {"gpu": {"name": "x", "peak_tflops": MIN_TFLOPS, "memory_gib": 80}, "gpus_per_node": 4,

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-TERMINAL = ("succeeded", "failed", "cancelled")
+from solvers.documents import TERMINAL
 
 
 class PlanError(RuntimeError):

@@ -21,6 +21,7 @@ from service.limits import check_limits
 from service.schemas import ExportFormat, ExportOf, PlanList, PlanOut, PlanStatus
 from service.tokens import Principal
 from service.validation import check_file_references, kind_of, validate_plan_request
+from solvers.documents import TERMINAL
 from solvers.errors import SpecError
 
 router = APIRouter(prefix="/v1", tags=["plans"], route_class=FiniteJSONRoute)
@@ -39,7 +40,7 @@ async def wait_for_terminal(ctx: ServiceContext, plan_id: str, wait_s: float) ->
     delay = 0.02
     while time.monotonic() < deadline:
         status = await to_thread.run_sync(_status, ctx, plan_id)
-        if status in plans.TERMINAL or status is None:
+        if status in TERMINAL or status is None:
             return
         await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 1.5, 0.25)
@@ -92,10 +93,10 @@ async def submit_plan(
         ctx.on_queued()
     # ties this request's id to the plan (and, through the dispatcher's lines, to its job)
     log.info("plan %s %s", view["id"], "queued" if created else "already known", extra={"plan_id": view["id"]})
-    if wait > 0 and view["status"] not in plans.TERMINAL:
+    if wait > 0 and view["status"] not in TERMINAL:
         await wait_for_terminal(ctx, view["id"], wait)
         view = await to_thread.run_sync(_get, ctx, view["id"])
-    status = 200 if view["status"] in plans.TERMINAL else 202
+    status = 200 if view["status"] in TERMINAL else 202
     return _json(ctx.plans.remember(view), status, f"/v1/plans/{view['id']}")
 
 
@@ -116,7 +117,7 @@ async def get_plan(plan_id: str, wait: float = Query(0.0, ge=0), ctx: ServiceCon
     if cached is not None:  # terminal plans never change
         return _json(cached)
     view = await to_thread.run_sync(_get, ctx, plan_id)
-    if wait > 0 and view["status"] not in plans.TERMINAL:
+    if wait > 0 and view["status"] not in TERMINAL:
         await wait_for_terminal(ctx, plan_id, wait)
         view = await to_thread.run_sync(_get, ctx, plan_id)
     return _json(ctx.plans.remember(view))
@@ -146,7 +147,7 @@ def export_plan(plan_id: str, format: ExportFormat = Query(..., description="tar
         from solvers.hybrid.export import export
     except ModuleNotFoundError:
         raise NotImplementedYet("export is not available on this server yet") from None
-    out = export(view["result"], format, view["request"], of)
+    out = export(view["result"].to_json(), format, view["request"], of)
     if not isinstance(out, str):
         return JSONResponse(out)
     media = _EXPORT_MEDIA[format]
@@ -168,8 +169,7 @@ def estimate(body: dict[str, Any] | list[dict[str, Any]] = Body(..., description
         kind_of(request)
         check_limits(request, ctx.settings)
         check_file_references(request, ctx.settings)
-        result: dict[str, Any] = estimate_fn(request)
-        return result
+        return estimate_fn(request).to_json()
 
     if isinstance(body, list):
         if len(body) > ctx.settings.max_estimates:

@@ -93,7 +93,7 @@ def list_workers(ctx: ServiceContext = Depends(get_context), _: Principal = Read
         return workers.list_workers(session)
 
 
-@router.post("/runs/claim", response_model=ClaimOut, tags=["workers"],
+@router.post("/runs/claim", response_model=ClaimOut, response_model_exclude_unset=True, tags=["workers"],
              responses={204: {"description": "nothing claimable within wait_s"}})
 async def claim_run(body: ClaimBody, ctx: ServiceContext = Depends(get_context),
                     principal: Principal = WorkerAccess) -> Any:

@@ -21,12 +21,12 @@ from service.errors import DomainError, Unauthorized, http_status
 from service.ui import data, flexsp_view, hybrid_view, plan_form, run_view, spindle_view
 from service.ui import format as fmt
 from service.ui.request_info import as_map, batch_label, cluster_label, headline, model_label
+from solvers.documents import STATUSES, TERMINAL
 from solvers.errors import SpecError
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
 PAGE_SIZE = 50
-TERMINAL = ("succeeded", "failed", "cancelled")
 EXPORT_FORMATS = ("megatron", "deepspeed", "torchtitan", "galvatron")
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -71,7 +71,7 @@ def plans_page(request: Request, kind: str | None = None, status: str | None = N
                      or cluster_label(req)})
     return _page(request, "plans.html", {"rows": rows, "next_cursor": page.get("next_cursor"), "kind": kind or "",
                                          "status": status or "", "kinds": plan_form.KINDS, "limit": limit,
-                                         "statuses": ("queued", "running", *TERMINAL)}, started)
+                                         "statuses": STATUSES}, started)
 
 
 def _form_context(inp: plan_form.FormInput) -> dict[str, Any]:
@@ -123,7 +123,8 @@ def plan_page(request: Request, plan_id: str) -> Response:
     except (DomainError, SpecError) as err:
         return _error_page(request, err, started)
     req = as_map(plan.get("request"))
-    result = plan.get("result") if isinstance(plan.get("result"), Mapping) else None
+    result = plan["result"].to_json() if plan["result"] is not None else None  # TODO(#30): views read the document
+    plan = {**plan, "result": result}
     kind = str(plan.get("kind") or "")
     context: dict[str, Any] = {
         "plan": plan, "request_doc": req, "model": model_label(req), "cluster": cluster_label(req),

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from solvers.documents.flexsp import FlexSPEstimateResult, FlexSPResult
 from solvers.errors import FieldProblem, SpecError
 from solvers.flexsp.baselines import lower_bound_ms, static_sp_plan
 from solvers.flexsp.constants import FlexSPConstants
@@ -94,7 +95,11 @@ def _notes(req: FlexSPRequest, plan: list[MicroBatch]) -> list[str]:
     return notes
 
 
-def solve(request: dict[str, Any], progress: Callable[[float, str], None] | None = None) -> dict[str, Any]:
+def validate(request: dict[str, Any]) -> None:
+    parse_request(request)
+
+
+def solve(request: dict[str, Any], progress: Callable[[float, str], None] | None = None) -> FlexSPResult:
     start, start_cpu = time.perf_counter(), _cpu_s()
     req, consts = parse_request(request)
     table = _table(req, consts)
@@ -117,7 +122,7 @@ def solve(request: dict[str, Any], progress: Callable[[float, str], None] | None
     est = _estimate(table, plan)
     est["peak_memory_gib"] = _with_memory(micro_batches, consts)
     est["memory_limit_gib"] = consts.memory_limit_mb / 1024
-    return {
+    return FlexSPResult.model_validate({
         "estimate": est,
         "notes": _notes(req, plan),
         "micro_batches": micro_batches,
@@ -128,7 +133,7 @@ def solve(request: dict[str, Any], progress: Callable[[float, str], None] | None
         "search": {"time_s": elapsed, "cpu_s": _cpu_s() - start_cpu,
                    "solver": f"fill+blaster+{opts.milp}", **report.to_dict()},
         "cost_model": consts.to_dict(),
-    }
+    })
 
 
 def _given_plan(request: dict[str, Any], table: CostTable, n: int) -> list[MicroBatch]:
@@ -165,7 +170,7 @@ def _given_plan(request: dict[str, Any], table: CostTable, n: int) -> list[Micro
                                            'them) or "strategy": {"sp": D} for static sequence parallelism of degree D')
 
 
-def estimate(request: dict[str, Any]) -> dict[str, Any]:
+def estimate(request: dict[str, Any]) -> FlexSPEstimateResult:
     """Estimate a given plan: the ``estimate`` object, with each micro-batch's time and breakdown."""
     known = {k: v for k, v in request.items() if k not in ("micro_batches", "strategy")}
     req, consts = parse_request(known)
@@ -175,4 +180,10 @@ def estimate(request: dict[str, Any]) -> dict[str, Any]:
     out["micro_batches"] = plan_to_dict(table, plan, np.arange(len(table.lengths)))
     out["peak_memory_gib"] = _with_memory(out["micro_batches"], consts)
     out["memory_limit_gib"] = consts.memory_limit_mb / 1024
-    return out
+    return FlexSPEstimateResult.model_validate(out)
+
+
+def summarise(request: dict[str, Any], result: FlexSPResult) -> list[str]:
+    from solvers.flexsp.summary import summarise as text
+
+    return text(request, result)

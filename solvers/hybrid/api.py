@@ -9,6 +9,7 @@ from typing import Any, cast
 from solvers.cost_model.api import estimate as _estimate
 from solvers.cost_model.base import CostModel
 from solvers.cost_model.factory import make_cost_model
+from solvers.documents.hybrid import HybridEstimateResult, HybridResult
 from solvers.errors import FieldProblem, InfeasibleError
 from solvers.hybrid import baselines
 from solvers.hybrid.cached import CachedStages
@@ -89,7 +90,7 @@ def validate(request: dict[str, Any]) -> None:
 
 
 def solve(request: dict[str, Any], progress: Progress | None = None,
-          options: PlannerOptions | None = None) -> dict[str, Any]:
+          options: PlannerOptions | None = None) -> HybridResult:
     """The contract's hybrid result: the best plan, its estimate, the search and the baselines.
 
     The uniform baselines are solved first; the best one is the incumbent the planner must beat, so a
@@ -149,7 +150,7 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
                 for name, (b, why) in base.items()}
     if progress:
         progress(1.0, "done")
-    return {
+    return HybridResult.model_validate({
         "estimate": est.to_dict(),
         "strategy": plan.to_dict(),
         "search": {
@@ -165,9 +166,15 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
             "planner_step_time_s": step,
         },
         "baselines": out_base,
-    }
+    })
 
 
-def estimate(request: dict[str, Any]) -> dict[str, Any]:
+def estimate(request: dict[str, Any]) -> HybridEstimateResult:
     """What-if estimate of a given strategy: the cost model's business."""
-    return _estimate(request)
+    return HybridEstimateResult.model_validate(_estimate(request))
+
+
+def summarise(request: dict[str, Any], result: HybridResult) -> list[str]:
+    from solvers.hybrid.summary import summarise as text
+
+    return text(request, result)

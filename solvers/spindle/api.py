@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
+from solvers.documents.spindle import SpindleEstimateResult, SpindleResult
 from solvers.errors import InfeasibleError, SpecError, shown
 from solvers.request import parse
 from solvers.specs import Precision, memory_limit_bytes, memory_limit_note
@@ -88,7 +89,11 @@ def estimate_dict(problem: Problem, ev: Evaluation) -> dict[str, Any]:
             "module_grad_sync_s": ev.module_sync_s}
 
 
-def solve(request: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
+def validate(request: dict[str, Any]) -> None:
+    parse_request(request)
+
+
+def solve(request: dict[str, Any], progress: Progress | None = None) -> SpindleResult:
     t0 = time.perf_counter()
     report = progress or (lambda f, m: None)
     req = parse_request(request)
@@ -152,7 +157,7 @@ def solve(request: dict[str, Any], progress: Progress | None = None) -> dict[str
     if seq is not None:
         est["speedup_vs_sequential"] = seq.evaluation.iteration_time_s / best.evaluation.iteration_time_s
     report(1.0, "done")
-    return {
+    return SpindleResult.model_validate({
         "estimate": est,
         "slices": [_slice_dict(problem, s) for s in best.slices],
         "waves": _waves(problem, best.slices),
@@ -166,7 +171,7 @@ def solve(request: dict[str, Any], progress: Progress | None = None) -> dict[str
                             "slices": [_slice_dict(problem, s) for s in v.slices]} for k, v in base.items()},
         "search": search,
         "notes": [note for note in (memory_limit_note(req.cluster, req.constraints),) if note],
-    }
+    })
 
 
 def _whole(x: object) -> TypeGuard[int]:
@@ -205,7 +210,7 @@ def placements_from_slices(problem: Problem, given: list[dict[str, Any]]) -> lis
     return [p for *_, p in keyed]
 
 
-def estimate(request: dict[str, Any]) -> dict[str, Any]:
+def estimate(request: dict[str, Any]) -> SpindleEstimateResult:
     """Cost a given schedule (``slices`` in the request): slices start as early as order and edges allow."""
     req = parse_request(request)
     problem = build_problem(req)
@@ -221,4 +226,10 @@ def estimate(request: dict[str, Any]) -> dict[str, Any]:
         raise SpecError.at(("slices",), "; ".join(bad[:5]))
     out = estimate_dict(problem, evaluate(problem, slices))
     out["lower_bound_s"] = lower_bound_s(problem)
-    return out
+    return SpindleEstimateResult.model_validate(out)
+
+
+def summarise(request: dict[str, Any], result: SpindleResult) -> list[str]:
+    from solvers.spindle.summary import summarise as text
+
+    return text(request, result)

@@ -11,7 +11,7 @@ from typing import Any
 
 from paraplan_cli.summary import layer_runs, render, render_estimate, seconds
 from service.demo import DEMO_REQUESTS
-from solvers.api import estimate, solve
+from tests.contract_json import estimate, solve
 
 SMALL: dict[str, Any] = {
     "kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 8},

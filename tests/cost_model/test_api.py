@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from solvers.api import estimate
 from solvers.errors import SpecError
+from tests.contract_json import estimate
 
 from .conftest import request
 

@@ -14,17 +14,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from solvers.api import estimate
 from solvers.cost_model.aggregate import stage_context, stage_memory_bytes
 from solvers.cost_model.factory import make_cost_model
 from solvers.cost_model.galvatron import GalvatronCostModel
 from solvers.errors import SpecError
 from solvers.formats.galvatron import plan_from_galvatron_config, read_galvatron_config
-from solvers.hybrid.api import layer_kinds, solve
+from solvers.hybrid.api import layer_kinds
 from solvers.hybrid.planner import Planner
 from solvers.hybrid.space import build_space
 from solvers.request import HybridRequest, parse
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, SpKind
+from tests.contract_json import estimate
+from tests.contract_json import solve_hybrid as solve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "bench", "data", "galvatron")
@@ -490,8 +491,8 @@ def test_a_budget_above_the_gpus_memory_is_kept_and_named() -> None:
 def test_a_profiled_number_that_is_no_measurement_is_named(tmp_path: Any, value: Any) -> None:
     """A profiled time of 1e308 ms priced every plan at inf, and planning answered "no legal strategy for this
     model on this cluster" (the estimate printed `Infinity`, which is not JSON); "fast" raised ValueError."""
-    from solvers.api import estimate as api_estimate
-    from solvers.api import solve as api_solve
+    from tests.contract_json import estimate as api_estimate
+    from tests.contract_json import solve as api_solve
 
     name = "computation_profiling_bf16_hidden4096_head32_seqlen2048.json"
     for f in os.listdir(PROFILES):
@@ -555,8 +556,8 @@ def test_a_galvatron_file_that_is_no_object_is_named(tmp_path: Any, name: str, d
 def test_zero1_on_unreplicated_weights_is_zero0_for_the_embedding_too() -> None:
     """ZeRO-1 on a single-replica embedding was refused while single-replica layers took it, so constraints.zero
     = 1 left no embedding and planning answered that the leanest plan was "within a memory bin" of the limit."""
-    from solvers.api import estimate as api_estimate
-    from solvers.api import solve as api_solve
+    from tests.contract_json import estimate as api_estimate
+    from tests.contract_json import solve as api_solve
 
     req = request(batch=8)
     req["constraints"]["zero"] = 1

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from solvers.api import estimate
 from solvers.errors import SpecError
 from solvers.formats.galvatron import plan_from_galvatron_config, plan_to_galvatron_config, read_galvatron_config
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
+from tests.contract_json import estimate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CASES = os.path.join(ROOT, "bench", "data", "galvatron", "cases")

@@ -33,7 +33,7 @@ def test_expert_parallelism_shards_experts_and_pays_all_to_all() -> None:
 def test_ep_must_divide_dp_and_experts() -> None:
     strat = {"tp": 2, "pp": 1, "ep": 3, "micro_batch_size": 1}
     with pytest.raises(SpecError) as err:
-        from solvers.api import estimate
+        from tests.contract_json import estimate
 
         estimate(request(model={"preset": "mixtral-8x7b", "num_layers": 2}, strategy=strat))
     assert ("strategy", "ep") in [p.loc for p in err.value.problems]

@@ -115,7 +115,7 @@ def test_a_host_bound_pipeline_is_cheaper_and_its_breakdown_still_sums_to_the_st
 def test_only_host_contention_makes_a_profiled_pipeline_non_linear() -> None:
     """Any profile, even an empty one, marked the pipeline non-linear: the planner lost its bounds and the
     certificate solved every configuration (no lower bound, 7 s instead of 0.1 s on 16 GPUs), for the same plan."""
-    from solvers.hybrid.api import solve
+    from tests.contract_json import solve_hybrid as solve
 
     base = request(model={"preset": "llama2-7b", "num_layers": 4},
                    cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})
@@ -152,7 +152,7 @@ def test_a_contended_host_keeps_the_planners_bounds(nodes: int) -> None:
     """With host contention the planner's linear bounds, lifted through the host bound, still hold: the plan
     comes with an optimality certificate (it had none, and the certificate solved every configuration the
     search had pruned: 37 and 72 of them here, 1.2 and 2.4 s instead of 0.1 s)."""
-    from solvers.hybrid.api import solve
+    from tests.contract_json import solve_hybrid as solve
 
     base = request(cluster={"gpu": "A100-80GB", "nodes": nodes, "gpus_per_node": 8})
     host = {**base, "cost_model": {"kind": "profile", "profile": {"host": {"busy_ranks": 8, "slowdown": 2.0}}}}

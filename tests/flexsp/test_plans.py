@@ -7,9 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from solvers.api import estimate, solve
 from solvers.errors import SpecError
 from solvers.flexsp.workloads import gpt7b_request
+from tests.contract_json import estimate, solve
 
 
 def _check_result(result: dict, lengths: list[int], num_gpus: int, gpus_per_node: int, cap_per_gpu: int) -> None:

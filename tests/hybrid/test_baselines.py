@@ -20,10 +20,11 @@ from solvers.cost_model.base import CostModel
 from solvers.cost_model.factory import make_cost_model
 from solvers.errors import SpecError
 from solvers.hybrid import baselines
-from solvers.hybrid.api import layer_kinds, solve
+from solvers.hybrid.api import layer_kinds
 from solvers.hybrid.space import PipelineConfig, SearchSpace, build_space
 from solvers.request import HybridRequest, parse
 from solvers.strategy import LayerStrategy, PlanStrategy, Schedule
+from tests.contract_json import solve_hybrid as solve
 from tests.hybrid.synthetic import SyntheticCostModel
 from tests.hybrid.test_exactness import small_case
 

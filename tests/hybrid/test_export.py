@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from solvers.api import estimate, solve
 from solvers.cost_model import pipeline
 from solvers.errors import SpecError
 from solvers.formats.galvatron import plan_from_galvatron_config
@@ -28,6 +27,7 @@ from solvers.hybrid.export import (
     torchtitan_run_plan,
 )
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
+from tests.contract_json import estimate, solve
 
 REQUEST: dict[str, Any] = {
     "kind": "hybrid", "model": {"preset": "llama2-7b"},

@@ -14,10 +14,11 @@ import pytest
 
 from solvers.cost_model.factory import make_cost_model
 from solvers.errors import InfeasibleError
-from solvers.hybrid.api import layer_kinds, solve
+from solvers.hybrid.api import layer_kinds
 from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import build_space
 from solvers.request import HybridRequest, parse
+from tests.contract_json import solve_hybrid as solve
 
 DEEP: dict[str, Any] = {  # the dashboard's big request (bench/screenshots.py)
     "kind": "hybrid", "model": {"preset": "llama2-70b", "num_layers": 128},

@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from solvers.api import estimate, solve
 from solvers.cost_model import moe as moe_cost
 from solvers.cost_model.aggregate import stage_context
 from solvers.cost_model.factory import make_cost_model
@@ -14,6 +13,7 @@ from solvers.errors import SpecError
 from solvers.hybrid.space import build_space
 from solvers.request import HybridRequest, parse
 from solvers.strategy import LayerStrategy, PlanStrategy
+from tests.contract_json import estimate, solve
 
 
 def request(**over: Any) -> dict[str, Any]:

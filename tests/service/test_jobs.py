@@ -11,7 +11,10 @@ from sqlalchemy import update
 from service import jobs, plans
 from service.db.engine import Database
 from service.db.models import Job, utcnow
+from solvers.documents import load_result
 from tests.service.helpers import HYBRID, RESULT, variant
+
+DOCUMENT = load_result("hybrid", RESULT)
 
 pytestmark = pytest.mark.db
 
@@ -58,12 +61,12 @@ def test_expired_lease_is_released_to_another_and_old_owner_cannot_write(db: Dat
     second = jobs.claim_job(db, "alive", 30)
     assert second is not None and second.id == first.id and second.attempt == 2
     assert not jobs.renew_lease(db, first.id, "dead", 30)
-    assert not jobs.complete_job(db, first.id, "dead", {"estimate": {}})
-    assert jobs.complete_job(db, second.id, "alive", RESULT)
-    assert not jobs.complete_job(db, second.id, "alive", RESULT)  # terminal states are final
+    assert not jobs.complete_job(db, first.id, "dead", DOCUMENT)
+    assert jobs.complete_job(db, second.id, "alive", DOCUMENT)
+    assert not jobs.complete_job(db, second.id, "alive", DOCUMENT)  # terminal states are final
     with db.reading() as s:
         view = plans.get_plan(s, plan_id)
-    assert view["status"] == "succeeded" and view["result"] == RESULT and view["attempts"] == 2
+    assert view["status"] == "succeeded" and view["result"] == DOCUMENT and view["attempts"] == 2
     assert view["estimate"] == RESULT["estimate"] and view["search_time_s"] == 0.5 and view["solver"] == "dp"
 
 
@@ -104,7 +107,7 @@ def test_cancel_running_job_revokes_lease(db: Database) -> None:
         assert plans.get_plan(s, plan_id)["progress"] == {"fraction": 0.5, "message": "half"}
     plans.cancel_plan(db, plan_id)
     assert not jobs.renew_lease(db, job.id, "d", 30)
-    assert not jobs.complete_job(db, job.id, "d", RESULT)
+    assert not jobs.complete_job(db, job.id, "d", DOCUMENT)
     with db.reading() as s:
         assert plans.get_plan(s, plan_id)["status"] == "cancelled"
 

@@ -14,7 +14,7 @@ from service import plans
 from service.canonical import canonical_json, content_hash
 from service.db.engine import Database
 from service.db.models import Job, Plan, PlanRequest
-from tests.service.helpers import store_plan
+from tests.service.helpers import SPINDLE_RESULT, store_plan
 from tests.service.requests import REQUESTS
 
 pytestmark = pytest.mark.db
@@ -173,7 +173,7 @@ def test_wait_returns_202_when_still_queued(client: Any) -> None:
 def test_export_rules(client: Any, db: Database) -> None:
     queued = client.post("/v1/plans", json=HYBRID).json()["id"]
     assert client.get(f"/v1/plans/{queued}/export", params={"format": "deepspeed"}).status_code == 409
-    spindle = store_plan(db, REQUESTS["spindle"], {"estimate": {"iteration_time_s": 0.2}}, kind="spindle")
+    spindle = store_plan(db, REQUESTS["spindle"], SPINDLE_RESULT, kind="spindle")
     assert client.get(f"/v1/plans/{spindle}/export", params={"format": "megatron"}).status_code == 409
     assert _locs(client.get(f"/v1/plans/{queued}/export", params={"format": "tf"})) == [["query", "format"]]
     solved = store_plan(db, {**HYBRID, "model": {"preset": "llama2-7b"}})  # the helper's 32-layer tp2 x dp4 plan
@@ -191,7 +191,7 @@ def test_export_rules(client: Any, db: Database) -> None:
 
 def test_export_of_the_megatron_baseline(client: Any, db: Database) -> None:
     """A solved plan's best uniform Megatron-style baseline exports as it is, named in the file name."""
-    from solvers.api import solve
+    from tests.contract_json import solve
 
     result = solve(HYBRID)
     plan_id = store_plan(db, HYBRID, result)

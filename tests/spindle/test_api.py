@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from solvers import api
 from solvers.errors import SpecError
 from solvers.spindle.gantt import gantt_svg
+from tests import contract_json as api
 
 CONTRACT: dict[str, Any] = {"kind": "spindle", "cluster": {"nodes": 2, "gpus_per_node": 8},
             "workload": {"metaops": [

@@ -7,9 +7,9 @@ import random
 import pytest
 
 from solvers.spindle import baselines, planner
-from solvers.spindle.api import solve
 from solvers.spindle.bounds import device_ranges, lower_bound_s
 from solvers.spindle.schedule import evaluate, violations
+from tests.contract_json import solve_spindle as solve
 from tests.spindle.helpers import explicit_request, problem_of, random_workload
 
 

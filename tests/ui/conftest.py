@@ -14,6 +14,7 @@ from service.db.engine import Database
 from service.migrate import upgrade
 from service.settings import Settings
 from service.ui import mount_ui
+from solvers.documents import load_result
 from tests.conftest import PG_URL, reset_postgres
 
 
@@ -50,7 +51,7 @@ def store_plan(db: Database, request: dict[str, Any], result: dict[str, Any] | N
     claimed = jobs.claim_job(db, "ui-test", lease_s=600)
     assert claimed is not None and claimed.plan_id == view["id"]
     if result is not None:
-        assert jobs.complete_job(db, claimed.id, "ui-test", result)
+        assert jobs.complete_job(db, claimed.id, "ui-test", load_result(view["kind"], result))
     return str(view["id"])
 
 

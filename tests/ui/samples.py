@@ -25,7 +25,10 @@ def hybrid(num_layers: int = 32, pp: int = 2, micro_batches: int = 8) -> tuple[d
                 "mfu": 0.47, "peak_memory_gib": max(sum(p.values()) for p in mem_parts),
                 "memory_gib_per_stage": [sum(p.values()) for p in mem_parts], "breakdown_s": breakdown,
                 "memory_breakdown_gib_per_stage": mem_parts, "stage_time_s": stage_time}
-    megatron = {"strategy": {"tp": 4, "pp": 2, "dp": 1, "zero": 1, "recompute": "full", "micro_batch_size": 1},
+    uniform = {"tp": 4, "dp": 8 // (4 * pp) or 1, "sp": None, "cp": 1, "zero": 1, "recompute": "full"}
+    megatron = {"fits": True,
+                "strategy": {"pp": pp, "micro_batches": micro_batches, "schedule": "1f1b", "stage_layers": per_stage,
+                             "layers": [uniform] * num_layers, "embedding": {"tp": 4, "dp": uniform["dp"], "zero": 1}},
                 "estimate": {**estimate, "step_time_s": step * 1.2, "throughput_samples_per_s": 64 / (step * 1.2),
                              "mfu": 0.39, "breakdown_s": {**breakdown, "compute": 1.1}}}
     result = {"estimate": estimate,

@@ -1,0 +1,134 @@
+"""The hybrid planner's result document (contract: ``kind = "hybrid"``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from solvers.documents.base import Document, ResultDocument
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute, Schedule
+
+BaselineName = Literal["megatron", "zero3_dp", "pure_dp"]
+BASELINE_NAMES: tuple[BaselineName, ...] = ("megatron", "zero3_dp", "pure_dp")
+"""The uniform recipes every hybrid plan is compared with, in the order the result lists them."""
+
+
+class LayerDoc(Document):
+    """One transformer layer's strategy (``solvers.strategy.LayerStrategy``, whose defaults it shares)."""
+
+    tp: int = 1
+    dp: int = 1
+    cp: int = 1
+    sp: Literal["megatron", "ulysses"] | None = None
+    zero: int = 0
+    recompute: Recompute = "none"
+    ep: int = 1
+    etp: int | None = None
+    lsh: bool = False
+
+
+class EmbeddingDoc(Document):
+    tp: int = 1
+    dp: int = 1
+    zero: int = 0
+    sp: Literal["megatron", "ulysses"] | None = None
+
+
+class StrategyDoc(Document):
+    """A whole plan: pipeline, per-layer strategies (one per transformer layer) and the embedding/LM head."""
+
+    pp: int
+    micro_batches: int
+    schedule: Schedule = "1f1b"
+    virtual_stages: int = 1
+    stage_layers: list[int]
+    layers: list[LayerDoc]
+    embedding: EmbeddingDoc = Field(default_factory=EmbeddingDoc)
+
+    def to_plan(self) -> PlanStrategy:
+        return PlanStrategy(
+            pp=self.pp, micro_batches=self.micro_batches, schedule=self.schedule, virtual_stages=self.virtual_stages,
+            stage_layers=tuple(self.stage_layers),
+            layers=tuple(LayerStrategy(**layer.model_dump()) for layer in self.layers),
+            embedding=EmbeddingStrategy(**self.embedding.model_dump()))
+
+    @classmethod
+    def of(cls, plan: PlanStrategy) -> StrategyDoc:
+        return cls.model_validate(plan.to_dict())
+
+
+class HybridEstimate(Document):
+    """Time and memory of one step under a strategy, each with its breakdown."""
+
+    step_time_s: float
+    throughput_samples_per_s: float
+    tokens_per_s: float
+    mfu: float
+    peak_memory_gib: float
+    memory_gib_per_stage: list[float]
+    breakdown_s: dict[str, float] = Field(description="sums to step_time_s: compute, recompute, tp_comm, ...")
+    memory_breakdown_gib_per_stage: list[dict[str, float]] = Field(default_factory=list)
+    stage_time_s: list[float] = Field(default_factory=list)
+    fits: bool = True
+    notes: list[str] = Field(default_factory=list)
+
+
+class HybridEstimateResult(HybridEstimate):
+    """``POST /v1/estimate`` for a hybrid strategy: the estimate, the strategy it expanded to, the cost model."""
+
+    strategy: StrategyDoc
+    cost_model: str
+
+
+class BaselineDoc(Document):
+    """A uniform recipe priced by the same cost model; ``note`` says why one is missing (``fits`` false)."""
+
+    fits: bool = True
+    note: str | None = None
+    outside_constraints: list[str] = Field(default_factory=list,
+                                           description="the request's constraints this recipe does not keep")
+    strategy: StrategyDoc | None = None
+    estimate: HybridEstimate | None = None
+    throughput_samples_per_s: float | None = None
+    gain: float | None = Field(None, description="the plan's throughput over this baseline's, less 1")
+    gain_bound: float | None = Field(None, description="the most any plan of the search space gains over it")
+
+
+class HybridSearch(Document):
+    """How the plan was found. Beyond ``time_s`` and ``solver``, fields joined the document over time: a plan
+    stored before one did lacks it."""
+
+    time_s: float = Field(description="wall clock, baselines included")
+    solver: str
+    cpu_s: float | None = Field(None, description="this process' CPU time: the fair figure on a shared machine")
+    planner_cpu_s: float | None = Field(None, description="the search alone")
+    plan_from: str | None = Field(None, description="'dp' (the planner) or 'baseline:NAME' when none beat it")
+    configs_total: int | None = None
+    configs_solved: int | None = None
+    configs_pruned_by_bound: int | None = None
+    dp_runs: int | None = None
+    time_limited: bool | None = None
+    configs_solved_by_certificate: int | None = None
+    lower_bound_step_time_s: float | None = Field(None, description="no plan of the search space runs faster")
+    optimality_gap: float | None = Field(None, description="the plan's step over lower_bound_step_time_s, less 1")
+    certificate_cpu_s: float | None = None
+    baselines_time_s: float | None = None
+    baselines_cpu_s: float | None = None
+    cost_model: str | None = None
+    planner_step_time_s: float | None = None
+
+
+class HybridResult(ResultDocument):
+    kind: Literal["hybrid"] = "hybrid"
+    estimate: HybridEstimate
+    strategy: StrategyDoc
+    search: HybridSearch
+    baselines: dict[BaselineName, BaselineDoc | None] = Field(default_factory=dict)
+
+    def plan(self) -> PlanStrategy:
+        return self.strategy.to_plan()
+
+    def baseline_plan(self, name: BaselineName) -> PlanStrategy | None:
+        base = self.baselines.get(name)
+        return base.strategy.to_plan() if base is not None and base.strategy is not None else None

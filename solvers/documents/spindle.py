@@ -1,0 +1,95 @@
+"""Spindle's result document (contract: ``kind = "spindle"``): a wavefront schedule of slices."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from solvers.documents.base import Document, ResultDocument
+
+
+class SliceDoc(Document):
+    """Some of a metaop's layers on a contiguous block of devices, from ``start_s`` to ``end_s``."""
+
+    metaop: str
+    task: str | None = None
+    module: str | None = None
+    devices: list[int]
+    layers: int
+    layer_start: int = 0
+    start_s: float
+    end_s: float
+    wave: int = 0
+    compute_s: float | None = None
+    transfer_wait_s: float | None = None
+    ms_per_layer: float | None = None
+
+
+class WaveDoc(Document):
+    index: int
+    start_s: float
+    end_s: float
+    metaops: list[str]
+
+
+class SpindleEstimate(Document):
+    iteration_time_s: float
+    makespan_s: float | None = None
+    grad_sync_exposed_s: float | None = None
+    peak_memory_gib: float | None = None
+    memory_gib_per_device: list[float] = Field(default_factory=list)
+    fits: bool = True
+    memory_limit_gib: float | None = None
+    utilization: float | None = None
+    module_grad_sync_s: dict[str, float] = Field(default_factory=dict)
+    speedup_vs_sequential: float | None = None
+
+
+class SpindleEstimateResult(SpindleEstimate):
+    """``POST /v1/estimate`` for a Spindle schedule: its estimate and the bound no schedule beats."""
+
+    lower_bound_s: float
+
+
+class BaselinePlanDoc(Document):
+    iteration_time_s: float
+    fits: bool
+    slices: list[SliceDoc]
+
+
+class ExactReport(Document):
+    """The CP-SAT model's run, where the request asked for it."""
+
+    warm_start: str
+    warm_start_iteration_time_s: float
+    status: str
+    wall_s: float
+    model_makespan_s: float | None = None
+    model_bound_s: float | None = None
+    model_solution_iteration_time_s: float | None = None
+    iteration_time_s: float | None = None
+
+
+class SpindleSearch(Document):
+    wavefront_s: float | None = None
+    wavefront_iteration_time_s: float | None = None
+    wavefront_ordering: str | None = None
+    reference_iteration_time_s: float | None = None
+    candidates_iteration_time_s: dict[str, float] = Field(default_factory=dict)
+    exact: ExactReport | None = None
+    time_s: float
+    solver: str | None = None
+
+
+class SpindleResult(ResultDocument):
+    kind: Literal["spindle"] = "spindle"
+    estimate: SpindleEstimate
+    slices: list[SliceDoc]
+    waves: list[WaveDoc] = Field(default_factory=list)
+    lower_bound_s: float
+    ratio_to_lower_bound: float | None = None
+    baselines: dict[str, float | None] = Field(description="iteration time of each baseline (null: does not fit)")
+    baseline_plans: dict[str, BaselinePlanDoc | None] = Field(default_factory=dict)
+    search: SpindleSearch
+    notes: list[str] = Field(default_factory=list)
