@@ -8,8 +8,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 PlanStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-ExportFormat = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
-ExportOf = Literal["plan", "megatron", "zero3_dp", "pure_dp"]
 
 
 class _Body(BaseModel):
