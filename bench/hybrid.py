@@ -40,16 +40,11 @@ sys.path.insert(0, str(ROOT))
 from solvers.api import estimate  # noqa: E402
 from solvers.cost_model.factory import make_cost_model  # noqa: E402
 from solvers.errors import InfeasibleError  # noqa: E402
+from solvers.exports import EXPORTERS  # noqa: E402
 from solvers.hybrid import baselines, stage_table  # noqa: E402
 from solvers.hybrid import space as space_module  # noqa: E402
 from solvers.hybrid.api import DEFAULT_TIME_LIMIT_S, layer_kinds, solve  # noqa: E402
 from solvers.hybrid.cached import CachedStages  # noqa: E402
-from solvers.hybrid.export import (  # noqa: E402
-    megatron_layout,
-    megatron_run_plan,
-    torchtitan_recompute,
-    torchtitan_run_plan,
-)
 from solvers.hybrid.planner import PlannerOptions  # noqa: E402
 from solvers.hybrid.space import build_space  # noqa: E402
 from solvers.request import HybridRequest, parse  # noqa: E402
@@ -225,12 +220,10 @@ def uniform_summary(strategy: dict[str, Any] | None) -> str:
 def as_run(req: dict[str, Any], out: dict[str, Any], framework: str) -> str:
     """The plan's gain over the Megatron-style best when ``framework`` runs its export (Megatron-LM: dominant
     layout, one recomputation granularity, a split Megatron accepts; torchtitan: dominant layout, FSDP, one
-    activation-checkpoint setting; ``solvers.hybrid.export``): what a user of that framework gets."""
-    plan = PlanStrategy.from_dict(out["strategy"])
-    if framework == "megatron":
-        run_plan = megatron_run_plan(plan, None, megatron_layout(plan, None, req))
-    else:
-        run_plan = torchtitan_run_plan(plan, None, torchtitan_recompute(plan, None, req))
+    activation-checkpoint setting; ``solvers.exports``): what a user of that framework gets."""
+    run_plan = EXPORTERS[framework].run_plan(PlanStrategy.from_dict(out["strategy"]), None, req)
+    if run_plan is None:
+        return "-"
     run = estimate({**req, "strategy": run_plan.to_dict()}).to_json()
     base = out["baselines"]["megatron"].get("estimate", {}).get("step_time_s")
     if not base:

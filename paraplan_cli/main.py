@@ -108,7 +108,7 @@ def plan(
     """Solve a plan request (hybrid / flexsp / spindle) locally or on a server."""
     request = _read_request(file)
     if export_format is not None:
-        from solvers.hybrid.export import EXPORT_OF, FORMATS
+        from solvers.exports import EXPORT_OF, FORMATS
 
         if export_format not in FORMATS:
             _fail(f"--export: unknown format {export_format!r}; known: {', '.join(FORMATS)}")
@@ -127,7 +127,7 @@ def plan(
             result = solve_with_progress(request, quiet=as_json)
     if export_format is not None:
         from solvers.errors import SpecError
-        from solvers.hybrid.export import export
+        from solvers.exports import export
 
         try:
             typer.echo(export(result, export_format, request, export_of), nl=False)

@@ -161,8 +161,10 @@ def render_estimate(request: Mapping[str, Any], estimate: Mapping[str, Any]) -> 
 def render(request: Mapping[str, Any], result: Mapping[str, Any]) -> str:
     """Text for a solved request; kinds other than hybrid get their headline and lower bound."""
     if request.get("kind", "hybrid") == "hybrid":
+        from solvers.exports import FORMATS
+
         lines = [*hybrid(request, result),
-                 "(to launch it: --export megatron, deepspeed, torchtitan or galvatron; each says what it changes; "
+                 f"(to launch it: --export {', '.join(FORMATS[:-1])} or {FORMATS[-1]}; each says what it changes; "
                  "--export-of megatron for the best uniform plan)"]
     else:
         est = result.get("estimate") or {}

@@ -13,9 +13,6 @@ from solvers.documents.flexsp import FlexSPEstimate
 from solvers.documents.hybrid import HybridEstimate
 from solvers.documents.spindle import SpindleEstimate
 
-ExportFormat = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
-ExportOf = Literal["plan", "megatron", "zero3_dp", "pure_dp"]
-
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")

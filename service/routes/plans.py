@@ -9,26 +9,24 @@ from typing import Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Body, Depends, Header, Query, Response
-from fastapi.responses import JSONResponse
 
 from service import plans
 from service.auth import ReadAccess, SubmitAccess
 from service.canonical import content_hash
 from service.context import ServiceContext, get_context
-from service.errors import Conflict, NotImplementedYet, TooLarge
+from service.errors import Conflict, TooLarge
 from service.finite_json import FiniteJSONRoute
 from service.limits import check_limits
-from service.schemas import ExportFormat, ExportOf, PlanList, PlanOut, PlanStatus
+from service.schemas import PlanList, PlanOut, PlanStatus
 from service.tokens import Principal
 from service.validation import check_file_references, kind_of, validate_plan_request
 from solvers.documents import TERMINAL
 from solvers.errors import SpecError
+from solvers.exports import EXPORTERS, ExportFormat, ExportOf, export
 
 router = APIRouter(prefix="/v1", tags=["plans"], route_class=FiniteJSONRoute)
 log = logging.getLogger("paraplan.api")
 
-_EXPORT_MEDIA = {"megatron": "text/plain", "deepspeed": "application/json", "torchtitan": "application/toml",
-                 "galvatron": "application/json"}
 _EXAMPLE = {"kind": "hybrid", "model": {"preset": "llama2-7b"},
             "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
             "training": {"global_batch_size": 64, "seq_length": 2048}}
@@ -130,7 +128,7 @@ def cancel_plan(plan_id: str, ctx: ServiceContext = Depends(get_context),
     return plans.cancel_plan(ctx.db, plan_id)
 
 
-@router.get("/plans/{plan_id}/export", responses={200: {"content": {m: {} for m in _EXPORT_MEDIA.values()}},
+@router.get("/plans/{plan_id}/export", responses={200: {"content": {e.media_type: {} for e in EXPORTERS.values()}},
                                                   409: {"description": "not a succeeded hybrid plan"},
                                                   422: {"description": "unknown format"}})
 def export_plan(plan_id: str, format: ExportFormat = Query(..., description="target framework"),
@@ -143,17 +141,12 @@ def export_plan(plan_id: str, format: ExportFormat = Query(..., description="tar
         raise Conflict(f"export is for hybrid plans; plan {plan_id} is {view['kind']}")
     if view["status"] != "succeeded":
         raise Conflict(f"plan {plan_id} is {view['status']}; only a succeeded plan can be exported")
-    try:
-        from solvers.hybrid.export import export
-    except ModuleNotFoundError:
-        raise NotImplementedYet("export is not available on this server yet") from None
     out = export(view["result"].to_json(), format, view["request"], of)
-    if not isinstance(out, str):
-        return JSONResponse(out)
-    media = _EXPORT_MEDIA[format]
+    exporter = EXPORTERS[format]
     which = "" if of == "plan" else f"-{of}"
-    filename = f"paraplan-{plan_id[:8]}{which}-{format}.{media.rsplit('/', 1)[-1].replace('plain', 'txt')}"
-    return Response(out, media_type=media, headers={"Content-Disposition": f'inline; filename="{filename}"'})
+    filename = f"paraplan-{plan_id[:8]}{which}-{format}.{exporter.extension}"
+    return Response(out, media_type=exporter.media_type,
+                    headers={"Content-Disposition": f'inline; filename="{filename}"'})
 
 
 @router.post("/estimate", responses={413: {"description": "solver input over a limit"},

@@ -23,6 +23,7 @@ from service.ui import format as fmt
 from service.ui.request_info import as_map, batch_label, cluster_label, headline, model_label
 from solvers.documents import STATUSES, TERMINAL
 from solvers.errors import SpecError
+from solvers.exports import FORMATS
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
@@ -128,7 +129,7 @@ def plan_page(request: Request, plan_id: str) -> Response:
     kind = str(plan.get("kind") or "")
     context: dict[str, Any] = {
         "plan": plan, "request_doc": req, "model": model_label(req), "cluster": cluster_label(req),
-        "batch": batch_label(req), "runs": plan_runs, "exports": EXPORT_FORMATS if kind == "hybrid" else (),
+        "batch": batch_label(req), "runs": plan_runs, "exports": FORMATS if kind == "hybrid" else (),
         "headline": headline(kind, (result or {}).get("estimate")),
         # the best uniform plan exports as it is: what a Megatron-LM user can launch unchanged
         "megatron_baseline": kind == "hybrid" and bool(as_map(as_map((result or {}).get("baselines")).get(

@@ -14,9 +14,9 @@ import pytest
 from paraplan_cli.summary import render
 from solvers.cost_model.factory import make_cost_model
 from solvers.errors import InfeasibleError, SpecError
+from solvers.exports.layout import dominant
 from solvers.hybrid import baselines
 from solvers.hybrid.api import layer_kinds
-from solvers.hybrid.export import dominant
 from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import PipelineConfig, build_space
 from solvers.hybrid.stage_costs import layout_transitions, stage_context

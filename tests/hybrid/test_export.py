@@ -12,20 +12,18 @@ import pytest
 
 from solvers.cost_model import pipeline
 from solvers.errors import SpecError
-from solvers.formats.galvatron import plan_from_galvatron_config
-from solvers.hybrid.export import (
-    TORCHTITAN_RECOMPUTE,
+from solvers.exports import export
+from solvers.exports.deepspeed import deepspeed_run_plan
+from solvers.exports.layout import front_loaded_split
+from solvers.exports.megatron import (
     MegatronLayout,
-    deepspeed_run_plan,
-    export,
-    front_loaded_split,
     megatron_layout,
     megatron_recompute_options,
     megatron_run_plan,
     nearest_megatron_splits,
-    torchtitan_recompute,
-    torchtitan_run_plan,
 )
+from solvers.exports.torchtitan import TORCHTITAN_RECOMPUTE, torchtitan_recompute, torchtitan_run_plan
+from solvers.formats.galvatron import plan_from_galvatron_config
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 from tests.contract_json import estimate, solve
 
