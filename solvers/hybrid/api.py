@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, cast
+from typing import Any
 
 from solvers.cost_model.api import estimate as _estimate
 from solvers.cost_model.base import CostModel
@@ -96,7 +96,7 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
     configuration whose lower bound cannot beat it is never solved, and the plan never loses to it."""
     t0, c0 = time.perf_counter(), time.process_time()
     req: HybridRequest = parse(HybridRequest, request)
-    cm = cast(CostModel, CachedStages(make_cost_model(req)))
+    cm = CachedStages(make_cost_model(req))
     space = build_space(req, space_mode(req))
     kinds = layer_kinds(req.model)
     limit = req.constraints.time_limit_s or DEFAULT_TIME_LIMIT_S

@@ -125,20 +125,16 @@ class Planner:
         self.opt = options or PlannerOptions()
         self.limit = float(cm.memory_limit_bytes)
         self.period = kind_period(self.kinds)
+        traits = cm.pipeline_traits
         # one stage then costs m x time + step time: its weight-m table is exact and bounds may add the two
-        self.linear = bool(getattr(cm, "linear_pipeline", False))
-        # the step is at least m x the slowest stage's time (the linear formula is; Galvatron's, bounded, too):
+        self.linear = traits.linear
         # the floors and the min-max bound hold without the fill/drain and step terms
-        self.slowest_bound = self.linear or bool(getattr(cm, "pipeline_at_least_slowest_stage", False))
-        # a formula that grows with the linear one's step and with the stages' mean work (ranks sharing a host's
-        # cores): the linear formula's bounds hold once lifted through the cost model's ``step_bound_from_linear``
-        self.lifted = not self.linear and bool(getattr(cm, "pipeline_bounded_by_linear", False))
+        self.slowest_bound = self.linear or traits.at_least_slowest_stage
+        # the linear formula's bounds hold once lifted through the cost model's ``step_bound_from_linear``
+        self.lifted = not self.linear and traits.bounded_by_linear
         self.linear_bounds = self.linear or self.lifted
-        # the step is at least every stage's time plus (m - 1) x the last one's (Galvatron's formula, either form)
-        self.chain = bool(getattr(cm, "pipeline_at_least_chain", False))
-        # ... and on top of the pipelined part, the first stage's step time less its fixed time (Galvatron's
-        # unhidden gradient sync, B_0 - C_0)
-        self.first_sync = bool(getattr(cm, "pipeline_adds_first_stage_sync", False))
+        self.chain = traits.at_least_chain
+        self.first_sync = traits.adds_first_stage_sync
         self.unit = self.opt.memory_unit_bytes or stage_costs.memory_unit(self.limit, self.memory_bins())
         self._costs: dict[PipelineConfig, stage_costs.ConfigCosts | None] = {}
         self._tables: dict[tuple[object, ...], stage_table.StageTable] = {}
@@ -381,10 +377,7 @@ class Planner:
     def _formula_m(self, cfg: PipelineConfig) -> float:
         """The micro-batches a non-linear pipeline formula counts (its own, where it says; Galvatron's may
         differ from the configuration's), the m of the slowest-stage and chain bounds."""
-        counted = getattr(self.cm, "pipeline_micro_batches", None)
-        if counted is None:
-            return float(cfg.micro_batches)
-        return float(counted(stage_costs.stage_context(cfg, 0, self.space.global_batch_size)))
+        return float(self.cm.pipeline_micro_batches(stage_costs.stage_context(cfg, 0, self.space.global_batch_size)))
 
     def chain_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1, enough: float = math.inf) -> float:
         """For a formula that charges at least A = Σ_s t_s + (m - 1) t_last (every stage once, then the last
@@ -545,7 +538,7 @@ class Planner:
         bound, computed only then)."""
         if not self.lifted:
             return linear_s
-        return float(self.cm.step_bound_from_linear(linear_s, mean_work_s()))  # type: ignore[attr-defined]
+        return float(self.cm.step_bound_from_linear(linear_s, mean_work_s()))
 
     def one_critical_stage(self, cfg: PipelineConfig) -> bool:
         """Whether the configuration's step is its one stage's m t + u exactly (one stage under the linear
