@@ -13,6 +13,7 @@ from solvers.errors import FieldProblem, InfeasibleError
 from solvers.hybrid import baselines
 from solvers.hybrid.cached import CachedStages
 from solvers.hybrid.certificate import certify
+from solvers.hybrid.min_memory import min_memory_bytes
 from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import SearchSpace, SpaceMode, build_space
 from solvers.request import HybridRequest, parse
@@ -51,7 +52,7 @@ def _gib(x: float) -> str:
 
 
 def _infeasible(planner: Planner, cm: CostModel, galvatron: bool = False) -> InfeasibleError:
-    need = planner.min_memory_bytes()
+    need = min_memory_bytes(planner)
     limit = cm.memory_limit_bytes / GIB
     field: tuple[str, ...] = ("constraints", "memory_limit_gib")
     unsplittable = planner.space.unsplittable() if need == float("inf") else None
