@@ -29,7 +29,7 @@ from solvers.cost_model import memory as mem
 from solvers.cost_model import moe as moe_cost
 from solvers.cost_model import pipeline
 from solvers.cost_model.aggregate import GIB, evaluate_plan
-from solvers.cost_model.base import Estimate, LayerCosts, StageContext, StageFixed
+from solvers.cost_model.base import CostModel, Estimate, LayerCosts, PipelineTraits, StageContext, StageFixed
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration
 from solvers.cost_model.flops import head_forward_flops, model_flops_per_step
 from solvers.cost_model.profile import CollectiveOp, Profile
@@ -81,7 +81,7 @@ class Candidates:
         )
 
 
-class AnalyticCostModel:
+class AnalyticCostModel(CostModel):
     """Implements ``solvers.cost_model.base.CostModel`` from first principles plus a few calibrated constants."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -473,17 +473,15 @@ class AnalyticCostModel:
 
     @property
     def linear_pipeline(self) -> bool:
-        """Whether ``pipeline_step_time`` is exactly ``pipeline.step_time_s`` (no measured host bound on top):
-        one stage then costs m x its time + its step time, which the planner's bounds rely on (without them its
-        certificate solves every configuration). Measured layer and collective times keep it so; only a host
-        contention bound does not."""
+        """Whether ``pipeline_step_time`` is exactly ``pipeline.step_time_s`` (no measured host bound on top).
+        Measured layer and collective times keep it so; only a host contention bound does not."""
         return self.profile is None or not self.profile.host_bound
 
     @property
-    def pipeline_bounded_by_linear(self) -> bool:
-        """Whether ``step_bound_from_linear`` turns bounds on ``pipeline.step_time_s`` and on the stages' mean
-        work into bounds on ``pipeline_step_time``: always here (the host bound grows with both)."""
-        return True
+    def pipeline_traits(self) -> PipelineTraits:
+        """The linear formula, or (a host contention bound on top) one that grows with the linear formula's step
+        and the stages' mean work: bounded by the linear one either way (``step_bound_from_linear``)."""
+        return PipelineTraits(linear=self.linear_pipeline, bounded_by_linear=True)
 
     def step_bound_from_linear(self, linear_s: float, mean_work_s: float) -> float:
         """A lower bound on ``pipeline_step_time`` from one on the linear formula's step and one on the stages'

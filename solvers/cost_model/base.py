@@ -101,7 +101,32 @@ class Estimate:
         }
 
 
+@dataclass(frozen=True)
+class PipelineTraits:
+    """What the planner may assume about a cost model's ``pipeline_step_time`` beyond monotonicity (t_s, u_s: stage
+    s's time per micro-batch and per step; m: the micro-batches the formula counts, ``pipeline_micro_batches``).
+    The planner's bounds rely on each trait declared: one declared that does not hold makes its certificate
+    claim more than is true. Declaring none is safe; the search then solves what generic bounds cannot rule out."""
+
+    linear: bool = False
+    """The step is exactly ``pipeline.step_time_s``, (m - 1/v) max t + Σ t / v + max u: a single stage costs
+    m t + u, which the weight-m DP table optimises exactly, and the linear formula's bounds hold as they are."""
+    at_least_slowest_stage: bool = False
+    """The step is at least m × the slowest stage's time (true of the linear formula as well)."""
+    bounded_by_linear: bool = False
+    """``step_bound_from_linear`` turns lower bounds on the linear formula's step and on the stages' mean work
+    Σ_s (m t_s + u_s) / p into a lower bound on this model's step (a formula that grows with both, such as ranks
+    sharing a host's cores); the planner lifts the linear formula's bounds through it."""
+    at_least_chain: bool = False
+    """The step is at least every stage's time once plus (m - 1) × the last stage's: Σ_s t_s + (m - 1) t_last."""
+    adds_first_stage_sync: bool = False
+    """On top of its pipelined part the step adds the first stage's step time less its fixed time (the gradient
+    sync its compute leaves unhidden), never less than 0."""
+
+
 class CostModel(Protocol):
+    """Cost models subclass it explicitly: they inherit the defaults below and state their own where they differ."""
+
     num_layers: int
     num_gpus: int
     memory_limit_bytes: float
@@ -126,3 +151,19 @@ class CostModel(Protocol):
         ...
 
     def evaluate(self, plan: PlanStrategy) -> Estimate: ...
+
+    @property
+    def pipeline_traits(self) -> PipelineTraits:
+        """What ``pipeline_step_time`` guarantees the planner's bounds (default: nothing beyond monotonicity)."""
+        return PipelineTraits()
+
+    def pipeline_micro_batches(self, ctx: StageContext) -> int:
+        """The micro-batches ``pipeline_step_time`` counts for the context's configuration: the m of the bounds
+        ``pipeline_traits`` declares (default: the configuration's own)."""
+        return ctx.micro_batches
+
+    def step_bound_from_linear(self, linear_s: float, mean_work_s: float) -> float:
+        """A lower bound on the step from a lower bound on the linear formula's step and one on the stages' mean
+        work per step; asked only where ``pipeline_traits.bounded_by_linear`` is declared (default: 0, true of
+        every step and of no use to the bounds)."""
+        return 0.0

@@ -73,7 +73,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from solvers.cost_model.aggregate import evaluate_plan
-from solvers.cost_model.base import Estimate, LayerCosts, StageContext, StageFixed
+from solvers.cost_model.base import CostModel, Estimate, LayerCosts, PipelineTraits, StageContext, StageFixed
 from solvers.cost_model.flops import model_flops_per_step
 from solvers.cost_model.galvatron_files import (
     GalvatronHardware,
@@ -226,7 +226,7 @@ def galvatron_pipeline_time(compute: Sequence[float], with_sync: Sequence[float]
     return t + max(0.0, reduce)
 
 
-class GalvatronCostModel:
+class GalvatronCostModel(CostModel):
     """Galvatron 2.4.0's search-engine cost model for one request (model, cluster, batch, budget)."""
 
     def __init__(self, profile: GalvatronProfile, hardware: GalvatronHardware, *, num_layers: int,
@@ -650,26 +650,18 @@ class GalvatronCostModel:
         return EmbeddingStrategy(tp=1, dp=self.num_gpus // pp, zero=0)
 
     @property
-    def pipeline_at_least_slowest_stage(self) -> bool:
-        """Whether a step always costs at least micro-batches × the slowest stage's time (the planner's bounds
-        rely on it): the bounded formula does; Galvatron's own can charge less."""
-        return self.options.pipeline_formula == "bounded"
+    def pipeline_traits(self) -> PipelineTraits:
+        """Both forms of the formula charge at least Σ C + (m - 1) C_last and add, past the pipelined part, at
+        least B_0 - C_0: the first stage's gradient sync that its compute does not hide (its step time less its
+        embedding time). The bounded form also charges at least m × the slowest stage; Galvatron's own can
+        charge less."""
+        return PipelineTraits(at_least_slowest_stage=self.options.pipeline_formula == "bounded",
+                              at_least_chain=True, adds_first_stage_sync=True)
 
     def pipeline_micro_batches(self, ctx: StageContext) -> int:
         """The micro-batches the pipeline formula counts (Galvatron's real chunks): the m of its bounds."""
         batching = self.batching(ctx.pp, ctx.micro_batches)
         return batching.real_chunks if batching else ctx.micro_batches
-
-    @property
-    def pipeline_at_least_chain(self) -> bool:
-        """Both forms of the formula charge at least Σ C + (m - 1) C_last (the planner's bounds rely on it)."""
-        return True
-
-    @property
-    def pipeline_adds_first_stage_sync(self) -> bool:
-        """Both forms add, past the pipelined part, at least B_0 - C_0: the first stage's gradient sync that its
-        compute does not hide (its step time less its embedding time; the planner's bounds rely on it)."""
-        return True
 
     def pipeline_step_time(self, stage_time_s: Sequence[float], stage_step_time_s: Sequence[float],
                            ctx: StageContext) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, cast
+from typing import Any
 
 from solvers.cost_model.api import estimate as _estimate
 from solvers.cost_model.base import CostModel
@@ -14,6 +14,7 @@ from solvers.errors import FieldProblem, InfeasibleError
 from solvers.hybrid import baselines
 from solvers.hybrid.cached import CachedStages
 from solvers.hybrid.certificate import certify
+from solvers.hybrid.min_memory import min_memory_bytes
 from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import SearchSpace, SpaceMode, build_space
 from solvers.request import HybridRequest, parse
@@ -52,7 +53,7 @@ def _gib(x: float) -> str:
 
 
 def _infeasible(planner: Planner, cm: CostModel, galvatron: bool = False) -> InfeasibleError:
-    need = planner.min_memory_bytes()
+    need = min_memory_bytes(planner)
     limit = cm.memory_limit_bytes / GIB
     field: tuple[str, ...] = ("constraints", "memory_limit_gib")
     unsplittable = planner.space.unsplittable() if need == float("inf") else None
@@ -97,7 +98,7 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
     configuration whose lower bound cannot beat it is never solved, and the plan never loses to it."""
     t0, c0 = time.perf_counter(), time.process_time()
     req: HybridRequest = parse(HybridRequest, request)
-    cm = cast(CostModel, CachedStages(make_cost_model(req)))
+    cm = CachedStages(make_cost_model(req))
     space = build_space(req, space_mode(req))
     kinds = layer_kinds(req.model)
     limit = req.constraints.time_limit_s or DEFAULT_TIME_LIMIT_S

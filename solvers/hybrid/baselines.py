@@ -57,7 +57,7 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
         first_of.setdefault(k, i)
     best: Baseline | None = None
     n_layers, batch = space.num_layers, space.global_batch_size
-    linear = bool(getattr(cm, "linear_pipeline", False))
+    linear = cm.pipeline_traits.linear
     for cfg in configs:
         g, mbs = space.num_gpus // cfg.pp, batch // cfg.micro_batches
         cands = tuple(x for x in strategies if x.world == g and mbs % x.dp == 0)  # a tuple: asked by identity

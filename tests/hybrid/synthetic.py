@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from solvers.cost_model.base import Estimate, LayerCosts, StageContext, StageFixed
+from solvers.cost_model.base import CostModel, Estimate, LayerCosts, PipelineTraits, StageContext, StageFixed
 from solvers.cost_model.galvatron import galvatron_pipeline_time
 from solvers.cost_model.pipeline import step_time_s
 from solvers.strategy import LayerStrategy, PlanStrategy
@@ -29,7 +29,7 @@ RECOMPUTE_ACT = {"none": 1.0, "selective": 0.55, "full": 0.12}
 
 
 @dataclass
-class SyntheticCostModel:
+class SyntheticCostModel(CostModel):
     num_layers: int
     num_gpus: int
     memory_limit_bytes: float
@@ -58,19 +58,14 @@ class SyntheticCostModel:
     calls: dict[str, int] = field(default_factory=dict)
 
     @property
-    def pipeline_at_least_slowest_stage(self) -> bool:
-        return self.linear_pipeline or self.galvatron_formula
+    def pipeline_traits(self) -> PipelineTraits:
+        galvatron = not self.linear_pipeline and self.galvatron_formula
+        return PipelineTraits(linear=self.linear_pipeline, at_least_slowest_stage=self.linear_pipeline or galvatron,
+                              bounded_by_linear=self._host_bound, at_least_chain=galvatron,
+                              adds_first_stage_sync=galvatron)
 
     @property
-    def pipeline_at_least_chain(self) -> bool:
-        return not self.linear_pipeline and self.galvatron_formula
-
-    @property
-    def pipeline_adds_first_stage_sync(self) -> bool:
-        return self.pipeline_at_least_chain
-
-    @property
-    def pipeline_bounded_by_linear(self) -> bool:  # (the host formula: the only one lifted from the linear one)
+    def _host_bound(self) -> bool:  # (the host formula: the only one lifted from the linear one)
         return not self.linear_pipeline and not self.galvatron_formula and self.host_slowdown > 1.0
 
     def step_bound_from_linear(self, linear_s: float, mean_work_s: float) -> float:
@@ -156,7 +151,7 @@ class SyntheticCostModel:
             fixed = [self.stage_fixed(replace(ctx, stage=s)).time_s for s in range(len(stage_time_s))]
             with_sync = [t + u - f for t, u, f in zip(stage_time_s, stage_step_time_s, fixed, strict=True)]
             return galvatron_pipeline_time(list(stage_time_s), with_sync, ctx.micro_batches, bounded=True)
-        if self.pipeline_bounded_by_linear:
+        if self._host_bound:
             linear = step_time_s(stage_time_s, stage_step_time_s, ctx.micro_batches, v, ctx.schedule)
             work = sum(ctx.micro_batches * t + u for t, u in zip(stage_time_s, stage_step_time_s, strict=True))
             return self.step_bound_from_linear(linear, work / len(stage_time_s))

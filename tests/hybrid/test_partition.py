@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from solvers.hybrid import partition
-from solvers.hybrid.planner import kind_period
+from solvers.hybrid.tables import kind_period
 
 
 def _brute(total: int, k: int, cost: Callable[[int, int, int], float]) -> float:

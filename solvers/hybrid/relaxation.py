@@ -1,0 +1,106 @@
+"""Each stage's least time, step time or a weighting of both under its memory budget, relaxed (``bounds``: the
+LP for identical layers, the Lagrangian for mixed kinds), shaped as the partition searches of the bounds take it.
+
+Every lower bound of ``config_bounds`` is a partition search over these values: a relaxed value is never above
+what any plan of the stage achieves, so the least over partitions is never above the configuration's step."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from solvers.hybrid import bounds, stage_costs
+from solvers.hybrid.tables import StageTables
+
+
+class StageRelaxation:
+    """The relaxed stage values of one request's configurations (the options are read as they are when asked:
+    the certificate's deep pass widens ``bound_whole_layers`` for a while)."""
+
+    def __init__(self, tables: StageTables):
+        self.tables = tables
+        self._envelopes: bounds.Envelopes = {}
+        self._fronts: bounds.Fronts = {}
+
+    def relaxed(self, cc: stage_costs.ConfigCosts, values: list[dict[Hashable, np.ndarray]], stage: int,
+                levels: int = 1) -> list[np.ndarray]:
+        """Per value (one array per layer kind, by candidate): the stage's least total under its memory
+        budget, relaxed (``bounds``: the LP for identical layers, the Lagrangian for mixed kinds); by layer
+        count (identical layers) or [start phase, count]. ``levels``: groups of the stage's largest transient
+        buffer told apart (1: the least buffer reserved, every candidate admitted; cheap, loose where lean
+        candidates carry large buffers, e.g. ZeRO-3's gathered weights)."""
+        st = cc.stages[stage]
+        extra = [c.peak_extra_bytes for c in st.costs.values()]
+        ((_, least),) = bounds.transient_levels(extra, 1)
+        plain = self._relaxed_at(cc, st, values, math.inf, least, whole=False)
+        if levels <= 1:
+            return plain
+        # (refined, and stages of few layers on average: also by whole candidates; with many layers a stage the
+        # LP's fractions cost little and the fronts of sums grow)
+        whole = cc.uniform and len(self.tables.kinds) <= self.tables.opt.bound_whole_layers * cc.config.pp
+        out: list[np.ndarray] | None = None
+        for cap, reserved in bounds.transient_levels(extra, levels):
+            # a plan whose largest transient buffer lies in (reserved, cap] uses only candidates within cap and
+            # at least ``reserved`` of the budget for it; the least over the levels bounds every plan
+            got = self._relaxed_at(cc, st, values, cap, reserved, whole)
+            out = got if out is None else [np.minimum(a, b) for a, b in zip(out, got, strict=True)]
+            if all(np.all(o <= p) for o, p in zip(out, plain, strict=True)):
+                break  # every level is at least the plain relaxation: the rest cannot lower the least
+        assert out is not None
+        return out
+
+    def _relaxed_at(self, cc: stage_costs.ConfigCosts, st: stage_costs.StageInputs,
+                    values: list[dict[Hashable, np.ndarray]], cap: float, reserved: float, whole: bool
+                    ) -> list[np.ndarray]:
+        """``relaxed`` over the candidates whose transient buffer is within ``cap``, ``reserved`` bytes of the
+        budget set aside for it; ``whole``: small layer counts also by whole candidates."""
+        n = len(self.tables.kinds)
+        ids = list(dict.fromkeys(self.tables.kinds))
+        mems = [st.memory(k) for k in ids]
+        budget = self.tables.limit - st.fixed_memory() - reserved
+        allowed = [np.where(st.costs[k].peak_extra_bytes <= cap, 0.0, np.inf) if math.isfinite(cap) else 0.0
+                   for k in ids]
+        if not cc.uniform:
+            kind_of_layer = [ids.index(k) for k in self.tables.kinds]
+            return [bounds.mixed_relaxed_cost(kind_of_layer, self.tables.period, mems,
+                                              [v[k] + a for k, a in zip(ids, allowed, strict=True)], budget,
+                                              self._envelopes) for v in values]
+        counts = np.maximum(np.arange(n + 1, dtype=float), 1)
+        got = [counts * bounds.relaxed_cost(mems[0], v[ids[0]] + allowed[0], budget / counts, self._envelopes)
+               for v in values]
+        if whole:
+            k = min(n, self.tables.opt.bound_whole_layers)
+            for g, v in zip(got, values, strict=True):
+                g[:k + 1] = np.maximum(g[:k + 1], bounds.integral_cost(mems[0], v[ids[0]] + allowed[0],
+                                                                       np.full(k + 1, budget), k, self._fronts))
+        return got
+
+    def weighted(self, cc: stage_costs.ConfigCosts, stage: int, weights: Sequence[tuple[float, float]],
+                 levels: int = 1) -> list[np.ndarray]:
+        """Per (w_t, w_u): the stage's relaxed least of w_t t + w_u u over its layers, plus its fixed time and
+        step time at the same weights (as ``relaxed`` shapes it: by count, or [start phase, count])."""
+        st = cc.stages[stage]
+
+        def combine(wt: float, wu: float, t: Any, u: Any) -> Any:  # a zero weight leaves its term out: no 0 x inf
+            return (wt * t if wt else 0.0) + (wu * u if wu else 0.0)
+
+        got = self.relaxed(cc, [{k: combine(wt, wu, c.time_s, c.step_time_s) for k, c in st.costs.items()}
+                                for wt, wu in weights], stage, levels)
+        return [g + combine(wt, wu, st.fixed.time_s, st.fixed.step_time_s)
+                for g, (wt, wu) in zip(got, weights, strict=True)]
+
+    def by_start(self, cc: stage_costs.ConfigCosts, rows: list[np.ndarray]) -> list[np.ndarray]:
+        """Per-stage relaxed values as the partition search takes them: by count, or [start, count]."""
+        n, v = len(self.tables.kinds), cc.config.virtual_stages
+        if cc.uniform:
+            return [np.where(np.arange(1, n + 1) < v, math.inf, row[1:]) for row in rows]
+        start, count = np.meshgrid(np.arange(n), np.arange(n + 1), indexing="ij")
+        ok = (count >= v) & (start + count <= n)
+        return [np.where(ok, row[start % self.tables.period, count], math.inf) for row in rows]
+
+    def stage_times(self, cc: stage_costs.ConfigCosts, levels: int = 1) -> list[np.ndarray]:
+        """Each stage's relaxed per-micro-batch time plus its fixed time, as the partition DPs take them."""
+        return self.by_start(cc, [self.weighted(cc, s, [(1.0, 0.0)], levels)[0] for s in range(cc.config.pp)])
