@@ -137,7 +137,7 @@ def plan(
 
         assert isinstance(result, HybridResult)  # the request was checked to be hybrid before solving
         try:
-            typer.echo(export(result.to_json(), export_format, request, export_of), nl=False)
+            typer.echo(export(result, export_format, request, export_of), nl=False)
         except SpecError as err:
             _fail(f"--export-of: {err.problems[0].msg}" if err.problems[0].loc == ("of",) else str(err))
         return
