@@ -11,11 +11,12 @@ from typing import Any
 
 from paraplan_cli.summary import render, render_estimate
 from service.demo import DEMO_REQUESTS
-from solvers.documents import HybridEstimateResult, HybridResult, load_result
+from solvers.documents import HybridEstimateResult, load_result
 from solvers.documents.hybrid import LayerDoc
 from solvers.hybrid.summary import layer_runs
 from solvers.text import seconds
 from tests.contract_json import estimate, solve
+from tests.documents import hybrid_result
 
 SMALL: dict[str, Any] = {
     "kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 8},
@@ -23,14 +24,6 @@ SMALL: dict[str, Any] = {
     "training": {"global_batch_size": 32, "seq_length": 4096},
     "constraints": {"memory_limit_gib": 24},
 }
-
-
-def _sparse(estimate: dict[str, Any], strategy: dict[str, Any]) -> HybridResult:
-    """A stored result of the fewest fields a document has: no baselines, none of the later search fields."""
-    zeros = {"throughput_samples_per_s": 0.0, "tokens_per_s": 0.0, "mfu": 0.0, "peak_memory_gib": 0.0,
-             "memory_gib_per_stage": [], "breakdown_s": {}}
-    return HybridResult.model_validate({"estimate": {**zeros, **estimate}, "strategy": {"micro_batches": 1, **strategy},
-                                        "search": {"time_s": 1.0, "solver": "dp"}})
 
 
 def _span(line: str) -> range:
@@ -105,15 +98,17 @@ def test_cli_prints_the_summary_without_json(tmp_path: Path) -> None:
 
 def test_a_sparse_or_older_result_still_prints() -> None:
     """Stored results from before the certificate, or with fields missing, print what they have."""
-    text = render({"kind": "hybrid"},
-                  _sparse({"step_time_s": 2.0}, {"pp": 1, "layers": [{"tp": 1}], "stage_layers": [1]}))
+    older = hybrid_result({"pp": 1, "micro_batches": 1, "layers": [{"tp": 1}], "stage_layers": [1]},
+                          {"step_time_s": 2.0})
+    text = render({"kind": "hybrid"}, older)
     assert "step 2 s" in text and "certificate" not in text and "layer 0" in text
 
 
 def test_a_deep_pipeline_shows_its_fullest_stage_and_the_others_range() -> None:
     stages = [{"parameters": 1.0, "activations": float(a)} for a in (5, 9, 7, 3, 2, 1)]
-    text = render({"kind": "hybrid"}, _sparse({"step_time_s": 1.0, "memory_breakdown_gib_per_stage": stages},
-                                              {"pp": 6, "layers": [{}] * 6, "stage_layers": [1] * 6}))
+    deep = hybrid_result({"pp": 6, "micro_batches": 1, "layers": [{}] * 6, "stage_layers": [1] * 6},
+                         {"step_time_s": 1.0, "memory_breakdown_gib_per_stage": stages})
+    text = render({"kind": "hybrid"}, deep)
     assert "memory, stage 1: 10.0 GiB = parameters 1.0, activations 9.0 (the fullest stage)" in text
     assert "the other 5 stages: 2.0-8.0 GiB" in text
 

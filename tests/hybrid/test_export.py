@@ -12,7 +12,7 @@ import pytest
 
 from solvers.cost_model import pipeline
 from solvers.documents import HybridResult, load_result
-from solvers.documents.hybrid import HybridEstimate, StrategyDoc
+from solvers.documents.hybrid import StrategyDoc
 from solvers.errors import SpecError
 from solvers.exports import export
 from solvers.exports.deepspeed import deepspeed_run_plan
@@ -28,6 +28,7 @@ from solvers.exports.torchtitan import TORCHTITAN_RECOMPUTE, torchtitan_recomput
 from solvers.formats.galvatron import plan_from_galvatron_config
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 from tests.contract_json import estimate, solve
+from tests.documents import hybrid_result
 
 REQUEST: dict[str, Any] = {
     "kind": "hybrid", "model": {"preset": "llama2-7b"},
@@ -40,22 +41,12 @@ PLAN = PlanStrategy(pp=2, micro_batches=8, layers=(A,) * 10 + (B,) * 22, stage_l
                     embedding=EmbeddingStrategy(tp=2, dp=4, zero=3))
 
 
-def _result(strategy: PlanStrategy | dict[str, Any], estimate: dict[str, Any]) -> HybridResult:
-    """A result document of ``strategy`` with ``estimate``'s numbers (those it lacks zero) and no baselines."""
-    zeros = {"step_time_s": 0.0, "throughput_samples_per_s": 0.0, "tokens_per_s": 0.0, "mfu": 0.0,
-             "peak_memory_gib": 0.0, "memory_gib_per_stage": [], "breakdown_s": {}}
-    numbers = {k: v for k, v in estimate.items() if k in HybridEstimate.model_fields}
-    return HybridResult.model_validate({
-        "strategy": strategy.to_dict() if isinstance(strategy, PlanStrategy) else strategy,
-        "estimate": {**zeros, **numbers}, "search": {"time_s": 0.0, "solver": "test"}})
-
-
 def _with(result: HybridResult, plan: PlanStrategy) -> HybridResult:
     """``result`` with ``plan`` as its strategy."""
     return result.model_copy(update={"strategy": StrategyDoc.of(plan)})
 
 
-RESULT = _result(PLAN, {"step_time_s": 2.0, "throughput_samples_per_s": 32.0, "tokens_per_s": 65536.0})
+RESULT = hybrid_result(PLAN, {"step_time_s": 2.0, "throughput_samples_per_s": 32.0, "tokens_per_s": 65536.0})
 
 
 def test_megatron_arguments() -> None:
@@ -324,7 +315,7 @@ def test_moe_plan_exports_its_experts_and_expert_parallelism() -> None:
     moe = LayerStrategy(tp=2, dp=4, sp="megatron", zero=1, ep=4, etp=1)
     plan = PlanStrategy(pp=1, micro_batches=4, layers=(attn, moe, attn, moe), stage_layers=(4,),
                         embedding=EmbeddingStrategy(tp=2, dp=4, zero=1))
-    result = _result(plan, estimate({**req, "strategy": plan.to_dict()}))
+    result = hybrid_result(plan, estimate({**req, "strategy": plan.to_dict()}))
     text = export(result, "megatron", req)
     for arg in ("--num-experts 8", "--moe-router-topk 2", "--expert-model-parallel-size 4",
                 "--expert-tensor-parallel-size 1", "--moe-layer-freq '[0,1,0,1]'"):
@@ -346,7 +337,7 @@ def test_experts_keep_the_plans_expert_tp_where_the_framework_changes_the_layers
     uly = LayerStrategy(tp=2, dp=3, sp="ulysses", zero=1)
     plan = PlanStrategy(pp=2, micro_batches=8, layers=(uly, uly, replace(uly, zero=3, ep=2), uly),
                         stage_layers=(2, 2), embedding=EmbeddingStrategy(tp=1, dp=6, zero=3))
-    result = _result(plan, estimate({**req, "strategy": plan.to_dict()}))
+    result = hybrid_result(plan, estimate({**req, "strategy": plan.to_dict()}))
     text = export(result, "megatron", req)
     assert "--expert-model-parallel-size 2" in text and "--expert-tensor-parallel-size 1" in text
     assert {(x.ep, x.etp) for x in megatron_run_plan(plan, [True] * 4).layers} == {(2, 1)}
@@ -364,7 +355,7 @@ def test_megatron_arguments_and_their_as_run_estimate_agree_on_sequence_parallel
     plain = LayerStrategy(tp=3, dp=2, zero=1)
     plan = PlanStrategy(pp=1, micro_batches=4, layers=(plain,) * 4, stage_layers=(4,),
                         embedding=EmbeddingStrategy(tp=3, dp=2, zero=1))
-    result = _result(plan, estimate({**req, "strategy": plan.to_dict()}))
+    result = hybrid_result(plan, estimate({**req, "strategy": plan.to_dict()}))
     text = export(result, "megatron", req)
     assert "--sequence-parallel" not in text and "+0.0% against the plan" in text.splitlines()[0]
     assert {x.sp for x in megatron_run_plan(plan).layers} == {None}
@@ -381,7 +372,7 @@ def test_a_framework_that_cannot_run_the_export_says_so_once() -> None:
            "model": {"name": "t", "num_layers": 4, "hidden_size": 768, "num_attention_heads": 12},
            "training": {"global_batch_size": 6, "seq_length": 1021}}
     est = estimate({**req, "strategy": {"tp": 6, "sp": None}})
-    note = export(_result(est["strategy"], est), "torchtitan", req).splitlines()[0]
+    note = export(hybrid_result(est["strategy"], est), "torchtitan", req).splitlines()[0]
     assert note == ("# torchtitan cannot run it as exported: seq_length (1021) is not divisible by the sequence "
                     "split (6)"), note
 
