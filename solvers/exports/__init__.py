@@ -19,7 +19,7 @@ from typing import Literal, get_args
 
 from solvers.cost_model.validate import check_structure
 from solvers.documents.hybrid import BaselineDoc, HybridEstimate, HybridResult, StrategyDoc
-from solvers.errors import FieldProblem, SpecError
+from solvers.errors import SpecError
 from solvers.exports import deepspeed, galvatron, megatron, torchtitan
 from solvers.exports.exporter import Exporter
 from solvers.exports.inputs import ExportInput, Request, UniformPlan
@@ -83,7 +83,7 @@ def _parsed(request: Request | None) -> HybridRequest | None:
     try:
         parsed: HybridRequest = parse(HybridRequest, request)
     except SpecError as err:
-        raise SpecError([FieldProblem(("request", *p.loc), p.msg) for p in err.problems]) from None
+        raise err.under("request") from None
     return parsed
 
 
