@@ -130,11 +130,12 @@ def interleaved_rank(spec_path: Path, out: Path) -> int:
 
     from worker.runtime.data import global_batch
     from worker.runtime.parallelize import parallelize
-    from worker.runtime.plan import from_document
+    from worker.runtime.plan import from_document, load_plan
 
     spec = json.loads(spec_path.read_text())
     dist.init_process_group("gloo")
-    models = {name: parallelize(from_document(doc, world_size=dist.get_world_size()), 0, torch.device("cpu"))
+    world = dist.get_world_size()
+    models = {name: parallelize(from_document(*load_plan(doc), world_size=world), 0, torch.device("cpu"))
               for name, doc in spec["plans"].items()}
     times: dict[str, list[float]] = {name: [] for name in models}
     step = 0
@@ -199,7 +200,8 @@ def main() -> int:
     predictor = PREDICTORS[args.predictor]
     rows: list[dict[str, Any]] = []
     names = args.plans.split(",") if args.plans else list(plans)
-    docs = {n: {"request": request(plans[n], profiled, ranks), "result": {"strategy": plans[n]}} for n in names}
+    # no result: the worker runs the request's strategy as the cost model reads it, the plan the predictor priced
+    docs = {n: {"kind": "hybrid", "request": request(plans[n], profiled, ranks)} for n in names}
     interleaved = measure_interleaved(docs, ranks, args.interleave, 2, work) if args.interleave else {}
     for name in names:
         predicted = predictor(plans[name], profiled, ranks)

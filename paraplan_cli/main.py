@@ -8,11 +8,15 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
 from worker.cli import app as worker_app
+
+if TYPE_CHECKING:  # solvers load inside the commands, so that `paraplan --help` stays fast
+    from solvers.documents import Document
+    from solvers.errors import SpecError
 
 app = typer.Typer(help="paraplan: parallel training plans.", no_args_is_help=True, add_completion=False)
 db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
@@ -21,7 +25,7 @@ token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 
 
-def _fail(msg: str, code: int = 2) -> None:
+def _fail(msg: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code)
 
@@ -82,15 +86,16 @@ def _solver_chatter_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _run_one(fn: Any, request: Any) -> dict[str, Any]:
+def _estimate_one(request: Any) -> Document | SpecError:
+    """The estimate's document, or the request's problems (an array of requests reports each in its place)."""
+    from solvers.api import estimate
     from solvers.errors import SpecError
 
     try:
         with _solver_chatter_to_stderr():
-            result: dict[str, Any] = fn(request).to_json()
+            return estimate(request)
     except SpecError as err:
-        return {"error": str(err)}
-    return result
+        return err
 
 
 @app.command()
@@ -126,16 +131,18 @@ def plan(
         with _solver_chatter_to_stderr():
             result = solve_with_progress(request, quiet=as_json)
     if export_format is not None:
+        from solvers.documents import HybridResult
         from solvers.errors import SpecError
         from solvers.exports import export
 
+        assert isinstance(result, HybridResult)  # the request was checked to be hybrid before solving
         try:
             typer.echo(export(result, export_format, request, export_of), nl=False)
         except SpecError as err:
             _fail(f"--export-of: {err.problems[0].msg}" if err.problems[0].loc == ("of",) else str(err))
         return
     if as_json or not isinstance(request, dict):
-        typer.echo(json.dumps(result, indent=None if as_json else 2))
+        typer.echo(json.dumps(result.to_json(), indent=None if as_json else 2))
         return
     from paraplan_cli.summary import render
 
@@ -148,21 +155,23 @@ def estimate(
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON (default: a summary)"),
 ) -> None:
     """Estimate the step time and memory of a given strategy (what-if)."""
-    from solvers.api import estimate as estimate_fn
+    from solvers.documents import HybridEstimateResult
+    from solvers.errors import SpecError
 
     request = _read_request(file)
     if isinstance(request, list):
-        typer.echo(json.dumps([_run_one(estimate_fn, r) for r in request]))
+        docs = [_estimate_one(r) for r in request]
+        typer.echo(json.dumps([{"error": str(d)} if isinstance(d, SpecError) else d.to_json() for d in docs]))
         return
-    result = _run_one(estimate_fn, request)
-    if "error" in result:
-        _fail(str(result["error"]))
-    if as_json or request.get("kind", "hybrid") != "hybrid":
-        typer.echo(json.dumps(result, indent=None if as_json else 2))
+    doc = _estimate_one(request)
+    if isinstance(doc, SpecError):
+        _fail(str(doc))
+    if as_json or not isinstance(doc, HybridEstimateResult):
+        typer.echo(json.dumps(doc.to_json(), indent=None if as_json else 2))
         return
     from paraplan_cli.summary import render_estimate
 
-    typer.echo(render_estimate(request, result))
+    typer.echo(render_estimate(request, doc))
 
 
 @app.command()

@@ -7,10 +7,11 @@ from typing import Any
 import typer
 
 from solvers.api import solve
+from solvers.documents import PlanResult
 from solvers.errors import SpecError
 
 
-def solve_with_progress(request: Any, quiet: bool = False) -> dict[str, Any]:
+def solve_with_progress(request: Any, quiet: bool = False) -> PlanResult:
     from rich.progress import Progress
 
     try:
@@ -20,7 +21,7 @@ def solve_with_progress(request: Any, quiet: bool = False) -> dict[str, Any]:
             def report(fraction: float, message: str) -> None:
                 bar.update(task, completed=fraction, description=message)
 
-            return solve(request, progress=report).to_json()
+            return solve(request, progress=report)
     except SpecError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None

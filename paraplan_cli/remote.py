@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import typer
 
-from solvers.documents import TERMINAL
+from solvers.documents import TERMINAL, DocumentError, PlanResult, load_result
 
 
 def _check(resp: httpx.Response) -> dict[str, Any]:
@@ -20,7 +20,7 @@ def _check(resp: httpx.Response) -> dict[str, Any]:
 
 
 def plan_remote(server: str, token: str | None, request: Any, timeout_s: float = 600.0,
-                quiet: bool = False) -> dict[str, Any]:
+                quiet: bool = False) -> PlanResult:
     from rich.progress import Progress
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -43,5 +43,8 @@ def plan_remote(server: str, token: str | None, request: Any, timeout_s: float =
         if body.get("status") != "succeeded":
             typer.echo(f"error: plan {body.get('id')} {body.get('status')}: {body.get('error')}", err=True)
             raise typer.Exit(2 if body.get("error_detail") else 1)
-        result: dict[str, Any] = body["result"]
-        return result
+        try:
+            return load_result(body["kind"], body["result"])
+        except DocumentError as err:  # a server of another version: say so, not a traceback
+            typer.echo(f"error: plan {body.get('id')}: {err}", err=True)
+            raise typer.Exit(1) from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, TypeVar
 
-from solvers.documents import Document, ResultDocument
+from solvers.documents import Document, PlanResult
 from solvers.errors import SpecError
 from solvers.kinds import Progress, available_kinds, kind_of, solver_kind
 
@@ -43,7 +43,7 @@ def validate(request: dict[str, Any]) -> None:
     solver_kind(kind_of(request)).validate(request)
 
 
-def solve(request: dict[str, Any], progress: Progress | None = None) -> ResultDocument:
+def solve(request: dict[str, Any], progress: Progress | None = None) -> PlanResult:
     """Solve a plan request: the kind's result document."""
     return _finite(solver_kind(kind_of(request)).solve(request, progress=progress))
 

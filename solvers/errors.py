@@ -41,6 +41,10 @@ class SpecError(ValueError):
     def at(cls, loc: Sequence[str | int], msg: str) -> SpecError:
         return cls([FieldProblem(tuple(loc), msg)])
 
+    def under(self, *prefix: str | int) -> SpecError:
+        """The same problems, located under ``prefix``: the request's fields where a larger document holds it."""
+        return SpecError([FieldProblem((*prefix, *p.loc), p.msg) for p in self.problems])
+
     def __str__(self) -> str:
         return "; ".join(f"{'.'.join(str(p) for p in pr.loc)}: {pr.msg}" for pr in self.problems)
 

@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-from solvers.documents import DEFAULT_KIND, PLAN_KINDS, Document, PlanKind, ResultDocument
+from solvers.documents import DEFAULT_KIND, PLAN_KINDS, Document, PlanKind, PlanResult
 from solvers.errors import SpecError
 
 Progress = Callable[[float, str], None]
@@ -26,7 +26,7 @@ class SolverKind(Protocol):
         (milliseconds)."""
         ...
 
-    def solve(self, request: dict[str, Any], progress: Progress | None = None) -> ResultDocument:
+    def solve(self, request: dict[str, Any], progress: Progress | None = None) -> PlanResult:
         """The best plan for ``request``: the kind's result document."""
         ...
 

@@ -79,7 +79,7 @@ def apply_plan(plan_doc: dict[str, Any], model: Any, device: Any, lr: float = 1e
     import torch.distributed as dist
 
     from worker.runtime.parallelize import apply_plan as apply
-    from worker.runtime.plan import from_document
+    from worker.runtime.plan import from_document, load_plan
 
-    plan = from_document(plan_doc, world_size=dist.get_world_size())
+    plan = from_document(*load_plan(plan_doc), world_size=dist.get_world_size())
     return apply(plan, model, device, lr=lr)

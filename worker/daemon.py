@@ -27,11 +27,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 
 from solvers.errors import SpecError
+from solvers.strategy import Schedule
 from worker.api import LeaseLost, Unauthorized, WorkerApi, WorkerApiError
 from worker.launch import Attempt, ProgressTail
 
@@ -57,13 +58,6 @@ class DaemonConfig:
     idle_exit_s: float | None = None  # stop after this long without work (tests)
 
 
-def planned_peak_memory_gib(plan_doc: dict[str, Any]) -> float | None:
-    """The per-GPU peak the plan's estimate predicts, where the plan carries one."""
-    estimate = (plan_doc.get("result") or {}).get("estimate") or {}
-    peak = estimate.get("peak_memory_gib")
-    return float(peak) if isinstance(peak, int | float) else None
-
-
 def host_info(name: str) -> dict[str, Any]:
     """What the server records about this node at registration."""
     import torch
@@ -81,7 +75,7 @@ def host_info(name: str) -> dict[str, Any]:
         "capabilities": {
             "backend": "nccl" if cuda else "gloo", "platform": platform.platform(),
             "parallelisms": ["ddp", "fsdp2", "tp", "megatron-sp", "ulysses", "pp", "recompute"],
-            "schedules": ["gpipe", "1f1b", "interleaved"],
+            "schedules": list(get_args(Schedule)),
         },
     }
 
@@ -180,16 +174,18 @@ class Daemon:
         """The plan's ranks on this node; NodeTooSmall where this node's GPUs cannot hold it (count, memory)."""
         import torch
 
-        from worker.runtime.plan import from_document
+        from worker.runtime.plan import from_document, load_plan
 
-        plan = from_document(plan_doc)  # SpecError names the bad field; nothing is launched then
+        # SpecError names the bad field, or the kind the runtime cannot run; nothing is launched then
+        request, result = load_plan(plan_doc)
+        plan = from_document(request, result)
         if plan.gpu_name.lower() == "cpu" or not torch.cuda.is_available():
             return plan.world_size
         if plan.world_size > torch.cuda.device_count():
             raise NodeTooSmall(f"the plan needs {plan.world_size} GPUs on one node; this node has "
                                f"{torch.cuda.device_count()}")
         # a plan sized for a larger device would only run out of memory after the launch and warm-up
-        need = planned_peak_memory_gib(plan_doc)
+        need = result.estimate.peak_memory_gib if result is not None else None
         have = torch.cuda.get_device_properties(0).total_memory / 2**30
         if need is not None and need > have:
             raise NodeTooSmall(f"the plan's estimate needs {need:.2f} GiB per GPU; this node's GPUs give CUDA "

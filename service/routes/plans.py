@@ -141,7 +141,7 @@ def export_plan(plan_id: str, format: ExportFormat = Query(..., description="tar
         raise Conflict(f"export is for hybrid plans; plan {plan_id} is {view['kind']}")
     if view["status"] != "succeeded":
         raise Conflict(f"plan {plan_id} is {view['status']}; only a succeeded plan can be exported")
-    out = export(view["result"].to_json(), format, view["request"], of)
+    out = export(view["result"], format, view["request"], of)
     exporter = EXPORTERS[format]
     which = "" if of == "plan" else f"-{of}"
     filename = f"paraplan-{plan_id[:8]}{which}-{format}.{exporter.extension}"

@@ -9,21 +9,21 @@ each framework's per-layer-count knob where it has one (Megatron's block recompu
 granularity per run, so a plan mixing full and selective layers is written as the setting it accepts that runs
 fastest within the memory limit by the plan's cost model.
 
-This module is the only one that reads the result and request documents (``export``); the framework modules
-get them parsed (``ExportInput``).
+This module is the only one that reads the result document and the request (``export``); the framework modules
+get what they need of them (``ExportInput``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from solvers.cost_model.validate import check_structure
+from solvers.documents.hybrid import BaselineDoc, HybridEstimate, HybridResult, StrategyDoc
 from solvers.errors import SpecError
 from solvers.exports import deepspeed, galvatron, megatron, torchtitan
 from solvers.exports.exporter import Exporter
 from solvers.exports.inputs import ExportInput, Request, UniformPlan
-from solvers.specs import ModelSpec
-from solvers.strategy import PlanStrategy
+from solvers.request import HybridRequest, parse
 
 ExportFormat = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
 ExportOf = Literal["plan", "megatron", "zero3_dp", "pure_dp"]  # the plan, or one of its baselines
@@ -37,82 +37,73 @@ if tuple(EXPORTERS) != FORMATS:  # a format the API accepts without a writer wou
 __all__ = ["EXPORTERS", "EXPORT_OF", "FORMATS", "ExportFormat", "ExportInput", "ExportOf", "Exporter", "export"]
 
 
-def export(result: dict[str, Any], fmt: str, request: dict[str, Any] | None = None, of: str = "plan") -> str:
+def export(result: HybridResult, fmt: str, request: Request | None = None, of: str = "plan") -> str:
     """The plan of a hybrid ``result`` in ``fmt`` (``megatron``, ``deepspeed``, ``torchtitan``,
     ``galvatron``). ``request`` (the plan's request) supplies batch and model; without it the batch is
     recovered from the estimate and the model arguments are left out. ``of`` names what to export: the plan,
     or one of the result's baselines (``megatron``: the best uniform plan, which Megatron-LM runs as it is)."""
     if fmt not in EXPORTERS:
         raise SpecError.at(("format",), f"unknown export format {fmt!r}; known: {', '.join(FORMATS)}")
-    if of != "plan":
-        result = _baseline_result(result, of)
+    strategy, estimate = _exported(result, of)
+    parsed = _parsed(request)
     try:
-        plan = PlanStrategy.from_dict(result["strategy"])
-    except (KeyError, TypeError, ValueError) as err:
+        plan = strategy.to_plan()
+    except ValueError as err:  # stage_layers that do not match pp or the layers
         raise SpecError.at(("result", "strategy"), f"not a hybrid plan: {err}") from None
     # a stored result may be damaged or come from another version of paraplan: micro_batches 0 or ZeRO 7 raised
     # ZeroDivisionError / KeyError deep in the writers (an HTTP 500)
     problems = check_structure(plan, ("result", "strategy"))
     if problems:
         raise SpecError(problems)
-    batch, seq = _batch(result, request)
-    estimate = result.get("estimate") or {}
-    job = ExportInput(plan=plan, batch=batch, seq=seq, model=_model(request), num_gpus=_num_gpus(request),
-                      request=request, plan_step_time_s=float(estimate.get("step_time_s") or 0.0),
-                      uniform=_uniform(result))
+    batch, seq = _batch(estimate, parsed)
+    job = ExportInput(plan=plan, batch=batch, seq=seq, model=parsed.model if parsed else None,
+                      num_gpus=parsed.cluster.num_gpus if parsed else None, request=request,
+                      plan_step_time_s=estimate.step_time_s if estimate else 0.0, uniform=_uniform(result))
     return EXPORTERS[fmt].write(job)
 
 
-def _baseline_result(result: dict[str, Any], name: str) -> dict[str, Any]:
-    """A result whose plan is the baseline ``name`` (its strategy and estimate; the baselines kept)."""
-    baselines = result.get("baselines") or {}
-    if name not in baselines:
+def _exported(result: HybridResult, of: str) -> tuple[StrategyDoc, HybridEstimate | None]:
+    """The strategy and estimate to export: the plan's, or those of its baseline ``of``."""
+    if of == "plan":
+        return result.strategy, result.estimate
+    baselines: dict[str, BaselineDoc | None] = {name: base for name, base in result.baselines.items()}
+    if of not in baselines:
         known = ", ".join(["plan", *baselines])
-        raise SpecError.at(("of",), f"unknown plan to export {name!r}; this result has: {known}")
-    base = baselines[name] if isinstance(baselines[name], dict) else {}
-    if not base.get("strategy"):
-        why = base.get("note") or "it does not fit"
-        raise SpecError.at(("of",), f"the {name} baseline has no plan to export: {why}")
-    return {**result, "strategy": base["strategy"], "estimate": base.get("estimate") or {}}
+        raise SpecError.at(("of",), f"unknown plan to export {of!r}; this result has: {known}")
+    base = baselines[of]
+    if base is None or base.strategy is None:
+        why = (base.note if base is not None else None) or "it does not fit"
+        raise SpecError.at(("of",), f"the {of} baseline has no plan to export: {why}")
+    return base.strategy, base.estimate
 
 
-def _batch(result: dict[str, Any], request: Request | None) -> tuple[int, int]:
-    """(global batch, sequence length) from the request, else recovered from the estimate."""
-    if request is not None:
-        t = request.get("training", {})
-        if "global_batch_size" in t:
-            return int(t["global_batch_size"]), int(t.get("seq_length", 2048))
-    est = result.get("estimate", {})
-    thr, step = est.get("throughput_samples_per_s"), est.get("step_time_s")
-    if not thr or not step:
-        raise SpecError.at(("request", "training"), "exporting needs the request's training batch")
-    return round(thr * step), round(est.get("tokens_per_s", 0.0) / thr)
-
-
-def _model(request: Request | None) -> ModelSpec | None:
-    if request is None or "model" not in request:
-        return None
-    try:
-        return ModelSpec.model_validate(request["model"])
-    except ValueError:
-        return None
-
-
-def _num_gpus(request: Request | None) -> int | None:
+def _parsed(request: Request | None) -> HybridRequest | None:
     if request is None:
         return None
-    c = request.get("cluster", {})
-    return int(c.get("nodes", 1)) * int(c.get("gpus_per_node", 8))
+    try:
+        parsed: HybridRequest = parse(HybridRequest, request)
+    except SpecError as err:
+        raise err.under("request") from None
+    return parsed
 
 
-def _uniform(result: dict[str, Any]) -> UniformPlan | None:
+def _batch(estimate: HybridEstimate | None, request: HybridRequest | None) -> tuple[int, int]:
+    """(global batch, sequence length) from the request, else recovered from the estimate."""
+    if request is not None:
+        return request.training.global_batch_size, request.training.seq_length
+    if estimate is None or not estimate.throughput_samples_per_s or not estimate.step_time_s:
+        raise SpecError.at(("request", "training"), "exporting needs the request's training batch")
+    thr = estimate.throughput_samples_per_s
+    return round(thr * estimate.step_time_s), round(estimate.tokens_per_s / thr)
+
+
+def _uniform(result: HybridResult) -> UniformPlan | None:
     """The result's best uniform Megatron-style plan where it fits (a damaged one is left out: it only ever
     adds a hint to the Megatron export's note)."""
-    base = (result.get("baselines") or {}).get("megatron") or {}
-    step = (base.get("estimate") or {}).get("step_time_s")
-    if not (base.get("fits") and step):
+    base = result.baselines.get("megatron")
+    if base is None or not base.fits or base.strategy is None or base.estimate is None or not base.estimate.step_time_s:
         return None
     try:
-        return UniformPlan(PlanStrategy.from_dict(base["strategy"]), float(step))
-    except (KeyError, TypeError, ValueError):
+        return UniformPlan(base.strategy.to_plan(), base.estimate.step_time_s)
+    except ValueError:
         return None

@@ -1,5 +1,5 @@
-"""What a framework's writer reads: the plan and its request's batch, model and cluster, parsed once from the
-result and request documents by ``solvers.exports.export`` so that the writers never read those documents."""
+"""What a framework's writer reads: the plan and its request's batch, model and cluster, taken once from the
+result document and the parsed request by ``solvers.exports.export`` so that the writers never read those."""
 
 from __future__ import annotations
 

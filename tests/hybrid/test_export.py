@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from solvers.cost_model import pipeline
+from solvers.documents import HybridResult, load_result
+from solvers.documents.hybrid import StrategyDoc
 from solvers.errors import SpecError
 from solvers.exports import export
 from solvers.exports.deepspeed import deepspeed_run_plan
@@ -26,6 +28,7 @@ from solvers.exports.torchtitan import TORCHTITAN_RECOMPUTE, torchtitan_recomput
 from solvers.formats.galvatron import plan_from_galvatron_config
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 from tests.contract_json import estimate, solve
+from tests.documents import hybrid_result
 
 REQUEST: dict[str, Any] = {
     "kind": "hybrid", "model": {"preset": "llama2-7b"},
@@ -36,8 +39,14 @@ A = LayerStrategy(tp=2, dp=4, sp="megatron", zero=3, recompute="full")
 B = LayerStrategy(tp=2, dp=4, sp="megatron", zero=2, recompute="none")
 PLAN = PlanStrategy(pp=2, micro_batches=8, layers=(A,) * 10 + (B,) * 22, stage_layers=(14, 18),
                     embedding=EmbeddingStrategy(tp=2, dp=4, zero=3))
-RESULT = {"strategy": PLAN.to_dict(),
-          "estimate": {"step_time_s": 2.0, "throughput_samples_per_s": 32.0, "tokens_per_s": 65536.0}}
+
+
+def _with(result: HybridResult, plan: PlanStrategy) -> HybridResult:
+    """``result`` with ``plan`` as its strategy."""
+    return result.model_copy(update={"strategy": StrategyDoc.of(plan)})
+
+
+RESULT = hybrid_result(PLAN, {"step_time_s": 2.0, "throughput_samples_per_s": 32.0, "tokens_per_s": 65536.0})
 
 
 def test_megatron_arguments() -> None:
@@ -76,7 +85,7 @@ def test_megatron_recomputation_is_the_fastest_setting_it_accepts_that_fits(limi
     granularity per run): the export writes the option that runs fastest within the memory limit by the
     plan's cost model (the leanest where none fits), and never the combination Megatron refuses."""
     req = {**REQUEST, "constraints": {"memory_limit_gib": limit_gib}}
-    result = {**RESULT, "strategy": MIXED.to_dict()}
+    result = _with(RESULT, MIXED)
     text = export(result, "megatron", req)
     assert not _megatron_refuses(text) and not _megatron_refuses(export(result, "megatron"))
     scored = []
@@ -97,7 +106,7 @@ def test_megatron_export_warns_where_tensor_parallel_exceeds_the_query_groups() 
     layers = (replace(B, tp=8, dp=1),) * 28
     plan = PlanStrategy(pp=2, micro_batches=8, layers=layers, stage_layers=(14, 14),
                         embedding=EmbeddingStrategy(tp=8, dp=1, zero=0))
-    text = export({**RESULT, "strategy": plan.to_dict()}, "megatron", req)
+    text = export(_with(RESULT, plan), "megatron", req)
     assert "--num-query-groups 4" in text and "4 query groups under tensor parallel 8" in text
     assert "query groups under" not in export(RESULT, "megatron", REQUEST)  # llama2-7b: no GQA
 
@@ -108,19 +117,20 @@ def test_a_baseline_exports_as_it_is_and_a_missing_one_is_named() -> None:
            "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
            "training": {"global_batch_size": 64, "seq_length": 8192}, "constraints": {"memory_limit_gib": 40}}
     result = solve(req)
+    doc = load_result("hybrid", result)
     base = result["baselines"]["megatron"]
     x = base["strategy"]["layers"][0]
-    text = export(result, "megatron", req, of="megatron")
+    text = export(doc, "megatron", req, of="megatron")
     assert f"--tensor-model-parallel-size {x['tp']}" in text
     assert f"--pipeline-model-parallel-size {base['strategy']['pp']}" in text
     assert f"estimated step {base['estimate']['step_time_s']:.4g} s (+0.0% against" in text
     assert "per-layer strategy not expressible" not in text
     with pytest.raises(SpecError) as err:
-        export(result, "megatron", req, of="nope")
+        export(doc, "megatron", req, of="nope")
     assert err.value.problems[0].loc == ("of",) and "megatron" in err.value.problems[0].msg
     assert not result["baselines"]["pure_dp"]["fits"]
     with pytest.raises(SpecError) as err:
-        export(result, "megatron", req, of="pure_dp")
+        export(doc, "megatron", req, of="pure_dp")
     assert "the pure_dp baseline has no plan to export" in err.value.problems[0].msg
 
 
@@ -136,13 +146,14 @@ def test_a_damaged_stored_result_is_a_field_error_not_a_crash(damage: dict[str, 
     req = {"kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 8},
            "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8}, "training": {"global_batch_size": 32}}
     result = solve(req)
-    bad = {**result, "strategy": {**result["strategy"], **damage}}
+    bad = load_result("hybrid", {**result, "strategy": {**result["strategy"], **damage}})
     for fmt in ("megatron", "deepspeed", "torchtitan", "galvatron"):
         with pytest.raises(SpecError) as err:
             export(bad, fmt, req)
         assert loc in [p.loc for p in err.value.problems], (fmt, err.value)
     with pytest.raises(SpecError) as err:  # a baseline stored as null: AttributeError
-        export({**result, "baselines": {**result["baselines"], "megatron": None}}, "megatron", req, of="megatron")
+        export(load_result("hybrid", {**result, "baselines": {**result["baselines"], "megatron": None}}), "megatron",
+               req, of="megatron")
     assert err.value.problems[0].loc == ("of",)
 
 
@@ -154,8 +165,7 @@ def test_deepspeed_config_is_consistent_json() -> None:
     assert cfg["zero_optimization"]["stage"] == 1
     assert any("ZeRO-2 written as ZeRO-1: DeepSpeed's pipeline engine refuses" in n for n in cfg["_paraplan_notes"])
     assert {x.zero for x in deepspeed_run_plan(PLAN).layers} == {1}  # type: ignore[union-attr]
-    flat = json.loads(export({**RESULT, "strategy": replace(PLAN, pp=1, stage_layers=(32,)).to_dict()},
-                             "deepspeed", REQUEST))
+    flat = json.loads(export(_with(RESULT, replace(PLAN, pp=1, stage_layers=(32,))), "deepspeed", REQUEST))
     assert flat["zero_optimization"]["stage"] == 2  # without pipelining the plan's ZeRO stage stands
     # DeepSpeed's partition methods are uniform / parameters / type:regex: a 14 + 18 split is none of them, and the
     # as-run estimate is of what uniform runs
@@ -183,7 +193,7 @@ def test_torchtitan_interleaved_plan_gets_a_model_part_per_virtual_stage() -> No
     looped order), so the 14 + 18 layers split as 7, 9, 7, 9; with one part per rank the schedule would
     not interleave at all."""
     plan = replace(PLAN, schedule="interleaved", virtual_stages=2)
-    doc = tomllib.loads(export({**RESULT, "strategy": plan.to_dict()}, "torchtitan", REQUEST))
+    doc = tomllib.loads(export(_with(RESULT, plan), "torchtitan", REQUEST))
     p = doc["parallelism"]
     assert p["pipeline_parallel_schedule"] == "Interleaved1F1B"
     assert p["pipeline_parallel_split_points"] == ["layers.7", "layers.16", "layers.23"]
@@ -199,7 +209,7 @@ def test_torchtitan_checkpointing_is_the_fastest_setting_it_takes_that_fits(limi
     req: dict[str, Any] = {**REQUEST, "constraints": {"memory_limit_gib": limit_gib}}
     if flash:
         req["cost_model"] = {"kind": "analytic", "calibration": {"flash_attention": True}}
-    result = {**RESULT, "strategy": MIXED.to_dict()}
+    result = _with(RESULT, MIXED)
     scored = []
     for rc in TORCHTITAN_RECOMPUTE:
         est = estimate({**req, "strategy": torchtitan_run_plan(MIXED, None, rc).to_dict()})
@@ -227,7 +237,7 @@ def test_galvatron_config_says_what_galvatron_runs_differently() -> None:
     change and, with the request, estimates the file as Galvatron runs it, as the other exports do."""
     sel = replace(A, zero=1, recompute="selective")
     plan = replace(PLAN, layers=(sel,) * 10 + (replace(B, sp=None),) * 22)
-    result = {**RESULT, "strategy": plan.to_dict()}
+    result = _with(RESULT, plan)
     notes = json.loads(export(result, "galvatron", REQUEST))["_paraplan_notes"]
     assert notes[0].startswith("as Galvatron runs it, estimated step")
     assert "10 of 32 layers: recompute selective written as full (Galvatron checkpoints whole layers)" in notes
@@ -235,7 +245,7 @@ def test_galvatron_config_says_what_galvatron_runs_differently() -> None:
     assert any(n.startswith("22 of 32 layers: sp None written as megatron") for n in notes)
     lossless = replace(PLAN, layers=(replace(A, recompute="none"),) * 32,
                        embedding=EmbeddingStrategy(tp=2, dp=4, zero=3))
-    quiet = json.loads(export({**RESULT, "strategy": lossless.to_dict()}, "galvatron"))
+    quiet = json.loads(export(_with(RESULT, lossless), "galvatron"))
     assert quiet["_paraplan_notes"] == []
 
 
@@ -275,10 +285,10 @@ def test_export_states_what_the_framework_would_run_at(fmt: str, run_plan: Any) 
     req = {"kind": "hybrid", "model": {"preset": "llama3-8b", "num_layers": 8},
            "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
            "training": {"global_batch_size": 64, "seq_length": 8192}, "constraints": {"memory_limit_gib": 40}}
-    result = solve(req)
+    result = load_result("hybrid", solve(req))
     text = export(result, fmt, req)
     first = json.loads(text)["_paraplan_notes"][0] if fmt == "deepspeed" else text.splitlines()[0]
-    est = estimate({**req, "strategy": run_plan(PlanStrategy.from_dict(result["strategy"]), req).to_dict()})
+    est = estimate({**req, "strategy": run_plan(result.plan(), req).to_dict()})
     assert f"estimated step {est['step_time_s']:.4g} s" in first and f"peak {est['peak_memory_gib']:.1f} GiB" in first
     assert ("OVER THE MEMORY LIMIT" in first) == (not est["fits"])
     assert "runs it" not in export(result, fmt)  # without the request there is nothing to estimate with
@@ -305,7 +315,7 @@ def test_moe_plan_exports_its_experts_and_expert_parallelism() -> None:
     moe = LayerStrategy(tp=2, dp=4, sp="megatron", zero=1, ep=4, etp=1)
     plan = PlanStrategy(pp=1, micro_batches=4, layers=(attn, moe, attn, moe), stage_layers=(4,),
                         embedding=EmbeddingStrategy(tp=2, dp=4, zero=1))
-    result = {"strategy": plan.to_dict(), "estimate": estimate({**req, "strategy": plan.to_dict()})}
+    result = hybrid_result(plan, estimate({**req, "strategy": plan.to_dict()}))
     text = export(result, "megatron", req)
     for arg in ("--num-experts 8", "--moe-router-topk 2", "--expert-model-parallel-size 4",
                 "--expert-tensor-parallel-size 1", "--moe-layer-freq '[0,1,0,1]'"):
@@ -327,7 +337,7 @@ def test_experts_keep_the_plans_expert_tp_where_the_framework_changes_the_layers
     uly = LayerStrategy(tp=2, dp=3, sp="ulysses", zero=1)
     plan = PlanStrategy(pp=2, micro_batches=8, layers=(uly, uly, replace(uly, zero=3, ep=2), uly),
                         stage_layers=(2, 2), embedding=EmbeddingStrategy(tp=1, dp=6, zero=3))
-    result = {"strategy": plan.to_dict(), "estimate": estimate({**req, "strategy": plan.to_dict()})}
+    result = hybrid_result(plan, estimate({**req, "strategy": plan.to_dict()}))
     text = export(result, "megatron", req)
     assert "--expert-model-parallel-size 2" in text and "--expert-tensor-parallel-size 1" in text
     assert {(x.ep, x.etp) for x in megatron_run_plan(plan, [True] * 4).layers} == {(2, 1)}
@@ -345,13 +355,13 @@ def test_megatron_arguments_and_their_as_run_estimate_agree_on_sequence_parallel
     plain = LayerStrategy(tp=3, dp=2, zero=1)
     plan = PlanStrategy(pp=1, micro_batches=4, layers=(plain,) * 4, stage_layers=(4,),
                         embedding=EmbeddingStrategy(tp=3, dp=2, zero=1))
-    result = {"strategy": plan.to_dict(), "estimate": estimate({**req, "strategy": plan.to_dict()})}
+    result = hybrid_result(plan, estimate({**req, "strategy": plan.to_dict()}))
     text = export(result, "megatron", req)
     assert "--sequence-parallel" not in text and "+0.0% against the plan" in text.splitlines()[0]
     assert {x.sp for x in megatron_run_plan(plan).layers} == {None}
     uly = replace(plan, layers=(LayerStrategy(tp=2, dp=3, sp="ulysses", zero=1),) * 4,
                   embedding=EmbeddingStrategy(tp=2, dp=3, zero=1))
-    text = export({"strategy": uly.to_dict(), "estimate": result["estimate"]}, "megatron", req)
+    text = export(_with(result, uly), "megatron", req)
     assert "--sequence-parallel" in text and {x.sp for x in megatron_run_plan(uly).layers} == {"megatron"}
 
 
@@ -362,7 +372,7 @@ def test_a_framework_that_cannot_run_the_export_says_so_once() -> None:
            "model": {"name": "t", "num_layers": 4, "hidden_size": 768, "num_attention_heads": 12},
            "training": {"global_batch_size": 6, "seq_length": 1021}}
     est = estimate({**req, "strategy": {"tp": 6, "sp": None}})
-    note = export({"strategy": est["strategy"], "estimate": est}, "torchtitan", req).splitlines()[0]
+    note = export(hybrid_result(est["strategy"], est), "torchtitan", req).splitlines()[0]
     assert note == ("# torchtitan cannot run it as exported: seq_length (1021) is not divisible by the sequence "
                     "split (6)"), note
 
@@ -424,7 +434,7 @@ def test_megatron_exports_pass_megatrons_own_start_up_checks() -> None:
     rng = random.Random(7)
     for _ in range(300):
         plan = _random_plan(rng)
-        text = export({"strategy": plan.to_dict(), "estimate": RESULT["estimate"]}, "megatron")
+        text = export(_with(RESULT, plan), "megatron")
         reason = megatron_refusal(text, len(plan.layers))
         splits = nearest_megatron_splits(plan)
         assert (reason is None) == bool(splits), (plan.stage_layers, plan.virtual_stages, reason, text)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from worker.runtime.plan import from_document
+from worker.runtime.plan import from_document, load_plan
 from worker.runtime.train import run_plan
 
 
@@ -21,7 +21,7 @@ def main() -> None:
     for name, doc in plans.items():
         # No per-plan try/except: an exception on some ranks only would leave the others waiting in a
         # collective. A crash ends the whole launch (torchrun stops every rank) and the test shows stderr.
-        metrics = run_plan(from_document(doc, world_size=dist.get_world_size()), steps, torch.device("cpu"))
+        metrics = run_plan(from_document(*load_plan(doc), world_size=dist.get_world_size()), steps, torch.device("cpu"))
         results[name] = {"loss": metrics["loss"], "notes": metrics["notes"]}
     if dist.get_rank() == 0:
         out.write_text(json.dumps(results))

@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from service.demo import DEMO_REQUESTS
+from tests.contract_json import solve
 from tests.worker.plans import plan_doc
 from worker.api import LeaseLost, Unauthorized, WorkerApi, backoff_delays
 from worker.daemon import EXIT_SERVER_UNAVAILABLE, EXIT_UNAUTHORIZED, Daemon, DaemonConfig
@@ -106,6 +108,22 @@ def test_invalid_plan_fails_the_run_without_launching(tmp_path: Path) -> None:
     assert not any(tmp_path.rglob("plan.json"))  # nothing was launched
 
 
+@pytest.mark.parametrize("kind", ["flexsp", "spindle"])
+def test_a_plan_of_another_kind_fails_the_run_naming_its_kind(tmp_path: Path, kind: str) -> None:
+    """The runtime runs hybrid plans: a FlexSP or Spindle plan (a valid document of its kind) fails its run, not
+    retryable, saying which kind it is, rather than with the hybrid schema's complaints about its fields."""
+    request = DEMO_REQUESTS[kind]
+    doc = {"id": "p1", "kind": kind, "request": request, "result": solve(request)}
+    fake = FakeServer({("POST", "/v1/runs/r1/fail"): [httpx.Response(200, json={})]})
+    daemon = Daemon(DaemonConfig("http://fake", "t", workdir=tmp_path), api=api_for(fake))
+    daemon.worker_id = "w1"
+    daemon.execute({"id": "r1", "plan_id": "p1", "steps": 2, "attempt": 1, "plan": doc})
+    fails = [c[2] for c in fake.calls if c[1] == "/v1/runs/r1/fail"]
+    assert len(fails) == 1 and fails[0]["retryable"] is False
+    assert f"a {kind} plan: the worker runs hybrid plans only" in fails[0]["error"]
+    assert "model" not in fails[0]["error"] and not any(tmp_path.rglob("plan.json"))
+
+
 def _gpu_node(monkeypatch: pytest.MonkeyPatch, gpus: int, total_gib: float) -> None:
     import torch
 
@@ -118,7 +136,7 @@ def _gpu_node(monkeypatch: pytest.MonkeyPatch, gpus: int, total_gib: float) -> N
 def _gpu_plan(peak_gib: float) -> dict[str, Any]:
     doc = plan_doc(dp=4)
     doc["request"]["cluster"]["gpu"] = "A100-80GB"
-    doc["result"]["estimate"] = {"peak_memory_gib": peak_gib}
+    doc["result"]["estimate"]["peak_memory_gib"] = peak_gib
     return doc
 
 

@@ -17,7 +17,7 @@ import torch
 from tests.worker.plans import EQUIVALENCE_PLANS, plan_doc
 from worker.runtime.data import global_batch
 from worker.runtime.model import build_model, lm_loss
-from worker.runtime.plan import from_document
+from worker.runtime.plan import from_document, load_plan
 
 STEPS = 4
 TOL = 2e-4
@@ -26,7 +26,7 @@ TOL = 2e-4
 def reference_losses(doc: dict, steps: int, seed: int = 0, grad_rows: int | None = None) -> list[float]:
     """Single-process losses; ``grad_rows`` trains on only the first rows (what a rank that skipped the
     gradient all-reduce would do) while reporting the full-batch loss."""
-    plan = from_document(doc, world_size=1 if doc["result"]["strategy"] == {} else None)
+    plan = from_document(*load_plan(doc))
     model = build_model(plan.model, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     out = []

@@ -1,4 +1,4 @@
-"""A contract plan (request + hybrid result) mapped to what one node's runtime executes.
+"""A contract plan (request + hybrid result document) mapped to what one node's runtime executes.
 
 The runtime lays ranks out on one device mesh ``pp x dp x tp`` (tp varying fastest, so tensor-parallel
 ranks are neighbours, as in Megatron). Per-layer recompute is honoured layer by layer; per-layer tp/dp/sp/
@@ -13,12 +13,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from solvers.documents import DocumentError, HybridResult, load_result
 from solvers.errors import FieldProblem, SpecError
+from solvers.exports.layout import front_loaded_split
+from solvers.kinds import kind_of
 from solvers.request import HybridRequest, parse
-from solvers.strategy import PlanStrategy
+from solvers.strategy import PlanStrategy, Schedule
 from worker.runtime.model import ModelConfig
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class RuntimePlan:
     zero: int = 0
     recompute: tuple[str, ...] = ()  # per layer: "none" | "selective" | "full"
     micro_batches: int = 1
-    schedule: str = "1f1b"
+    schedule: Schedule = "1f1b"
     virtual_stages: int = 1
     stage_layers: tuple[int, ...] = ()
     precision: str = "bf16"
@@ -76,54 +77,59 @@ def _dominant(values: list[Any]) -> tuple[Any, bool]:
     return winner, len(counts) > 1
 
 
-def _stage_split(num_layers: int, chunks: int) -> tuple[int, ...]:
-    base, extra = divmod(num_layers, chunks)
-    return tuple(base + (1 if i < extra else 0) for i in range(chunks))
-
-
-def from_document(plan: dict[str, Any], world_size: int | None = None) -> RuntimePlan:
-    """Map ``{"request": ..., "result": {"strategy": ...}}`` to a RuntimePlan; SpecError names bad fields.
-
-    ``world_size`` is the number of processes this node will start (default: the request's cluster)."""
-    if not isinstance(plan, dict) or not isinstance(plan.get("request"), dict):
+def load_plan(doc: Any) -> tuple[HybridRequest, HybridResult | None]:
+    """A plan document as the server sends it (``{"kind", "request", "result"}``: ``GET /v1/plans/{id}``, or the
+    plan of a claimed run) read into its request and typed result (None where it has none); SpecError names the
+    bad field, or the kind where the runtime cannot run the plan."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("request"), dict):
         raise SpecError.at(("request",), "a plan needs its request object")
     try:
-        request = parse(HybridRequest, plan["request"])
+        kind = kind_of(doc["request"])
     except SpecError as err:
-        raise SpecError([FieldProblem(("request", *p.loc), p.msg) for p in err.problems]) from None
-    result = plan.get("result") or {}
-    raw = result.get("strategy") if isinstance(result, dict) else None
-    if raw is None:
-        raw = request.strategy
-    if not isinstance(raw, dict):
-        raise SpecError.at(("result", "strategy"), "a plan needs a strategy (the hybrid result's 'strategy')")
-    strategy = _strategy(raw, request)
-    return _runtime_plan(request, strategy, world_size)
-
-
-def _strategy(raw: dict[str, Any], request: HybridRequest) -> PlanStrategy:
-    """Accept the full per-layer strategy, or the contract's uniform shorthand (``{"tp": 2, "pp": 2, ...}``)."""
-    loc = ("result", "strategy")
+        raise err.under("request") from None
+    if kind != "hybrid":  # its result would load, but it has no pipeline to map onto a mesh
+        raise SpecError.at(("kind",), f"a {kind} plan: the worker runs hybrid plans only ({kind} plans cannot be "
+                                      "run yet)")
     try:
-        if "layers" in raw:
-            return PlanStrategy.from_dict(raw)
-        pp = int(raw.get("pp", 1))
-        layer = {k: raw[k] for k in ("tp", "dp", "cp", "sp", "zero", "recompute") if k in raw}
-        if "micro_batches" in raw:
-            micro = int(raw["micro_batches"])
-        elif "micro_batch_size" in raw:
-            dp = int(raw.get("dp", 1))
-            micro = max(1, request.training.global_batch_size // (dp * int(raw["micro_batch_size"])))
-        else:
-            micro = pp
-        return PlanStrategy.from_dict({
-            "pp": pp, "micro_batches": micro, "schedule": raw.get("schedule", "1f1b"),
-            "virtual_stages": raw.get("virtual_stages", 1),
-            "stage_layers": list(_stage_split(request.model.num_layers, pp)),
-            "layers": [layer] * request.model.num_layers,
-        })
-    except (KeyError, TypeError, ValueError) as err:
-        raise SpecError.at(loc, f"invalid strategy: {err}") from None
+        request: HybridRequest = parse(HybridRequest, doc["request"])
+    except SpecError as err:
+        raise err.under("request") from None
+    if doc.get("result") is None:
+        return request, None
+    try:
+        result = load_result(kind, doc["result"])
+    except DocumentError as err:
+        raise SpecError.at(("result",), str(err)) from None
+    assert isinstance(result, HybridResult)  # load_result checks that the document is of ``kind``
+    return request, result
+
+
+def plan_of(request: HybridRequest, result: HybridResult | None) -> PlanStrategy:
+    """The plan to run: the result's; without a result, the request's own strategy, read as the cost model
+    reads it for an estimate (so that what runs is what was priced)."""
+    if result is not None:
+        try:
+            return result.plan()
+        except ValueError as err:  # stage_layers that do not match pp or the layers
+            raise SpecError.at(("result", "strategy"), f"invalid strategy: {err}") from None
+    if request.strategy is None:
+        raise SpecError.at(("result", "strategy"), "a plan needs a strategy (the hybrid result's 'strategy')")
+    from solvers.cost_model.api import plan_of_request
+
+    try:
+        return plan_of_request(request)
+    except SpecError as err:
+        raise err.under("request") from None
+
+
+def from_document(request: HybridRequest, result: HybridResult | PlanStrategy | None,
+                  world_size: int | None = None) -> RuntimePlan:
+    """Map a plan (its parsed request and its result, or a plan itself) to a RuntimePlan; SpecError names bad
+    fields.
+
+    ``world_size`` is the number of processes this node will start (default: the request's cluster)."""
+    plan = result if isinstance(result, PlanStrategy) else plan_of(request, result)
+    return _runtime_plan(request, plan, world_size)
 
 
 def _runtime_plan(request: HybridRequest, strategy: PlanStrategy, world_size: int | None) -> RuntimePlan:
@@ -176,8 +182,6 @@ def _runtime_plan(request: HybridRequest, strategy: PlanStrategy, world_size: in
             problems.append(FieldProblem(("request", "training", "seq_length"),
                                          f"{training.seq_length} is not divisible by the sequence split {tp}"))
     schedule, virtual = strategy.schedule, strategy.virtual_stages
-    if schedule not in SCHEDULES:
-        problems.append(FieldProblem((*loc, "schedule"), f"unknown schedule {schedule!r}"))
     stage_layers = strategy.stage_layers
     if strategy.pp > 1 and schedule == "interleaved":
         virtual = max(2, virtual)
@@ -185,7 +189,7 @@ def _runtime_plan(request: HybridRequest, strategy: PlanStrategy, world_size: in
             problems.append(FieldProblem((*loc, "micro_batches"), "interleaved 1F1B needs a multiple of pp"))
         if model.num_layers < strategy.pp * virtual:
             problems.append(FieldProblem((*loc, "virtual_stages"), "fewer layers than virtual stages"))
-        stage_layers = _stage_split(model.num_layers, strategy.pp * virtual)
+        stage_layers = front_loaded_split(model.num_layers, strategy.pp * virtual)
         notes.append(f"interleaved: layers split evenly into {strategy.pp * virtual} virtual stages")
     elif strategy.pp > 1 and any(n == 0 for n in stage_layers):
         problems.append(FieldProblem((*loc, "stage_layers"), "every pipeline stage needs at least one layer"))

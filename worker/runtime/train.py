@@ -18,26 +18,26 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from solvers.documents import HybridResult
 from solvers.errors import SpecError
+from solvers.request import HybridRequest
 from worker.runtime.data import global_batch
 from worker.runtime.metrics import peak_memory_gib, summarize
 from worker.runtime.parallelize import parallelize
-from worker.runtime.plan import RuntimePlan, from_document
+from worker.runtime.plan import RuntimePlan, from_document, load_plan
 
 EXIT_INVALID_PLAN = 2
 StepCallback = Callable[[int, float, float], None]
 
 
-def pick_device(plan_doc: dict[str, Any]) -> torch.device:
-    cluster = (plan_doc.get("request") or {}).get("cluster") or {}
-    gpu = cluster.get("gpu")
-    name = gpu.get("name") if isinstance(gpu, dict) else gpu
-    if str(name).lower() != "cpu" and torch.cuda.is_available():
+def pick_device(request: HybridRequest | None) -> torch.device:
+    """This rank's GPU for a GPU plan on a node that has them; else the CPU (also for a plan that did not load,
+    whose ranks only report why)."""
+    if request is not None and request.cluster.gpu.name.lower() != "cpu" and torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
@@ -106,12 +106,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args(argv)
     exit_with_launcher()
-    doc = json.loads(args.plan.read_text())
-    device = pick_device(doc)
+    loaded: tuple[HybridRequest, HybridResult | None] | SpecError
+    try:
+        loaded = load_plan(json.loads(args.plan.read_text()))
+    except SpecError as err:  # reported once the process group is up, by rank 0
+        loaded = err
+    device = pick_device(None if isinstance(loaded, SpecError) else loaded[0])
     init_distributed(device)
     rank = dist.get_rank()
     try:
-        plan = from_document(doc, world_size=dist.get_world_size())
+        if isinstance(loaded, SpecError):
+            raise loaded
+        plan = from_document(*loaded, world_size=dist.get_world_size())
     except SpecError as err:
         if rank == 0:
             args.out.write_text(json.dumps({"error": str(err), "problems": err.as_detail()}))
