@@ -98,7 +98,7 @@ def test_request_to_plan_to_export_over_http(live_server: LiveServer, db: Databa
                           "--json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     with db.reading() as s:
-        assert json.loads(out.stdout) == plans.get_plan(s, answers[0][1])["result"]
+        assert json.loads(out.stdout) == plans.get_plan(s, answers[0][1])["result"].to_json()
 
 
 def test_all_three_kinds_are_served() -> None:
@@ -149,7 +149,7 @@ def test_sigkilled_dispatcher_job_is_released_and_completes(database_url: str, d
         view = plans.get_plan(s, plan_id)
         job = s.execute(select(Job).where(Job.plan_id == plan_id)).scalar_one()
     assert view["status"] == "succeeded" and view["attempts"] == 2 and f":{second.pid}:" in job.lease_owner
-    assert view["result"]["estimate"]["iteration_time_s"] > 0
+    assert view["result"].to_json()["estimate"]["iteration_time_s"] > 0
     # the killed dispatcher's forkserver and solver child did not outlive it
     wait_for(lambda: not _group_alive(first.pid), 15, "the killed dispatcher's children to exit")
 
