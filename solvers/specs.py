@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from solvers.errors import SpecError
+from solvers.strategy import Schedule
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 MlpKind = Literal["gelu", "swiglu"]
@@ -264,7 +265,7 @@ class Constraints(_Spec):
     max_tp: int | None = Field(default=None, gt=0)
     max_pp: int | None = Field(default=None, gt=0)
     max_cp: int | None = Field(default=None, gt=0)
-    schedule: Literal["gpipe", "1f1b", "interleaved"] | None = None
+    schedule: Schedule | None = None
     # interleaved 1F1B: model chunks per GPU tried, 2..this (unset: 2; 1: no interleaving). More chunks shrink
     # the bubble of deep pipelines (Llama 3 405B ran 16 stages) and cost search time and p2p.
     max_virtual_stages: int | None = Field(default=None, gt=0)

@@ -17,11 +17,14 @@ Conventions (fixed by ``../shared/contract/plan-api.md``, extended here):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 SpKind = Literal["megatron", "ulysses"] | None
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["gpipe", "1f1b", "interleaved"]
+SP_KINDS: tuple[SpKind, ...] = (None, "megatron", "ulysses")
+RECOMPUTE_MODES: tuple[Recompute, ...] = get_args(Recompute)
+SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 
 
 @dataclass(frozen=True, slots=True)

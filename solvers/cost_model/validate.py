@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from solvers.errors import FieldProblem, shown
 from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
-from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
+from solvers.strategy import RECOMPUTE_MODES, SCHEDULES, SP_KINDS, EmbeddingStrategy, LayerStrategy, PlanStrategy
 
 Loc = tuple[str | int, ...]
-_SP = (None, "megatron", "ulysses")
-_RECOMPUTE = ("none", "selective", "full")
 _LAYER_DEGREES = ("tp", "dp", "cp", "ep", "zero")
-_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 def _non_integers(x: LayerStrategy | EmbeddingStrategy, fields: tuple[str, ...], loc: Loc) -> list[FieldProblem]:
@@ -21,7 +18,7 @@ def _non_integers(x: LayerStrategy | EmbeddingStrategy, fields: tuple[str, ...],
 
 def _bad_sp_and_zero(x: LayerStrategy | EmbeddingStrategy, loc: Loc) -> list[FieldProblem]:
     out = []
-    if x.sp not in _SP:
+    if x.sp not in SP_KINDS:
         out.append(FieldProblem((*loc, "sp"), f"must be null, 'megatron' or 'ulysses', got {shown(x.sp)}"))
     if x.zero > 3:
         out.append(FieldProblem((*loc, "zero"), f"ZeRO stage must be 0..3, got {x.zero}"))
@@ -31,9 +28,9 @@ def _bad_sp_and_zero(x: LayerStrategy | EmbeddingStrategy, loc: Loc) -> list[Fie
 def _layer_kinds(x: LayerStrategy, loc: Loc) -> list[FieldProblem]:
     """A layer's SP kind, ZeRO stage and recomputation, checked whatever model and cluster it is for."""
     out = _bad_sp_and_zero(x, loc)
-    if x.recompute not in _RECOMPUTE:
+    if x.recompute not in RECOMPUTE_MODES:
         out.append(FieldProblem((*loc, "recompute"),
-                                f"must be one of {', '.join(_RECOMPUTE)}, got {shown(x.recompute)}"))
+                                f"must be one of {', '.join(RECOMPUTE_MODES)}, got {shown(x.recompute)}"))
     if not isinstance(x.lsh, bool):  # ("y" or [1] crashed the cost model's candidate arrays: an HTTP 500)
         out.append(FieldProblem((*loc, "lsh"), f"must be true or false, got {shown(x.lsh)}"))
     return out
@@ -89,8 +86,8 @@ def check_structure(plan: PlanStrategy, loc: Loc = ("strategy",)) -> list[FieldP
     out = [FieldProblem((*loc, f), f"must be at least 1, got {shown(v)}")
            for f in ("pp", "micro_batches", "virtual_stages")
            if not isinstance(v := getattr(plan, f), int) or isinstance(v, bool) or v < 1]
-    if plan.schedule not in _SCHEDULES:
-        out.append(FieldProblem((*loc, "schedule"), f"must be one of {', '.join(_SCHEDULES)}"))
+    if plan.schedule not in SCHEDULES:
+        out.append(FieldProblem((*loc, "schedule"), f"must be one of {', '.join(SCHEDULES)}"))
     for i, x in enumerate(plan.layers):
         at = (*loc, "layers", i)
         out.extend(_non_integers(x, _LAYER_DEGREES, at) or _layer_kinds(x, at))
@@ -111,8 +108,8 @@ def check_plan(plan: PlanStrategy, model: ModelSpec, cluster: ClusterSpec, train
         return [FieldProblem((*loc, "layers"), f"{len(plan.layers)} layer strategies for {model.num_layers} layers")]
     if any(k < 1 for k in plan.stage_layers):
         out.append(FieldProblem((*loc, "stage_layers"), "every pipeline stage needs at least one layer"))
-    if plan.schedule not in _SCHEDULES:
-        out.append(FieldProblem((*loc, "schedule"), f"must be one of {', '.join(_SCHEDULES)}"))
+    if plan.schedule not in SCHEDULES:
+        out.append(FieldProblem((*loc, "schedule"), f"must be one of {', '.join(SCHEDULES)}"))
     if plan.micro_batches < 1 or training.global_batch_size % plan.micro_batches:
         out.append(FieldProblem((*loc, "micro_batches"), f"{plan.micro_batches} micro-batches do not divide the "
                                 f"global batch of {training.global_batch_size}"))

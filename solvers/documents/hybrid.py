@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from solvers.documents.base import Document, ResultDocument
-from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute, Schedule
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute, Schedule, SpKind
 
 BaselineName = Literal["megatron", "zero3_dp", "pure_dp"]
 BASELINE_NAMES: tuple[BaselineName, ...] = ("megatron", "zero3_dp", "pure_dp")
@@ -20,7 +20,7 @@ class LayerDoc(Document):
     tp: int = 1
     dp: int = 1
     cp: int = 1
-    sp: Literal["megatron", "ulysses"] | None = None
+    sp: SpKind = None
     zero: int = 0
     recompute: Recompute = "none"
     ep: int = 1
@@ -32,7 +32,7 @@ class EmbeddingDoc(Document):
     tp: int = 1
     dp: int = 1
     zero: int = 0
-    sp: Literal["megatron", "ulysses"] | None = None
+    sp: SpKind = None
 
 
 class StrategyDoc(Document):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 from solvers.cost_model.validate import check_structure
-from solvers.documents.hybrid import BaselineDoc, HybridEstimate, HybridResult, StrategyDoc
+from solvers.documents.hybrid import BaselineDoc, BaselineName, HybridEstimate, HybridResult, StrategyDoc
 from solvers.errors import SpecError
 from solvers.exports import deepspeed, galvatron, megatron, torchtitan
 from solvers.exports.exporter import Exporter
@@ -26,7 +26,7 @@ from solvers.exports.inputs import ExportInput, Request, UniformPlan
 from solvers.request import HybridRequest, parse
 
 ExportFormat = Literal["megatron", "deepspeed", "torchtitan", "galvatron"]
-ExportOf = Literal["plan", "megatron", "zero3_dp", "pure_dp"]  # the plan, or one of its baselines
+ExportOf = Literal["plan", BaselineName]  # the plan, or one of its baselines
 FORMATS: tuple[ExportFormat, ...] = get_args(ExportFormat)
 EXPORT_OF: tuple[ExportOf, ...] = get_args(ExportOf)
 EXPORTERS: dict[str, Exporter] = {

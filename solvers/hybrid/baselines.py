@@ -166,7 +166,7 @@ def megatron(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable],
 
 
 def zero3_dp(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable]) -> Baseline | None:
-    strategies = _dp_strategies(space.num_gpus, 3, ("none", "selective", "full"))
+    strategies = _dp_strategies(space.num_gpus, 3, ALL_RECOMPUTE)
     return best_uniform(cm, space, kinds, _single_stage(space), strategies, "zero3_dp")
 
 

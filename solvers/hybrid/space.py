@@ -14,10 +14,19 @@ from typing import Literal, cast
 from solvers.errors import SpecError
 from solvers.hybrid.moe import with_expert_layouts
 from solvers.request import HybridRequest
-from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute, Schedule, SpKind
+from solvers.strategy import (
+    RECOMPUTE_MODES,
+    SP_KINDS,
+    EmbeddingStrategy,
+    LayerStrategy,
+    PlanStrategy,
+    Recompute,
+    Schedule,
+    SpKind,
+)
 
-ALL_SP: tuple[SpKind, ...] = (None, "megatron", "ulysses")
-ALL_RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
+ALL_SP: tuple[SpKind, ...] = SP_KINDS
+ALL_RECOMPUTE: tuple[Recompute, ...] = RECOMPUTE_MODES
 
 
 def divisors(n: int) -> list[int]:
