@@ -17,6 +17,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
+from service.context import ServiceContext
 from service.errors import DomainError, Unauthorized, http_status
 from service.ui import data, flexsp_view, hybrid_view, plan_form, run_view, spindle_view
 from service.ui import format as fmt
@@ -199,6 +200,8 @@ def static_file(path: str) -> Response:
     return FileResponse(target, headers={"Cache-Control": "public, max-age=3600"})
 
 
-def mount_ui(app: FastAPI) -> None:
-    """Add the dashboard to an app that has ``app.state.db``."""
+def mount_ui(app: FastAPI, ctx: ServiceContext) -> None:
+    """Add the dashboard to ``app``; its pages reach settings, database and token cache through ``ctx`` (kept as
+    ``app.state.ctx``, where the API's routes find the same one)."""
+    app.state.ctx = ctx
     app.include_router(router)
