@@ -22,9 +22,10 @@ from service.errors import DomainError, Unauthorized, http_status
 from service.ui import data, flexsp_view, hybrid_view, plan_form, run_view, spindle_view
 from service.ui import format as fmt
 from service.ui.request_info import as_map, batch_label, cluster_label, headline, model_label
-from solvers.documents import STATUSES, TERMINAL
+from solvers.documents import DEFAULT_KIND, PLAN_KINDS, STATUSES, TERMINAL
 from solvers.errors import SpecError
 from solvers.exports import FORMATS
+from solvers.kinds import available_kinds
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
@@ -72,17 +73,17 @@ def plans_page(request: Request, kind: str | None = None, status: str | None = N
                      "model": item.get("model") or model_label(req), "cluster": item.get("cluster")
                      or cluster_label(req)})
     return _page(request, "plans.html", {"rows": rows, "next_cursor": page.get("next_cursor"), "kind": kind or "",
-                                         "status": status or "", "kinds": plan_form.KINDS, "limit": limit,
+                                         "status": status or "", "kinds": PLAN_KINDS, "limit": limit,
                                          "statuses": STATUSES}, started)
 
 
 def _form_context(inp: plan_form.FormInput) -> dict[str, Any]:
-    return {"form": inp, "kinds": plan_form.KINDS, "models": plan_form.model_choices(),
+    return {"form": inp, "kinds": available_kinds(), "models": plan_form.model_choices(),
             "gpus": plan_form.gpu_choices(), "workloads": list(plan_form.spindle_workloads())}
 
 
 @router.get("/plans/new", response_class=HTMLResponse)
-def new_plan_form(request: Request, kind: str = "hybrid") -> Response:
+def new_plan_form(request: Request, kind: str = DEFAULT_KIND) -> Response:
     started = time.perf_counter()
     return _page(request, "new_plan.html", _form_context(plan_form.FormInput(kind=kind)), started)
 
