@@ -65,8 +65,9 @@ def batch_label(request: Mapping[str, Any]) -> str:
 
 
 def headline(kind: str, estimate: Mapping[str, Any] | None) -> dict[str, float | None]:
-    """Step time, throughput (samples/s) and MFU of a result's estimate, whatever the kind."""
-    est = as_map(estimate)
+    """Step time, throughput (samples/s) and MFU of a plan's stored estimate (None until it is solved), whatever
+    the kind."""
+    est = estimate or {}
     step = fmt.as_float(est.get("step_time_s"))
     if step is None:
         step = fmt.as_float(est.get("iteration_time_s"))

@@ -8,9 +8,8 @@ CSS, script and vendored Chart.js. Each page reports its server time in a ``Serv
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -21,8 +20,17 @@ from service.context import ServiceContext
 from service.errors import DomainError, Unauthorized, http_status
 from service.ui import data, flexsp_view, hybrid_view, plan_form, run_view, spindle_view
 from service.ui import format as fmt
-from service.ui.request_info import as_map, batch_label, cluster_label, headline, model_label
-from solvers.documents import DEFAULT_KIND, PLAN_KINDS, STATUSES, TERMINAL
+from service.ui.request_info import batch_label, cluster_label, headline, model_label
+from solvers.documents import (
+    DEFAULT_KIND,
+    PLAN_KINDS,
+    STATUSES,
+    TERMINAL,
+    FlexSPResult,
+    HybridResult,
+    PlanResult,
+    SpindleResult,
+)
 from solvers.errors import SpecError
 from solvers.exports import FORMATS
 from solvers.kinds import available_kinds
@@ -38,11 +46,17 @@ templates.env.globals.update(TERMINAL=TERMINAL)
 
 router = APIRouter(include_in_schema=False)
 
-_VIEWS: dict[str, tuple[str, Callable[[Mapping[str, Any], Mapping[str, Any]], Any]]] = {
-    "hybrid": ("plan_hybrid.html", hybrid_view.build),
-    "flexsp": ("plan_flexsp.html", flexsp_view.build),
-    "spindle": ("plan_spindle.html", spindle_view.build),
-}
+
+
+def _plan_view(request: dict[str, Any], result: PlanResult) -> tuple[str, Any]:
+    """The page of a solved plan: its kind's template and what it shows."""
+    if isinstance(result, HybridResult):
+        return "plan_hybrid.html", hybrid_view.build(request, result)
+    if isinstance(result, FlexSPResult):
+        return "plan_flexsp.html", flexsp_view.build(request, result)
+    if isinstance(result, SpindleResult):
+        return "plan_spindle.html", spindle_view.build(request, result)
+    assert_never(result)
 
 
 def _page(request: Request, template: str, context: dict[str, Any], started: float, status: int = 200) -> Response:
@@ -66,12 +80,8 @@ def plans_page(request: Request, kind: str | None = None, status: str | None = N
         page = data.list_plans(request, kind=kind or None, status=status or None, cursor=cursor or None, limit=limit)
     except (DomainError, SpecError) as err:
         return _error_page(request, err, started)
-    rows = []
-    for item in page["items"]:
-        req = as_map(item.get("request"))
-        rows.append({**item, **headline(item.get("kind", ""), item.get("estimate")),
-                     "model": item.get("model") or model_label(req), "cluster": item.get("cluster")
-                     or cluster_label(req)})
+    rows = [{**item, **headline(item["kind"], item["estimate"]), "model": model_label(item["request"]),
+             "cluster": cluster_label(item["request"])} for item in page["items"]]
     return _page(request, "plans.html", {"rows": rows, "next_cursor": page.get("next_cursor"), "kind": kind or "",
                                          "status": status or "", "kinds": PLAN_KINDS, "limit": limit,
                                          "statuses": STATUSES}, started)
@@ -125,22 +135,18 @@ def plan_page(request: Request, plan_id: str) -> Response:
         plan_runs = data.runs_of_plan(request, plan_id, caller)
     except (DomainError, SpecError) as err:
         return _error_page(request, err, started)
-    req = as_map(plan.get("request"))
-    result = plan["result"].to_json() if plan["result"] is not None else None  # TODO(#30): views read the document
-    plan = {**plan, "result": result}
-    kind = str(plan.get("kind") or "")
+    req: dict[str, Any] = plan["request"]
+    result: PlanResult | None = plan["result"]
+    megatron = result.baselines.get("megatron") if isinstance(result, HybridResult) else None
     context: dict[str, Any] = {
         "plan": plan, "request_doc": req, "model": model_label(req), "cluster": cluster_label(req),
-        "batch": batch_label(req), "runs": plan_runs, "exports": FORMATS if kind == "hybrid" else (),
-        "headline": headline(kind, (result or {}).get("estimate")),
+        "batch": batch_label(req), "runs": plan_runs, "exports": FORMATS if plan["kind"] == "hybrid" else (),
         # the best uniform plan exports as it is: what a Megatron-LM user can launch unchanged
-        "megatron_baseline": kind == "hybrid" and bool(as_map(as_map((result or {}).get("baselines")).get(
-            "megatron")).get("strategy")),
+        "megatron_baseline": megatron is not None and megatron.strategy is not None,
     }
     template = "plan_pending.html"
-    if plan.get("status") == "succeeded" and result is not None and kind in _VIEWS:
-        template, build = _VIEWS[kind]
-        context["view"] = build(req, result)
+    if plan["status"] == "succeeded" and result is not None:
+        template, context["view"] = _plan_view(req, result)
     return _page(request, template, context, started)
 
 
