@@ -226,7 +226,7 @@ def _stages(strategy: StrategyDoc, estimate: HybridEstimate) -> list[Stage]:
     out, first = [], 0
     for s, count in enumerate(strategy.stage_layers):
         out.append(Stage(s, first, first + count - 1, times[s] if s < len(times) else None,
-                         mems[s] if s < len(mems) else None, dict(parts[s]) if s < len(parts) else {}))
+                         mems[s] if s < len(mems) else None, parts[s] if s < len(parts) else {}))
         first += count
     return out
 
