@@ -82,7 +82,7 @@ def plans_page(request: Request, kind: str | None = None, status: str | None = N
         return _error_page(request, err, started)
     rows = [{**item, **headline(item["kind"], item["estimate"]), "model": model_label(item["request"]),
              "cluster": cluster_label(item["request"])} for item in page["items"]]
-    return _page(request, "plans.html", {"rows": rows, "next_cursor": page.get("next_cursor"), "kind": kind or "",
+    return _page(request, "plans.html", {"rows": rows, "next_cursor": page["next_cursor"], "kind": kind or "",
                                          "status": status or "", "kinds": PLAN_KINDS, "limit": limit,
                                          "statuses": STATUSES}, started)
 
