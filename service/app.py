@@ -4,15 +4,12 @@ Layering: pydantic schemas (``service.schemas``) → service functions that take
 errors (``service.plans``, ``runs``, ``workers``, ``profiles``, ``tokens``) → thin routes
 (``service.routes``). ``service.errors.HTTP_STATUS`` is the one table from errors to HTTP statuses.
 
-The dashboard lives in ``service.ui`` (owned separately): when that package is importable, its
-``mount_ui(app)`` is called, or else its ``router`` is included. It reaches the database through
-``app.state.ctx`` (a ``ServiceContext``; also ``app.state.db``, ``.settings``, ``.token_cache``) and reuses the
-service functions.
+The dashboard (``service.ui``) is mounted with the app's ``ServiceContext``, through which it reaches the
+settings, the database and the token cache, and reuses the service functions.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,6 +30,7 @@ from service.routes import ops, plans, profiles, runs
 from service.schemas import ErrorOut
 from service.settings import Settings, get_settings
 from service.tokens import TokenCache
+from service.ui import mount_ui
 
 log = logging.getLogger("paraplan.service")
 # Documented on every API operation so that clients (and schema checks) know each error's shape.
@@ -51,20 +49,6 @@ async def _domain_error(_: Request, err: Exception) -> JSONResponse:
     if status >= 500:
         log.warning("%s: %s", type(err).__name__, err)
     return JSONResponse(http_body(err, status), status_code=status, headers=headers)
-
-
-def _mount_ui(app: FastAPI) -> None:
-    try:
-        ui = importlib.import_module("service.ui")
-    except ModuleNotFoundError as err:
-        if err.name not in ("service.ui", "service"):
-            raise
-        return
-    mount = getattr(ui, "mount_ui", None) or getattr(ui, "mount", None)
-    if callable(mount):
-        mount(app)
-    elif getattr(ui, "router", None) is not None:
-        app.include_router(ui.router)
 
 
 def create_app(settings: Settings | None = None, database: Database | None = None) -> FastAPI:
@@ -100,7 +84,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
                               "hybrid / FlexSP / Spindle plan; have workers execute it. Authorization: "
                               "`Bearer <token>` (see `paraplan token create`).")
     app.state.ctx = ctx
-    # Also exposed one by one for the dashboard (service.ui).
+    # the same objects one by one, for callers that reach into the app (tests adjust settings this way)
     app.state.settings, app.state.db, app.state.token_cache = settings, db, ctx.tokens
     for cls, _status in HTTP_STATUS:
         app.add_exception_handler(cls, _domain_error)
@@ -108,7 +92,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     app.include_router(ops.router)
     for router in (plans.router, runs.router, profiles.router):
         app.include_router(router, responses=ERROR_RESPONSES)
-    _mount_ui(app)
+    mount_ui(app, ctx)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=ctx.metrics)
     return app

@@ -9,21 +9,34 @@ from typing import Any
 
 from service.ui import format as fmt
 from service.ui.charts import Chart, bars, stacked_bars
-from service.ui.request_info import as_map, cluster_size
+from service.ui.request_info import cluster_size
 from service.ui.svg import Svg, colour, text_colour
+from solvers.documents import FlexSPResult
+from solvers.documents.flexsp import FlexSPBreakdown, MicroBatchDoc
 
 MAX_TOOLTIP_LENGTHS = 40
 
 
 @dataclass
+class MicroBatchRow:
+    index: int
+    time_s: float
+    groups: int
+    sizes: list[int]  # SP degree of each group
+    tokens: int
+    sequences: int
+    breakdown_s: dict[str, float]
+
+
+@dataclass
 class FlexspView:
-    step_time_s: float | None
-    lower_bound_s: float | None
+    step_time_s: float
+    lower_bound_s: float
     num_ranks: int
     num_sequences: int
     groups_svg: str | None = None
     sp_legend: list[tuple[str, str]] = field(default_factory=list)
-    micro_batches: list[dict[str, Any]] = field(default_factory=list)
+    micro_batches: list[MicroBatchRow] = field(default_factory=list)
     histogram: Chart | None = None
     baseline_chart: Chart | None = None
     baselines: list[tuple[str, float, float | None]] = field(default_factory=list)  # name, step s, plan gain
@@ -32,19 +45,24 @@ class FlexspView:
 
 
 def _lengths(request: Mapping[str, Any]) -> list[int]:
-    batch = request.get("batch")
-    raw = batch.get("sequence_lengths") if isinstance(batch, Mapping) else None
-    return [int(x) for x in raw] if isinstance(raw, list) else []
+    # the solver planned this request, so it passed FlexSPRequest's checks: a list of positive token counts
+    lengths: list[int] = request["batch"]["sequence_lengths"]
+    return lengths
 
 
-def num_ranks(request: Mapping[str, Any], micro_batches: Sequence[Mapping[str, Any]]) -> int:
+def num_ranks(request: Mapping[str, Any], micro_batches: Sequence[MicroBatchDoc]) -> int:
     n = cluster_size(request)
-    top = max((int(g["ranks"][1]) + 1 for mb in micro_batches for g in mb.get("groups", [])
-               if isinstance(g.get("ranks"), list) and len(g["ranks"]) == 2), default=0)
+    top = max((g.ranks[1] + 1 for mb in micro_batches for g in mb.groups), default=0)
     return max(n, top)
 
 
-def groups_svg(micro_batches: Sequence[Mapping[str, Any]], lengths: Sequence[int], ranks: int,
+def _parts(breakdown: FlexSPBreakdown | None) -> dict[str, float]:
+    if breakdown is None:
+        return {}
+    return {"compute": breakdown.compute, "alltoall": breakdown.alltoall, "fixed": breakdown.fixed}
+
+
+def groups_svg(micro_batches: Sequence[MicroBatchDoc], lengths: Sequence[int], ranks: int,
                sp_colour: Mapping[int, str]) -> str:
     """One row per micro-batch; each SP group is a block over its contiguous ranks, labelled with its load."""
     left, top, row_h, width = 92.0, 18.0, 26.0, 1000.0
@@ -54,20 +72,17 @@ def groups_svg(micro_batches: Sequence[Mapping[str, Any]], lengths: Sequence[int
         svg.text(left + r * per_rank, 12, str(r), size=9, anchor="middle")
     for i, mb in enumerate(micro_batches):
         y = top + i * row_h
-        svg.text(left - 6, y + row_h * 0.62, f"µbatch {i} · {fmt.seconds(mb.get('time_s'))}", size=10, anchor="end")
-        for g in mb.get("groups", []):
-            rng = g.get("ranks")
-            if not (isinstance(rng, list) and len(rng) == 2):
-                continue
-            a, b = int(rng[0]), int(rng[1])
-            seqs = [int(s) for s in g.get("sequences", [])]
-            lens = [lengths[s] for s in seqs if 0 <= s < len(lengths)]
-            sp = int(g.get("sp", b - a + 1))
+        svg.text(left - 6, y + row_h * 0.62, f"µbatch {i} · {fmt.seconds(mb.time_s)}", size=10, anchor="end")
+        for g in mb.groups:
+            a, b = g.ranks
+            seqs = g.sequences
+            lens = [lengths[s] for s in seqs]
+            sp = g.sp
             fill = sp_colour.get(sp, "#999")
             shown = ", ".join(str(x) for x in sorted(lens, reverse=True)[:MAX_TOOLTIP_LENGTHS])
             more = f" … (+{len(lens) - MAX_TOOLTIP_LENGTHS})" if len(lens) > MAX_TOOLTIP_LENGTHS else ""
             tip = (f"micro-batch {i}, SP{sp} on ranks {a}–{b}: {len(seqs)} sequences, {sum(lens):,} tokens"
-                   + (f", {fmt.seconds(g['time_s'])}" if fmt.as_float(g.get("time_s")) is not None else "")
+                   + (f", {fmt.seconds(g.time_s)}" if g.time_s is not None else "")
                    + (f"; lengths {shown}{more}" if lens else ""))
             x, w = left + a * per_rank, (b - a + 1) * per_rank
             svg.rect(x, y, w, row_h - 4, fill, stroke="#fff", title=tip, data={"sp": str(sp)})
@@ -98,49 +113,37 @@ def length_histogram(lengths: Sequence[int], sp_of_sequence: Mapping[int, int], 
     return chart
 
 
-def build(request: Mapping[str, Any], result: Mapping[str, Any]) -> FlexspView:
-    est = as_map(result.get("estimate"))
-    mbs = [mb for mb in result.get("micro_batches") or [] if isinstance(mb, Mapping)]
+def build(request: Mapping[str, Any], result: FlexSPResult) -> FlexspView:
+    mbs = result.micro_batches
     lengths = _lengths(request)
     ranks = num_ranks(request, mbs)
-    step = fmt.as_float(est.get("step_time_s"))
-    view = FlexspView(step, fmt.as_float(result.get("lower_bound_s")), ranks, len(lengths))
-    degrees = sorted({int(g.get("sp", 1)) for mb in mbs for g in mb.get("groups", [])})
+    step = result.estimate.step_time_s
+    view = FlexspView(step, result.lower_bound_s, ranks, len(lengths))
+    degrees = sorted({g.sp for mb in mbs for g in mb.groups})
     sp_colour = {d: colour(i) for i, d in enumerate(degrees)}
     view.sp_legend = [(f"SP{d}", sp_colour[d]) for d in degrees]
-    view.breakdown = [(k, float(v)) for k, v in as_map(est.get("breakdown_s")).items() if fmt.as_float(v) is not None]
+    view.breakdown = list(_parts(result.estimate.breakdown_s).items())
     view.parts = [k for k, _ in view.breakdown]
     sp_of: dict[int, int] = {}
     for i, mb in enumerate(mbs):
-        groups = mb.get("groups", [])
-        sizes = [int(g.get("sp", 1)) for g in groups]
-        tokens = sum(lengths[s] for g in groups for s in g.get("sequences", []) if 0 <= s < len(lengths))
-        view.micro_batches.append({"index": i, "time_s": mb.get("time_s"), "groups": len(groups),
-                                   "sizes": sizes, "tokens": tokens,
-                                   "sequences": sum(len(g.get("sequences", [])) for g in groups),
-                                   "breakdown_s": as_map(mb.get("breakdown_s"))})
-        for g in groups:
-            for s in g.get("sequences", []):
-                sp_of[int(s)] = int(g.get("sp", 1))
+        tokens = sum(lengths[s] for g in mb.groups for s in g.sequences)
+        view.micro_batches.append(MicroBatchRow(i, mb.time_s, len(mb.groups), [g.sp for g in mb.groups], tokens,
+                                                sum(len(g.sequences) for g in mb.groups), _parts(mb.breakdown_s)))
+        for g in mb.groups:
+            for s in g.sequences:
+                sp_of[s] = g.sp
     if mbs and ranks:
         view.groups_svg = groups_svg(mbs, lengths, ranks, sp_colour)
     if lengths:
         view.histogram = length_histogram(lengths, sp_of, degrees, sp_colour)
 
-    raw = as_map(result.get("baselines"))
-    static = as_map(raw.get("static_sp"))
-    best = raw.get("best_static_sp")
-    for degree, seconds in sorted(static.items(), key=lambda kv: int(kv[0])):
-        t = fmt.as_float(seconds)
-        if t is None:
-            continue
-        star = " (best static)" if str(degree) == str(best) else ""
+    best = result.baselines.best_static_sp
+    for degree, t in sorted(result.baselines.static_sp.items(), key=lambda kv: int(kv[0])):
+        star = " (best static)" if best is not None and degree == str(best) else ""
         view.baselines.append((f"static SP{degree}{star}", t, t / step if step else None))
-    if step is not None and (view.baselines or view.lower_bound_s is not None):
-        names = ["this plan", *(b[0] for b in view.baselines)]
-        values = [step, *(b[1] for b in view.baselines)]
-        lb = view.lower_bound_s
-        view.baseline_chart = bars("baseline-chart", "Step time: plan vs static SP degrees", names, values,
-                                   "step time (s)", "seconds", highlight=0, reference=lb,
-                                   reference_label=f"lower bound {fmt.seconds(lb)}" if lb is not None else "")
+    lb = view.lower_bound_s
+    view.baseline_chart = bars("baseline-chart", "Step time: plan vs static SP degrees",
+                               ["this plan", *(b[0] for b in view.baselines)], [step, *(b[1] for b in view.baselines)],
+                               "step time (s)", "seconds", highlight=0, reference=lb,
+                               reference_label=f"lower bound {fmt.seconds(lb)}")
     return view

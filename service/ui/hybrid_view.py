@@ -1,27 +1,32 @@
-"""What the hybrid plan page shows, computed from the plan's request and result documents.
+"""What the hybrid plan page shows, computed from the plan's request and its result document.
 
-Everything here tolerates missing optional fields (older solvers, partial results): a section without
-its data is left out of the page rather than breaking it.
+A section whose data the document lacks (an older plan: the optional fields) is left out of the page.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from service.ui import format as fmt
 from service.ui.charts import Chart, bars, stacked_bars
 from service.ui.pipeline_schedule import Timeline, simulate
-from service.ui.request_info import as_map
 from service.ui.svg import Svg, colour, text_colour, time_axis
+from solvers.documents import BASELINE_NAMES, BaselineName, HybridResult
+from solvers.documents.hybrid import EmbeddingDoc, HybridEstimate, LayerDoc, StrategyDoc
+from solvers.request import HybridRequest, parse
+from solvers.specs import memory_limit_bytes
 
 # Order and colours of the parts, so that every chart and table of the page agrees.
 MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "buffers", "transient", "reserve", "other")
 TIME_PARTS = ("compute", "recompute", "tp_comm", "sp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm_exposed",
               "zero_comm", "optimizer", "launch_overhead", "pp_bubble", "other")
-STRIP_ROWS = (("tp", "TP"), ("sp", "SP"), ("cp", "CP"), ("dp", "DP"), ("zero", "ZeRO"), ("recompute", "Recompute"),
-              ("ep", "EP"))
+# The strip's rows: a layer's decisions, each as its cell reads.
+STRIP_ROWS: tuple[tuple[str, Callable[[LayerDoc], str]], ...] = (
+    ("TP", lambda layer: str(layer.tp)), ("SP", lambda layer: layer.sp or "off"), ("CP", lambda layer: str(layer.cp)),
+    ("DP", lambda layer: str(layer.dp)), ("ZeRO", lambda layer: str(layer.zero)),
+    ("Recompute", lambda layer: layer.recompute), ("EP", lambda layer: str(layer.ep)))
 # Backward ≈ 2× forward for a transformer layer (two GEMMs per forward GEMM); the timeline splits each
 # stage's per-micro-batch time in that ratio because plans report fwd+bwd together.
 BACKWARD_SHARE = 2.0 / 3.0
@@ -49,17 +54,20 @@ class Baseline:
     gain: float | None  # the plan's throughput / this baseline's
     note: str = ""
     gain_bound: float | None = None  # the most any plan of the space could gain: its step / the certified bound
-    breakdown_s: Mapping[str, Any] | None = None
+    breakdown_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class HybridView:
-    summary: dict[str, Any]
+    summary: HybridEstimate
+    memory_limit_gib: float
+    # None where the document does not state it (an older plan): its defaults would describe a choice
+    # nobody made
+    embedding: EmbeddingDoc | None = None
     strip_svg: str | None = None
     strip_legend: list[tuple[str, list[tuple[str, str]]]] = field(default_factory=list)
     stages: list[Stage] = field(default_factory=list)
     memory_chart: Chart | None = None
-    memory_limit_gib: float | None = None
     time_chart: Chart | None = None
     # Time per part for the plan and each baseline with a breakdown: where the plan wins or loses.
     breakdown_columns: list[str] = field(default_factory=list)
@@ -78,45 +86,27 @@ def _ordered(keys: Sequence[str], preferred: Sequence[str]) -> list[str]:
     return [k for k in preferred if k in keys] + sorted(k for k in keys if k not in preferred)
 
 
-def memory_limit_gib(request: Mapping[str, Any]) -> float | None:
+def memory_limit_gib(request: HybridRequest) -> float:
     """The per-GPU limit the planner worked under: the constraint if given, never above the GPU's memory."""
-    constraints = request.get("constraints") or {}
-    limit = fmt.as_float(constraints.get("memory_limit_gib")) if isinstance(constraints, Mapping) else None
-    try:
-        from solvers.specs import ClusterSpec
-
-        have = float(ClusterSpec.model_validate(request.get("cluster")).gpu.memory_gib)
-    except Exception:  # an unparsable cluster only costs the limit line
-        return limit
-    return have if limit is None else min(limit, have)
+    return memory_limit_bytes(request.cluster, request.constraints) / 2**30
 
 
 # What fits in a narrow strip cell; the legend and tooltips carry the full words.
 CELL_TEXT = {"megatron": "M", "ulysses": "U", "off": "–", "none": "–", "selective": "sel", "full": "full"}
 
 
-def _value_label(key: str, value: Any) -> str:
-    if key == "sp":
-        return "off" if value in (None, "none") else str(value)
-    if key == "recompute":
-        return str(value or "none")
-    return str(value)
-
-
-def layer_strip(layers: Sequence[Mapping[str, Any]], stage_layers: Sequence[int]
+def layer_strip(layers: Sequence[LayerDoc], stage_layers: Sequence[int]
                 ) -> tuple[str, list[tuple[str, list[tuple[str, str]]]]]:
     """One column per layer, one row per strategy dimension, coloured by value, stages outlined."""
     n = len(layers)
-    rows = [(k, label) for k, label in STRIP_ROWS
-            if k != "ep" or any(int(layer.get("ep", 1) or 1) > 1 for layer in layers)]
+    rows = [(label, value) for label, value in STRIP_ROWS if label != "EP" or any(layer.ep > 1 for layer in layers)]
     left, top, row_h = 74.0, 18.0, 18.0
     cell = max(3.0, min(28.0, 1000.0 / max(n, 1)))
     width = left + cell * n + 8
     svg = Svg(width, top + row_h * len(rows) + 22, "per-layer strategy strip")
     legends: list[tuple[str, list[tuple[str, str]]]] = []
-    for r, (key, label) in enumerate(rows):
-        default = 1 if key in ("tp", "dp", "cp", "ep") else (0 if key == "zero" else None)
-        values = [_value_label(key, layer.get(key, default)) for layer in layers]
+    for r, (label, value) in enumerate(rows):
+        values = [value(layer) for layer in layers]
         distinct = sorted(set(values), key=lambda v: (not v.isdigit(), int(v) if v.isdigit() else 0, v))
         palette = {v: colour(i) for i, v in enumerate(distinct)}
         y = top + r * row_h
@@ -174,11 +164,11 @@ def timeline_svg(tl: Timeline, stages: int, micro_batches_drawn: int) -> str:
     return svg.render()
 
 
-def _pipeline_timeline(strategy: Mapping[str, Any], stage_times: Sequence[float]) -> tuple[Timeline, str, str]:
+def _pipeline_timeline(strategy: StrategyDoc, stage_times: Sequence[float]) -> tuple[Timeline, str, str]:
     p = len(stage_times)
-    m = int(strategy.get("micro_batches") or 1)
-    schedule = str(strategy.get("schedule") or "1f1b")
-    v = int(strategy.get("virtual_stages") or 1) if schedule == "interleaved" else 1
+    m = strategy.micro_batches
+    schedule = strategy.schedule
+    v = strategy.virtual_stages if schedule == "interleaved" else 1
     drawn = m
     note = ""
     if 2 * p * m * v > MAX_TIMELINE_OPS:
@@ -196,76 +186,56 @@ def _pipeline_timeline(strategy: Mapping[str, Any], stage_times: Sequence[float]
     return tl, timeline_svg(tl, p, drawn), note
 
 
-def _estimate_of(entry: Any) -> Mapping[str, Any] | None:
-    if not isinstance(entry, Mapping):
-        return None
-    est = entry.get("estimate", entry)
-    return est if isinstance(est, Mapping) else None
+def _strategy_text(strategy: StrategyDoc) -> str:
+    """A uniform recipe in one line: its layers all share the first one's strategy."""
+    layer = strategy.layers[0] if strategy.layers else LayerDoc()
+    parts = (("tp", layer.tp), ("pp", strategy.pp), ("dp", layer.dp), ("cp", layer.cp), ("sp", layer.sp),
+             ("zero", layer.zero), ("recompute", layer.recompute), ("micro_batches", strategy.micro_batches))
+    return ", ".join(f"{k}={v}" for k, v in parts if v is not None)
 
 
-def _strategy_text(entry: Mapping[str, Any]) -> str:
-    strat = entry.get("strategy")
-    if not isinstance(strat, Mapping):
-        return str(entry.get("description", ""))
-    if isinstance(strat.get("layers"), list) and strat["layers"]:
-        layer = strat["layers"][0]
-        strat = {**layer, "pp": strat.get("pp"), "micro_batches": strat.get("micro_batches")}
-    keys = ("tp", "pp", "dp", "cp", "sp", "zero", "recompute", "micro_batch_size", "micro_batches")
-    return ", ".join(f"{k}={strat[k]}" for k in keys if strat.get(k) is not None)
+BASELINE_LABELS: dict[BaselineName, str] = {"megatron": "Best Megatron-style uniform 3D",
+                                             "zero3_dp": "ZeRO-3 data parallel", "pure_dp": "Pure data parallel"}
 
 
-BASELINE_NAMES = {"megatron": "Best Megatron-style uniform 3D", "zero3": "ZeRO-3 data parallel",
-                  "zero3_dp": "ZeRO-3 data parallel", "dp": "Pure data parallel", "pure_dp": "Pure data parallel"}
-
-
-def baselines(result: Mapping[str, Any], plan_throughput: float | None) -> list[Baseline]:
-    raw = result.get("baselines")
-    if not isinstance(raw, Mapping):
-        return []
+def baselines(result: HybridResult) -> list[Baseline]:
+    plan_throughput = result.estimate.throughput_samples_per_s
     out: list[Baseline] = []
-    for key, entry in raw.items():
-        est = _estimate_of(entry)
-        name = BASELINE_NAMES.get(str(key), str(key).replace("_", " "))
-        fits = not (isinstance(entry, Mapping) and entry.get("fits") is False)
-        if est is None or fmt.as_float(est.get("step_time_s")) is None or not fits:
-            info = as_map(entry)
-            reason = info.get("note") or info.get("reason") or info.get("error")
-            out.append(Baseline(name, "", None, None, None, None, None, str(reason or "infeasible")))
+    for key in BASELINE_NAMES:
+        if key not in result.baselines:
             continue
-        thr = fmt.as_float(est.get("throughput_samples_per_s"))
+        entry, name = result.baselines[key], BASELINE_LABELS[key]
+        if entry is None or not entry.fits or entry.estimate is None:
+            note = entry.note if entry is not None else None
+            out.append(Baseline(name, "", None, None, None, None, None, note or "infeasible"))
+            continue
+        est = entry.estimate
+        thr = est.throughput_samples_per_s
         gain = plan_throughput / thr if plan_throughput and thr else None
-        breakdown = est.get("breakdown_s") if isinstance(est.get("breakdown_s"), Mapping) else None
-        bound = fmt.as_float(as_map(entry).get("gain_bound"))
-        beyond = as_map(entry).get("outside_constraints")
-        out.append(Baseline(name, _strategy_text(entry) if isinstance(entry, Mapping) else "",
-                            fmt.as_float(est.get("step_time_s")), thr, fmt.as_float(est.get("mfu")),
-                            fmt.as_float(est.get("peak_memory_gib")), gain, breakdown_s=breakdown,
-                            gain_bound=None if bound is None else 1.0 + bound,
-                            note="outside this request's constraints: " + "; ".join(map(str, beyond))
-                            if isinstance(beyond, list) and beyond else ""))
+        beyond = entry.outside_constraints
+        out.append(Baseline(name, _strategy_text(entry.strategy) if entry.strategy is not None else "",
+                            est.step_time_s, thr, est.mfu, est.peak_memory_gib, gain, breakdown_s=est.breakdown_s,
+                            gain_bound=None if entry.gain_bound is None else 1.0 + entry.gain_bound,
+                            note="outside this request's constraints: " + "; ".join(beyond) if beyond else ""))
     return out
 
 
-def _stages(strategy: Mapping[str, Any], estimate: Mapping[str, Any]) -> list[Stage]:
-    stage_layers = [int(x) for x in strategy.get("stage_layers") or []]
-    times = estimate.get("stage_time_s") or []
-    mems = estimate.get("memory_gib_per_stage") or []
-    parts = estimate.get("memory_breakdown_gib_per_stage") or []
+def _stages(strategy: StrategyDoc, estimate: HybridEstimate) -> list[Stage]:
+    times, mems = estimate.stage_time_s, estimate.memory_gib_per_stage
+    parts = estimate.memory_breakdown_gib_per_stage
     out, first = [], 0
-    for s, count in enumerate(stage_layers):
-        out.append(Stage(s, first, first + count - 1,
-                         fmt.as_float(times[s]) if s < len(times) else None,
-                         fmt.as_float(mems[s]) if s < len(mems) else None,
-                         dict(parts[s]) if s < len(parts) and isinstance(parts[s], Mapping) else {}))
+    for s, count in enumerate(strategy.stage_layers):
+        out.append(Stage(s, first, first + count - 1, times[s] if s < len(times) else None,
+                         mems[s] if s < len(mems) else None, parts[s] if s < len(parts) else {}))
         first += count
     return out
 
 
-def build(request: Mapping[str, Any], result: Mapping[str, Any]) -> HybridView:
-    estimate, strategy = as_map(result.get("estimate")), as_map(result.get("strategy"))
-    layers = [x for x in strategy.get("layers") or [] if isinstance(x, Mapping)]
-    view = HybridView(summary=dict(estimate))
-    view.memory_limit_gib = memory_limit_gib(request)
+def build(request: dict[str, Any], result: HybridResult) -> HybridView:
+    estimate, strategy = result.estimate, result.strategy
+    layers = strategy.layers
+    view = HybridView(summary=estimate, memory_limit_gib=memory_limit_gib(parse(HybridRequest, request)),
+                      embedding=strategy.embedding if strategy.embedding.model_fields_set else None)
     view.stages = _stages(strategy, estimate)
 
     stage_layers = [st.last_layer - st.first_layer + 1 for st in view.stages]
@@ -282,21 +252,19 @@ def build(request: Mapping[str, Any], result: Mapping[str, Any]) -> HybridView:
                                          [f"stage {st.index}" for st in view.stages], series, "GiB",
                                          limit=view.memory_limit_gib, limit_label=limit_label)
 
-    plan_thr = fmt.as_float(estimate.get("throughput_samples_per_s"))
-    view.baselines = baselines(result, plan_thr)
-    search = as_map(result.get("search"))
-    bound, gap = fmt.as_float(search.get("lower_bound_step_time_s")), fmt.as_float(search.get("optimality_gap"))
+    plan_thr = estimate.throughput_samples_per_s
+    view.baselines = baselines(result)
+    bound, gap = result.search.lower_bound_step_time_s, result.search.optimality_gap
     if bound is not None and gap is not None:
         view.certificate = (bound, gap)
-    breakdown = estimate.get("breakdown_s")
-    if isinstance(breakdown, Mapping) and breakdown:
-        rows: dict[str, Mapping[str, Any]] = {"this plan": breakdown}
+    if estimate.breakdown_s:
+        rows: dict[str, dict[str, float]] = {"this plan": estimate.breakdown_s}
         for b in view.baselines:
             if b.breakdown_s:
                 rows[b.name] = b.breakdown_s
-        nonzero = {k for r in rows.values() for k, v in r.items() if fmt.as_float(v)}
+        nonzero = {k for r in rows.values() for k, v in r.items() if v}
         keys = _ordered(sorted(nonzero), TIME_PARTS)
-        series = {k: [fmt.as_float(r.get(k)) or 0.0 for r in rows.values()] for k in keys}
+        series = {k: [r.get(k, 0.0) for r in rows.values()] for k in keys}
         view.breakdown_columns = list(rows)
         view.breakdown_rows = list(series.items())
         view.time_chart = stacked_bars("time-chart", "Step time breakdown", list(rows), series, "seconds per step",

@@ -6,7 +6,6 @@ comes back as a SpecError naming the request field, which the page shows next to
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 from collections.abc import Mapping
@@ -15,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from solvers.documents import DEFAULT_KIND, PLAN_KINDS
 from solvers.errors import FieldProblem, shown
 from solvers.presets import GPU_PRESETS, MODEL_PRESETS
+from solvers.spindle.presets import WORKLOAD_PRESETS
 
-KINDS = ("hybrid", "flexsp", "spindle")
 # FlexSP needs concrete sequence lengths: the issue's synthetic long-tailed batch (lognormal around 4K
 # tokens) is drawn with a fixed seed so the same form input is the same request (and is deduplicated).
 FLEXSP_MEDIAN_TOKENS = 4096
@@ -35,36 +35,13 @@ def gpu_choices() -> list[str]:
 
 
 def spindle_workloads() -> dict[str, dict[str, Any]]:
-    """Workload presets offered by the Spindle solver when it has them, else one small built-in demo."""
-    try:
-        table = getattr(importlib.import_module("solvers.spindle.presets"), "WORKLOAD_PRESETS", None)
-        if isinstance(table, Mapping) and table:
-            return {str(k): {"preset": str(k)} for k in table}
-    except ImportError:
-        pass
-    return {"demo-captioning-retrieval": DEMO_WORKLOAD}
-
-
-# Two tasks sharing nothing: captioning (vision encoder -> LLM) and retrieval (vision + text encoders).
-# Per-layer times are explicit (slope per sample, intercept) so the demo needs no module shapes.
-DEMO_WORKLOAD: dict[str, Any] = {
-    "metaops": [
-        {"name": "cap-vision", "task": "cap", "batch_size": 64, "num_layers": 24,
-         "time_ms_per_layer": {"slope_ms_per_sample": 0.29, "intercept_ms": 0.94}},
-        {"name": "cap-llm", "task": "cap", "batch_size": 64, "num_layers": 32,
-         "time_ms_per_layer": {"slope_ms_per_sample": 0.61, "intercept_ms": 1.2}},
-        {"name": "ret-vision", "task": "ret", "batch_size": 128, "num_layers": 24,
-         "time_ms_per_layer": {"slope_ms_per_sample": 0.29, "intercept_ms": 0.94}},
-        {"name": "ret-text", "task": "ret", "batch_size": 128, "num_layers": 12,
-         "time_ms_per_layer": {"slope_ms_per_sample": 0.08, "intercept_ms": 0.5}},
-    ],
-    "edges": [["cap-vision", "cap-llm"]],
-}
+    """The Spindle solver's workload presets, each as the request's ``workload``."""
+    return {name: {"preset": name} for name in WORKLOAD_PRESETS}
 
 
 @dataclass
 class FormInput:
-    kind: str = "hybrid"
+    kind: str = DEFAULT_KIND
     model: str = "llama2-7b"
     gpu: str = "A100-80GB"
     nodes: int = 1
@@ -94,9 +71,9 @@ def read_form(form: Mapping[str, Any]) -> FormInput:
     again with the user's values and the errors)."""
     problems: list[FieldProblem] = []
     out = FormInput()
-    out.kind = str(form.get("kind") or "hybrid")
-    if out.kind not in KINDS:
-        problems.append(FieldProblem(("kind",), f"unknown plan kind {out.kind!r}; expected one of {list(KINDS)}"))
+    out.kind = str(form.get("kind") or DEFAULT_KIND)
+    if out.kind not in PLAN_KINDS:
+        problems.append(FieldProblem(("kind",), f"unknown plan kind {out.kind!r}; expected one of {list(PLAN_KINDS)}"))
     out.model = str(form.get("model") or out.model)
     out.gpu = str(form.get("gpu") or out.gpu)
     out.nodes = _int(form, "nodes", out.nodes, problems)

@@ -1,7 +1,8 @@
-"""Short labels for a plan request (model, cluster, batch) and the headline numbers of any kind of result.
+"""Short labels for a plan request (model, cluster, batch) and the headline numbers of a plan's stored estimate.
 
-Used by the plans list and the page headers; tolerant of any document shape (a malformed stored request
-shows dashes, never an error page).
+Used by the plans list and the page headers. A request is the user's document as stored (each kind's parser
+decides what it means), so the labels read it tolerantly: a shape they do not know shows dashes, never an
+error page.
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def batch_label(request: Mapping[str, Any]) -> str:
 
 
 def headline(kind: str, estimate: Mapping[str, Any] | None) -> dict[str, float | None]:
-    """Step time, throughput (samples/s) and MFU of a result's estimate, whatever the kind."""
-    est = as_map(estimate)
+    """Step time, throughput (samples/s) and MFU of a plan's stored estimate (None until it is solved), whatever
+    the kind."""
+    est = estimate or {}
     step = fmt.as_float(est.get("step_time_s"))
     if step is None:
         step = fmt.as_float(est.get("iteration_time_s"))

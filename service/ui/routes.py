@@ -8,22 +8,32 @@ CSS, script and vendored Chart.js. Each page reports its server time in a ``Serv
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
+from service.context import ServiceContext
 from service.errors import DomainError, Unauthorized, http_status
 from service.ui import data, flexsp_view, hybrid_view, plan_form, run_view, spindle_view
 from service.ui import format as fmt
-from service.ui.request_info import as_map, batch_label, cluster_label, headline, model_label
-from solvers.documents import STATUSES, TERMINAL
+from service.ui.request_info import batch_label, cluster_label, headline, model_label
+from solvers.documents import (
+    DEFAULT_KIND,
+    PLAN_KINDS,
+    STATUSES,
+    TERMINAL,
+    FlexSPResult,
+    HybridResult,
+    PlanResult,
+    SpindleResult,
+)
 from solvers.errors import SpecError
 from solvers.exports import FORMATS
+from solvers.kinds import available_kinds
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
@@ -36,11 +46,17 @@ templates.env.globals.update(TERMINAL=TERMINAL)
 
 router = APIRouter(include_in_schema=False)
 
-_VIEWS: dict[str, tuple[str, Callable[[Mapping[str, Any], Mapping[str, Any]], Any]]] = {
-    "hybrid": ("plan_hybrid.html", hybrid_view.build),
-    "flexsp": ("plan_flexsp.html", flexsp_view.build),
-    "spindle": ("plan_spindle.html", spindle_view.build),
-}
+
+
+def _plan_view(request: dict[str, Any], result: PlanResult) -> tuple[str, Any]:
+    """The page of a solved plan: its kind's template and what it shows."""
+    if isinstance(result, HybridResult):
+        return "plan_hybrid.html", hybrid_view.build(request, result)
+    if isinstance(result, FlexSPResult):
+        return "plan_flexsp.html", flexsp_view.build(request, result)
+    if isinstance(result, SpindleResult):
+        return "plan_spindle.html", spindle_view.build(request, result)
+    assert_never(result)
 
 
 def _page(request: Request, template: str, context: dict[str, Any], started: float, status: int = 200) -> Response:
@@ -64,24 +80,20 @@ def plans_page(request: Request, kind: str | None = None, status: str | None = N
         page = data.list_plans(request, kind=kind or None, status=status or None, cursor=cursor or None, limit=limit)
     except (DomainError, SpecError) as err:
         return _error_page(request, err, started)
-    rows = []
-    for item in page["items"]:
-        req = as_map(item.get("request"))
-        rows.append({**item, **headline(item.get("kind", ""), item.get("estimate")),
-                     "model": item.get("model") or model_label(req), "cluster": item.get("cluster")
-                     or cluster_label(req)})
-    return _page(request, "plans.html", {"rows": rows, "next_cursor": page.get("next_cursor"), "kind": kind or "",
-                                         "status": status or "", "kinds": plan_form.KINDS, "limit": limit,
+    rows = [{**item, **headline(item["kind"], item["estimate"]), "model": model_label(item["request"]),
+             "cluster": cluster_label(item["request"])} for item in page["items"]]
+    return _page(request, "plans.html", {"rows": rows, "next_cursor": page["next_cursor"], "kind": kind or "",
+                                         "status": status or "", "kinds": PLAN_KINDS, "limit": limit,
                                          "statuses": STATUSES}, started)
 
 
 def _form_context(inp: plan_form.FormInput) -> dict[str, Any]:
-    return {"form": inp, "kinds": plan_form.KINDS, "models": plan_form.model_choices(),
+    return {"form": inp, "kinds": available_kinds(), "models": plan_form.model_choices(),
             "gpus": plan_form.gpu_choices(), "workloads": list(plan_form.spindle_workloads())}
 
 
 @router.get("/plans/new", response_class=HTMLResponse)
-def new_plan_form(request: Request, kind: str = "hybrid") -> Response:
+def new_plan_form(request: Request, kind: str = DEFAULT_KIND) -> Response:
     started = time.perf_counter()
     return _page(request, "new_plan.html", _form_context(plan_form.FormInput(kind=kind)), started)
 
@@ -123,22 +135,18 @@ def plan_page(request: Request, plan_id: str) -> Response:
         plan_runs = data.runs_of_plan(request, plan_id, caller)
     except (DomainError, SpecError) as err:
         return _error_page(request, err, started)
-    req = as_map(plan.get("request"))
-    result = plan["result"].to_json() if plan["result"] is not None else None  # TODO(#30): views read the document
-    plan = {**plan, "result": result}
-    kind = str(plan.get("kind") or "")
+    req: dict[str, Any] = plan["request"]
+    result: PlanResult | None = plan["result"]
+    megatron = result.baselines.get("megatron") if isinstance(result, HybridResult) else None
     context: dict[str, Any] = {
         "plan": plan, "request_doc": req, "model": model_label(req), "cluster": cluster_label(req),
-        "batch": batch_label(req), "runs": plan_runs, "exports": FORMATS if kind == "hybrid" else (),
-        "headline": headline(kind, (result or {}).get("estimate")),
+        "batch": batch_label(req), "runs": plan_runs, "exports": FORMATS if plan["kind"] == "hybrid" else (),
         # the best uniform plan exports as it is: what a Megatron-LM user can launch unchanged
-        "megatron_baseline": kind == "hybrid" and bool(as_map(as_map((result or {}).get("baselines")).get(
-            "megatron")).get("strategy")),
+        "megatron_baseline": megatron is not None and megatron.strategy is not None,
     }
     template = "plan_pending.html"
-    if plan.get("status") == "succeeded" and result is not None and kind in _VIEWS:
-        template, build = _VIEWS[kind]
-        context["view"] = build(req, result)
+    if plan["status"] == "succeeded" and result is not None:
+        template, context["view"] = _plan_view(req, result)
     return _page(request, template, context, started)
 
 
@@ -199,6 +207,8 @@ def static_file(path: str) -> Response:
     return FileResponse(target, headers={"Cache-Control": "public, max-age=3600"})
 
 
-def mount_ui(app: FastAPI) -> None:
-    """Add the dashboard to an app that has ``app.state.db``."""
+def mount_ui(app: FastAPI, ctx: ServiceContext) -> None:
+    """Add the dashboard to ``app``; its pages reach settings, database and token cache through ``ctx`` (kept as
+    ``app.state.ctx``, where the API's routes find the same one)."""
+    app.state.ctx = ctx
     app.include_router(router)

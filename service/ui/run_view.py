@@ -1,4 +1,8 @@
-"""What the run page shows: predicted vs measured step time and memory, memory per rank, the loss curve."""
+"""What the run page shows: predicted vs measured step time and memory, memory per rank, the loss curve.
+
+``predicted`` is what the plan's document says; ``metrics`` are what the worker measured, free-form JSON that
+only some workers fill in, so its numbers are read tolerantly.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ from typing import Any
 
 from service.ui import format as fmt
 from service.ui.charts import Chart, bars, lines
-from service.ui.request_info import as_map
 
 
 @dataclass
@@ -42,7 +45,7 @@ def _floats(value: Any) -> list[float]:
 
 
 def build(run: Mapping[str, Any]) -> RunView:
-    metrics, predicted = as_map(run.get("metrics")), as_map(run.get("predicted"))
+    metrics, predicted = run["metrics"], run["predicted"]
     view = RunView(metrics=dict(metrics))
     per_rank = _floats(metrics.get("peak_memory_gib_per_rank"))
     measured_peak = max(per_rank) if per_rank else fmt.as_float(metrics.get("peak_memory_gib"))
@@ -60,14 +63,15 @@ def build(run: Mapping[str, Any]) -> RunView:
         view.memory_chart = bars("memory-chart", "Peak memory per rank", [f"rank {i}" for i in range(len(per_rank))],
                                  per_rank, "measured peak (GiB)", "GiB", reference=limit,
                                  reference_label=f"predicted {fmt.gib(limit)}" if limit is not None else "")
-    # While a run executes only its per-step progress points exist; the final metrics replace them.
-    points = [p for p in run.get("progress") or [] if isinstance(p, Mapping)]
-    loss = _floats(metrics.get("loss")) or _floats([p.get("loss") for p in points])
+    # While a run executes only its per-step progress points (each a MetricsReport) exist; the final metrics
+    # replace them.
+    points = run["progress"]
+    loss = _floats(metrics.get("loss")) or [p["loss"] for p in points]
     if loss:
         view.loss_chart = lines("loss-chart", "Training loss", list(range(1, len(loss) + 1)), {"loss": loss},
                                 "step", "loss")
         view.loss_chart.config["options"]["scales"]["y"].pop("beginAtZero", None)
-    step_times = _floats(metrics.get("step_times_s")) or _floats([p.get("step_time_s") for p in points])
+    step_times = _floats(metrics.get("step_times_s")) or [p["step_time_s"] for p in points]
     if step_times and step.predicted is not None:
         view.step_chart = lines("step-chart", "Step time per step: measured vs predicted",
                                 list(range(1, len(step_times) + 1)),

@@ -14,6 +14,8 @@ from service.ui import format as fmt
 from service.ui.charts import Chart, bars
 from service.ui.request_info import as_map, cluster_size
 from service.ui.svg import Svg, text_colour, time_axis
+from solvers.documents import SpindleResult
+from solvers.documents.spindle import SliceDoc
 
 # Per task a family of shades (dark to light) from one hue.
 TASK_SHADES = (
@@ -29,8 +31,8 @@ LABEL_PX_PER_CHAR = 6.0  # a 10 px sans-serif character is about this wide: labe
 
 @dataclass
 class SpindleView:
-    iteration_time_s: float | None
-    lower_bound_s: float | None
+    iteration_time_s: float
+    lower_bound_s: float
     num_devices: int
     gantt_svg: str | None = None
     legend: list[tuple[str, list[tuple[str, str]]]] = field(default_factory=list)  # task -> (metaop, colour)
@@ -41,7 +43,7 @@ class SpindleView:
     memory_chart: Chart | None = None
 
 
-def slice_keys(request: Mapping[str, Any], slices: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+def slice_keys(request: Mapping[str, Any], slices: Sequence[SliceDoc]) -> dict[str, tuple[str, str]]:
     """metaop name -> (task, module). Slices name them when the solver knows; else the request's workload
     gives the task and the metaop stands for its own module."""
     workload = as_map(request.get("workload"))
@@ -52,9 +54,8 @@ def slice_keys(request: Mapping[str, Any], slices: Sequence[Mapping[str, Any]]) 
             module = as_map(op.get("module")).get("name") or name
             keys[name] = (str(op.get("task") or name), str(module))
     for sl in slices:
-        name = str(sl.get("metaop"))
-        task, module = keys.get(name, (name, name))
-        keys[name] = (str(sl.get("task") or task), str(sl.get("module") or module))
+        task, module = keys.get(sl.metaop, (sl.metaop, sl.metaop))
+        keys[sl.metaop] = (sl.task or task, sl.module or module)
     return keys
 
 
@@ -75,7 +76,7 @@ def colours(keys: Mapping[str, tuple[str, str]]) -> tuple[dict[str, str], list[t
     return {name: shade[key] for name, key in keys.items()}, legend
 
 
-def gantt_svg(slices: Sequence[Mapping[str, Any]], devices: int, span_s: float, fills: Mapping[str, str],
+def gantt_svg(slices: Sequence[SliceDoc], devices: int, span_s: float, fills: Mapping[str, str],
               keys: Mapping[str, tuple[str, str]]) -> str:
     left, top, row_h, width = 64.0, 6.0, max(8.0, min(22.0, 480.0 / max(devices, 1))), 1000.0
     svg = Svg(left + width + 30, top + row_h * devices + 26, "Gantt chart: devices by time")
@@ -84,19 +85,19 @@ def gantt_svg(slices: Sequence[Mapping[str, Any]], devices: int, span_s: float, 
         if devices <= 32 or d % max(1, devices // 32) == 0:
             svg.text(left - 6, top + d * row_h + row_h * 0.7, f"dev {d}", size=min(11, row_h * 0.8), anchor="end")
     for sl in slices:
-        start, end = fmt.as_float(sl.get("start_s")), fmt.as_float(sl.get("end_s"))
-        devs = sorted(int(x) for x in sl.get("devices") or [])
-        if start is None or end is None or not devs:
+        start, end, devs = sl.start_s, sl.end_s, sorted(sl.devices)
+        if not devs:
             continue
-        name = str(sl.get("metaop"))
+        name = sl.metaop
         fill = fills.get(name, "#999")
         task, module = keys.get(name, (name, name))
-        first = sl.get("layer_start")
-        span = f" {first}–{int(first) + int(sl.get('layers', 1)) - 1}" if isinstance(first, int) else ""
-        tip = (f"{name} (task {task}, module {module}): {sl.get('layers', '?')} layers{span} on devices "
+        # An older document does not say where a slice's layers start: its default (0) would be a guess.
+        first = sl.layer_start if "layer_start" in sl.model_fields_set else None
+        span = f" {first}–{first + sl.layers - 1}" if first is not None else ""
+        tip = (f"{name} (task {task}, module {module}): {sl.layers} layers{span} on devices "
                f"{devs[0]}–{devs[-1]} ({len(devs)}), {fmt.seconds(start)} → {fmt.seconds(end)}")
-        if fmt.as_float(sl.get("transfer_wait_s")):
-            tip += f", waited {fmt.seconds(sl['transfer_wait_s'])} for activations"
+        if sl.transfer_wait_s:
+            tip += f", waited {fmt.seconds(sl.transfer_wait_s)} for activations"
         # Contiguous device runs become one block each, so a slice on a device block is one shape.
         runs: list[list[int]] = [[devs[0], devs[0]]]
         for d in devs[1:]:
@@ -115,48 +116,42 @@ def gantt_svg(slices: Sequence[Mapping[str, Any]], devices: int, span_s: float, 
     return svg.render()
 
 
-def num_devices(request: Mapping[str, Any], slices: Sequence[Mapping[str, Any]]) -> int:
+def num_devices(request: Mapping[str, Any], slices: Sequence[SliceDoc]) -> int:
     n = cluster_size(request)
-    top = max((int(d) + 1 for sl in slices for d in sl.get("devices") or []), default=0)
+    top = max((d + 1 for sl in slices for d in sl.devices), default=0)
     return max(n, top)
 
 
-def build(request: Mapping[str, Any], result: Mapping[str, Any]) -> SpindleView:
-    est = as_map(result.get("estimate"))
-    slices = [s for s in result.get("slices") or [] if isinstance(s, Mapping)]
-    it = fmt.as_float(est.get("iteration_time_s"))
+def build(request: Mapping[str, Any], result: SpindleResult) -> SpindleView:
+    est, slices = result.estimate, result.slices
+    it = est.iteration_time_s
     devices = num_devices(request, slices)
-    view = SpindleView(it, fmt.as_float(result.get("lower_bound_s")), devices, slices=len(slices))
+    view = SpindleView(it, result.lower_bound_s, devices, slices=len(slices))
     keys = slice_keys(request, slices)
     fills, view.legend = colours(keys)
-    span = max((fmt.as_float(s.get("end_s")) or 0.0 for s in slices), default=0.0)
+    span = max((s.end_s for s in slices), default=0.0)
     if slices and devices:
         view.gantt_svg = gantt_svg(slices, devices, span, fills, keys)
-    makespan = fmt.as_float(est.get("makespan_s"))
-    if makespan is not None:
-        view.breakdown.append(("schedule makespan", makespan))
-    for module, secs in sorted(as_map(est.get("module_grad_sync_s")).items()):
-        if fmt.as_float(secs):
-            view.breakdown.append((f"gradient sync {module} (total, partly hidden)", float(secs)))
-    exposed = fmt.as_float(est.get("grad_sync_exposed_s"))
-    if exposed is not None:
-        view.breakdown.append(("gradient sync exposed", exposed))
-    memory = [m for m in (fmt.as_float(x) for x in est.get("memory_gib_per_device") or []) if m is not None]
-    if memory:
-        limit = fmt.as_float(est.get("memory_limit_gib"))
-        view.memory_chart = bars("memory-chart", "Peak memory per device", [f"dev {d}" for d in range(len(memory))],
-                                 memory, "peak memory (GiB)", "GiB", reference=limit,
+    if est.makespan_s is not None:
+        view.breakdown.append(("schedule makespan", est.makespan_s))
+    for module, secs in sorted(est.module_grad_sync_s.items()):
+        if secs:
+            view.breakdown.append((f"gradient sync {module} (total, partly hidden)", secs))
+    if est.grad_sync_exposed_s is not None:
+        view.breakdown.append(("gradient sync exposed", est.grad_sync_exposed_s))
+    if est.memory_gib_per_device:
+        limit = est.memory_limit_gib
+        view.memory_chart = bars("memory-chart", "Peak memory per device",
+                                 [f"dev {d}" for d in range(len(est.memory_gib_per_device))], est.memory_gib_per_device,
+                                 "peak memory (GiB)", "GiB", reference=limit,
                                  reference_label=f"limit {fmt.gib(limit)}" if limit is not None else "")
-    for key, value in as_map(result.get("baselines")).items():
-        t = fmt.as_float(value)
-        if t is not None:
-            name = str(key).removesuffix("_s").replace("_", " ")
+    for key, t in result.baselines.items():
+        if t is not None:  # None: the baseline does not fit
+            name = key.removesuffix("_s").replace("_", " ")
             view.baselines.append((name, t, t / it if it else None))
-    if it is not None and (view.baselines or view.lower_bound_s is not None):
-        lb = view.lower_bound_s
-        view.baseline_chart = bars("baseline-chart", "Iteration time: plan vs baselines",
-                                   ["this plan", *(b[0] for b in view.baselines)],
-                                   [it, *(b[1] for b in view.baselines)], "iteration time (s)", "seconds",
-                                   highlight=0, reference=lb,
-                                   reference_label=f"lower bound {fmt.seconds(lb)}" if lb is not None else "")
+    lb = view.lower_bound_s
+    view.baseline_chart = bars("baseline-chart", "Iteration time: plan vs baselines",
+                               ["this plan", *(b[0] for b in view.baselines)], [it, *(b[1] for b in view.baselines)],
+                               "iteration time (s)", "seconds", highlight=0, reference=lb,
+                               reference_label=f"lower bound {fmt.seconds(lb)}")
     return view

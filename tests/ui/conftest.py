@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from service import jobs, plans
+from service.context import ServiceContext
 from service.db.engine import Database
 from service.migrate import upgrade
 from service.settings import Settings
@@ -36,10 +37,8 @@ def ui_db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 @pytest.fixture(scope="module")
 def ui_client(ui_db: Database) -> Iterator[TestClient]:
     app = FastAPI()
-    app.state.db = ui_db
-    app.state.settings = Settings(database_url=ui_db.engine.url.render_as_string(hide_password=False),
-                                  run_dispatcher=False)
-    mount_ui(app)
+    mount_ui(app, ServiceContext(settings=Settings(database_url=ui_db.engine.url.render_as_string(hide_password=False),
+                                                   run_dispatcher=False), db=ui_db))
     with TestClient(app) as client:
         yield client
 

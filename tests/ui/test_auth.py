@@ -9,6 +9,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from service.context import ServiceContext
 from service.db.engine import Database
 from service.migrate import upgrade
 from service.settings import Settings
@@ -27,9 +28,8 @@ def locked(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
     with db.writing() as session:
         tokens = {scope: create_token(session, scope, PEPPER) for scope in ("read", "submit", "worker")}
     app = FastAPI()
-    app.state.db, app.state.token_cache = db, TokenCache()
-    app.state.settings = Settings(database_url=url, require_read_token=True, token_pepper=PEPPER)
-    mount_ui(app)
+    settings = Settings(database_url=url, require_read_token=True, token_pepper=PEPPER)
+    mount_ui(app, ServiceContext(settings=settings, db=db, tokens=TokenCache()))
     with TestClient(app) as client:
         yield client, tokens
     db.dispose()

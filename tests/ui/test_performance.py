@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from service import plans
+from service.context import ServiceContext
 from service.db.engine import Database
 from service.migrate import upgrade
 from service.settings import Settings
@@ -41,8 +42,7 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, 
         req["training"]["global_batch_size"] = 64 + i  # distinct requests: no deduplication
         plans.submit_plan(db, req, "hybrid", max_attempts=3)
     app = FastAPI()
-    app.state.db, app.state.settings = db, Settings(database_url=url, run_dispatcher=False)
-    mount_ui(app)
+    mount_ui(app, ServiceContext(settings=Settings(database_url=url, run_dispatcher=False), db=db))
     with TestClient(app) as client:
         yield client, plan_id
     db.dispose()
