@@ -66,5 +66,7 @@ def submit(request: Request, plan_request: dict[str, Any]) -> dict[str, Any]:
     """Validate (SpecError / TooLarge name the problem) and queue the request; returns the plan view."""
     ctx = context(request)
     kind = validate_plan_request(plan_request, ctx.settings)
-    view, _created = plans.submit_plan(ctx.db, plan_request, kind, ctx.settings.job_max_attempts)
+    view, created = plans.submit_plan(ctx.db, plan_request, kind, ctx.settings.job_max_attempts)
+    if created:
+        ctx.on_queued()  # wake the dispatcher now, as the API's POST does, instead of at its next poll
     return view

@@ -15,6 +15,7 @@ from service.ui.pipeline_schedule import Timeline, simulate
 from service.ui.svg import Svg, colour, text_colour, time_axis
 from solvers.documents import BASELINE_NAMES, BaselineName, HybridResult
 from solvers.documents.hybrid import EmbeddingDoc, HybridEstimate, LayerDoc, StrategyDoc
+from solvers.errors import SpecError
 from solvers.request import HybridRequest, parse
 from solvers.specs import memory_limit_bytes
 
@@ -60,7 +61,7 @@ class Baseline:
 @dataclass
 class HybridView:
     summary: HybridEstimate
-    memory_limit_gib: float
+    memory_limit_gib: float | None
     # None where the document does not state it (an older plan): its defaults would describe a choice
     # nobody made
     embedding: EmbeddingDoc | None = None
@@ -86,9 +87,15 @@ def _ordered(keys: Sequence[str], preferred: Sequence[str]) -> list[str]:
     return [k for k in preferred if k in keys] + sorted(k for k in keys if k not in preferred)
 
 
-def memory_limit_gib(request: HybridRequest) -> float:
-    """The per-GPU limit the planner worked under: the constraint if given, never above the GPU's memory."""
-    return memory_limit_bytes(request.cluster, request.constraints) / 2**30
+def memory_limit_gib(request: dict[str, Any]) -> float | None:
+    """The per-GPU limit the planner worked under: the constraint if given, never above the GPU's memory. None
+    where the stored request no longer parses (say, a GPU preset removed since): the page then shows the plan
+    without the limit line rather than failing."""
+    try:
+        parsed: HybridRequest = parse(HybridRequest, request)
+    except SpecError:
+        return None
+    return memory_limit_bytes(parsed.cluster, parsed.constraints) / 2**30
 
 
 # What fits in a narrow strip cell; the legend and tooltips carry the full words.
@@ -234,7 +241,7 @@ def _stages(strategy: StrategyDoc, estimate: HybridEstimate) -> list[Stage]:
 def build(request: dict[str, Any], result: HybridResult) -> HybridView:
     estimate, strategy = result.estimate, result.strategy
     layers = strategy.layers
-    view = HybridView(summary=estimate, memory_limit_gib=memory_limit_gib(parse(HybridRequest, request)),
+    view = HybridView(summary=estimate, memory_limit_gib=memory_limit_gib(request),
                       embedding=strategy.embedding if strategy.embedding.model_fields_set else None)
     view.stages = _stages(strategy, estimate)
 

@@ -7,9 +7,11 @@ import re
 from typing import Any
 
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from service import jobs, plans, runs
 from service.db.engine import Database
+from service.db.models import Plan, PlanRequest
 from service.runs import create_run
 from service.tokens import Principal
 from service.workers import register_worker
@@ -69,6 +71,19 @@ def test_hybrid_page_survives_missing_optional_fields(ui_client: TestClient, ui_
     assert 'id="layer-strip"' in resp.text
     assert 'id="timeline"' not in resp.text and 'id="memory"' not in resp.text
 
+
+def test_hybrid_page_of_a_request_that_no_longer_parses_shows_the_plan(ui_client: TestClient, ui_db: Database) -> None:
+    """A stored request the current rules refuse (here: a GPU preset unknown today) still shows its plan, without
+    the memory-limit line, not a server error."""
+    request, result = samples.hybrid(num_layers=6, pp=1)
+    plan_id = store_plan(ui_db, request, result)
+    with ui_db.writing() as session:
+        stored = session.execute(select(PlanRequest).join(Plan, Plan.request_id == PlanRequest.id)
+                                 .where(Plan.id == plan_id)).scalar_one()
+        stored.request = {**request, "cluster": {**request["cluster"], "gpu": "retired-gpu"}}
+    resp = ui_client.get(f"/plans/{plan_id}")
+    assert resp.status_code == 200 and 'id="layer-strip"' in resp.text
+    assert "limit —" in resp.text
 
 def test_flexsp_page_places_groups_on_their_ranks(ui_client: TestClient, ui_db: Database) -> None:
     request, result = samples.flexsp(num_sequences=20, ranks=16)
@@ -236,4 +251,5 @@ def test_form_takes_a_pasted_hugging_face_config(ui_client: TestClient) -> None:
     assert bad.status_code == 422 and "<code>hf_config</code>: not JSON" in bad.text and "{not json" in bad.text
     latent = ui_client.post("/plans/new", data={**form, "hf_config": json.dumps({**cfg, "kv_lora_rank": 64})})
     assert latent.status_code == 422 and "kv_lora_rank" in latent.text
+
 
