@@ -75,7 +75,7 @@ def test_hybrid_page_survives_missing_optional_fields(ui_client: TestClient, ui_
 def test_hybrid_page_of_a_request_that_no_longer_parses_shows_the_plan(ui_client: TestClient, ui_db: Database) -> None:
     """A stored request the current rules refuse (here: a GPU preset unknown today) still shows its plan, without
     the memory-limit line, not a server error."""
-    request, result = samples.hybrid(num_layers=6, pp=1)
+    request, result = samples.hybrid(num_layers=5, pp=1)
     plan_id = store_plan(ui_db, request, result)
     with ui_db.writing() as session:
         stored = session.execute(select(PlanRequest).join(Plan, Plan.request_id == PlanRequest.id)
