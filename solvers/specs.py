@@ -29,6 +29,10 @@ MAX_WIDTH = 2**24  # hidden, FFN and head sizes, heads (PaLM 540B: hidden 18,432
 MAX_SEQ_LENGTH = 2**30  # tokens per sample (the longest-context training runs reach ~10 M)
 MAX_LAYERS = 4096
 MAX_EXPERTS = 2**20  # per MoE layer ("A Mixture of a Million Experts", 2024)
+# What a request leaves out: one node of eight GPUs, sequences of 2,048 tokens (the dashboard's form shows the same)
+DEFAULT_NODES = 1
+DEFAULT_GPUS_PER_NODE = 8
+DEFAULT_SEQ_LENGTH = 2048
 
 
 class _Spec(BaseModel):
@@ -210,8 +214,8 @@ class GPUSpec(_Spec):
 
 class ClusterSpec(_Spec):
     gpu: GPUSpec
-    nodes: int = Field(default=1, gt=0, le=100_000)
-    gpus_per_node: int = Field(default=8, gt=0, le=1024)
+    nodes: int = Field(default=DEFAULT_NODES, gt=0, le=100_000)
+    gpus_per_node: int = Field(default=DEFAULT_GPUS_PER_NODE, gt=0, le=1024)
     intra_node_bandwidth_GBps: float | None = Field(default=None, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
     inter_node_bandwidth_Gbps: float | None = Field(default=None, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
 
@@ -252,7 +256,7 @@ MAX_GLOBAL_BATCH_SIZE = 2**40
 
 class TrainingSpec(_Spec):
     global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH_SIZE)
-    seq_length: int = Field(default=2048, gt=0, le=MAX_SEQ_LENGTH)
+    seq_length: int = Field(default=DEFAULT_SEQ_LENGTH, gt=0, le=MAX_SEQ_LENGTH)
     precision: Precision = "bf16"
     optimizer: Literal["adam", "adamw"] = "adam"
 

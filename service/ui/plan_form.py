@@ -17,6 +17,7 @@ import numpy as np
 from solvers.documents import DEFAULT_KIND, PLAN_KINDS
 from solvers.errors import FieldProblem, shown
 from solvers.presets import GPU_PRESETS, MODEL_PRESETS
+from solvers.specs import DEFAULT_GPUS_PER_NODE, DEFAULT_NODES, DEFAULT_SEQ_LENGTH
 from solvers.spindle.presets import WORKLOAD_PRESETS
 
 # FlexSP needs concrete sequence lengths: the synthetic long-tailed batch (lognormal around 4K
@@ -44,10 +45,10 @@ class FormInput:
     kind: str = DEFAULT_KIND
     model: str = "llama2-7b"
     gpu: str = "A100-80GB"
-    nodes: int = 1
-    gpus_per_node: int = 8
+    nodes: int = DEFAULT_NODES
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     global_batch_size: int = 64
-    seq_length: int = 2048
+    seq_length: int = DEFAULT_SEQ_LENGTH
     memory_limit_gib: float | None = None
     workload: str = ""
     exact: bool = True  # Spindle: run the CP-SAT model after the wavefront planner (up to its time limit)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from service.ui import format as fmt
+from solvers.specs import DEFAULT_GPUS_PER_NODE, DEFAULT_NODES, DEFAULT_SEQ_LENGTH
 
 
 def as_map(value: Any) -> Mapping[str, Any]:
@@ -20,7 +21,7 @@ def as_map(value: Any) -> Mapping[str, Any]:
 def cluster_size(request: Mapping[str, Any]) -> int:
     cluster = as_map(request.get("cluster"))
     try:
-        return int(cluster.get("nodes", 1)) * int(cluster.get("gpus_per_node", 8))
+        return int(cluster.get("nodes", DEFAULT_NODES)) * int(cluster.get("gpus_per_node", DEFAULT_GPUS_PER_NODE))
     except (TypeError, ValueError):
         return 0
 
@@ -51,14 +52,14 @@ def cluster_label(request: Mapping[str, Any]) -> str:
     if isinstance(gpu, Mapping):
         gpu = gpu.get("name") or gpu.get("preset")
     gpu_name = str(gpu or "")
-    nodes, per = cluster.get("nodes", 1), cluster.get("gpus_per_node", 8)
+    nodes, per = cluster.get("nodes", DEFAULT_NODES), cluster.get("gpus_per_node", DEFAULT_GPUS_PER_NODE)
     return f"{nodes}×{per} {gpu_name}".strip()
 
 
 def batch_label(request: Mapping[str, Any]) -> str:
     training = as_map(request.get("training"))
     if training:
-        return f"batch {training.get('global_batch_size', '?')} × seq {training.get('seq_length', 2048)}"
+        return f"batch {training.get('global_batch_size', '?')} × seq {training.get('seq_length', DEFAULT_SEQ_LENGTH)}"
     lengths = as_map(request.get("batch")).get("sequence_lengths")
     if isinstance(lengths, list):
         return f"{len(lengths)} sequences, {fmt.number(sum(x for x in lengths if isinstance(x, int | float)))} tokens"
