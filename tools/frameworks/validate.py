@@ -169,10 +169,14 @@ class Megatron:
 
 # ------------------------------------------------------------------------------------------------ DeepSpeed
 class DeepSpeed:
-    """``deepspeed.runtime.config.DeepSpeedConfig`` (DeepSpeed 0.19.8) on a world of ``--gpus`` ranks, with the
-    ``mpu`` that ``deepspeed.initialize`` would have: a PipelineModule's grid
-    (``PipeDataParallelTopology(num_pp=pipeline.stages, num_dp=world // stages)``) where the config asks for
-    pipeline stages, else none. Then PipelineEngine's start-up check on ZeRO (pipe/engine.py)."""
+    """``deepspeed.runtime.config.DeepSpeedConfig`` (DeepSpeed 0.19.8) on a world of ``--gpus`` ranks, with what
+    ``deepspeed.initialize`` passes it: a PipelineModule's grid as ``mpu``
+    (``PipeDataParallelTopology(num_pp=pipeline.stages, num_dp=world // stages)``, or
+    ``PipeModelDataParallelTopology`` with ``num_mp = tensor_parallel.autotp_size``) where the config asks for
+    pipeline stages; else the (data_parallel, sequence_parallel) mesh where the config gives both sizes; else
+    nothing (then DeepSpeed takes the data-parallel world as all GPUs over ``sequence_parallel_size``: AutoTP's
+    ``tensor_parallel.autotp_size`` does not enter the batch check unless the model code passes an ``mpu``).
+    Then PipelineEngine's start-up check on ZeRO (pipe/engine.py)."""
 
     def __init__(self) -> None:
         with _quiet():
@@ -183,10 +187,15 @@ class DeepSpeed:
             ds_torch_comm.build_shm_op = lambda: None
             import deepspeed.comm as ds_dist
             from deepspeed.runtime.config import DeepSpeedConfig
-            from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid
+            from deepspeed.runtime.pipe.topology import (
+                PipeDataParallelTopology,
+                PipelineParallelGrid,
+                PipeModelDataParallelTopology,
+            )
             from deepspeed.runtime.zero.config import ZeroStageEnum
         self.dist, self.config_class = ds_dist, DeepSpeedConfig
         self.topology, self.grid, self.zero_enum = PipeDataParallelTopology, PipelineParallelGrid, ZeroStageEnum
+        self.mp_topology = PipeModelDataParallelTopology
 
     def validate(self, job: Job) -> dict[str, Any]:
         try:
@@ -201,11 +210,20 @@ class DeepSpeed:
                 self.dist.init_distributed(dist_backend="fake", auto_mpi_discovery=False)
             stages = (cfg.get("pipeline") or {}).get("stages", "auto")
             mpu = None
-            if isinstance(stages, int) and stages > 1:  # the model code is a PipelineModule(num_stages=stages)
-                if job.gpus % stages:
-                    raise Refused(f"{job.gpus} GPUs do not split into {stages} pipeline stages")
-                mpu = self.grid(topology=self.topology(num_pp=stages, num_dp=job.gpus // stages))
-            c = self.config_class(cfg, mpu=mpu)
+            autotp = (cfg.get("tensor_parallel") or {}).get("autotp_size") or 1
+            if isinstance(stages, int) and stages > 1:
+                # the model code is a PipelineModule(num_stages=stages), its topology with the config's TP degree
+                if job.gpus % (stages * autotp):
+                    raise Refused(f"{job.gpus} GPUs do not split into {stages} pipeline stages x TP {autotp}")
+                topology = self.topology(num_pp=stages, num_dp=job.gpus // stages) if autotp == 1 else \
+                    self.mp_topology(num_pp=stages, num_mp=autotp, num_dp=job.gpus // stages // autotp)
+                mpu = self.grid(topology=topology)
+            mesh = None
+            if mpu is None and "sequence_parallel_size" in cfg and "data_parallel_size" in cfg:
+                # deepspeed.initialize builds this mesh from the config itself
+                mesh = self.dist.initialize_mesh_device((cfg["data_parallel_size"], cfg["sequence_parallel_size"]),
+                                                        ("data_parallel", "sequence_parallel"))
+            c = self.config_class(cfg, mpu=mpu, mesh_device=mesh)
             if mpu is not None and c.zero_optimization_stage >= self.zero_enum.gradients:
                 # PipelineEngine.__init__ (deepspeed/runtime/pipe/engine.py)
                 raise Refused("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism")
