@@ -19,6 +19,9 @@ import pytest
 
 from tests.frameworks.conftest import Validator
 
+# the first test builds the frameworks venv (about 2 minutes with pip's cache warm, longer on a new machine)
+pytestmark = pytest.mark.timeout(1500)
+
 # ------------------------------------------------------------------------------------------------ hand-written
 MEGATRON_GOOD = """# tp2 x pp2 (4 model chunks a stage) x dp4 on 16 GPUs
 torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py \\

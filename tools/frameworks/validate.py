@@ -192,16 +192,17 @@ class DeepSpeed:
                 PipelineParallelGrid,
                 PipeModelDataParallelTopology,
             )
+            from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config
             from deepspeed.runtime.zero.config import ZeroStageEnum
         self.dist, self.config_class = ds_dist, DeepSpeedConfig
         self.topology, self.grid, self.zero_enum = PipeDataParallelTopology, PipelineParallelGrid, ZeroStageEnum
-        self.mp_topology = PipeModelDataParallelTopology
+        self.mp_topology, self.load = PipeModelDataParallelTopology, load_ds_config
 
     def validate(self, job: Job) -> dict[str, Any]:
-        try:
-            cfg = json.loads(job.path.read_text())
-        except json.JSONDecodeError as e:
-            raise Refused(f"not JSON: {e}") from None
+        try:  # as deepspeed.initialize reads a config file: hjson, a duplicate key refused
+            cfg = self.load(str(job.path))
+        except Exception as e:
+            raise Refused(f"{type(e).__name__}: {e}") from None
         if not isinstance(cfg, dict):
             raise Refused("a DeepSpeed config is a JSON object")
         with _quiet():
