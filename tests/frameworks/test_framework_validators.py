@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.frameworks.conftest import Validator
+from tests.frameworks.plans import CORPUS, Plan
 
 # the first test builds the frameworks venv (about 2 minutes with pip's cache warm, longer on a new machine)
 pytestmark = pytest.mark.timeout(1500)
@@ -128,38 +129,8 @@ def test_known_bad_configuration_is_refused(case: Case, validators: dict[str, Va
 
 
 # ------------------------------------------------------------------------------------------------ exports
-@dataclass(frozen=True)
-class Plan:
-    model: str
-    gpu: str
-    nodes: int
-    gpus_per_node: int
-    batch: int
-    seq: int
-    constraints: tuple[tuple[str, Any], ...] = ()
-
-    @property
-    def gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
-
-    @property
-    def arch(self) -> int:
-        return 8 if self.gpu.startswith("A100") else 10 if self.gpu.startswith("B200") else 9
-
-    def request(self) -> dict[str, Any]:
-        return {"kind": "hybrid", "model": {"preset": self.model},
-                "cluster": {"gpu": self.gpu, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node},
-                "training": {"global_batch_size": self.batch, "seq_length": self.seq},
-                "constraints": dict(self.constraints)}
-
-
-PLANS = {  # solved in well under a second each
-    "llama2-7b-2x8-a100": Plan("llama2-7b", "A100-80GB", 2, 8, 64, 2048),  # dp16, a per-layer ZeRO/recompute mix
-    "llama2-13b-2x8-a100-40": Plan("llama2-13b", "A100-40GB", 2, 8, 64, 4096, (("max_cp", 1),)),  # tp4 dp4
-    "llama3-70b-4x8-h100": Plan("llama3-70b", "H100-SXM", 4, 8, 128, 4096, (("max_cp", 1),)),  # pp2 tp4 dp4
-    "llama2-7b-1x8-interleaved": Plan("llama2-7b", "A100-40GB", 1, 8, 64, 4096,
-                                      (("max_cp", 1), ("schedule", "interleaved"))),  # pp2 x 2 chunks, tp2 dp2
-}
+PLANS = {name: CORPUS[name] for name in ("llama2-7b-2x8-a100", "llama2-13b-2x8-a100-40", "llama3-70b-4x8-h100",
+                                        "llama2-7b-1x8-interleaved")}
 
 TOML = ("torchtitan 0.3.0 reads no TOML file (a config function named by --module/--config, then overrides)",
         "torchtitan 0.3.0 reads no TOML file: --module is required")
