@@ -39,3 +39,9 @@ class ExportInput:
         """Which layers are MoE, by the model; None for a dense model or without one."""
         m = self.model
         return [m.is_moe_layer(i) for i in range(m.num_layers)] if m is not None and m.moe else None
+
+    @property
+    def precision(self) -> str:
+        """The request's training precision (the cost model's default, bf16, without one)."""
+        training = (self.request or {}).get("training") or {}
+        return str(training.get("precision") or "bf16")

@@ -294,13 +294,17 @@ def test_export_states_what_the_framework_would_run_at(fmt: str, run_plan: Any) 
     assert "runs it" not in export(result, fmt)  # without the request there is nothing to estimate with
 
 
-def test_deepspeed_runs_context_parallelism_as_ulysses_and_cannot_run_tp_with_it() -> None:
+def test_deepspeed_runs_context_parallelism_as_ulysses_and_tp_with_it_as_one_group() -> None:
     cp = LayerStrategy(tp=1, dp=4, cp=4, zero=2)
     run = deepspeed_run_plan(PlanStrategy(pp=1, micro_batches=4, layers=(cp,) * 4, stage_layers=(4,)))
     assert run is not None and {(x.tp, x.cp, x.sp, x.zero) for x in run.layers} == {(4, 1, "ulysses", 2)}
     assert run.embedding.tp == 1 and run.embedding.dp == 16
+    # DeepSpeed has one axis for the ranks sharing a layer: Ulysses on its mesh, AutoTP in a pipeline's grid
     both = LayerStrategy(tp=2, dp=2, cp=4, sp="megatron")
-    assert deepspeed_run_plan(PlanStrategy(pp=1, micro_batches=4, layers=(both,) * 4, stage_layers=(4,))) is None
+    flat = deepspeed_run_plan(PlanStrategy(pp=1, micro_batches=4, layers=(both,) * 4, stage_layers=(4,)))
+    assert {(x.tp, x.cp, x.sp, x.dp) for x in flat.layers} == {(8, 1, "ulysses", 2)}
+    piped = deepspeed_run_plan(PlanStrategy(pp=2, micro_batches=4, layers=(both,) * 4, stage_layers=(2, 2)))
+    assert {(x.tp, x.cp, x.sp, x.dp, x.zero) for x in piped.layers} == {(8, 1, None, 2, 0)}
 
 
 def test_moe_plan_exports_its_experts_and_expert_parallelism() -> None:
