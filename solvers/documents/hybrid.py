@@ -121,6 +121,8 @@ class HybridSearch(Document):
                                "the whole space)")
     target_plans_checked: int | None = Field(None, description="a framework target: fitting plans of its uniform "
                                              "grid whose run was checked, fastest first")
+    target_grid_best_step_time_s: float | None = Field(None, description="a framework target: the fastest fitting "
+                                                       "plan of its uniform grid (the plan is at least as fast)")
 
 
 class HybridResult(ResultDocument):

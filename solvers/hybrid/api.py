@@ -207,6 +207,7 @@ def _solve_for(req: HybridRequest, request: dict[str, Any], cm: CostModel, space
             "target": target,
             "plan_from": f"uniform-grid:{target}",
             "target_plans_checked": found.grid_plans,
+            "target_grid_best_step_time_s": found.grid_best_s,
             "time_limited": False,
             # the whole grid is priced: no plan the target runs in this space is faster (no claim beyond it)
             "lower_bound_step_time_s": step,
