@@ -46,8 +46,12 @@ def _expressible(target: Target, x: LayerStrategy, pp: int) -> bool:
     if target == "torchtitan":  # TP always with SP; FSDP is ZeRO-3 alone, ZeRO-1 pipelined
         return x.sp == ("megatron" if x.tp > 1 else None) and (
             not sharded or x.zero in (0, 1 if pp > 1 else 3))
-    # deepspeed: AutoTP without SP or Ulysses, no ring CP; its pipeline engine takes ZeRO-0/1
-    return x.cp == 1 and x.sp != "megatron" and (pp == 1 or x.zero <= 1 or not sharded)
+    # deepspeed: AutoTP without SP or Ulysses, no ring CP; its pipeline engine takes ZeRO-0/1, and its pipeline
+    # topology (PipeDataParallelTopology: pipe x data [x AutoTP]) has no sequence-parallel axis, so with pipeline
+    # stages DeepSpeed counts a Ulysses group as data parallel and refuses the batch sizes
+    if pp > 1 and (x.sp == "ulysses" or (x.zero > 1 and sharded)):
+        return False
+    return x.cp == 1 and x.sp != "megatron"
 
 
 def _schedules(target: Target) -> tuple[str, ...]:
