@@ -64,6 +64,9 @@ def why_none(target: Target, space: SearchSpace, cm: CostModel) -> str:
     if not set(space.schedules) & set(_schedules(target)):
         return (f"{target} runs no {' or '.join(space.schedules)} schedule (it runs {', '.join(_schedules(target))}):"
                 " choose another constraints.schedule or target")
+    if not _grid(target, space)[1]:
+        return (f"the constraints leave {target} no layer layout it runs (its ZeRO stages, sequence-parallel kinds "
+                "and parallelisms under constraints.zero, sp, max_tp, max_cp)")
     gib = cm.memory_limit_bytes / 2**30
     return (f"no uniform plan {target} runs fits in {gib:.1f} GiB per GPU under the constraints; target "
             '"paraplan" searches per-layer plans too')

@@ -153,3 +153,10 @@ def test_http_target(client: Any) -> None:
     detail = bad.json()["detail"]
     assert ["body", "constraints", "target"] in [d["loc"] for d in detail]
     assert all(t in bad.text for t in ("paraplan", "megatron", "torchtitan", "deepspeed"))
+
+
+def test_the_summary_names_the_target_and_claims_no_whole_space_certificate() -> None:
+    from solvers.hybrid.api import summarise
+
+    text = "\n".join(summarise(_request("gpt3-1.3b-4", "deepspeed"), _solved("gpt3-1.3b-4", "deepspeed")))
+    assert "target deepspeed" in text and "certificate" not in text
