@@ -280,7 +280,9 @@ class Constraints(_Spec):
     allow_approximate: bool = False
     time_limit_s: float | None = Field(default=None, gt=0)
     seed: int = 0
-
+    # the framework the plan is for: "paraplan" searches the whole space, a framework only the uniform plans it
+    # runs exactly as planned (solvers.hybrid.targets)
+    target: Literal["paraplan", "megatron", "torchtitan", "deepspeed"] = "paraplan"
 
     @field_validator("max_virtual_stages")
     @classmethod

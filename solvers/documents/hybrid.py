@@ -117,6 +117,12 @@ class HybridSearch(Document):
     baselines_cpu_s: float | None = None
     cost_model: str | None = None
     planner_step_time_s: float | None = None
+    target: str | None = Field(None, description="constraints.target: the framework the plan is for ('paraplan': "
+                               "the whole space)")
+    target_plans_checked: int | None = Field(None, description="a framework target: fitting plans of its uniform "
+                                             "grid whose run was checked, fastest first")
+    target_grid_best_step_time_s: float | None = Field(None, description="a framework target: the fastest fitting "
+                                                       "plan of its uniform grid (the plan is at least as fast)")
 
 
 class HybridResult(ResultDocument):

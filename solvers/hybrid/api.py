@@ -11,7 +11,7 @@ from solvers.cost_model.base import CostModel
 from solvers.cost_model.factory import make_cost_model
 from solvers.documents.hybrid import HybridEstimateResult, HybridResult
 from solvers.errors import FieldProblem, InfeasibleError
-from solvers.hybrid import baselines
+from solvers.hybrid import baselines, targets
 from solvers.hybrid.cached import CachedStages
 from solvers.hybrid.certificate import certify
 from solvers.hybrid.min_memory import min_memory_bytes
@@ -112,6 +112,8 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
         "pure_dp": (baselines.pure_dp(cm, space, kinds), "plain data parallelism does not fit"),
     }
     t_base, c_base = time.perf_counter() - t0, time.process_time() - c0
+    if req.constraints.target != "paraplan":
+        return _solve_for(req, request, cm, space, kinds, base, (t0, c0, t_base, c_base), progress)
     # only a baseline inside the constrained space may stand in for the plan (ZeRO-3 DP under zero=0 may not)
     found = [b for b, _ in base.values() if b is not None and space.allows(b.plan)]
     incumbent = min(found, key=lambda b: b.step_time_s) if found else None
@@ -159,12 +161,61 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
             "cpu_s": search_cpu,  # this process' CPU time: the fair figure on a shared machine
             "planner_cpu_s": c_cert - c0 - c_base,  # the DP search alone
             "solver": "dp",
+            "target": "paraplan",
             "plan_from": source,
             **stats,
             "baselines_time_s": t_base,
             "baselines_cpu_s": c_base,
             "cost_model": req.cost_model.kind,
             "planner_step_time_s": step,
+        },
+        "baselines": out_base,
+    })
+
+
+Baselines = dict[str, tuple[baselines.Baseline | None, str]]
+
+
+def _solve_for(req: HybridRequest, request: dict[str, Any], cm: CostModel, space: SearchSpace,
+               kinds: list[Hashable], base: Baselines, clocks: tuple[float, float, float, float],
+               progress: Progress | None) -> HybridResult:
+    """The result for a framework ``constraints.target``: the fastest uniform plan the framework runs exactly as
+    planned (``targets.solve_target``), the best of its own space (its bound is itself), and the baselines."""
+    t0, c0, t_base, c_base = clocks
+    target = req.constraints.target
+    c1 = time.process_time()
+    if progress:
+        progress(0.5, f"uniform plans {target} runs")
+    expert_layers = [req.model.is_moe_layer(i) for i in range(len(kinds))]
+    found = targets.solve_target(target, cm, space, kinds, expert_layers, request)
+    if found is None:
+        raise InfeasibleError([FieldProblem(("constraints", "target"), targets.why_none(target, space, cm))])
+    est = cm.evaluate(found.plan)
+    thr, step = est.throughput_samples_per_s, est.step_time_s
+    out_base = {name: baselines.report(b, cm.evaluate(b.plan) if b else None, thr, why, 0.0, req.constraints)
+                for name, (b, why) in base.items()}
+    if progress:
+        progress(1.0, "done")
+    return HybridResult.model_validate({
+        "estimate": est.to_dict(),
+        "strategy": found.plan.to_dict(),
+        "search": {
+            "time_s": time.perf_counter() - t0,
+            "cpu_s": time.process_time() - c0,
+            "planner_cpu_s": time.process_time() - c1,
+            "solver": f"uniform-grid:{target}",
+            "target": target,
+            "plan_from": f"uniform-grid:{target}",
+            "target_plans_checked": found.grid_plans,
+            "target_grid_best_step_time_s": found.grid_best_s,
+            "time_limited": False,
+            # the whole grid is priced: no plan the target runs in this space is faster (no claim beyond it)
+            "lower_bound_step_time_s": step,
+            "optimality_gap": 0.0,
+            "baselines_time_s": t_base,
+            "baselines_cpu_s": c_base,
+            "cost_model": req.cost_model.kind,
+            "planner_step_time_s": found.step_time_s,
         },
         "baselines": out_base,
     })

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -44,6 +44,14 @@ def without_experts(x: LayerStrategy) -> LayerStrategy:
     return replace(x, ep=1, etp=None, lsh=False)
 
 
+SplitRule = Callable[[int, PipelineConfig], "tuple[int, ...] | None"]
+EmbeddingRule = Callable[[LayerStrategy], EmbeddingStrategy]
+
+
+def megatron_split(n_layers: int, cfg: PipelineConfig) -> tuple[int, ...] | None:
+    return pipeline.even_split(n_layers, cfg.pp, pipeline.chunks(cfg.schedule, cfg.virtual_stages))
+
+
 def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], configs: Iterable[PipelineConfig],
                  strategies: Iterable[LayerStrategy], name: str,
                  expert_layers: Sequence[bool] | None = None) -> Baseline | None:
@@ -51,11 +59,24 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
 
     ``expert_layers``: which layers are MoE; the others take each strategy without its expert fields (the
     cost model prices a dense layer alike either way)."""
+    best: list[Baseline] = []  # the fastest so far: the generator prunes against it as it goes
+    for b in uniform_plans(cm, space, kinds, configs, strategies, name, expert_layers,
+                           ceiling=lambda: best[0].step_time_s if best else math.inf):
+        best[:] = [b]  # the generator yields only plans faster than the ceiling
+    return best[0] if best else None
+
+
+def uniform_plans(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], configs: Iterable[PipelineConfig],
+                  strategies: Iterable[LayerStrategy], name: str, expert_layers: Sequence[bool] | None = None,
+                  split: SplitRule = megatron_split, embedding: EmbeddingRule = megatron_embedding,
+                  ceiling: Callable[[], float] = lambda: math.inf) -> Iterator[Baseline]:
+    """Every fitting plan that uses one of ``strategies`` for every layer, over ``configs``, its stages split by
+    ``split`` and its embedding laid out by ``embedding``; where the cost model's pipeline is linear, only those
+    faster than ``ceiling()`` (asked per configuration: the caller's best so far)."""
     strategies = list(strategies)
     first_of: dict[Hashable, int] = {}
     for i, k in enumerate(kinds):
         first_of.setdefault(k, i)
-    best: Baseline | None = None
     n_layers, batch = space.num_layers, space.global_batch_size
     linear = cm.pipeline_traits.linear
     for cfg in configs:
@@ -63,7 +84,7 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
         cands = tuple(x for x in strategies if x.world == g and mbs % x.dp == 0)  # a tuple: asked by identity
         if not cands:
             continue
-        parts = pipeline.even_split(n_layers, cfg.pp, pipeline.chunks(cfg.schedule, cfg.virtual_stages))
+        parts = split(n_layers, cfg)
         if parts is None:
             continue
         # a uniform stage only re-lays out between a layout and itself: one matrix per configuration
@@ -93,11 +114,11 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
             cols = np.flatnonzero(alive)
             layers_step = pipeline.step_time_columns(t[:, cols], u[:, cols], cfg.micro_batches, cfg.virtual_stages,
                                                      cfg.schedule)
-            alive[cols] = layers_step < (best.step_time_s if best else math.inf)
+            alive[cols] = layers_step < ceiling()
         if not alive.any():
             continue
-        # plus each stage's fixed terms under the candidate's embedding (Megatron: the layers' TP group)
-        embs = [megatron_embedding(x) for x in cands]
+        # plus each stage's fixed terms under the candidate's embedding
+        embs = [embedding(x) for x in cands]
         fixed: dict[tuple[int, EmbeddingStrategy], tuple[float, float, float]] = {}
         ft, fu, fm = (np.full_like(t, np.inf) for _ in range(3))
         for s in range(cfg.pp):
@@ -113,15 +134,14 @@ def best_uniform(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], c
         for j in map(int, np.flatnonzero(fits)):
             ctx0 = stage_context(replace(cfg, embedding=embs[j]), 0, batch)
             step = float(cm.pipeline_step_time(list(t[:, j]), list(u[:, j]), ctx0))
-            if math.isfinite(step) and (best is None or step < best.step_time_s):
+            if math.isfinite(step) and step < ceiling():
                 x = cands[j]
                 layers = tuple(x if expert_layers is None or expert_layers[i] else without_experts(x)
                                for i in range(n_layers))
                 plan = PlanStrategy(pp=cfg.pp, micro_batches=cfg.micro_batches, layers=layers,
                                     stage_layers=parts, schedule=cfg.schedule,
                                     virtual_stages=cfg.virtual_stages, embedding=embs[j])
-                best = Baseline(name, plan, step)
-    return best
+                yield Baseline(name, plan, step)
 
 
 def _dp_strategies(n: int, zero: int, recomputes: Iterable[Recompute]) -> list[LayerStrategy]:

@@ -93,6 +93,13 @@ def _plan_lines(request: Mapping[str, Any], strategy: StrategyDoc, estimate: Hyb
 def _search(search: HybridSearch) -> list[str]:
     """The certificate and the search's effort, where the result records them."""
     out: list[str] = []
+    if search.target not in (None, "paraplan"):  # a framework target: the whole uniform grid it runs was priced
+        out.append(f"target {search.target}: the fastest fitting uniform plan {search.target} runs exactly as "
+                   "planned (every such plan of the search space priced); per-layer plans are not searched")
+        if search.cpu_s is not None:
+            out.append(f"search: {search.cpu_s:.2f} s CPU, {search.target_plans_checked} fitting plan(s) checked "
+                       f"against {search.target}'s run")
+        return out
     bound, gap = search.lower_bound_step_time_s, search.optimality_gap
     if bound is not None and gap is not None:
         out.append(f"certificate: no plan of the search space runs a step under {seconds(bound)}; "
