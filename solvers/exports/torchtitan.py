@@ -192,7 +192,8 @@ def torchtitan_command(plan: PlanStrategy, batch: int, seq: int, model: Torchtit
         notes.append(model.missing)
     if model.config in CONFIG_CAVEATS:
         notes.append(CONFIG_CAVEATS[model.config])
-    notes += layout_notes(plan, s, "torchtitan")
+    # torchtitan takes any stage split by module names: uneven stages run as planned, no approximation
+    notes += [n for n in layout_notes(plan, s, "torchtitan") if not n.startswith("uneven pipeline stages")]
     rc = recompute or _dominant_recompute(plan)
     if rc.modes(plan.stage_layers) != [x.recompute for x in plan.layers]:
         notes.append(f"the plan's recomputation ({', '.join(sorted({x.recompute for x in plan.layers}))}) runs as "
