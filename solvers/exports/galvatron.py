@@ -55,11 +55,19 @@ def galvatron_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None 
         return None
 
 
+def with_both_embedding_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the embedding's ZeRO-3 switch under both names Galvatron has read: ``embed_sdp``
+    (hetu-galvatron 2.4.0 on PyPI) and ``vocab_sdp`` (Galvatron's HEAD, which ignores ``embed_sdp``: a ZeRO-3
+    embedding written only as that would silently run unsharded there). Each version ignores the other's key."""
+    return {**config, "vocab_sdp": config.get("embed_sdp", 0)}
+
+
 def galvatron_json(job: ExportInput) -> str:
     """Galvatron's plan file, with ``_paraplan_notes`` saying what it runs differently: the file read back,
     against the plan (and, with the request, estimated as the other exports are)."""
     plan = job.plan
-    config = plan_to_galvatron_config(plan, global_batch_size=job.batch, num_gpus=job.num_gpus)
+    config = with_both_embedding_keys(plan_to_galvatron_config(plan, global_batch_size=job.batch,
+                                                               num_gpus=job.num_gpus))
     try:
         run = _read_back(config, plan, job.num_gpus)
     except SpecError as err:
@@ -67,6 +75,9 @@ def galvatron_json(job: ExportInput) -> str:
     else:
         note = as_run_note(run, job, "Galvatron")
         notes = ([note] if note else []) + galvatron_notes(plan, run)
+    if config["vocab_sdp"]:
+        notes.append("the embedding's ZeRO-3 is written as both embed_sdp (hetu-galvatron 2.4.0) and vocab_sdp "
+                     "(Galvatron HEAD): each version reads one and ignores the other")
     config["_paraplan_notes"] = notes
     return json.dumps(config, indent=2) + "\n"
 

@@ -132,13 +132,10 @@ def test_known_bad_configuration_is_refused(case: Case, validators: dict[str, Va
 PLANS = {name: CORPUS[name] for name in ("llama2-7b-2x8-a100", "llama2-13b-2x8-a100-40", "llama3-70b-4x8-h100",
                                         "llama2-7b-1x8-interleaved")}
 
-TOML = ("torchtitan 0.3.0 reads no TOML file (a config function named by --module/--config, then overrides)",
-        "torchtitan 0.3.0 reads no TOML file: --module is required")
 KNOWN_FAILURES = {  # (framework, plan) -> (why the framework refuses the current export, words of its error) (#33)
     ("megatron", "llama2-7b-1x8-interleaved"): (
         "Megatron-LM core_r0.19 has no --overlap-p2p-comm (overlap is on by default there)",
         "unrecognized arguments: --overlap-p2p-comm"),
-    **{("torchtitan", p): TOML for p in PLANS},
 }
 
 
@@ -159,7 +156,7 @@ def export_file(tmp_path: Path, plan: Plan, fmt: str) -> Path:
 
     request = plan.request()
     result = solve(request)
-    suffix = {"megatron": ".sh", "deepspeed": ".json", "torchtitan": ".toml", "galvatron": ".json"}[fmt]
+    suffix = {"megatron": ".sh", "deepspeed": ".json", "torchtitan": ".sh", "galvatron": ".json"}[fmt]
     path = tmp_path / f"export-{fmt}{suffix}"
     path.write_text(export(result, fmt, request))
     return path
@@ -196,6 +193,14 @@ def test_current_export_is_accepted_by_the_framework(framework: str, plan_name: 
 
         num_layers = ModelSpec.model_validate({"preset": plan.model}).num_layers
     got = validators[framework].check(path, plan.gpus, gpu_arch=plan.arch, num_layers=num_layers)
+    text = path.read_text()
+    if framework == "torchtitan" and "torchtitan 0.3.0 has no config for" in text:
+        # the export names the config function the user must add (test_torchtitan_export.py checks the rest):
+        # torchtitan refuses exactly that name; the command is checked with llama3_8b standing in for it
+        missing = text.split("--config ", 1)[1].split()[0]
+        assert f"Config function '{missing}' not found" in got["error"]
+        path.write_text(text.replace(f"--config {missing}", "--config llama3_8b"))
+        got = validators[framework].check(path, plan.gpus, gpu_arch=plan.arch)
     known = KNOWN_FAILURES.get((framework, plan_name))
     if known and not got["accepted"] and known[1] in got["error"]:
         raise RefusedAsKnown(got["error"])
@@ -206,7 +211,8 @@ def test_current_export_is_accepted_by_the_framework(framework: str, plan_name: 
     split = read["tp"] * read["ulysses_sp"] if framework == "deepspeed" else read["tp"]
     assert split == _dominant_tp(plan) or framework == "galvatron"  # Galvatron: per layer (checked below)
     if framework == "galvatron":
-        assert read["ignored_keys"] == sorted(["_paraplan_notes", "num_gpus", "sequence_parallel"])
+        # vocab_sdp: Galvatron HEAD's name for 2.4.0's embed_sdp, written beside it with the same value
+        assert read["ignored_keys"] == sorted(["_paraplan_notes", "num_gpus", "sequence_parallel", "vocab_sdp"])
 
 
 def test_validate_cli_exits_0_on_a_refusal_and_2_on_misuse(frameworks_python: Path, tmp_path: Path) -> None:

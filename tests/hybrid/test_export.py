@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-import tomllib
+import shlex
 from dataclasses import replace
 from typing import Any
 
@@ -177,15 +177,43 @@ def test_deepspeed_config_is_consistent_json() -> None:
     assert any("not expressible" in n for n in cfg["_paraplan_notes"])
 
 
-def test_torchtitan_toml_degrees_cover_the_cluster() -> None:
-    doc = tomllib.loads(export(RESULT, "torchtitan", REQUEST))
-    p = doc["parallelism"]
-    world = (p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"] * p["tensor_parallel_degree"]
-             * p["context_parallel_degree"] * p["pipeline_parallel_degree"])
-    assert world == 16
-    assert p["pipeline_parallel_split_points"] == ["layers.14"]
-    assert doc["training"]["global_batch_size"] == 64
+def _torchtitan_args(text: str) -> dict[str, str]:
+    """The torchtitan command's ``--key value`` overrides (the last word of a multi-word value) and its
+    ``activation-checkpoint:MODE`` subcommand."""
+    words = shlex.split(text.replace("\\\n", " "), comments=True)
+    args = {w: words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("-") else ""
+            for i, w in enumerate(words) if w.startswith("--")}
+    for w in words:
+        if w.startswith("activation-checkpoint:"):
+            args["activation-checkpoint"] = w.split(":", 1)[1]
+    return args
 
+
+def _model_parts(text: str) -> list[list[str]]:
+    words = shlex.split(text.replace("\\\n", " "), comments=True)
+    i = words.index("--parallelism.module_fqns_per_model_part") + 1
+    parts = []
+    while not words[i].startswith("-"):
+        parts.append(words[i].split(","))
+        i += 1
+    return parts
+
+
+def test_torchtitan_command_degrees_cover_the_cluster() -> None:
+    """torchtitan 0.3.0 reads no TOML: the export is its launch command (was a TOML job file)."""
+    text = export(RESULT, "torchtitan", REQUEST)
+    p = _torchtitan_args(text)
+    world = 1
+    for key in ("data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
+                "context_parallel_degree", "pipeline_parallel_degree"):
+        world *= int(p[f"--parallelism.{key}"])
+    assert world == 16
+    parts = _model_parts(text)
+    assert [sum(m.startswith("layers.") for m in part) for part in parts] == [14, 18]
+    assert parts[0][:2] == ["tok_embeddings", "layers.0"] and parts[1][-2:] == ["norm", "lm_head"]
+    assert p["--training.global_batch_size"] == "64"
+    # the plan's 8 micro-batches of 2 samples on each of 4 data-parallel ranks, pipelined in one step
+    assert p["--training.local_batch_size"] == "16" and p["--parallelism.pipeline_parallel_microbatch_size"] == "2"
 
 
 def test_torchtitan_interleaved_plan_gets_a_model_part_per_virtual_stage() -> None:
@@ -193,19 +221,18 @@ def test_torchtitan_interleaved_plan_gets_a_model_part_per_virtual_stage() -> No
     looped order), so the 14 + 18 layers split as 7, 9, 7, 9; with one part per rank the schedule would
     not interleave at all."""
     plan = replace(PLAN, schedule="interleaved", virtual_stages=2)
-    doc = tomllib.loads(export(_with(RESULT, plan), "torchtitan", REQUEST))
-    p = doc["parallelism"]
-    assert p["pipeline_parallel_schedule"] == "Interleaved1F1B"
-    assert p["pipeline_parallel_split_points"] == ["layers.7", "layers.16", "layers.23"]
+    text = export(_with(RESULT, plan), "torchtitan", REQUEST)
+    assert _torchtitan_args(text)["--parallelism.pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert [sum(m.startswith("layers.") for m in part) for part in _model_parts(text)] == [7, 9, 7, 9]
 
 
 @pytest.mark.parametrize("limit_gib,flash", [(79, False), (24, False), (20, False), (8, False),
                                              (20, True), (19, True), (18, True)])
 def test_torchtitan_checkpointing_is_the_fastest_setting_it_takes_that_fits(limit_gib: float, flash: bool) -> None:
-    """torchtitan takes one activation-checkpoint setting: none, full, op-selective, or full on every N-th block.
-    The export writes the one that runs fastest within the memory limit by the plan's cost model (the leanest
-    where none fits), as TOML torchtitan reads, and says how the plan's own mix runs. With fused attention the
-    op policy saves little, and every 4th, 3rd, 2nd block in turn is the answer as the limit tightens."""
+    """torchtitan 0.3.0 takes one activation-checkpoint setting: none, op-selective or full (it dropped full on
+    every N-th block). The export writes the one that runs fastest within the memory limit by the plan's cost
+    model (the leanest where none fits), as the subcommand torchtitan reads, and says how the plan's own mix
+    runs."""
     req: dict[str, Any] = {**REQUEST, "constraints": {"memory_limit_gib": limit_gib}}
     if flash:
         req["cost_model"] = {"kind": "analytic", "calibration": {"flash_attention": True}}
@@ -217,9 +244,7 @@ def test_torchtitan_checkpointing_is_the_fastest_setting_it_takes_that_fits(limi
     best = min(scored, key=lambda t: t[0])[1]
     assert torchtitan_recompute(MIXED, None, req) == best
     text = export(result, "torchtitan", req)
-    ac = tomllib.loads(text)["activation_checkpoint"]
-    assert ac["mode"] == best.mode and ac.get("selective_ac_option") == (
-        (str(best.every) if best.every else "op") if best.mode == "selective" else None)
+    assert _torchtitan_args(text)["activation-checkpoint"] == best.mode
     assert f"runs as {best.describe()}" in text
 
 def test_galvatron_config_round_trips() -> None:
@@ -246,7 +271,10 @@ def test_galvatron_config_says_what_galvatron_runs_differently() -> None:
     lossless = replace(PLAN, layers=(replace(A, recompute="none"),) * 32,
                        embedding=EmbeddingStrategy(tp=2, dp=4, zero=3))
     quiet = json.loads(export(_with(RESULT, lossless), "galvatron"))
-    assert quiet["_paraplan_notes"] == []
+    # the one note: the embedding's ZeRO-3 under both versions' key (HEAD ignores 2.4.0's embed_sdp)
+    assert quiet["embed_sdp"] == quiet["vocab_sdp"] == 1
+    assert quiet["_paraplan_notes"] == ["the embedding's ZeRO-3 is written as both embed_sdp (hetu-galvatron 2.4.0) "
+                                        "and vocab_sdp (Galvatron HEAD): each version reads one and ignores the other"]
 
 
 def test_batch_recovered_from_the_estimate_without_request() -> None:
@@ -328,7 +356,7 @@ def test_moe_plan_exports_its_experts_and_expert_parallelism() -> None:
     run = megatron_run_plan(plan, [False, True, False, True])
     assert [(x.ep, x.etp) for x in run.layers] == [(1, None), (4, 1), (1, None), (4, 1)]
     assert "+0.0% against the plan" in text.splitlines()[0]  # Megatron runs exactly this plan
-    assert "expert_parallel_degree = 4" in export(result, "torchtitan", req)
+    assert "--parallelism.expert_parallel_degree 4" in export(result, "torchtitan", req)
 
 
 def test_experts_keep_the_plans_expert_tp_where_the_framework_changes_the_layers_tp() -> None:
