@@ -51,6 +51,10 @@ def _expressible(target: Target, x: LayerStrategy, pp: int) -> bool:
     # stages DeepSpeed counts a Ulysses group as data parallel and refuses the batch sizes
     if pp > 1 and (x.sp == "ulysses" or (x.zero > 1 and sharded)):
         return False
+    # ... and without pipeline stages, no mpu: DeepSpeed counts AutoTP ranks as data-parallel replicas, so its
+    # export runs unpipelined TP as Ulysses of the same degree (not this layout)
+    if pp == 1 and x.sp is None and x.tp > 1:
+        return False
     return x.cp == 1 and x.sp != "megatron"
 
 
