@@ -135,9 +135,6 @@ PLANS = {name: CORPUS[name] for name in ("llama2-7b-2x8-a100", "llama2-13b-2x8-a
 TOML = ("torchtitan 0.3.0 reads no TOML file (a config function named by --module/--config, then overrides)",
         "torchtitan 0.3.0 reads no TOML file: --module is required")
 KNOWN_FAILURES = {  # (framework, plan) -> (why the framework refuses the current export, words of its error) (#33)
-    ("megatron", "llama2-7b-1x8-interleaved"): (
-        "Megatron-LM core_r0.19 has no --overlap-p2p-comm (overlap is on by default there)",
-        "unrecognized arguments: --overlap-p2p-comm"),
     ("deepspeed", "llama2-13b-2x8-a100-40"): (
         "with AutoTP and no mpu DeepSpeed checks train_batch_size against all 16 GPUs (64 != 1 * 16 * 16)",
         "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size 64 != 1 * 16 * 16"),
