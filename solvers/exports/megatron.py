@@ -1,7 +1,9 @@
-"""Megatron-LM command-line arguments. Megatron-LM takes one layer layout, one pipeline split with equal middle
-stages (whole model chunks when interleaved) and one recomputation granularity per run; of the splits and
+"""Megatron-LM (core_r0.19) launch scripts. Megatron-LM takes one layer layout, one pipeline split with equal
+middle stages (whole model chunks when interleaved) and one recomputation granularity per run; of the splits and
 recomputation settings it accepts, the export writes the pair that runs fastest within the memory limit by the
-plan's cost model."""
+plan's cost model. The script also carries the model's architecture (Megatron's defaults are GPT's), the
+request's precision and the environment Megatron asserts, and its header says what runs differently from the
+plan, priced, or that the run is the plan (lossless)."""
 
 from __future__ import annotations
 
@@ -223,6 +225,10 @@ def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: ModelSpec | N
         f"--context-parallel-size {s.cp}", f"--micro-batch-size {micro_batch_size(plan, batch)}",
         f"--global-batch-size {batch}", f"--seq-length {seq}", *_precision_args(launch.precision, notes),
     ]
+    mbs = micro_batch_size(plan, batch)
+    if batch % (mbs * s.dp):  # Megatron derives the accumulation steps and asserts they are whole
+        notes.append(f"global batch {batch} is no multiple of micro-batch {mbs} x data parallel {s.dp}: Megatron-LM "
+                     "will refuse these arguments")
     if _megatron_base(plan).sp == "megatron":
         args.append("--sequence-parallel")
     if s.sp == "ulysses":

@@ -99,3 +99,22 @@ def test_megatron_accepts_the_export_and_runs_what_its_header_prices(name: str, 
     assert ("# lossless: Megatron-LM runs this plan as it is" in text) == (run == plan), text
     if of == "megatron":  # the best uniform Megatron-style plan is what Megatron-LM runs
         assert run == plan
+
+
+@pytest.mark.parametrize(("precision", "flags"), [("fp16", ["--fp16"]), ("fp32", []),
+                                                  ("fp8", ["--bf16", "--fp8-format", "hybrid"])])
+def test_the_request_precision_is_the_one_megatron_runs(precision: str, flags: list[str],
+                                                        validators: dict[str, Validator], tmp_path: Path) -> None:
+    from solvers.hybrid.api import solve
+
+    request = {"kind": "hybrid", "model": {"preset": "llama3-8b", "num_layers": 8},
+               "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
+               "training": {"global_batch_size": 32, "seq_length": 4096, "precision": precision}}
+    text = export(solve(request), "megatron", request)
+    path = tmp_path / "megatron.sh"
+    path.write_text(text)
+    got = validators["megatron"].check(path, 8, gpu_arch=9)
+    assert got["accepted"], got["error"]
+    words = text.split()
+    assert all(f in words for f in flags) and ("--fp16" in words) == (precision == "fp16")
+    assert got["read_back"]["bf16"] == (precision in ("bf16", "fp8"))
