@@ -1,10 +1,13 @@
-"""Megatron-LM command-line arguments. Megatron-LM takes one layer layout, one pipeline split with equal middle
-stages (whole model chunks when interleaved) and one recomputation granularity per run; of the splits and
+"""Megatron-LM (core_r0.19) launch scripts. Megatron-LM takes one layer layout, one pipeline split with equal
+middle stages (whole model chunks when interleaved) and one recomputation granularity per run; of the splits and
 recomputation settings it accepts, the export writes the pair that runs fastest within the memory limit by the
-plan's cost model."""
+plan's cost model. The script also carries the model's architecture (Megatron's defaults are GPT's), the
+request's precision and the environment Megatron asserts, and its header says what runs differently from the
+plan, priced, or that the run is the plan (lossless)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -143,29 +146,99 @@ def exported_run(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None
     return megatron_run_plan(plan, expert_layers, megatron_layout(plan, expert_layers, request))
 
 
+# What the model spec does not carry, for the presets' families (matched on the name's start): the rotary base
+# and the query/key/value biases of their Hugging Face configs. Llama 2 uses Megatron's default base (10000).
+_ROPE_FAMILIES: tuple[tuple[str, int, bool], ...] = (  # (name prefix, rotary base, bias on q/k/v only)
+    ("llama3", 500000, False), ("qwen2", 1000000, True), ("mixtral", 1000000, False), ("llama2", 10000, False),
+)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the arguments are launched: the GPUs per node and nodes (None: left to the launcher's
+    ``$DISTRIBUTED_ARGS``) and the training precision (``TrainingSpec.precision``)."""
+
+    gpus_per_node: int | None = None
+    nodes: int | None = None
+    precision: str = "bf16"
+
+    @classmethod
+    def of(cls, request: Request | None) -> Launch:
+        """From the plan's request as written (the writers read no parsed request: ``inputs``)."""
+        if request is None:
+            return cls()
+        cluster, training = request.get("cluster") or {}, request.get("training") or {}
+        gpn, nodes = cluster.get("gpus_per_node"), cluster.get("nodes")
+        ok = isinstance(gpn, int) and isinstance(nodes, int)
+        return cls(gpn if ok else None, nodes if ok else None, str(training.get("precision") or "bf16"))
+
+    def command(self) -> str:
+        where = (f"--nproc_per_node {self.gpus_per_node} --nnodes {self.nodes}" if self.gpus_per_node
+                 else "$DISTRIBUTED_ARGS")
+        return f"torchrun {where} pretrain_gpt.py"
+
+
+def _precision_args(precision: str, notes: list[str]) -> list[str]:
+    """Megatron-LM's precision flags; FP8 runs its matrix multiplies through Transformer Engine (E4M3 forward,
+    E5M2 backward: ``hybrid``) with BF16 everywhere else, as the cost model's fp8 does."""
+    if precision == "fp16":
+        return ["--fp16"]
+    if precision == "fp32":
+        return []
+    if precision == "fp8":
+        notes.append("fp8: Transformer Engine's hybrid format (E4M3 forward, E5M2 gradients), delayed scaling, "
+                     "BF16 elsewhere")
+        return ["--bf16", "--fp8-format hybrid", "--fp8-recipe delayed"]
+    return ["--bf16"]
+
+
+def _recompute_note(plan: PlanStrategy, run: PlanStrategy | None, rc: MegatronRecompute) -> str | None:
+    """What runs of the plan's recomputation, where it is not what the plan does layer by layer."""
+    if run is not None and [x.recompute for x in run.layers] == [x.recompute for x in plan.layers]:
+        return None
+    kinds = Counter(x.recompute for x in plan.layers)
+    mix = ", ".join(f"{n} x {k}" for k, n in kinds.most_common())
+    if {"full", "selective"} <= set(kinds):
+        why = "Megatron-LM takes one recomputation granularity: the plan's mix of full and selective layers"
+    else:
+        why = ("Megatron-LM recomputes selectively every layer or none, fully the first N of every model chunk: "
+               "the plan's recomputation")
+    return f"{why} runs as {rc.describe()} (the plan: {mix})"
+
+
 def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: ModelSpec | None,
-                  layout: MegatronLayout | None = None) -> str:
+                  layout: MegatronLayout | None = None, launch: Launch | None = None,
+                  run: PlanStrategy | None = None) -> str:
+    """The launch script: notes on what differs from the plan, the environment, torchrun and the arguments.
+    ``run``: what Megatron-LM runs from them (``megatron_run_plan``), to name only the differences."""
     s = dominant(plan)
-    notes = layout_notes(plan, s, "Megatron-LM")
+    launch = launch or Launch()
     layout = layout or _memory_safe_layout(plan)
     rc = layout.recompute
-    if {x.recompute for x in plan.layers} >= {"full", "selective"}:
-        notes.append("Megatron-LM takes one recomputation granularity: the plan's mix of full and selective "
-                     f"layers runs as {rc.describe()}")
+    # the layers' strategy is compared without recomputation: that is one setting for the whole run, noted apart
+    notes = layout_notes(plan, s, "Megatron-LM", recompute=False)
+    note = _recompute_note(plan, run, rc)
+    if note:
+        notes.append(note)
     args = [
         f"--tensor-model-parallel-size {s.tp}", f"--pipeline-model-parallel-size {plan.pp}",
         f"--context-parallel-size {s.cp}", f"--micro-batch-size {micro_batch_size(plan, batch)}",
-        f"--global-batch-size {batch}", f"--seq-length {seq}", "--bf16",
+        f"--global-batch-size {batch}", f"--seq-length {seq}", *_precision_args(launch.precision, notes),
     ]
+    mbs = micro_batch_size(plan, batch)
+    if batch % (mbs * s.dp):  # Megatron derives the accumulation steps and asserts they are whole
+        notes.append(f"global batch {batch} is no multiple of micro-batch {mbs} x data parallel {s.dp}: Megatron-LM "
+                     "will refuse these arguments")
     if _megatron_base(plan).sp == "megatron":
         args.append("--sequence-parallel")
     if s.sp == "ulysses":
         notes.append("Megatron-LM has no Ulysses sequence parallelism: written as tensor parallelism with sequence "
                      "parallelism")
-    if s.zero >= 1:
+    if s.zero >= 1 and s.dp * s.cp > 1:
         args.append("--use-distributed-optimizer")
-    if s.zero >= 2:
-        notes.append(f"ZeRO-{s.zero} approximated by the distributed optimizer (ZeRO-1)")
+    if s.zero >= 2 and s.dp * s.cp > 1:
+        notes.append(f"ZeRO-{s.zero} is not Megatron-LM's: it runs as the distributed optimizer (ZeRO-1: optimizer "
+                     "states sharded, gradients and parameters whole)")
     v = chunks(plan.schedule, plan.virtual_stages)
     split = layout.split
     parts = split or plan.stage_layers
@@ -179,40 +252,76 @@ def megatron_args(plan: PlanStrategy, batch: int, seq: int, model: ModelSpec | N
                      f"splits it accepts this is {why}")
     uneven = len(set(parts)) > 1
     if v > 1:
-        # layers per virtual stage needs an even split; an uneven one names the chunks per rank instead
+        # layers per virtual stage needs an even split; an uneven one names the chunks per rank instead. P2P
+        # communication overlaps compute by default (core_r0.19), which interleaving on 2 stages needs
         args.append(f"--num-virtual-stages-per-pipeline-rank {v}" if uneven
                     else f"--num-layers-per-virtual-pipeline-stage {parts[0] // v}")
-        if plan.pp == 2:  # Megatron refuses interleaving on 2 stages unless p2p overlaps compute
-            args.append("--overlap-p2p-comm")
     args += rc.args(parts, v)
     if uneven:
         args += [f"--decoder-first-pipeline-num-layers {parts[0]}", f"--decoder-last-pipeline-num-layers {parts[-1]}"]
     if model is not None:
         args += _model_args(plan, model, seq, notes)
+    if run is not None and run == plan:
+        notes.insert(0, "lossless: Megatron-LM runs this plan as it is (every layer, stage and setting as planned)")
     head = "".join(f"# {n}\n" for n in notes)
-    return head + " \\\n".join(args) + "\n"
+    # Megatron-LM asserts one CUDA connection under TP or CP, so that communication kernels queue in issue order
+    env = "export CUDA_DEVICE_MAX_CONNECTIONS=1\n" if s.tp > 1 or s.cp > 1 else ""
+    return head + env + launch.command() + " \\\n" + " \\\n".join(args) + "\n"
 
 
 def _model_args(plan: PlanStrategy, model: ModelSpec, seq: int, notes: list[str]) -> list[str]:
-    """The model's shape; what Megatron-Core versions differ on is added to ``notes``."""
+    """The model's shape and architecture, so that Megatron-LM builds the model the plan priced (its defaults are
+    GPT's: LayerNorm, learned positions, biases, GeLU, dropout 0.1); what Megatron-Core versions differ on is
+    added to ``notes``."""
     # Megatron requires --max-position-embeddings and ties the output layer to the embedding by default
     args = [f"--num-layers {model.num_layers}", f"--hidden-size {model.hidden_size}",
-            f"--num-attention-heads {model.num_attention_heads}", f"--max-position-embeddings {seq}"]
+            f"--num-attention-heads {model.num_attention_heads}", f"--max-position-embeddings {seq}",
+            f"--ffn-hidden-size {model.ffn_size}",
+            f"--attention-dropout {model.attention_dropout:g}", f"--hidden-dropout {model.hidden_dropout:g}"]
+    if model.head_dim is not None and model.head_dim * model.num_attention_heads != model.hidden_size:
+        args.append(f"--kv-channels {model.head_dim}")
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
-    if model.ffn_size:
-        args.append(f"--ffn-hidden-size {model.ffn_size}")
     kv, tp = model.kv_heads, dominant(plan).tp
-    if kv and kv != model.num_attention_heads:
+    if kv != model.num_attention_heads:
         args += ["--group-query-attention", f"--num-query-groups {kv}"]
         if kv % tp:  # the plan replicates the KV heads over the TP group
             notes.append(f"{kv} query groups under tensor parallel {tp}: Megatron-Core releases before 0.16 "
                          "refuse it (num_query_groups must be a multiple of tensor_model_parallel_size)")
     if model.mlp == "swiglu":
-        args.append("--swiglu")
+        args += _llama_args(model, notes)
+    if model.vocab_size:
+        args += _vocab_args(model.vocab_size, tp, notes)
     if model.moe:
         args += _moe_args(plan, model, model.moe)
     return args
+
+
+def _llama_args(model: ModelSpec, notes: list[str]) -> list[str]:
+    """A SwiGLU model is of the Llama family (Llama, Mistral, Mixtral, Qwen2): RMSNorm, rotary positions, no
+    linear biases. The spec names none of these; the presets' rotary base and q/k/v biases are looked up by
+    name (``_ROPE_FAMILIES``)."""
+    args = ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
+    family = next((f for f in _ROPE_FAMILIES if model.name.lower().startswith(f[0])), None)
+    if family is None:
+        notes.append("SwiGLU model written as the Llama family's (RMSNorm, rotary positions, no linear biases) at "
+                     "Megatron's rotary base 10000: set --rotary-base (and --add-qkv-bias) as the model's config says")
+        return args
+    _, base, qkv_bias = family
+    args.append(f"--rotary-base {base}")
+    if qkv_bias:
+        args.append("--add-qkv-bias")
+    return args
+
+
+def _vocab_args(vocab: int, tp: int, notes: list[str]) -> list[str]:
+    """The vocabulary, padded as little as Megatron-LM allows: it pads to a multiple of
+    ``make-vocab-size-divisible-by`` x TP (128 by default, which would pad 32000 to 32256 under TP 4)."""
+    div = next(d for d in (128, 64, 32, 16, 8, 4, 2, 1) if vocab % (d * tp) == 0 or d == 1)
+    if vocab % (div * tp):
+        padded = -(-vocab // tp) * tp
+        notes.append(f"vocabulary {vocab} padded to {padded}: Megatron-LM splits it evenly over tensor parallel {tp}")
+    return ["--tokenizer-type NullTokenizer", f"--vocab-size {vocab}", f"--make-vocab-size-divisible-by {div}"]
 
 
 def _moe_args(plan: PlanStrategy, model: ModelSpec, moe: MoESpec) -> list[str]:
@@ -246,10 +355,12 @@ def _uniform_hint(uniform: UniformPlan | None, est: RunEstimate) -> str:
 def write(job: ExportInput) -> str:
     experts = job.expert_layers
     layout = megatron_layout(job.plan, experts, job.request)
-    note, est = as_run(megatron_run_plan(job.plan, experts, layout), job, "Megatron-LM")
+    run = megatron_run_plan(job.plan, experts, layout)
+    note, est = as_run(run, job, "Megatron-LM")
     if est is not None:
         note += _uniform_hint(job.uniform, est)
-    return (f"# {note}\n" if note else "") + megatron_args(job.plan, job.batch, job.seq, job.model, layout)
+    return (f"# {note}\n" if note else "") + megatron_args(job.plan, job.batch, job.seq, job.model, layout,
+                                                            Launch.of(job.request), run)
 
 
 EXPORTER = Exporter("megatron", "text/plain", "txt", exported_run, write)

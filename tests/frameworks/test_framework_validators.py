@@ -132,11 +132,8 @@ def test_known_bad_configuration_is_refused(case: Case, validators: dict[str, Va
 PLANS = {name: CORPUS[name] for name in ("llama2-7b-2x8-a100", "llama2-13b-2x8-a100-40", "llama3-70b-4x8-h100",
                                         "llama2-7b-1x8-interleaved")}
 
-KNOWN_FAILURES = {  # (framework, plan) -> (why the framework refuses the current export, words of its error) (#33)
-    ("megatron", "llama2-7b-1x8-interleaved"): (
-        "Megatron-LM core_r0.19 has no --overlap-p2p-comm (overlap is on by default there)",
-        "unrecognized arguments: --overlap-p2p-comm"),
-}
+# (framework, plan) -> (why the framework refuses the current export, words of its error): none since #33
+KNOWN_FAILURES: dict[tuple[str, str], tuple[str, str]] = {}
 
 
 class RefusedAsKnown(Exception):

@@ -427,7 +427,7 @@ def megatron_refusal(text: str, num_layers: int) -> str | None:
         return "both virtual-stage flags"
     v = 1
     if per_vstage is not None or v_rank is not None:
-        if pp <= (1 if "--overlap-p2p-comm" in flags else 2):
+        if pp <= (2 if "--no-overlap-p2p-communication" in flags else 1):  # core_r0.19 overlaps by default
             return "interleaving on too few stages"
         if v_rank is None:
             if first is not None or last is not None:
