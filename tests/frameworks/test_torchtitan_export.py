@@ -30,6 +30,28 @@ STAND_IN = {layers: config for (layers, *_), (_, config) in TORCHTITAN_CONFIGS.i
 TORCHAO = {"llama3_405b": "llama3_70b"}  # configs that need torchao (float8), absent from the validators' venv
 
 
+def check_torchtitan(validator: Validator, text: str, model: ModelSpec, spec: Any, path: Path) -> dict[str, Any]:
+    """torchtitan's answer for an export. Where torchtitan has no config for the model, the header must name what is
+    missing and what to add, and the command is checked with a stand-in config of that depth; where the config
+    needs torchao (absent from the validators' venv), the header must say so and a bf16 config stands in."""
+    config = re.search(r"--module (\S+) --config (\S+)", text)
+    assert config is not None
+    known = any(config.group(2) == c for _, c in TORCHTITAN_CONFIGS.values())
+    if not known:
+        assert f"torchtitan 0.3.0 has no config for {model.name}" in text and f"{config.group(2)}()" in text
+        text = text.replace(config.group(0), f"--module llama3 --config {STAND_IN.get(model.num_layers, 'llama3_8b')}")
+    path.write_text(text)
+    got = validator.check(path, spec.gpus, gpu_arch=spec.arch)
+    if not got["accepted"] and got["error"].startswith("torchao is not installed") and config.group(2) in TORCHAO:
+        # torchtitan checks no module name of the split against the model, so a bf16 config of another depth serves
+        assert "torchao required" in text
+        path.write_text(text.replace(config.group(0), f"--module llama3 --config {TORCHAO[config.group(2)]}"))
+        got = validator.check(path, spec.gpus, gpu_arch=spec.arch)
+    elif known or model.num_layers in STAND_IN:
+        assert got["accepted"] is False or got["read_back"]["num_layers"] == model.num_layers
+    return got
+
+
 def _cases() -> list[Any]:
     cases = []
     for name in CORPUS:
@@ -87,24 +109,7 @@ def test_torchtitan_accepts_the_export_and_runs_it_as_planned(name: str, of: str
     run = EXPORTER.run_plan(plan, moe, request)
     assert run is not None
     assert "torchtitan 0.3.0" in text
-    config = re.search(r"--module (\S+) --config (\S+)", text)
-    assert config is not None
-    known = any(config.group(2) == c for _, c in TORCHTITAN_CONFIGS.values())
-    if not known:
-        # the header names what is missing and what to add; the command is checked with a stand-in of that depth
-        assert f"torchtitan 0.3.0 has no config for {model.name}" in text and f"{config.group(2)}()" in text
-        text = text.replace(config.group(0), f"--module llama3 --config {STAND_IN.get(model.num_layers, 'llama3_8b')}")
-    path = tmp_path / f"{name}.sh"
-    path.write_text(text)
-    got = validators["torchtitan"].check(path, spec.gpus, gpu_arch=spec.arch)
-    if not got["accepted"] and got["error"].startswith("torchao is not installed") and config.group(2) in TORCHAO:
-        # the validators' venv has no torchao: the header says the config needs it; the rest of the command is
-        # checked with a bf16 config standing in (torchtitan checks no module name of the split against the model)
-        assert "torchao required" in text
-        path.write_text(text.replace(config.group(0), f"--module llama3 --config {TORCHAO[config.group(2)]}"))
-        got = validators["torchtitan"].check(path, spec.gpus, gpu_arch=spec.arch)
-    elif known or model.num_layers in STAND_IN:
-        assert got["accepted"] is False or got["read_back"]["num_layers"] == model.num_layers
+    got = check_torchtitan(validators["torchtitan"], text, model, spec, tmp_path / f"{name}.sh")
     assert got["accepted"], f"torchtitan refuses the export of {name} ({of}): {got['error']}\n{text}"
     read = _read(got, spec.gpus)
     assert read.pop("world_size") == read.pop("_gpus")
