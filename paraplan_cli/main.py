@@ -105,8 +105,8 @@ def plan(
     server: str | None = typer.Option(None, "--server", help="solve on a paraplan server instead"),
     token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_TOKEN"),
     export_format: str | None = typer.Option(
-        None, "--export", help="print the hybrid plan as megatron arguments, a deepspeed config, a torchtitan TOML "
-        "or a galvatron config instead of the summary"),
+        None, "--export", help="print the hybrid plan as megatron arguments, a deepspeed config, a torchtitan 0.3.0 "
+        "command line or a galvatron config instead of the summary"),
     export_of: str = typer.Option("plan", "--export-of", help="with --export: the plan, or a baseline (megatron: "
                                   "the best uniform plan, which Megatron-LM runs as it is)"),
 ) -> None:

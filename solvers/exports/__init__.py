@@ -1,5 +1,5 @@
 """Export a hybrid plan to the launch formats people run: Megatron-LM arguments, a DeepSpeed config, a
-torchtitan TOML and Galvatron's ``galvatron_config_*.json``, one module per framework.
+torchtitan 0.3.0 command line and Galvatron's ``galvatron_config_*.json``, one module per framework.
 
 Only Galvatron can express a per-layer strategy. For the others the plan's *dominant* layer strategy (the
 one most layers use; ties go to the more memory-frugal one) is written, and every approximation is listed

@@ -70,7 +70,7 @@ def torchtitan_recompute(plan: PlanStrategy, expert_layers: Sequence[bool] | Non
 
 def torchtitan_run_plan(plan: PlanStrategy, expert_layers: Sequence[bool] | None = None,
                         recompute: TorchtitanRecompute | None = None) -> PlanStrategy:
-    """What torchtitan runs from ``torchtitan_toml``: the dominant layout on every layer with FSDP wherever the
+    """What torchtitan runs from the exported command: the dominant layout on every layer with FSDP wherever the
     plan shards anything (``torchtitan_fsdp_zero``), TP with sequence parallelism, one activation-checkpoint
     setting (``recompute``, by default the dominant layer's mode)."""
     s = dominant(plan)
