@@ -55,7 +55,8 @@ def _expressible(target: Target, x: LayerStrategy, pp: int) -> bool:
     # export runs unpipelined TP as Ulysses of the same degree (not this layout)
     if pp == 1 and x.sp is None and x.tp > 1:
         return False
-    return x.cp == 1 and x.sp != "megatron"
+    # its activation checkpointing is of whole layers: selective recomputation runs as full
+    return x.cp == 1 and x.sp != "megatron" and x.recompute != "selective"
 
 
 def _schedules(target: Target) -> tuple[str, ...]:

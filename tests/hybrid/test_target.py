@@ -76,6 +76,15 @@ def test_the_plan_is_what_the_framework_runs(name: str, target: str) -> None:
 
 
 @pytest.mark.parametrize(("name", "target"), CASES)
+def test_the_grid_is_what_the_framework_runs(name: str, target: str) -> None:
+    """The target's grid holds only layouts its export runs unchanged: so its fastest fitting plan is the plan (a
+    grid wider than the export, as when DeepSpeed's whole-layer checkpointing met selective recomputation, would
+    price a faster plan the framework does not run)."""
+    res = _solved(name, target)
+    assert res.search.target_grid_best_step_time_s == pytest.approx(res.estimate.step_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize(("name", "target"), CASES)
 def test_the_export_is_lossless(name: str, target: str) -> None:
     res = _solved(name, target)
     text = export(res, target, _request(name, target))
