@@ -67,7 +67,7 @@ def estimate(request: dict[str, Any]) -> dict[str, Any]:
     req: HybridRequest = parse(HybridRequest, request)
     plan = plan_of_request(req)
     model = make_cost_model(req)
-    result = model.evaluate(plan).to_dict()
+    result = model.evaluate(plan).to_json()
     result["strategy"] = plan.to_dict()
     result["cost_model"] = req.cost_model.kind
     return result

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
+from solvers.documents.hybrid import HybridEstimate
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule
 
 
@@ -71,34 +72,8 @@ class StageFixed:
     memory_parts_bytes: dict[str, float] = field(default_factory=dict)  # sums to state_bytes + other_bytes
 
 
-@dataclass
-class Estimate:
-    step_time_s: float
-    throughput_samples_per_s: float
-    tokens_per_s: float
-    mfu: float
-    peak_memory_gib: float
-    memory_gib_per_stage: list[float]
-    breakdown_s: dict[str, float]
-    memory_breakdown_gib_per_stage: list[dict[str, float]] = field(default_factory=list)
-    stage_time_s: list[float] = field(default_factory=list)
-    fits: bool = True
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "step_time_s": self.step_time_s,
-            "throughput_samples_per_s": self.throughput_samples_per_s,
-            "tokens_per_s": self.tokens_per_s,
-            "mfu": self.mfu,
-            "peak_memory_gib": self.peak_memory_gib,
-            "memory_gib_per_stage": self.memory_gib_per_stage,
-            "breakdown_s": self.breakdown_s,
-            "memory_breakdown_gib_per_stage": self.memory_breakdown_gib_per_stage,
-            "stage_time_s": self.stage_time_s,
-            "fits": self.fits,
-            "notes": self.notes,
-        }
+# A plan's estimate is the hybrid document's: the cost model fills in what the API, the dashboard and the exports read
+Estimate = HybridEstimate
 
 
 @dataclass(frozen=True)

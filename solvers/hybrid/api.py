@@ -154,7 +154,7 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
     if progress:
         progress(1.0, "done")
     return HybridResult.model_validate({
-        "estimate": est.to_dict(),
+        "estimate": est.to_json(),
         "strategy": plan.to_dict(),
         "search": {
             "time_s": search_s,  # wall clock, baselines included
@@ -197,7 +197,7 @@ def _solve_for(req: HybridRequest, request: dict[str, Any], cm: CostModel, space
     if progress:
         progress(1.0, "done")
     return HybridResult.model_validate({
-        "estimate": est.to_dict(),
+        "estimate": est.to_json(),
         "strategy": found.plan.to_dict(),
         "search": {
             "time_s": time.perf_counter() - t0,

@@ -234,7 +234,7 @@ def report(b: Baseline | None, est: Estimate | None, plan_throughput: float, why
         **({"outside_constraints": beyond} if beyond else {}),
         "fits": est.fits,
         "strategy": b.plan.to_dict(),
-        "estimate": est.to_dict(),
+        "estimate": est.to_json(),
         "throughput_samples_per_s": thr,
         "gain": plan_throughput / thr - 1.0 if thr > 0 else None,
         "gain_bound": est.step_time_s / bound_s - 1.0 if bound_s > 0 and thr > 0 else None,
