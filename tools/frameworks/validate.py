@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -180,10 +181,11 @@ class DeepSpeed:
 
     def __init__(self) -> None:
         with _quiet():
-            import deepspeed.comm.torch as ds_torch_comm
-
             # the shared-memory all-reduce kernel (a CPU speed-up) is JIT-compiled when the communication backend
-            # starts (a minute of g++): configuration parsing never uses it
+            # starts (a minute of g++, and a lock file that a killed run leaves behind makes the next one wait
+            # forever): configuration parsing never uses it. The module by name: `import deepspeed.comm.torch as m`
+            # binds deepspeed.comm's attribute `torch`, which is the torch package it imported
+            ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
             ds_torch_comm.build_shm_op = lambda: None
             import deepspeed.comm as ds_dist
             from deepspeed.runtime.config import DeepSpeedConfig
