@@ -6,10 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from solvers.documents import PlanKind
 from solvers.errors import FieldProblem, SpecError
 from solvers.specs import ClusterSpec, Constraints, ModelSpec, TrainingSpec
-
-PlanKind = Literal["hybrid", "flexsp", "spindle"]
 
 
 class CostModelSpec(BaseModel):

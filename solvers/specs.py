@@ -33,6 +33,8 @@ MAX_EXPERTS = 2**20  # per MoE layer ("A Mixture of a Million Experts", 2024)
 DEFAULT_NODES = 1
 DEFAULT_GPUS_PER_NODE = 8
 DEFAULT_SEQ_LENGTH = 2048
+# the framework a hybrid plan is for (constraints.target): paraplan plans the whole space (solvers.hybrid.targets)
+Target = Literal["paraplan", "megatron", "torchtitan", "deepspeed"]
 
 
 class _Spec(BaseModel):
@@ -282,7 +284,7 @@ class Constraints(_Spec):
     seed: int = 0
     # the framework the plan is for: "paraplan" searches the whole space, a framework only the uniform plans it
     # runs exactly as planned (solvers.hybrid.targets)
-    target: Literal["paraplan", "megatron", "torchtitan", "deepspeed"] = "paraplan"
+    target: Target = "paraplan"
 
     @field_validator("max_virtual_stages")
     @classmethod

@@ -7,7 +7,7 @@ discriminated by ``kind`` (what ``/openapi.json`` publishes).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, TypeAdapter, ValidationError
 
@@ -18,7 +18,7 @@ from solvers.documents.spindle import SpindleEstimateResult, SpindleResult
 from solvers.documents.status import ACTIVE, STATUSES, TERMINAL, Status
 
 PlanKind = Literal["hybrid", "flexsp", "spindle"]
-PLAN_KINDS: tuple[PlanKind, ...] = ("hybrid", "flexsp", "spindle")
+PLAN_KINDS: tuple[PlanKind, ...] = get_args(PlanKind)
 DEFAULT_KIND: PlanKind = "hybrid"
 
 PlanResult = Annotated[HybridResult | FlexSPResult | SpindleResult, Field(discriminator="kind")]

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 
 from solvers.documents.base import Document, ResultDocument
+from solvers.specs import Target
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute, Schedule, SpKind
 
 BaselineName = Literal["megatron", "zero3_dp", "pure_dp"]
-BASELINE_NAMES: tuple[BaselineName, ...] = ("megatron", "zero3_dp", "pure_dp")
+BASELINE_NAMES: tuple[BaselineName, ...] = get_args(BaselineName)
 """The uniform recipes every hybrid plan is compared with, in the order the result lists them."""
 
 
@@ -117,7 +118,7 @@ class HybridSearch(Document):
     baselines_cpu_s: float | None = None
     cost_model: str | None = None
     planner_step_time_s: float | None = None
-    target: str | None = Field(None, description="constraints.target: the framework the plan is for ('paraplan': "
+    target: Target | None = Field(None, description="constraints.target: the framework the plan is for ('paraplan': "
                                "the whole space)")
     target_plans_checked: int | None = Field(None, description="a framework target: fitting plans of its uniform "
                                              "grid whose run was checked, fastest first")

@@ -19,6 +19,7 @@ from solvers.flexsp.packing import PackingContext
 from solvers.flexsp.plan import Group, MicroBatch, breakdown_ms, check_plan, plan_to_dict, step_time_ms
 from solvers.flexsp.planner import plan_batch
 from solvers.flexsp.request import FlexSPRequest, parse_request
+from solvers.flexsp.summary import summarise as summarise  # (SolverKind.summarise)
 from solvers.specs import memory_limit_note
 
 MAX_NAMED = 20
@@ -181,9 +182,3 @@ def estimate(request: dict[str, Any]) -> FlexSPEstimateResult:
     out["peak_memory_gib"] = _with_memory(out["micro_batches"], consts)
     out["memory_limit_gib"] = consts.memory_limit_mb / 1024
     return FlexSPEstimateResult.model_validate(out)
-
-
-def summarise(request: dict[str, Any], result: FlexSPResult) -> list[str]:
-    from solvers.flexsp.summary import summarise as text
-
-    return text(request, result)

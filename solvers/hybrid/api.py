@@ -17,6 +17,7 @@ from solvers.hybrid.certificate import certify
 from solvers.hybrid.min_memory import min_memory_bytes
 from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import SearchSpace, SpaceMode, build_space
+from solvers.hybrid.summary import summarise as summarise  # (SolverKind.summarise)
 from solvers.request import HybridRequest, parse
 from solvers.specs import ModelSpec
 
@@ -224,9 +225,3 @@ def _solve_for(req: HybridRequest, request: dict[str, Any], cm: CostModel, space
 def estimate(request: dict[str, Any]) -> HybridEstimateResult:
     """What-if estimate of a given strategy: the cost model's business."""
     return HybridEstimateResult.model_validate(_estimate(request))
-
-
-def summarise(request: dict[str, Any], result: HybridResult) -> list[str]:
-    from solvers.hybrid.summary import summarise as text
-
-    return text(request, result)

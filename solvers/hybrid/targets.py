@@ -16,14 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from solvers.cost_model.base import CostModel
 from solvers.hybrid.baselines import Baseline, megatron_embedding, megatron_split, uniform_plans
 from solvers.hybrid.space import PipelineConfig, SearchSpace
+from solvers.specs import Target
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
-Target = Literal["paraplan", "megatron", "torchtitan", "deepspeed"]
 TARGETS: tuple[Target, ...] = get_args(Target)
 FRAMEWORK_TARGETS: tuple[Target, ...] = TARGETS[1:]
 # a run that does not settle within this many of the framework's choices is left for the next plan of the grid

@@ -17,6 +17,7 @@ from solvers.spindle.cost import Topology, device_model, explicit_metaop, module
 from solvers.spindle.planner import Planned, better
 from solvers.spindle.polish import polish
 from solvers.spindle.schedule import Evaluation, Placement, Problem, Slice, evaluate, timeline, violations
+from solvers.spindle.summary import summarise as summarise  # (SolverKind.summarise)
 from solvers.spindle.workload import SpindleRequest, build_graph
 
 Progress = Callable[[float, str], None]
@@ -227,9 +228,3 @@ def estimate(request: dict[str, Any]) -> SpindleEstimateResult:
     out = estimate_dict(problem, evaluate(problem, slices))
     out["lower_bound_s"] = lower_bound_s(problem)
     return SpindleEstimateResult.model_validate(out)
-
-
-def summarise(request: dict[str, Any], result: SpindleResult) -> list[str]:
-    from solvers.spindle.summary import summarise as text
-
-    return text(request, result)
