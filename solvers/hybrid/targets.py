@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, get_args
 
 from solvers.cost_model.base import CostModel
+from solvers.exports import EXPORTERS
+from solvers.exports.layout import front_loaded_split
 from solvers.hybrid.baselines import Baseline, megatron_embedding, megatron_split, uniform_plans
 from solvers.hybrid.space import PipelineConfig, SearchSpace
 from solvers.specs import Target
@@ -78,9 +80,8 @@ def why_none(target: Target, space: SearchSpace, cm: CostModel) -> str:
 
 
 def _deepspeed_split(n_layers: int, cfg: PipelineConfig) -> tuple[int, ...]:
-    """DeepSpeed's partition_method='uniform' (``layout.front_loaded_split``)."""
-    base, extra = divmod(n_layers, cfg.pp)
-    return tuple(base + (1 if i < extra else 0) for i in range(cfg.pp))
+    """DeepSpeed's partition_method='uniform', as its export writes it."""
+    return front_loaded_split(n_layers, cfg.pp)
 
 
 def _deepspeed_embedding(x: LayerStrategy) -> EmbeddingStrategy:
@@ -113,8 +114,6 @@ def _settled(run_plan: Callable[[PlanStrategy], PlanStrategy | None], plan: Plan
 def solve_target(target: Target, cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable],
                  expert_layers: Sequence[bool], request: dict[str, Any]) -> TargetPlan | None:
     """The fastest plan ``target`` runs exactly as planned, of its grid in ``space``; None where none fits."""
-    from solvers.exports import EXPORTERS  # the exports import this package's baselines
-
     exporter = EXPORTERS[target]
     configs, strategies = _grid(target, space)
     split = _deepspeed_split if target == "deepspeed" else megatron_split
