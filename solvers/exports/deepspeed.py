@@ -30,7 +30,7 @@ from solvers.exports.exporter import Exporter
 from solvers.exports.inputs import ExportInput, Request
 from solvers.exports.layout import dominant, expert_layout, front_loaded_split, with_experts
 from solvers.exports.notes import describe, layout_notes
-from solvers.exports.pricing import as_run_note, estimate_run, fastest_that_fits
+from solvers.exports.pricing import as_run_notes, estimate_run, fastest_that_fits
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute
 
 Shape = Literal["pipeline", "mesh", "data"]
@@ -237,9 +237,9 @@ def write(job: ExportInput) -> str:
         job, request={**job.request, "training": {**job.request.get("training", {}), "precision": "bf16"}})
     setting = deepspeed_setting(job.plan, job.expert_layers, priced.request)
     run = deepspeed_run_plan(job.plan, job.expert_layers, setting)
-    note = as_run_note(run, priced, "DeepSpeed")
+    notes = as_run_notes(run, priced, "DeepSpeed")
     exact = ["lossless: DeepSpeed runs this plan as planned"] if run == job.plan and precision != "fp8" else []
-    return deepspeed_config(job.plan, job.batch, job.seq, [*([note] if note else []), *exact], precision, setting)
+    return deepspeed_config(job.plan, job.batch, job.seq, [*notes, *exact], precision, setting)
 
 
 EXPORTER = Exporter("deepspeed", "application/json", "json", exported_run, write)

@@ -356,10 +356,10 @@ def write(job: ExportInput) -> str:
     experts = job.expert_layers
     layout = megatron_layout(job.plan, experts, job.request)
     run = megatron_run_plan(job.plan, experts, layout)
-    note, est = as_run(run, job, "Megatron-LM")
+    notes, est = as_run(run, job, "Megatron-LM")
     if est is not None:
-        note += _uniform_hint(job.uniform, est)
-    return (f"# {note}\n" if note else "") + megatron_args(job.plan, job.batch, job.seq, job.model, layout,
+        notes[0] += _uniform_hint(job.uniform, est)
+    return "".join(f"# {n}\n" for n in notes) + megatron_args(job.plan, job.batch, job.seq, job.model, layout,
                                                             Launch.of(job.request), run)
 
 

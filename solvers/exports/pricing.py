@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from solvers.errors import SpecError
+from solvers.exports.differences import differences
 from solvers.exports.inputs import ExportInput, Request
 from solvers.strategy import PlanStrategy
 
@@ -44,22 +45,51 @@ def fastest_that_fits(request: Request, options: Sequence[tuple[T, PlanStrategy]
     return min(scored, key=lambda t: t[0])[1] if scored else None
 
 
-def as_run(run: PlanStrategy, job: ExportInput, framework: str) -> tuple[str, RunEstimate | None]:
-    """The note on the framework's run of the export, estimated against the plan (empty without the request),
-    and that estimate (None where there is none)."""
+def as_run(run: PlanStrategy, job: ExportInput, framework: str) -> tuple[list[str], RunEstimate | None]:
+    """The notes on the framework's run of the export, estimated against the plan (none without the request):
+    the whole run, then each difference from the plan priced alone; and the whole run's estimate (None where
+    there is none)."""
     if job.request is None:
-        return "", None
+        return [], None
     try:
         est = estimate_run(run, job.request)
     except SpecError as err:  # the run is no valid plan: say why once, not once per layer of the run
-        return f"{framework} cannot run it as exported: " + "; ".join(dict.fromkeys(p.msg for p in err.problems)), None
+        why = "; ".join(dict.fromkeys(p.msg for p in err.problems))
+        return [f"{framework} cannot run it as exported: {why}"], None
     plan_step = job.plan_step_time_s
     slower = f" ({est.step_time_s / plan_step - 1:+.1%} against the plan's {plan_step:.4g} s)" if plan_step else ""
     fits = "" if est.fits else ": OVER THE MEMORY LIMIT, it would not run"
-    return (f"as {framework} runs it, estimated step {est.step_time_s:.4g} s{slower}, "
-            f"peak {est.peak_memory_gib:.1f} GiB per GPU{fits}"), est
+    whole = (f"as {framework} runs it, estimated step {est.step_time_s:.4g} s{slower}, "
+             f"peak {est.peak_memory_gib:.1f} GiB per GPU{fits}")
+    return [whole, *priced_differences(run, job)], est
 
 
-def as_run_note(run: PlanStrategy, job: ExportInput, framework: str) -> str:
-    """The framework's run of the export, estimated by the plan's own cost model against the plan."""
+def priced_differences(run: PlanStrategy, job: ExportInput) -> list[str]:
+    """One line per difference between the plan and the framework's run, each the plan with only that difference
+    estimated against the plan (the differences interact: their costs need not add up to the whole run's)."""
+    assert job.request is not None
+    diffs = differences(job.plan, run)
+    if not diffs:
+        return []
+    try:
+        base = estimate_run(job.plan, job.request)
+    except SpecError:
+        return [f"differs from the plan in: {d.what}" for d in diffs]
+    lines = [f"{len(diffs)} difference(s) from the plan, each estimated alone (the plan with only that change; "
+             "together they cost the run's figure above, not their sum):"]
+    for d in diffs:
+        try:
+            est = estimate_run(d.changed, job.request)
+        except SpecError as err:
+            lines.append(f"- {d.what}: not a plan on its own ({err.problems[0].msg})")
+            continue
+        fits = "" if est.fits else ", over the memory limit"
+        lines.append(f"- {d.what}: step {est.step_time_s / base.step_time_s - 1:+.1%}, "
+                     f"peak {est.peak_memory_gib - base.peak_memory_gib:+.1f} GiB{fits}")
+    return lines
+
+
+def as_run_notes(run: PlanStrategy, job: ExportInput, framework: str) -> list[str]:
+    """The framework's run of the export, estimated by the plan's own cost model against the plan, and each
+    difference from the plan priced alone."""
     return as_run(run, job, framework)[0]

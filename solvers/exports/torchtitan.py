@@ -13,7 +13,7 @@ from solvers.exports.exporter import Exporter
 from solvers.exports.inputs import ExportInput, Request
 from solvers.exports.layout import dominant, expert_layout, front_loaded_split, micro_batch_size, with_experts
 from solvers.exports.notes import layout_notes
-from solvers.exports.pricing import as_run_note, fastest_that_fits
+from solvers.exports.pricing import as_run_notes, fastest_that_fits
 from solvers.hybrid.baselines import megatron_embedding
 from solvers.specs import ModelSpec
 from solvers.strategy import PlanStrategy, Recompute
@@ -238,8 +238,8 @@ def torchtitan_command(plan: PlanStrategy, batch: int, seq: int, model: Torchtit
 
 def write(job: ExportInput) -> str:
     rc = torchtitan_recompute(job.plan, job.expert_layers, job.request)
-    note = as_run_note(torchtitan_run_plan(job.plan, job.expert_layers, rc), job, "torchtitan")
-    return (f"# {note}\n" if note else "") + torchtitan_command(job.plan, job.batch, job.seq,
+    notes = as_run_notes(torchtitan_run_plan(job.plan, job.expert_layers, rc), job, "torchtitan")
+    return "".join(f"# {n}\n" for n in notes) + torchtitan_command(job.plan, job.batch, job.seq,
                                                                 torchtitan_model(job.model), rc)
 
 

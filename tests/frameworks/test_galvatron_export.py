@@ -1,9 +1,9 @@
-"""The Galvatron export of every corpus plan Galvatron can express (and of its Megatron baseline), read by
-hetu-galvatron 2.4.0's own config reader (#33): accepted, and read back per layer as the plan Galvatron runs
-(``EXPORTER.run_plan``): tp, ZeRO, recomputation, the stage split, the global batch and the chunks; where that
-differs from the plan, the file's notes say so. The embedding's ZeRO-3 is written under both versions' keys.
-Plans with context or expert parallelism or interleaving are refused by ``export`` (Galvatron has none of
-them)."""
+"""The Galvatron export of every corpus plan (and of its Megatron baseline), read by hetu-galvatron 2.4.0's own
+config reader (#33): accepted, and read back per layer as the plan Galvatron runs (``EXPORTER.run_plan``): tp,
+ZeRO, recomputation, the stage split, the global batch and the chunks; where that differs from the plan, the
+file's notes say so, each difference priced. The embedding's ZeRO-3 is written under both versions' keys. Plans
+with context or expert parallelism or interleaving, which Galvatron lacks, are written as the nearest plan it
+runs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from solvers.errors import SpecError
 from solvers.exports import export
 from solvers.exports.galvatron import EXPORTER
 from solvers.specs import ModelSpec
@@ -33,17 +32,6 @@ def _strategies(name: str) -> list[tuple[str, PlanStrategy]]:
     return out
 
 
-def _inexpressible(plan: PlanStrategy) -> str | None:
-    """Why Galvatron cannot run the plan, or None."""
-    if any(x.cp > 1 for x in plan.layers):
-        return "context parallelism"
-    if any(x.ep > 1 or x.etp is not None for x in plan.layers):
-        return "expert parallelism"
-    if plan.schedule == "interleaved" and plan.pp > 1:
-        return "interleaving"
-    return None
-
-
 CASES = [pytest.param(name, of, id=f"{name}-{of}") for name in CORPUS for of, _ in _strategies(name)]
 
 
@@ -57,12 +45,6 @@ def test_galvatron_reads_the_export_back_as_planned(name: str, of: str, validato
     spec = CORPUS[name]
     request = spec.request()
     plan = dict(_strategies(name))[of]
-    why = _inexpressible(plan)
-    if why is not None:
-        with pytest.raises(SpecError):
-            export(solved(name), "galvatron", request, of=of)
-        assert EXPORTER.run_plan(plan) is None
-        return
     text = export(solved(name), "galvatron", request, of=of)
     config = json.loads(text)
     assert config["vocab_sdp"] == config["embed_sdp"] == (1 if plan.embedding.zero == 3 else 0)
@@ -72,13 +54,14 @@ def test_galvatron_reads_the_export_back_as_planned(name: str, of: str, validato
     got = validators["galvatron"].check(path, spec.gpus, gpu_arch=spec.arch, num_layers=layers)
     assert got["accepted"], f"Galvatron refuses the export of {name} ({of}): {got['error']}"
     read = got["read_back"]
-    run = EXPORTER.run_plan(plan)
+    run = EXPORTER.run_plan(plan, None, request)
     assert run is not None
     assert sorted(read["ignored_keys"]) == ["_paraplan_notes", "num_gpus", "sequence_parallel", "vocab_sdp"]
     assert read["world_size"] == spec.gpus and read["pp"] == plan.pp
     assert read["global_batch_size"] == spec.batch and read["grad_accumulation"] == plan.micro_batches
     assert read["stage_layers"] == list(plan.stage_layers)
-    assert _per_layer(read["tp"], layers) == [x.tp for x in plan.layers] == [x.tp for x in run.layers]
+    assert _per_layer(read["tp"], layers) == [x.tp for x in run.layers]
+    assert [x.tp for x in plan.layers] == [x.tp for x in run.layers] or any(x.cp > 1 for x in plan.layers)
     # a layer without data parallelism shards nothing, whatever default_dp_type says
     dps = _per_layer(read["dp"], layers)
     zero = [z if dp > 1 else 0 for z, dp in zip(_per_layer(read["zero_stage"], layers), dps, strict=True)]
@@ -91,3 +74,5 @@ def test_galvatron_reads_the_export_back_as_planned(name: str, of: str, validato
         if changed:
             said = f"ZeRO-{changed[0].zero}" if key == "zero" else f"recompute {changed[0].recompute}"
             assert any(said in n for n in notes), (key, notes)
+    if run != plan:
+        assert any("difference(s) from the plan, each estimated alone" in n for n in notes), notes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import shlex
+from collections import Counter
 from dataclasses import replace
 from typing import Any
 
@@ -14,8 +15,9 @@ from solvers.cost_model import pipeline
 from solvers.documents import HybridResult, load_result
 from solvers.documents.hybrid import StrategyDoc
 from solvers.errors import SpecError
-from solvers.exports import export
+from solvers.exports import EXPORTERS, export
 from solvers.exports.deepspeed import deepspeed_run_plan
+from solvers.exports.differences import differences
 from solvers.exports.layout import front_loaded_split
 from solvers.exports.megatron import (
     MegatronLayout,
@@ -480,3 +482,71 @@ def test_megatron_exports_pass_megatrons_own_start_up_checks() -> None:
             assert devs[0] == min(devs)
         else:
             assert "it will refuse these arguments" in text
+
+
+def _aspects(s: LayerStrategy) -> dict[str, Any]:
+    """A layer's fields by the aspects an export's differences are stated in."""
+    return {"layout": (s.tp, s.cp, s.dp, s.sp), "zero": s.zero, "recompute": s.recompute,
+            "experts": (s.ep, s.etp, s.lsh)}
+
+
+def _plan_level(p: PlanStrategy) -> tuple[Any, ...]:
+    return p.pp, p.stage_layers, p.schedule, p.virtual_stages, p.micro_batches
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "torchtitan", "deepspeed", "galvatron"])
+def test_each_difference_changes_one_aspect_and_together_they_cover_the_run(fmt: str) -> None:
+    """Over random plans and each framework's run of them: every difference is the plan with one aspect of some
+    layers (or the pipeline, or the embedding) set to the run's, and each layer aspect in which the run differs is
+    changed by exactly one difference; a run equal to the plan has none."""
+    rng = random.Random(11)
+    seen = 0
+    for _ in range(60):
+        plan = _random_plan(rng)
+        plan = plan.with_layers(tuple(replace(x, zero=rng.choice([0, 1, 2, 3])) for x in plan.layers))
+        run = EXPORTERS[fmt].run_plan(plan)
+        if run is None:
+            continue
+        diffs = differences(plan, run)
+        assert (diffs == []) == (run == plan)
+        covered: Counter[tuple[int, str]] = Counter()
+        for d in diffs:
+            pipeline_changed = _plan_level(d.changed) != _plan_level(plan)
+            assert pipeline_changed == d.what.startswith("pipeline")
+            assert (d.changed.embedding != plan.embedding) == d.what.startswith("embedding")
+            for i, (a, b, r) in enumerate(zip(plan.layers, d.changed.layers, run.layers, strict=True)):
+                for key, value in _aspects(b).items():
+                    if value != _aspects(a)[key]:
+                        assert value == _aspects(r)[key]
+                        covered[(i, key)] += 1
+        # ZeRO is no difference on a run's layer with no data- or context-parallel ranks to shard over
+        wanted = {(i, k) for i, (a, r) in enumerate(zip(plan.layers, run.layers, strict=True))
+                  for k in _aspects(a) if _aspects(a)[k] != _aspects(r)[k] and not (k == "zero" and r.dp * r.cp == 1)}
+        assert set(covered) == wanted and set(covered.values()) <= {1}
+        seen += bool(diffs)
+    assert seen >= 10  # the check ran on runs that differ
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "torchtitan", "deepspeed", "galvatron"])
+def test_the_header_prices_each_difference_alone(fmt: str) -> None:
+    """Every difference between the plan and the framework's run is in the export's header with the step and
+    peak memory of the plan with only that change, by the public estimate, against the plan's."""
+    req = {"kind": "hybrid", "model": {"preset": "llama3-8b", "num_layers": 8},
+           "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
+           "training": {"global_batch_size": 64, "seq_length": 8192}, "constraints": {"memory_limit_gib": 40}}
+    result = load_result("hybrid", solve(req))
+    plan = result.plan()
+    run = EXPORTERS[fmt].run_plan(plan, None, req)
+    assert run is not None
+    text = export(result, fmt, req)
+    said = json.loads(text)["_paraplan_notes"] if fmt in ("deepspeed", "galvatron") else \
+        [n[2:] for n in text.splitlines() if n.startswith("# ")]
+    base = estimate({**req, "strategy": plan.to_dict()})
+    diffs = differences(plan, run)
+    assert diffs, "the case must differ from the plan in each framework"
+    assert f"{len(diffs)} difference(s) from the plan, each estimated alone" in " ".join(said)
+    for d in diffs:
+        est = estimate({**req, "strategy": d.changed.to_dict()})
+        line = (f"- {d.what}: step {est['step_time_s'] / base['step_time_s'] - 1:+.1%}, "
+                f"peak {est['peak_memory_gib'] - base['peak_memory_gib']:+.1f} GiB")
+        assert any(n.startswith(line) for n in said), (line, said)
