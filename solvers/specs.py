@@ -214,26 +214,75 @@ class GPUSpec(_Spec):
         return 1e12 * self.peak_tflops
 
 
+def _expand_gpu(v: Any) -> Any:
+    """A GPU given as a preset name, ``{"preset": ...}`` or ``{"name": preset, overrides...}``, expanded."""
+    from solvers.presets import GPU_PRESETS
+
+    if isinstance(v, str):
+        return expand_preset({"preset": v}, GPU_PRESETS, "gpu")
+    if isinstance(v, dict) and "preset" in v:
+        return expand_preset(v, GPU_PRESETS, "gpu")
+    if isinstance(v, dict) and "name" in v and str(v["name"]).lower() in GPU_PRESETS:
+        # {"name": "A100-80GB", "peak_tflops": 300}: start from the preset, override given fields.
+        return expand_preset({"preset": v["name"], **v}, GPU_PRESETS, "gpu")
+    return v
+
+
+class NodeGroup(_Spec):
+    """Nodes of one GPU type in a heterogeneous cluster (``cluster.groups``)."""
+
+    gpu: GPUSpec
+    nodes: int = Field(gt=0, le=100_000)
+    gpus_per_node: int = Field(default=DEFAULT_GPUS_PER_NODE, gt=0, le=1024)
+
+    _gpu_preset = field_validator("gpu", mode="before")(lambda v: _expand_gpu(v))
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
 class ClusterSpec(_Spec):
+    """One GPU type (``gpu``, ``nodes``, ``gpus_per_node``), or ``groups`` of node groups of different types.
+
+    With groups, ``gpu`` is the groups' GPU with the least memory (what a plan blind to the types must fit in),
+    ``nodes`` their sum and ``gpus_per_node`` theirs, which must be one for all: the hybrid planner prices each
+    pipeline stage on the GPUs that host it (``solvers.cost_model.hetero``)."""
+
     gpu: GPUSpec
     nodes: int = Field(default=DEFAULT_NODES, gt=0, le=100_000)
     gpus_per_node: int = Field(default=DEFAULT_GPUS_PER_NODE, gt=0, le=1024)
     intra_node_bandwidth_GBps: float | None = Field(default=None, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
     inter_node_bandwidth_Gbps: float | None = Field(default=None, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
+    groups: tuple[NodeGroup, ...] | None = Field(default=None, min_length=1, max_length=4)
+    # per node, between nodes of different groups (default: the slower group's own network)
+    inter_group_bandwidth_Gbps: float | None = Field(default=None, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
 
-    @field_validator("gpu", mode="before")
+    _gpu_preset = field_validator("gpu", mode="before")(lambda v: _expand_gpu(v))
+
+    @model_validator(mode="before")
     @classmethod
-    def _gpu_preset(cls, v: Any) -> Any:
-        from solvers.presets import GPU_PRESETS
-
-        if isinstance(v, str):
-            return expand_preset({"preset": v}, GPU_PRESETS, "gpu")
-        if isinstance(v, dict) and "preset" in v:
-            return expand_preset(v, GPU_PRESETS, "gpu")
-        if isinstance(v, dict) and "name" in v and str(v["name"]).lower() in GPU_PRESETS:
-            # {"name": "A100-80GB", "peak_tflops": 300}: start from the preset, override given fields.
-            return expand_preset({"preset": v["name"], **v}, GPU_PRESETS, "gpu")
-        return v
+    def _from_groups(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("groups") is None:
+            if isinstance(data, dict) and data.get("inter_group_bandwidth_Gbps") is not None:
+                raise ValueError("inter_group_bandwidth_Gbps applies to a cluster of groups only")
+            return data
+        raw = data["groups"]
+        if not isinstance(raw, list | tuple) or not raw:
+            return data  # the field's own validation names the problem
+        groups = [NodeGroup.model_validate(g) if not isinstance(g, NodeGroup) else g for g in raw]
+        per_node = {g.gpus_per_node for g in groups}
+        if len(per_node) > 1:
+            raise ValueError(f"every group needs the same gpus_per_node (got {sorted(per_node)}): a pipeline stage "
+                             "is priced per node")
+        gpu = min(groups, key=lambda g: g.gpu.memory_gib).gpu
+        derived: dict[str, Any] = {"gpu": gpu, "nodes": sum(g.nodes for g in groups),
+                                   "gpus_per_node": groups[0].gpus_per_node}
+        for key, value in derived.items():
+            given = data.get(key)
+            if given is not None and given != value and not (key == "gpu" and _same_gpu(given, gpu)):
+                raise ValueError(f"{key} is set by groups; give one or the other")
+        return {**data, **derived, "groups": groups}
 
     @property
     def num_gpus(self) -> int:
@@ -249,6 +298,14 @@ class ClusterSpec(_Spec):
         """Per-GPU share of the node's network bandwidth (GB/s)."""
         gbps = self.inter_node_bandwidth_Gbps or self.gpu.inter_node_bandwidth_Gbps
         return gbps / 8.0 / self.gpus_per_node
+
+
+def _same_gpu(given: Any, gpu: GPUSpec) -> bool:
+    """``given`` (as a request writes it) is the GPU ``gpu``: a re-read dump of a cluster of groups."""
+    try:
+        return GPUSpec.model_validate(_expand_gpu(given)) == gpu
+    except ValueError:
+        return False
 
 
 # Far beyond any training batch (2^40 samples), and within what the planner's divisor enumerations (O(sqrt))

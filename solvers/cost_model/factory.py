@@ -28,6 +28,8 @@ def make_cost_model(req: HybridRequest) -> CostModel:
     "galvatron" (Galvatron's formulas on Galvatron's profile files)."""
     spec = req.cost_model
     extras: dict[str, Any] = dict(spec.model_extra or {})
+    if req.cluster.groups is not None:
+        return _hetero(req, extras)
     if spec.kind == "galvatron":
         galvatron = importlib.import_module("solvers.cost_model.galvatron")
         model: CostModel = galvatron.GalvatronCostModel.from_request(req)
@@ -37,6 +39,20 @@ def make_cost_model(req: HybridRequest) -> CostModel:
     calibration = DEFAULT_CALIBRATION.with_overrides(extras.get("calibration"), ("cost_model", "calibration"))
     return AnalyticCostModel(req.model, req.cluster, req.training, req.constraints, calibration,
                              profile=profile_from_request(req))
+
+
+def _hetero(req: HybridRequest, extras: dict[str, Any]) -> CostModel:
+    """A cluster of groups: the analytic model per GPU type, stage by stage (``solvers.cost_model.hetero``); the
+    pipeline runs through the groups in the order the request lists them."""
+    from solvers.cost_model.hetero import HeteroCostModel
+
+    if req.cost_model.kind != "analytic" or extras.get("profile") is not None or extras.get("profile_path"):
+        raise SpecError.at(("cost_model", "kind"), "a cluster of groups is priced by the analytic model only "
+                                                   "(a profile or Galvatron's files describe one GPU type)")
+    calibration = DEFAULT_CALIBRATION.with_overrides(extras.get("calibration"), ("cost_model", "calibration"))
+    assert req.cluster.groups is not None
+    return HeteroCostModel(req.model, req.cluster, req.training, req.constraints, calibration,
+                           range(len(req.cluster.groups)))
 
 
 def _int(d: dict[str, Any], key: str, default: int | None, problems: list[FieldProblem]) -> int | None:

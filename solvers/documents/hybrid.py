@@ -126,12 +126,35 @@ class HybridSearch(Document):
                                                        "plan of its uniform grid (the plan is at least as fast)")
 
 
+HeteroBaselineName = Literal["fastest_group", "type_oblivious"]
+
+
+class StagePlacement(Document):
+    """The GPUs a pipeline stage runs on in a cluster of groups."""
+
+    stage: int
+    groups: list[int] = Field(description="indices into cluster.groups (two or more: the stage spans groups and "
+                                          "its slowest GPU type sets its pace)")
+    gpus: list[str] = Field(description="the GPU type of each of those groups")
+    layers: int
+    memory_limit_gib: float = Field(description="what each GPU of the stage may use")
+
+
+class HeteroDoc(Document):
+    """A plan on a cluster of groups (``cluster.groups``): where each stage runs, and the plan against the best
+    plan on the fastest group alone and the best uniform plan chosen blind to the GPU types."""
+
+    placement: list[StagePlacement]
+    baselines: dict[HeteroBaselineName, BaselineDoc | None] = Field(default_factory=dict)
+
+
 class HybridResult(ResultDocument):
     kind: Literal["hybrid"] = "hybrid"
     estimate: HybridEstimate
     strategy: StrategyDoc
     search: HybridSearch
     baselines: dict[BaselineName, BaselineDoc | None] = Field(default_factory=dict)
+    hetero: HeteroDoc | None = Field(None, description="only for a cluster of groups")
 
     def plan(self) -> PlanStrategy:
         return self.strategy.to_plan()

@@ -1,18 +1,17 @@
-"""Export a hybrid plan to the launch formats people run: Megatron-LM arguments, a DeepSpeed config, a
-torchtitan 0.3.0 command line and Galvatron's ``galvatron_config_*.json``, one module per framework.
+"""Export a hybrid plan to the launch formats people run: Megatron-LM arguments, a DeepSpeed config, a torchtitan
+0.3.0 command line and Galvatron's ``galvatron_config_*.json``, one module per framework.
 
-Only Galvatron can express a per-layer strategy. For the others the plan's *dominant* layer strategy (the
-one most layers use; ties go to the more memory-frugal one) is written, and every approximation is listed
-in the output (comments, or a ``_paraplan_notes`` key in JSON): layers that differ, uneven stage sizes,
-ZeRO levels or sequence-parallel kinds the framework lacks. With the request, the output opens with the
-estimate of the framework's whole run and then each difference from the plan priced alone (``differences``). Recomputation that only some layers use maps to
-each framework's per-layer-count knob where it has one (Megatron's block recompute); Megatron-LM takes one
+Only Galvatron can express a per-layer strategy. For the others the plan's *dominant* layer strategy (the one most
+layers use; ties go to the more memory-frugal one) is written, and every approximation is listed in the output
+(comments, or a ``_paraplan_notes`` key in JSON): layers that differ, uneven stage sizes, ZeRO levels or sequence-
+parallel kinds the framework lacks. With the request, the output opens with the estimate of the framework's whole
+run and then each difference from the plan priced alone (``differences``). Recomputation that only some layers use
+maps to each framework's per-layer-count knob where it has one (Megatron's block recompute); Megatron-LM takes one
 granularity per run, so a plan mixing full and selective layers is written as the setting it accepts that runs
 fastest within the memory limit by the plan's cost model.
 
-This module is the only one that reads the result document and the request (``export``); the framework modules
-get what they need of them (``ExportInput``).
-"""
+This module is the only one that reads the result document and the request (``export``); the framework modules get
+what they need of them (``ExportInput``)."""
 
 from __future__ import annotations
 

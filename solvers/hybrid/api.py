@@ -9,17 +9,17 @@ from typing import Any
 from solvers.cost_model.api import estimate as _estimate
 from solvers.cost_model.base import CostModel
 from solvers.cost_model.factory import make_cost_model
+from solvers.cost_model.hetero import HeteroCostModel
 from solvers.documents.hybrid import HybridEstimateResult, HybridResult
 from solvers.errors import FieldProblem, InfeasibleError
-from solvers.hybrid import baselines, targets
+from solvers.hybrid import baselines, hetero, targets
 from solvers.hybrid.cached import CachedStages
 from solvers.hybrid.certificate import certify
 from solvers.hybrid.min_memory import min_memory_bytes
 from solvers.hybrid.planner import Planner, PlannerOptions
-from solvers.hybrid.space import SearchSpace, SpaceMode, build_space
+from solvers.hybrid.space import SearchSpace, build_space, layer_kinds, space_mode
 from solvers.hybrid.summary import summarise as summarise  # (SolverKind.summarise)
 from solvers.request import HybridRequest, parse
-from solvers.specs import ModelSpec
 
 Progress = Callable[[float, str], None]
 GIB = float(2**30)
@@ -27,15 +27,6 @@ GIB = float(2**30)
 # so far (never worse than the baselines) is returned and search.time_limited says so. A user never waits
 # minutes; typical searches take well under a second.
 DEFAULT_TIME_LIMIT_S = 20.0
-
-
-def layer_kinds(model: ModelSpec) -> list[Hashable]:
-    """Layers of one kind cost the same (embedding and head are the stages' fixed terms)."""
-    return ["moe" if model.is_moe_layer(i) else "dense" for i in range(model.num_layers)]
-
-
-def space_mode(req: HybridRequest) -> SpaceMode:
-    return "galvatron" if req.cost_model.kind == "galvatron" else "full"
 
 
 def _no_interleaved_pipeline(space: SearchSpace) -> str:
@@ -93,13 +84,24 @@ def validate(request: dict[str, Any]) -> None:
 
 def solve(request: dict[str, Any], progress: Progress | None = None,
           options: PlannerOptions | None = None) -> HybridResult:
-    """The contract's hybrid result: the best plan, its estimate, the search and the baselines.
+    """The contract's hybrid result: the best plan, its estimate, the search and the baselines; on a cluster of
+    groups also where each stage runs and the plan against the fastest group alone and a type-blind plan.
 
     The uniform baselines are solved first; the best one is the incumbent the planner must beat, so a
     configuration whose lower bound cannot beat it is never solved, and the plan never loses to it."""
-    t0, c0 = time.perf_counter(), time.process_time()
     req: HybridRequest = parse(HybridRequest, request)
-    cm = CachedStages(make_cost_model(req))
+    model = make_cost_model(req)
+    result = _solve(req, request, model, progress, options)
+    if isinstance(model, HeteroCostModel):
+        doc = hetero.report(result, req, request, model, lambda r: solve(r, options=options))
+        result = result.model_copy(update={"hetero": doc})
+    return result
+
+
+def _solve(req: HybridRequest, request: dict[str, Any], model: CostModel, progress: Progress | None,
+           options: PlannerOptions | None) -> HybridResult:
+    t0, c0 = time.perf_counter(), time.process_time()
+    cm = CachedStages(model)
     space = build_space(req, space_mode(req))
     kinds = layer_kinds(req.model)
     limit = req.constraints.time_limit_s or DEFAULT_TIME_LIMIT_S

@@ -7,13 +7,14 @@ all-reduces on every layer and would otherwise cross the (10x slower) network.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
 from solvers.errors import SpecError
 from solvers.hybrid.moe import with_expert_layouts
 from solvers.request import HybridRequest
+from solvers.specs import ModelSpec
 from solvers.strategy import (
     RECOMPUTE_MODES,
     SP_KINDS,
@@ -238,6 +239,15 @@ def _sp_kinds(asked: str | None, mode: SpaceMode) -> tuple[SpKind, ...]:
     if asked is not None:
         return (None,) if asked == "none" else (cast(SpKind, asked),)
     return ALL_SP if mode == "full" else ("megatron",)
+
+
+def layer_kinds(model: ModelSpec) -> list[Hashable]:
+    """Layers of one kind cost the same (embedding and head are the stages' fixed terms)."""
+    return ["moe" if model.is_moe_layer(i) else "dense" for i in range(model.num_layers)]
+
+
+def space_mode(req: HybridRequest) -> SpaceMode:
+    return "galvatron" if req.cost_model.kind == "galvatron" else "full"
 
 
 def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:

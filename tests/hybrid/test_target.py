@@ -92,7 +92,8 @@ def test_the_export_is_lossless(name: str, target: str) -> None:
     said = json.loads(text)["_paraplan_notes"] if target == "deepspeed" else re.findall(r"^# (.*)$", text, re.M)
     # beside the run's price, the notes may say how to launch it (a mesh, a model config to add), never that
     # something of the plan runs otherwise: the words the exports use for a difference
-    differs = ("difference(s) from the plan", "not expressible", "runs as", "run as ", "instead of", "written as", "approximat", "OVER THE MEMORY",
+    differs = ("difference(s) from the plan", "not expressible", "runs as",
+               "run as ", "instead of", "written as", "approximat", "OVER THE MEMORY",
                "none of its partition methods")
     assert [n for n in said if not n.startswith("as ") and any(d in n for d in differs)] == [], said
 
