@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from solvers.documents import PlanKind
 from solvers.errors import FieldProblem, SpecError
@@ -24,6 +24,14 @@ class PlanRequestBase(BaseModel):
     cluster: ClusterSpec
     constraints: Constraints = Field(default_factory=Constraints)
     cost_model: CostModelSpec = Field(default_factory=CostModelSpec)
+
+    @field_validator("cluster")
+    @classmethod
+    def _groups_for_hybrid(cls, v: ClusterSpec, info: ValidationInfo) -> ClusterSpec:
+        kind = info.data.get("kind", "hybrid")
+        if v.groups is not None and kind != "hybrid":
+            raise ValueError(f"groups (a cluster of several GPU types) is planned for kind hybrid only, not {kind}")
+        return v
 
 
 class HybridRequest(PlanRequestBase):

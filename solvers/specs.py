@@ -214,6 +214,9 @@ class GPUSpec(_Spec):
         return 1e12 * self.peak_tflops
 
 
+MAX_GROUPS = 4  # node groups of a heterogeneous cluster: GPU generations a job mixes in practice
+
+
 def _expand_gpu(v: Any) -> Any:
     """A GPU given as a preset name, ``{"preset": ...}`` or ``{"name": preset, overrides...}``, expanded."""
     from solvers.presets import GPU_PRESETS
@@ -254,7 +257,7 @@ class ClusterSpec(_Spec):
     gpus_per_node: int = Field(default=DEFAULT_GPUS_PER_NODE, gt=0, le=1024)
     intra_node_bandwidth_GBps: float | None = Field(default=None, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
     inter_node_bandwidth_Gbps: float | None = Field(default=None, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
-    groups: tuple[NodeGroup, ...] | None = Field(default=None, min_length=1, max_length=4)
+    groups: tuple[NodeGroup, ...] | None = None
     # per node, between nodes of different groups (default: the slower group's own network)
     inter_group_bandwidth_Gbps: float | None = Field(default=None, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
 
@@ -268,9 +271,17 @@ class ClusterSpec(_Spec):
                 raise ValueError("inter_group_bandwidth_Gbps applies to a cluster of groups only")
             return data
         raw = data["groups"]
-        if not isinstance(raw, list | tuple) or not raw:
-            return data  # the field's own validation names the problem
-        groups = [NodeGroup.model_validate(g) if not isinstance(g, NodeGroup) else g for g in raw]
+        placeholder = {"gpu": {"memory_gib": 1.0, "peak_tflops": 1.0}, **data}
+        if not isinstance(raw, list | tuple):
+            return placeholder  # the groups field's own validation names the problem
+        if not 1 <= len(raw) <= MAX_GROUPS:
+            raise ValueError(f"groups lists 1 to {MAX_GROUPS} node groups, not {len(raw)}")
+        try:
+            groups = [NodeGroup.model_validate(g) if not isinstance(g, NodeGroup) else g for g in raw]
+        except ValueError:
+            # the groups field's own validation names the problem (at cluster.groups.N...): the fields the
+            # groups set must not be reported missing beside it
+            return placeholder
         per_node = {g.gpus_per_node for g in groups}
         if len(per_node) > 1:
             raise ValueError(f"every group needs the same gpus_per_node (got {sorted(per_node)}): a pipeline stage "

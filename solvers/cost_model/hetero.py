@@ -64,8 +64,11 @@ class HeteroCostModel(CostModel):
         self.num_layers, self.num_gpus = model.num_layers, cluster.num_gpus
         ig = cluster.inter_group_bandwidth_Gbps
 
+        def own_network(group: NodeGroup) -> float:
+            return cluster.inter_node_bandwidth_Gbps or group.gpu.inter_node_bandwidth_Gbps
+
         def typed(group: NodeGroup, spanning: bool) -> AnalyticCostModel:
-            own = group.gpu.inter_node_bandwidth_Gbps
+            own = own_network(group)
             net = min(own, ig if ig is not None else own) if spanning else own
             # the whole cluster's size, so that a stage of pp holds num_gpus / pp GPUs as in the planner's space
             spec = ClusterSpec(gpu=group.gpu, nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node,
@@ -79,8 +82,8 @@ class HeteroCostModel(CostModel):
         self.memory_limit_bytes = max(self.limits)
         self.memory_limit_note = self.alone[0].memory_limit_note
         # the slower side's network when no inter-group bandwidth is given
-        slowest = min(g.gpu.inter_node_bandwidth_Gbps for g in self.groups)
-        self.inter_group_Gbps = ig if ig is not None else slowest
+        self.networks_Gbps = [own_network(g) for g in self.groups]
+        self.inter_group_Gbps = ig if ig is not None else min(self.networks_Gbps)
 
     # --- where a stage runs ------------------------------------------------------------------------
     def stages(self, pp: int) -> list[StageGPUs]:
@@ -139,9 +142,10 @@ class HeteroCostModel(CostModel):
         n_stage = self.num_gpus // ctx.pp
         e = 4.0 if self.training.precision == "fp32" else 2.0
         msg = ctx.micro_batch_samples * self.training.seq_length * self.model.hidden_size * e / n_stage
-        per_gpu_Bps = self.inter_group_Gbps / 8.0 * 1e9 / self.cluster.gpus_per_node
-        own = min(self.alone[g].links.inter_Bps for g in here.groups)
-        extra = max(0.0, msg / per_gpu_Bps - msg / own)
+        # each group's own link, and the inter-group one at the same efficiency
+        g = min(here.groups, key=lambda i: self.alone[i].links.inter_Bps)
+        own = self.alone[g].links.inter_Bps
+        extra = max(0.0, msg / (own * self.inter_group_Gbps / self.networks_Gbps[g]) - msg / own)
         return float(crossings * ctx.virtual_stages * extra)
 
     def in_flight_micro_batches(self, ctx: StageContext) -> float:

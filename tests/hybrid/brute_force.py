@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -41,13 +42,17 @@ def _lower_hull(front: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return list(zip(ts.tolist(), us.tolist(), strict=True))
 
 
-def best_step_time(cm: CostModel, space: SearchSpace, hull_only: bool = False) -> float:
+def best_step_time(cm: CostModel, space: SearchSpace, hull_only: bool = False, embeddings: bool = False) -> float:
     """Minimum step time over the whole space (stages are contiguous blocks of layers). ``hull_only``: over
     the plans whose every stage is a vertex of its lower convex (time, step time) hull, the plans a search
-    that scalarises each stage's two times with positive weights can find."""
+    that scalarises each stage's two times with positive weights can find. ``embeddings``: over every
+    embedding / LM-head strategy of the space too (else the cost model's default one)."""
     best = math.inf
     n_layers = space.num_layers
-    for cfg in space.pipeline_configs():
+    configs = space.pipeline_configs()
+    if embeddings:
+        configs = [replace(c, embedding=e) for c in configs for e in space.embedding_options(space.num_gpus // c.pp)]
+    for cfg in configs:
         g = space.num_gpus // cfg.pp
         mbs = space.global_batch_size / cfg.micro_batches
         cands = space.layer_candidates(g, int(mbs))
@@ -60,15 +65,15 @@ def best_step_time(cm: CostModel, space: SearchSpace, hull_only: bool = False) -
             bounds = np.cumsum((0, *parts))
             for s in range(cfg.pp):
                 layers = list(range(bounds[s], bounds[s + 1]))
-                ctx = StageContext(cfg.pp, s, cfg.micro_batches, mbs, cfg.schedule, cfg.virtual_stages)
+                ctx = StageContext(cfg.pp, s, cfg.micro_batches, mbs, cfg.schedule, cfg.virtual_stages, cfg.embedding)
                 fx = cm.stage_fixed(ctx)
                 infl = cm.in_flight_micro_batches(ctx)
                 trans = np.asarray(cm.transition_s(cands, cands, ctx))
                 costs = [cm.layer_costs(i, cands, ctx) for i in layers]
                 grid = np.indices((len(cands),) * len(layers)).reshape(len(layers), -1)
-                t = np.full(grid.shape[1], fx.time_s)
-                u = np.full(grid.shape[1], fx.step_time_s)
-                mem = np.full(grid.shape[1], fx.state_bytes + fx.other_bytes + infl * fx.activation_bytes)
+                t = np.full(grid.shape[1], fx.time_s, dtype=float)
+                u = np.full(grid.shape[1], fx.step_time_s, dtype=float)
+                mem = np.full(grid.shape[1], fx.state_bytes + fx.other_bytes + infl * fx.activation_bytes, dtype=float)
                 extra = np.zeros(grid.shape[1])
                 for pos, c in enumerate(costs):
                     idx = grid[pos]
@@ -86,7 +91,7 @@ def best_step_time(cm: CostModel, space: SearchSpace, hull_only: bool = False) -
                 fronts.append(_lower_hull(front) if hull_only else front)  # type: ignore[union-attr]
             if fronts is None:
                 continue
-            ctx0 = StageContext(cfg.pp, 0, cfg.micro_batches, mbs, cfg.schedule, cfg.virtual_stages)
+            ctx0 = StageContext(cfg.pp, 0, cfg.micro_batches, mbs, cfg.schedule, cfg.virtual_stages, cfg.embedding)
             for combo in itertools.product(*fronts):
                 v = cm.pipeline_step_time([x[0] for x in combo], [x[1] for x in combo], ctx0)
                 best = min(best, v)
