@@ -47,10 +47,19 @@ from solvers.cost_model.analytic import AnalyticCostModel  # noqa: E402
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration  # noqa: E402
 from solvers.cost_model.factory import plan_from_shorthand  # noqa: E402
 from solvers.cost_model.flops import megatron_sc21_flops  # noqa: E402
-from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec  # noqa: E402
+from solvers.specs import ClusterSpec, ModelSpec, StackSpec, TrainingSpec  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "calibration"
 VOCAB = 51200
+
+# The stacks the data sets were measured on (training.stack). vTrain's Megatron-LM: unfused attention (its
+# validation predates FlashAttention in Megatron), the backward TP all-reduce issued asynchronously behind the
+# weight-gradient GEMMs, no distributed optimizer. The Megatron-LM of SC21 (2021) issued that all-reduce
+# synchronously (--async-tensor-model-parallel-allreduce came later): its stack states no TP overlap.
+VTRAIN_STACK = StackSpec(attention="unfused", framework="megatron-lm", framework_version="vTrain (2023)",
+                         distributed_optimizer=False, tp_comm_overlap="backward", dp_overlap=True)
+SC21_STACK = StackSpec(attention="unfused", framework="megatron-lm", framework_version="SC21 (2021)",
+                       distributed_optimizer=False, tp_comm_overlap="none", dp_overlap=True)
 
 # examples/sc21/run_table_1.sh: micro-batch size and layers per virtual pipeline stage (None = plain 1F1B)
 SC21_SCRIPT = {24: (16, None), 30: (16, None), 36: (16, None), 40: (8, None), 48: (4, None), 60: (2, 5),
@@ -83,7 +92,8 @@ def vtrain_rows(path: Path, intra_GBps: float = 150.0) -> list[Row]:
         cluster = ClusterSpec.model_validate({"gpu": "A100-80GB", "nodes": max(1, gpus // 8),
                                               "gpus_per_node": min(8, gpus), "intra_node_bandwidth_GBps": intra_GBps,
                                               "inter_node_bandwidth_Gbps": 800})
-        training = TrainingSpec(global_batch_size=int(r["global batch"]), seq_length=int(r["sequence length"]))
+        training = TrainingSpec(global_batch_size=int(r["global batch"]), seq_length=int(r["sequence length"]),
+                                stack=VTRAIN_STACK)
         group = r.get("Parameters (billion)") or f"h{r['hidden size']}"
         rows.append(Row(group=f"{group}", label=f"{gpus}gpu tp{tp} dp{dp} pp{pp} mbs{mbs} b{training.global_batch_size}"
                         f" h{model.hidden_size} l{model.num_layers}",
@@ -101,7 +111,7 @@ def sc21_rows(path: Path) -> list[Row]:
         v = layers // pp // per_virtual if per_virtual else 1
         model = _gpt(int(r["hidden_size"]), int(r["heads"]), layers)
         cluster = ClusterSpec.model_validate({"gpu": "A100-80GB", "nodes": gpus // 8, "gpus_per_node": 8})
-        training = TrainingSpec(global_batch_size=int(r["global_batch_size"]), seq_length=2048)
+        training = TrainingSpec(global_batch_size=int(r["global_batch_size"]), seq_length=2048, stack=SC21_STACK)
         strategy: dict[str, object] = {"tp": tp, "pp": pp, "recompute": "full", "micro_batch_size": mbs}
         if v > 1:
             strategy.update(schedule="interleaved", virtual_stages=v)
@@ -116,14 +126,7 @@ def predict_ms(row: Row, cal: AnalyticCalibration) -> float:
     return 1e3 * AnalyticCostModel(row.model, row.cluster, row.training, calibration=cal).evaluate(plan).step_time_s
 
 
-# Megatron-LM of SC21 (2021) issued the backward TP all-reduce synchronously; the asynchronous all-reduce
-# overlapped with the weight-gradient GEMMs (--async-tensor-model-parallel-allreduce) came later and is on in
-# the Megatron-LM vTrain measured. This is the one software difference between the two stacks.
-SC21_TP_OVERLAP = 0.0
-
-
 def predict_sc21_tflops(row: Row, cal: AnalyticCalibration) -> float:
-    cal = replace(cal, tp_overlap=SC21_TP_OVERLAP)
     flops = megatron_sc21_flops(row.training.global_batch_size, row.training.seq_length, row.model.num_layers,
                                 row.model.hidden_size, VOCAB)
     return flops / (row.cluster.num_gpus * predict_ms(row, cal) / 1e3) / 1e12
@@ -161,6 +164,9 @@ class Report:
         ape = self.ape
         lines = [f"== {self.name}: {len(self.rows)} rows, MAPE {100 * ape.mean():.1f}%, "
                  f"median APE {100 * np.median(ape):.1f}%, max APE {100 * ape.max():.1f}%"]
+        stacks = {r.training.stack for r in self.rows}
+        lines.append("  stack: " + "; ".join(", ".join(f"{k} {v}" for k, v in st.model_dump().items() if v is not None)
+                                             for st in stacks))
         groups = sorted({r.group for r in self.rows}, key=lambda g: (len(g), g))
         lines.append(f"  {'group':>8} {'rows':>5} {'MAPE':>7} {'Spearman':>9}  worst row")
         for g in groups:

@@ -226,16 +226,15 @@ def test_torchtitan_interleaved_plan_gets_a_model_part_per_virtual_stage() -> No
     assert [sum(m.startswith("layers.") for m in part) for part in _model_parts(text)] == [7, 9, 7, 9]
 
 
-@pytest.mark.parametrize("limit_gib,flash", [(79, False), (24, False), (20, False), (8, False),
+@pytest.mark.parametrize("limit_gib,fused", [(79, False), (24, False), (20, False), (8, False),
                                              (20, True), (19, True), (18, True)])
-def test_torchtitan_checkpointing_is_the_fastest_setting_it_takes_that_fits(limit_gib: float, flash: bool) -> None:
+def test_torchtitan_checkpointing_is_the_fastest_setting_it_takes_that_fits(limit_gib: float, fused: bool) -> None:
     """torchtitan 0.3.0 takes one activation-checkpoint setting: none, op-selective or full (it dropped full on
     every N-th block). The export writes the one that runs fastest within the memory limit by the plan's cost
     model (the leanest where none fits), as the subcommand torchtitan reads, and says how the plan's own mix
     runs."""
-    req: dict[str, Any] = {**REQUEST, "constraints": {"memory_limit_gib": limit_gib}}
-    if flash:
-        req["cost_model"] = {"kind": "analytic", "calibration": {"flash_attention": True}}
+    req: dict[str, Any] = {**REQUEST, "constraints": {"memory_limit_gib": limit_gib},
+                           "training": {**REQUEST["training"], "stack": {"attention": "fused" if fused else "unfused"}}}
     result = _with(RESULT, MIXED)
     scored = []
     for rc in TORCHTITAN_RECOMPUTE:
