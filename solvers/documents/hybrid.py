@@ -73,7 +73,7 @@ class HybridEstimate(Document):
     stage_time_s: list[float] = Field(default_factory=list)
     fits: bool = True
     notes: list[str] = Field(default_factory=list)
-    stack: StackSpec | None = Field(None, description="the software stack priced: training.stack with its "
+    stack: StackSpec | None = Field(default=None, description="the software stack priced: training.stack with its "
                                                       "defaults resolved (analytic and profile cost models)")
 
 
