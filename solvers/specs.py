@@ -198,6 +198,8 @@ class GPUSpec(_Spec):
     memory_bandwidth_GBps: float = Field(default=2000.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
     intra_node_bandwidth_GBps: float = Field(default=300.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
     inter_node_bandwidth_Gbps: float = Field(default=1600.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
+    source: str | None = Field(default=None, max_length=1000,
+                               description="where the figures come from (the presets name their datasheets)")
 
     def peak_flops(self, precision: Precision, loc: tuple[str, ...] = ("training", "precision")) -> float:
         """Peak FLOP/s for the precision of the matrix multiplies. fp8 needs the GPU's FP8 peak: Ampere and
