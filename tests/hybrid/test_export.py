@@ -15,7 +15,7 @@ from solvers.documents import HybridResult, load_result
 from solvers.documents.hybrid import StrategyDoc
 from solvers.errors import SpecError
 from solvers.exports import export
-from solvers.exports.deepspeed import deepspeed_run_plan
+from solvers.exports.deepspeed import deepspeed_run_plan, deepspeed_setting
 from solvers.exports.layout import front_loaded_split
 from solvers.exports.megatron import (
     MegatronLayout,
@@ -305,7 +305,8 @@ def test_megatron_runs_the_dominant_layout_with_its_own_approximations() -> None
 @pytest.mark.parametrize("fmt,run_plan", [
     ("megatron", lambda p, req: megatron_run_plan(p, None, megatron_layout(p, None, req))),
     ("torchtitan", lambda p, req: torchtitan_run_plan(p, None, torchtitan_recompute(p, None, req))),
-    ("deepspeed", lambda p, req: deepspeed_run_plan(p))])
+    # the setting the export chooses by cost (as planned where that fits, else ZeRO-3 / checkpointing)
+    ("deepspeed", lambda p, req: deepspeed_run_plan(p, None, deepspeed_setting(p, None, req)))])
 def test_export_states_what_the_framework_would_run_at(fmt: str, run_plan: Any) -> None:
     """The export's first line is the plan's cost model on what the framework runs: its step against the
     plan's, its peak memory, and whether it fits (a per-layer plan exported to one layout may not)."""
