@@ -18,37 +18,68 @@ from typing import Any
 
 from solvers.errors import shown
 
+# Dense peaks (the datasheets' sparsity figures halved), one-direction NVLink / Infinity Fabric bandwidth per GPU
+# (the datasheets give both directions together), and the NICs of the vendor's 8-GPU reference system together.
+# ``source`` names the datasheets; where a figure is assumed rather than read there, the source says so.
+_DGX_A100 = {"intra_node_bandwidth_GBps": 300, "inter_node_bandwidth_Gbps": 1600}  # NVLink 3: 600 GB/s; 8x200 Gb/s
+_HGX_H100 = {"intra_node_bandwidth_GBps": 450, "inter_node_bandwidth_Gbps": 3200}  # NVLink 4: 900 GB/s; 8x400 Gb/s
 GPU_PRESETS: dict[str, dict[str, Any]] = {
     "a100-40gb": {"name": "A100-40GB", "peak_tflops": 312, "peak_tflops_fp32": 19.5, "memory_gib": 39.5,
-                  "memory_bandwidth_GBps": 1555, "intra_node_bandwidth_GBps": 300,
-                  "inter_node_bandwidth_Gbps": 1600},
+                  "memory_bandwidth_GBps": 1555, **_DGX_A100,
+                  "source": "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB); NVIDIA DGX A100 datasheet (links)"},
     "a100-80gb": {"name": "A100-80GB", "peak_tflops": 312, "peak_tflops_fp32": 19.5, "memory_gib": 79.1,
-                  "memory_bandwidth_GBps": 2039, "intra_node_bandwidth_GBps": 300,
-                  "inter_node_bandwidth_Gbps": 1600},
+                  "memory_bandwidth_GBps": 2039, **_DGX_A100,
+                  "source": "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB); NVIDIA DGX A100 datasheet (links)"},
     "h100-sxm": {"name": "H100-SXM", "peak_tflops": 989, "peak_tflops_fp8": 1979, "peak_tflops_fp32": 67,
-                 "memory_gib": 79.1, "memory_bandwidth_GBps": 3350, "intra_node_bandwidth_GBps": 450,
-                 "inter_node_bandwidth_Gbps": 3200},
+                 "memory_gib": 79.1, "memory_bandwidth_GBps": 3350, **_HGX_H100,
+                 "source": "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM); NVIDIA DGX H100 datasheet (links)"},
+    "h100-pcie": {"name": "H100-PCIe", "peak_tflops": 756, "peak_tflops_fp8": 1513, "peak_tflops_fp32": 51,
+                  "memory_gib": 79.1, "memory_bandwidth_GBps": 2000, "intra_node_bandwidth_GBps": 64,
+                  "inter_node_bandwidth_Gbps": 1600,
+                  "source": "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe); intra-node: PCIe Gen5 x16, 64 GB/s "
+                            "a direction (the 600 GB/s NVLink bridge joins pairs only); network: assumed, one "
+                            "400 Gb/s NIC per two GPUs (no reference system)"},
     "h200": {"name": "H200", "peak_tflops": 989, "peak_tflops_fp8": 1979, "peak_tflops_fp32": 67,
-             "memory_gib": 139.8, "memory_bandwidth_GBps": 4800, "intra_node_bandwidth_GBps": 450,
-             "inter_node_bandwidth_Gbps": 3200},
+             "memory_gib": 139.8, "memory_bandwidth_GBps": 4800, **_HGX_H100,
+             "source": "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM); NVIDIA HGX H200 (NVLink 4, 8x400 Gb/s)"},
     "h800": {"name": "H800", "peak_tflops": 989, "peak_tflops_fp8": 1979, "peak_tflops_fp32": 67,
              "memory_gib": 79.1, "memory_bandwidth_GBps": 3350, "intra_node_bandwidth_GBps": 200,
-             "inter_node_bandwidth_Gbps": 3200},
+             "inter_node_bandwidth_Gbps": 3200,
+             "source": "H100 SXM datasheet figures with NVLink cut to 400 GB/s (NVIDIA H800 product brief)"},
     "l4": {"name": "L4", "peak_tflops": 121, "peak_tflops_fp8": 242, "peak_tflops_fp32": 30, "memory_gib": 22.0,
-           "memory_bandwidth_GBps": 300, "intra_node_bandwidth_GBps": 16, "inter_node_bandwidth_Gbps": 200},
+           "memory_bandwidth_GBps": 300, "intra_node_bandwidth_GBps": 16, "inter_node_bandwidth_Gbps": 200,
+           "source": "NVIDIA L4 Tensor Core GPU datasheet; links assumed: PCIe Gen4 x8, 200 Gb/s per node"},
+    "l40s": {"name": "L40S", "peak_tflops": 362, "peak_tflops_fp8": 733, "peak_tflops_fp32": 91.6,
+             "memory_gib": 44.4, "memory_bandwidth_GBps": 864, "intra_node_bandwidth_GBps": 32,
+             "inter_node_bandwidth_Gbps": 1600,
+             "source": "NVIDIA L40S GPU datasheet (48 GB GDDR6 with ECC: memory_gib estimated, not read from a "
+                       "device); intra-node: PCIe Gen4 x16, 32 GB/s a direction (no NVLink); network: assumed, one "
+                       "400 Gb/s NIC per two GPUs"},
     "rtx-4090": {"name": "RTX-4090", "peak_tflops": 165, "peak_tflops_fp8": 330, "peak_tflops_fp32": 82.6,
                  "memory_gib": 23.9, "memory_bandwidth_GBps": 1008, "intra_node_bandwidth_GBps": 16,
-                 "inter_node_bandwidth_Gbps": 100},
+                 "inter_node_bandwidth_Gbps": 100,
+                 "source": "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090, FP16 accumulate); links assumed"},
     "b200": {"name": "B200", "peak_tflops": 2250, "peak_tflops_fp8": 4500, "peak_tflops_fp32": 80,
              "memory_gib": 178.3, "memory_bandwidth_GBps": 8000, "intra_node_bandwidth_GBps": 900,
-             "inter_node_bandwidth_Gbps": 3200},
+             "inter_node_bandwidth_Gbps": 3200,
+             "source": "NVIDIA DGX B200 datasheet (per GPU: 72 PF FP8 and 36 PF BF16 sparse per 8 GPUs, 64 TB/s "
+                       "HBM3e, NVLink 5 1.8 TB/s, 8x400 Gb/s ConnectX-7)"},
+    "mi300x": {"name": "MI300X", "peak_tflops": 1307.4, "peak_tflops_fp8": 2614.9, "peak_tflops_fp32": 163.4,
+               "memory_gib": 191.5, "memory_bandwidth_GBps": 5300, "intra_node_bandwidth_GBps": 448,
+               "inter_node_bandwidth_Gbps": 3200,
+               "source": "AMD Instinct MI300X accelerator data sheet (dense matrix peaks, 192 GB HBM3 at 5.3 TB/s; "
+                         "memory_gib estimated); AMD Instinct MI300X platform data sheet (Infinity Fabric: 7 links "
+                         "of 64 GB/s a direction to the node's other GPUs; 8x400 Gb/s assumed, as HGX)"},
     # A CPU host for tests and demos: gpus_per_node is the number of gloo processes. Speed comes from
     # the worker's profile when one exists; these are modest defaults for a laptop-class core.
     "cpu": {"name": "cpu", "peak_tflops": 0.2, "peak_tflops_fp32": 0.2, "memory_gib": 4,
-            "memory_bandwidth_GBps": 20, "intra_node_bandwidth_GBps": 5, "inter_node_bandwidth_Gbps": 10},
+            "memory_bandwidth_GBps": 20, "intra_node_bandwidth_GBps": 5, "inter_node_bandwidth_Gbps": 10,
+            "source": "modest defaults for a laptop-class core (no datasheet); a worker profile replaces them"},
 }
 GPU_PRESETS["rtx4090"] = GPU_PRESETS["rtx-4090"]
 GPU_PRESETS["h100"] = GPU_PRESETS["h100-sxm"]
+GPU_PRESETS["h200-sxm"] = GPU_PRESETS["h200"]
+GPU_PRESETS["mi300"] = GPU_PRESETS["mi300x"]
 
 _GPT = {"mlp": "gelu", "vocab_size": 51200}
 _NO_DROPOUT = {"attention_dropout": 0.0, "hidden_dropout": 0.0}

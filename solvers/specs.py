@@ -198,6 +198,8 @@ class GPUSpec(_Spec):
     memory_bandwidth_GBps: float = Field(default=2000.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
     intra_node_bandwidth_GBps: float = Field(default=300.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
     inter_node_bandwidth_Gbps: float = Field(default=1600.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
+    source: str | None = Field(default=None, max_length=1000,
+                               description="where the figures come from (the presets name their datasheets)")
 
     def peak_flops(self, precision: Precision, loc: tuple[str, ...] = ("training", "precision")) -> float:
         """Peak FLOP/s for the precision of the matrix multiplies. fp8 needs the GPU's FP8 peak: Ampere and
@@ -324,11 +326,79 @@ def _same_gpu(given: Any, gpu: GPUSpec) -> bool:
 MAX_GLOBAL_BATCH_SIZE = 2**40
 
 
+AttentionKernel = Literal["fused", "unfused"]
+Framework = Literal["megatron-core", "megatron-lm", "torchtitan", "deepspeed"]
+TpCommOverlap = Literal["none", "backward", "full"]
+Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
+# The TP overlap each framework runs unless told otherwise: Megatron issues the backward input-gradient all-reduce
+# asynchronously behind the weight-gradient GEMMs (its forward overlap, --tp-comm-overlap, needs Transformer
+# Engine's userbuffers and is opt-in); torchtitan's async TP and DeepSpeed's AutoTP are opt-in / do not overlap.
+FRAMEWORK_TP_OVERLAP: dict[str, TpCommOverlap] = {"megatron-core": "backward", "megatron-lm": "backward",
+                                                   "torchtitan": "none", "deepspeed": "none"}
+
+
+class StackSpec(_Spec):
+    """The software stack an estimate describes (``training.stack``). Defaults: today's mainstream stack,
+    Megatron-core with fused attention, overlapped data-parallel gradient sync, the distributed optimizer and
+    bf16. What each field means to the cost model (``solvers/cost_model/stack.py``):
+
+    - ``attention``: "fused" (FlashAttention / cuDNN) keeps no s² scores and computes only the unmasked half of
+      causal scores; "unfused" keeps them and computes all of them (the Megatron-LM of 2021). No shipped
+      framework runs context parallelism on unfused kernels: the planner keeps cp = 1 on such a stack.
+    - ``framework`` decides ``tp_comm_overlap`` when it is not given; ``framework_version`` is stated with the
+      estimate and prices nothing by itself.
+    - ``distributed_optimizer``: optimizer states (and at ZeRO-2/3 gradients and weights) may be sharded over
+      data-parallel ranks; without it every layer runs ZeRO-0.
+    - ``tp_comm_overlap``: how much tensor-parallel communication hides behind GEMMs: "none", "backward" (the
+      input-gradient all-reduce behind the weight-gradient GEMMs), "full" (also the forward collectives behind
+      the adjacent GEMMs, Transformer Engine's userbuffers).
+    - ``dp_overlap``: the per-step gradient sync hides behind the last backward (else it is fully exposed).
+    - ``fp8_recipe``: the FP8 scaling recipe of ``precision = "fp8"`` (default "delayed"): what the casts of
+      every GEMM input cost in HBM traffic."""
+
+    attention: AttentionKernel = "fused"
+    framework: Framework = "megatron-core"
+    framework_version: str | None = Field(default=None, min_length=1, max_length=64)
+    # strict: "yes" or 1 is no switch (lax validation read "false" as false and "no" as false, "yes" as true)
+    distributed_optimizer: bool = Field(default=True, strict=True)
+    tp_comm_overlap: TpCommOverlap | None = None
+    dp_overlap: bool = Field(default=True, strict=True)
+    fp8_recipe: Fp8Recipe | None = None
+
+    @property
+    def tp_overlap(self) -> TpCommOverlap:
+        """The TP overlap the stack runs: the given one, else its framework's."""
+        return self.tp_comm_overlap or FRAMEWORK_TP_OVERLAP[self.framework]
+
+
 class TrainingSpec(_Spec):
     global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH_SIZE)
     seq_length: int = Field(default=DEFAULT_SEQ_LENGTH, gt=0, le=MAX_SEQ_LENGTH)
     precision: Precision = "bf16"
     optimizer: Literal["adam", "adamw"] = "adam"
+    stack: StackSpec = Field(default_factory=StackSpec)
+
+    @field_validator("stack")
+    @classmethod
+    def _fp8_recipe_needs_fp8(cls, v: StackSpec, info: ValidationInfo) -> StackSpec:
+        precision = info.data.get("precision")
+        if v.fp8_recipe is not None and precision != "fp8":
+            raise ValueError(f"fp8_recipe {v.fp8_recipe!r} is an FP8 scaling recipe and training.precision is "
+                             f"{precision!r}: set precision to \"fp8\" or leave fp8_recipe out")
+        return v
+
+    @property
+    def fp8_recipe(self) -> Fp8Recipe | None:
+        """The FP8 scaling recipe priced: the stack's, Transformer Engine's default (delayed) for fp8, else none."""
+        if self.precision != "fp8":
+            return None
+        return self.stack.fp8_recipe or "delayed"
+
+    def priced_stack(self) -> StackSpec:
+        """The stack with every default resolved, as estimates state it."""
+        # built anew, so that every field counts as set and the result's JSON states all of them
+        return StackSpec(**{**self.stack.model_dump(), "tp_comm_overlap": self.stack.tp_overlap,
+                            "fp8_recipe": self.fp8_recipe})
 
 
 class Constraints(_Spec):

@@ -10,14 +10,14 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
 from solvers.documents import DEFAULT_KIND, PLAN_KINDS
 from solvers.errors import FieldProblem, shown
 from solvers.presets import GPU_PRESETS, MODEL_PRESETS
-from solvers.specs import DEFAULT_GPUS_PER_NODE, DEFAULT_NODES, DEFAULT_SEQ_LENGTH
+from solvers.specs import DEFAULT_GPUS_PER_NODE, DEFAULT_NODES, DEFAULT_SEQ_LENGTH, AttentionKernel, StackSpec
 from solvers.spindle.presets import WORKLOAD_PRESETS
 
 # FlexSP needs concrete sequence lengths: the issue's synthetic long-tailed batch (lognormal around 4K
@@ -35,6 +35,15 @@ def gpu_choices() -> list[str]:
     return sorted({str(v["name"]) for v in GPU_PRESETS.values()})
 
 
+# training.stack.attention as the form offers it (hybrid plans)
+ATTENTION_LABELS: dict[AttentionKernel, str] = {"fused": "fused (FlashAttention, cuDNN: today's frameworks)",
+                                                "unfused": "unfused (Megatron-LM of 2021)"}
+
+
+def attention_choices() -> list[tuple[str, str]]:
+    return [(a, ATTENTION_LABELS[a]) for a in get_args(AttentionKernel)]
+
+
 def spindle_workloads() -> dict[str, dict[str, Any]]:
     """The Spindle solver's workload presets, each as the request's ``workload``."""
     return {name: {"preset": name} for name in WORKLOAD_PRESETS}
@@ -50,6 +59,7 @@ class FormInput:
     global_batch_size: int = 64
     seq_length: int = DEFAULT_SEQ_LENGTH
     memory_limit_gib: float | None = None
+    attention: str = StackSpec().attention
     workload: str = ""
     exact: bool = True  # Spindle: run the CP-SAT model after the wavefront planner (up to its time limit)
     hf_config: str = ""  # a pasted Hugging Face config.json: the model instead of the preset
@@ -82,6 +92,10 @@ def read_form(form: Mapping[str, Any]) -> FormInput:
     out.global_batch_size = _int(form, "global_batch_size", out.global_batch_size, problems)
     out.seq_length = _int(form, "seq_length", out.seq_length, problems)
     out.workload = str(form.get("workload") or "")
+    out.attention = str(form.get("attention") or out.attention)
+    if out.attention not in ATTENTION_LABELS:
+        problems.append(FieldProblem(("attention",), f"must be one of {', '.join(ATTENTION_LABELS)}, "
+                                                     f"got {shown(out.attention)}"))
     out.exact = str(form.get("spindle_search") or "exact") != "wavefront"
     out.hf_config = str(form.get("hf_config") or "").strip()
     if out.hf_config:
@@ -129,7 +143,8 @@ def to_request(inp: FormInput) -> dict[str, Any]:
     if inp.kind == "flexsp":
         req["batch"] = {"sequence_lengths": synthetic_lengths(inp.global_batch_size, inp.seq_length)}
     else:
-        req["training"] = {"global_batch_size": inp.global_batch_size, "seq_length": inp.seq_length}
+        req["training"] = {"global_batch_size": inp.global_batch_size, "seq_length": inp.seq_length,
+                           "stack": {"attention": inp.attention}}
     if constraints:
         req["constraints"] = constraints
     return req

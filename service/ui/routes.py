@@ -89,7 +89,8 @@ def plans_page(request: Request, kind: str | None = None, status: str | None = N
 
 def _form_context(inp: plan_form.FormInput) -> dict[str, Any]:
     return {"form": inp, "kinds": available_kinds(), "models": plan_form.model_choices(),
-            "gpus": plan_form.gpu_choices(), "workloads": list(plan_form.spindle_workloads())}
+            "gpus": plan_form.gpu_choices(), "workloads": list(plan_form.spindle_workloads()),
+            "attention_kernels": plan_form.attention_choices()}
 
 
 @router.get("/plans/new", response_class=HTMLResponse)

@@ -34,6 +34,7 @@ from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibrat
 from solvers.cost_model.flops import head_forward_flops, model_flops_per_step
 from solvers.cost_model.profile import CollectiveOp, Profile
 from solvers.cost_model.shapes import LayerShape, layer_shape
+from solvers.cost_model.stack import stack_terms
 from solvers.specs import ClusterSpec, Constraints, ModelSpec, TrainingSpec, memory_limit_bytes, memory_limit_note
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
@@ -99,7 +100,8 @@ class AnalyticCostModel(CostModel):
                                    calibration.intra_latency_s, calibration.inter_latency_s)
         self.elem_bytes = 4.0 if training.precision == "fp32" else 2.0
         self.state_per_param = mem.state_bytes_per_param(training.precision)
-        self.causal_fraction = 0.5 if (calibration.flash_attention and model.causal) else 1.0
+        self.stack = stack_terms(model, training, calibration)
+        self.causal_fraction = self.stack.causal_fraction
         # layers differ only by being dense or MoE: cost each distinct shape once
         self._shapes: list[LayerShape] = []
         self._shape_of_layer: list[int] = []
@@ -201,6 +203,7 @@ class AnalyticCostModel(CostModel):
     def _layer_costs(self, shape: LayerShape, c: Candidates, ctx: StageContext) -> LayerCosts:
         cal, s, h, e = self.cal, self.training.seq_length, shape.hidden, self.elem_bytes
         gpn = self.cluster.gpus_per_node
+        fused = self.stack.fused_attention
         uly = c.sp == mem.SP_ULYSSES
         split = np.where(uly, 1.0, c.tp)  # how the weight matrices are split
         b = ctx.micro_batch_samples / c.dp  # samples per data-parallel rank
@@ -215,10 +218,13 @@ class AnalyticCostModel(CostModel):
         heads, sq = shape.heads / c.tp, s / c.cp
         scores = self._gemm(sq, s, shape.head_dim) + self._gemm(sq, shape.head_dim, s)
         core = b * heads * self.causal_fraction * scores
-        kept_none, _ = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, mem.RC_NONE, e, cal.flash_attention)
-        kept_sel, _ = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, mem.RC_SELECTIVE, e, cal.flash_attention)
+        kept_none, _ = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, mem.RC_NONE, e, fused)
+        kept_sel, _ = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, mem.RC_SELECTIVE, e, fused)
         core_elem = self._hbm(cal.elementwise_traffic * (kept_none - kept_sel))
         elem = self._hbm(cal.elementwise_traffic * kept_sel) + core_elem
+        if self.stack.fp8_cast_bytes:  # quantising each GEMM's input (backward: its output gradient) to FP8
+            gemm_inputs = tok * (2 * h + (shape.q_width + shape.ffn * shape.top_k) / split)
+            elem = elem + self._hbm(self.stack.fp8_cast_bytes * gemm_inputs)
         fwd, bwd = self._measured_layer(shape, np.broadcast_to(b, c.tp.shape), c, qkv + out + mlp + core + elem)
         compute = fwd + bwd
 
@@ -229,11 +235,13 @@ class AnalyticCostModel(CostModel):
         # the MLP's all-reduce; an MoE layer's experts instead gather / scatter the routed rows over etp
         mlp_fwd = expert.etp_fwd_s if expert is not None else np.where(uly, 0.0, attention_fwd)
         ulysses_fwd = self._collective("alltoall", tok * (2 * shape.q_width + 2 * shape.kv_width) * e, c.tp, k_tp)
-        tp_fwd = np.where(uly, ulysses_fwd, attention_fwd) + mlp_fwd
+        tp_full = np.where(uly, ulysses_fwd, attention_fwd) + mlp_fwd
         # backward: Megatron issues the input-gradient all-reduce asynchronously and computes the weight
-        # gradient meanwhile (a forward's worth of GEMMs), hiding up to tp_overlap of it
-        weight_grads = qkv + out + mlp
-        tp_bwd = np.where(uly, tp_fwd, np.maximum(0.0, tp_fwd - cal.tp_overlap * weight_grads))
+        # gradient meanwhile (a forward's worth of GEMMs), hiding up to tp_overlap of it where the stack does;
+        # with userbuffers (tp_comm_overlap "full") the forward collectives hide behind the adjacent GEMMs too
+        gemms = qkv + out + mlp
+        tp_fwd = np.where(uly, tp_full, np.maximum(0.0, tp_full - self.stack.tp_overlap_forward * gemms))
+        tp_bwd = np.where(uly, tp_full, np.maximum(0.0, tp_full - self.stack.tp_overlap_backward * gemms))
         tp_comm = tp_fwd + tp_bwd
 
         # ring attention: K and V of this rank's heads travel cp - 1 hops forward, K, V, dK, dV backward
@@ -272,7 +280,7 @@ class AnalyticCostModel(CostModel):
         scatter_g = over_groups("reduce_scatter", cal.grad_comm_bytes)
         per_mb, per_step = zero_traffic_s(c.zero, sync, gather_w, scatter_g)
         dp_mb = np.maximum(0.0, per_mb - cal.zero_overlap * (compute + recompute))
-        dp_step = np.maximum(0.0, per_step - cal.dp_overlap * (bwd + recompute))
+        dp_step = np.maximum(0.0, per_step - self.stack.dp_overlap * (bwd + recompute))
         opt_params = np.sum([p / np.where(c.zero >= 1, grp, 1.0) for p, grp, _ in groups], axis=0)
         optimizer = self._hbm(opt_params * cal.optimizer_traffic_bytes)
 
@@ -284,7 +292,7 @@ class AnalyticCostModel(CostModel):
         time = gpu + launch
         states = [mem.model_state_bytes(p, grp, c.zero, self.state_per_param) for p, grp, _ in groups]
         w, g, o = (np.sum([x[i] for x in states], axis=0) for i in range(3))
-        kept, transient = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, c.rc, e, cal.flash_attention)
+        kept, transient = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, c.rc, e, fused)
         if expert is not None:
             kept = kept + expert.extra_activation_bytes
         frag = 1.0 + cal.fragmentation
@@ -431,7 +439,7 @@ class AnalyticCostModel(CostModel):
             sync = per_step
             if self.model.tied_embeddings and pipelined:  # first and last stage sum the shared embedding's grads
                 sync += float(comm.allreduce_s(V * h / tp_e * cal.grad_comm_bytes, 2, 1, self.links))
-            step_parts["dp_comm_exposed"] = sync * (1.0 - cal.dp_overlap)
+            step_parts["dp_comm_exposed"] = sync * (1.0 - self.stack.dp_overlap)
             shard = params / (dp_e if emb.zero >= 1 else 1)
             step_parts["optimizer"] = float(self._hbm(shard * cal.optimizer_traffic_bytes))
         hit = self._edge_states[key] = (step_parts, mparts, per_mb)
@@ -505,6 +513,7 @@ class AnalyticCostModel(CostModel):
         est = evaluate_plan(self, plan, global_batch_size=self.training.global_batch_size,
                             seq_length=self.training.seq_length, model_flops_per_step=self.flops_per_step(),
                             peak_flops_per_gpu=self.peak_flops)
+        est.stack = self.training.priced_stack()
         for note in (self.memory_limit_note, moe_cost.approximate_note(plan.layers),
                      self._unfused_attention_note(plan), self._unfused_context_parallel_note(plan)):
             if note:
@@ -514,17 +523,16 @@ class AnalyticCostModel(CostModel):
     def _unfused_context_parallel_note(self, plan: PlanStrategy) -> str | None:
         """Context parallelism as shipped (Megatron-LM through Transformer Engine, torchtitan through SDPA) runs
         ring attention on fused kernels only; priced with unfused blocks, a plan that uses it should say so."""
-        if self.cal.flash_attention or all(x.cp == 1 for x in plan.layers):
+        if self.stack.fused_attention or all(x.cp == 1 for x in plan.layers):
             return None
-        return ("context parallelism priced with unfused attention blocks; Megatron-LM (Transformer Engine) and "
-                "torchtitan run ring attention on fused kernels only: for such a stack ask with "
-                "cost_model.calibration.flash_attention = true")
+        return ("context parallelism priced with unfused attention blocks (training.stack.attention = \"unfused\"); "
+                "Megatron-LM (Transformer Engine) and torchtitan run ring attention on fused kernels only")
 
     def _unfused_attention_note(self, plan: PlanStrategy) -> str | None:
         """Say so where the unfused attention's s² tensors are much of what a layer keeps: fused kernels
         (FlashAttention, cuDNN) keep none of them and skip the masked half of causal scores, and a plan for a
-        stack that uses them should be asked with ``flash_attention``."""
-        if self.cal.flash_attention:
+        stack that uses them is asked with ``training.stack.attention = "fused"`` (the default)."""
+        if self.stack.fused_attention:
             return None
         s, e = self.training.seq_length, self.elem_bytes
         mbs = self.training.global_batch_size / plan.micro_batches
@@ -537,7 +545,7 @@ class AnalyticCostModel(CostModel):
                 worst_core, worst_share = core, core / kept
         if worst_share < 0.25:
             return None
-        return (f"unfused attention assumed (cost_model.calibration.flash_attention = false): the attention scores "
+        return (f"unfused attention (training.stack.attention = \"unfused\"): the attention scores "
                 f"keep {worst_core / GIB:.2f} GiB per layer and micro-batch, {worst_share:.0%} of what such a layer "
                 f"keeps; fused attention (FlashAttention) keeps none of them and computes only the unmasked half "
                 f"of causal scores")

@@ -26,10 +26,13 @@ _FRACTIONS = ("dp_overlap", "tp_overlap", "zero_overlap", "cp_overlap")
 _MAX_OVERRIDE = 1e9
 
 
-def _override_problem(key: str, value: Any, kind: Any) -> str | None:
+# Former constants that describe the software stack, not how well it runs: where they went.
+_MOVED = {"flash_attention": 'the attention kernel is part of the stack now: training.stack.attention = '
+                             '"fused" (the default) or "unfused"'}
+
+
+def _override_problem(key: str, value: Any) -> str | None:
     """Why ``value`` cannot override the constant ``key`` (None: it can)."""
-    if kind in ("bool", bool):
-        return None if isinstance(value, bool) else f"must be true or false, got {shown(value)}"
     if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
         return f"must be a finite non-negative number, got {shown(value)}"
     if value > _MAX_OVERRIDE:
@@ -63,7 +66,6 @@ class AnalyticCalibration:
     step_overhead_s: float = 0.0  # per step: data loading, logging, launch of the step
     reserve_gib: float = 1.5  # CUDA context, cuBLAS/NCCL workspaces
     fragmentation: float = 0.08  # allocator fragmentation, as a fraction of activations
-    flash_attention: bool = False  # fused attention: no s^2 activations, causal half of the core FLOPs
 
     @property
     def gemm(self) -> GemmEfficiency:
@@ -78,12 +80,14 @@ class AnalyticCalibration:
         problems = []
         clean: dict[str, Any] = {}
         for key, value in overrides.items():
-            if key not in known:
+            if key in _MOVED:
+                problems.append(FieldProblem((*loc, key), _MOVED[key]))
+            elif key not in known:
                 problems.append(FieldProblem((*loc, key), f"unknown calibration constant; known: {', '.join(known)}"))
-            elif (why := _override_problem(key, value, known[key].type)) is not None:
+            elif (why := _override_problem(key, value)) is not None:
                 problems.append(FieldProblem((*loc, key), why))
             else:
-                clean[key] = value if isinstance(value, bool) else float(value)
+                clean[key] = float(value)
         if problems:
             raise SpecError(problems)
         return replace(self, **clean)

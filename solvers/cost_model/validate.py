@@ -135,4 +135,10 @@ def check_plan(plan: PlanStrategy, model: ModelSpec, cluster: ClusterSpec, train
     out.extend(bad_emb or _bad_sp_and_zero(emb, emb_loc))
     if model.vocab_size and not bad_emb and stage_gpus % emb.tp:
         out.append(FieldProblem((*emb_loc, "tp"), f"must divide the stage's {stage_gpus} GPUs"))
+    if not training.stack.distributed_optimizer:
+        parts: list[tuple[Loc, LayerStrategy | EmbeddingStrategy]] = [
+            *(((*loc, "layers", i), y) for i, y in enumerate(plan.layers)), (emb_loc, emb)]
+        out.extend(FieldProblem((*at, "zero"), f"ZeRO-{x.zero} shards states over data-parallel ranks and "
+                                "training.stack.distributed_optimizer is false")
+                   for at, x in parts if isinstance(x.zero, int) and x.zero > 0)
     return out

@@ -7,7 +7,7 @@ from typing import Literal, get_args
 from pydantic import Field
 
 from solvers.documents.base import Document, ResultDocument
-from solvers.specs import Target
+from solvers.specs import StackSpec, Target
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute, Schedule, SpKind
 
 BaselineName = Literal["megatron", "zero3_dp", "pure_dp"]
@@ -73,6 +73,8 @@ class HybridEstimate(Document):
     stage_time_s: list[float] = Field(default_factory=list)
     fits: bool = True
     notes: list[str] = Field(default_factory=list)
+    stack: StackSpec | None = Field(default=None, description="the software stack priced: training.stack with its "
+                                                      "defaults resolved (analytic and profile cost models)")
 
 
 class HybridEstimateResult(HybridEstimate):

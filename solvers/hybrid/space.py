@@ -266,7 +266,11 @@ def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:
         schedules = ("1f1b",)
     else:
         schedules = ("1f1b", "interleaved")
-    zero_levels = (c.zero,) if c.zero is not None else (0, 1, 2, 3)
+    # a stack without a distributed optimizer (or ZeRO, FSDP) keeps every state whole on each replica
+    if c.zero and not t.stack.distributed_optimizer:
+        raise SpecError.at(("constraints", "zero"), f"ZeRO-{c.zero} shards states over data-parallel ranks and "
+                                                    "training.stack.distributed_optimizer is false")
+    zero_levels = ((c.zero,) if c.zero is not None else (0, 1, 2, 3) if t.stack.distributed_optimizer else (0,))
     micro = (c.micro_batches,) if c.micro_batches is not None else None
     if c.micro_batches is not None and t.global_batch_size % c.micro_batches:
         raise SpecError.at(
@@ -283,11 +287,13 @@ def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:
         kv_heads=m.kv_heads,
         max_tp=c.max_tp or n,
         max_pp=c.max_pp or n,
-        # ring attention pays off for long sequences only: keep ≥ 2048 tokens per rank unless asked otherwise
-        max_cp=(c.max_cp or max(1, t.seq_length // 2048)) if mode == "full" else 1,
+        # ring attention pays off for long sequences only: keep ≥ 2048 tokens per rank unless asked otherwise;
+        # no shipped framework runs it on unfused attention kernels
+        max_cp=(c.max_cp or (max(1, t.seq_length // 2048) if t.stack.attention == "fused" else 1))
+        if mode == "full" else 1,
         tp_across_nodes=c.tp_across_nodes,
         sp_kinds=_sp_kinds(c.sp, mode),
-        zero_levels=zero_levels if mode == "full" or c.zero is not None else (0, 2, 3),
+        zero_levels=zero_levels if mode == "full" or c.zero is not None or len(zero_levels) == 1 else (0, 2, 3),
         recomputes=ALL_RECOMPUTE if mode == "full" else ("none", "full"),
         schedules=schedules,
         micro_batches=micro,

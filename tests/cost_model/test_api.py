@@ -107,22 +107,23 @@ def test_unfused_attention_is_named_where_its_scores_dominate_a_layer() -> None:
     the attention core keeps 5 a s² b / t = 5 x 16 x 4096² / 2 bytes = 0.625 GiB per layer, the rest
     (10 + 24 / t) s b h = 22 x 4096 x 2048 bytes = 0.172 GiB: 78 % of what the layer keeps. Full recompute
     keeps no scores, and flash attention none at all."""
-    req = request(model={"preset": "gpt3-1.3b"}, training={"global_batch_size": 8, "seq_length": 4096},
+    req = request(model={"preset": "gpt3-1.3b"},
+                  training={"global_batch_size": 8, "seq_length": 4096, "stack": {"attention": "unfused"}},
                   strategy={"tp": 2, "pp": 1, "dp": 8, "micro_batch_size": 1, "recompute": "none"})
     note = [n for n in estimate(req)["notes"] if n.startswith("unfused attention")]
     assert len(note) == 1 and "keep 0.62 GiB per layer" in note[0] and "78%" in note[0]
     full = estimate({**req, "strategy": {**req["strategy"], "recompute": "full"}})
-    flash = estimate({**req, "cost_model": {"kind": "analytic", "calibration": {"flash_attention": True}}})
+    flash = estimate({**req, "training": {**req["training"], "stack": {"attention": "fused"}}})
     assert not any(n.startswith("unfused attention") for n in full["notes"] + flash["notes"])
 
 
 def test_context_parallel_with_unfused_attention_is_named() -> None:
-    """Ring attention ships on fused kernels only: a plan with cp > 1 under the unfused default says so."""
-    req = request(training={"global_batch_size": 16, "seq_length": 4096},
+    """Ring attention ships on fused kernels only: a plan with cp > 1 on an unfused stack says so."""
+    req = request(training={"global_batch_size": 16, "seq_length": 4096, "stack": {"attention": "unfused"}},
                   strategy={"tp": 1, "cp": 2, "pp": 1, "dp": 8, "micro_batch_size": 1, "recompute": "full"})
     notes = estimate(req)["notes"]
     assert any(n.startswith("context parallelism priced with unfused") for n in notes)
-    flash = estimate({**req, "cost_model": {"kind": "analytic", "calibration": {"flash_attention": True}}})
+    flash = estimate({**req, "training": {**req["training"], "stack": {"attention": "fused"}}})
     no_cp = estimate({**req, "strategy": {**req["strategy"], "cp": 1, "dp": 16}})
     assert not any(n.startswith("context parallelism") for n in flash["notes"] + no_cp["notes"])
 
@@ -175,7 +176,7 @@ def test_null_parts_of_a_full_strategy_take_their_defaults() -> None:
 @pytest.mark.parametrize(("key", "value"), [
     ("gemm_eta_max", 0), ("hbm_efficiency", 0), ("intra_efficiency", 0), ("inter_efficiency", 0),  # divisors
     ("gemm_d_half", float("nan")), ("reserve_gib", float("inf")), ("dp_overlap", 50), ("cp_overlap", 1.5),
-    ("flash_attention", "false"),  # was read as bool("false"), that is true
+    ("flash_attention", True),  # moved to training.stack.attention: named there, not silently ignored
     ("kernel_overhead_s", 1e308), ("step_overhead_s", 1e300),  # finite, but the step time overflowed to inf
 ])
 def test_calibration_overrides_that_would_make_estimates_infinite_or_wrong(key: str, value: Any) -> None:

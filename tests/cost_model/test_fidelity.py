@@ -1,4 +1,5 @@
-"""The default calibration keeps meeting the measured-data goals of bench/fidelity.py (issue 3)."""
+"""The default calibration against the measured-data goals of bench/fidelity.py (issues 3 and 34): in-sample
+figures (the constants were fitted on these sets); goals not met are strict expected failures."""
 
 from __future__ import annotations
 
@@ -35,12 +36,53 @@ def test_spearman_helper_matches_scipy(fidelity: ModuleType) -> None:
     assert fidelity.spearman(a, b) == pytest.approx(spearmanr(a, b).statistic, rel=1e-12)
 
 
-def test_rank_goal_holds_where_the_measurements_allow_it(fidelity: ModuleType, reports: dict[str, object]) -> None:
-    """Spearman >= 0.9 within the 3.6B and 175B groups. 18.4B and 39.1B miss it (README, Fidelity): their
-    measurements contradict each other under any model whose micro-batch time scales at most linearly with work
-    (``bench/fidelity.py --pairs``)."""
+# Groups whose measurements contradict each other under any model whose micro-batch time scales at most linearly
+# with work (README, Fidelity; ``bench/fidelity.py --pairs``): the rank goal is checked there too, and fails.
+RANK_GOAL_MISSED = {"18.4": "Spearman 0.707: a bias by TP degree no mechanism examined explains",
+                    "39.1": "Spearman 0.561: 26 measured pairs break the pipelined-work bound"}
+
+
+@pytest.mark.parametrize("group", [
+    "3.6", "175", *(pytest.param(g, marks=pytest.mark.xfail(strict=True, reason=why))
+                    for g, why in RANK_GOAL_MISSED.items())])
+def test_rank_goal_in_every_multi_node_group(fidelity: ModuleType, reports: dict[str, object], group: str) -> None:
+    """Spearman >= 0.9 within each model size of vTrain multi-node; the groups that miss it are expected
+    failures (strict: one that starts passing fails the suite until it is moved out)."""
     rep = reports["vTrain multi-node"]
-    for group in ("3.6", "175"):
-        idx = [i for i, r in enumerate(rep.rows) if r.group == group]  # type: ignore[attr-defined]
-        rho = fidelity.spearman([rep.rows[i].measured for i in idx], [rep.predicted[i] for i in idx])  # type: ignore[attr-defined]
-        assert rho >= 0.9, group
+    idx = [i for i, r in enumerate(rep.rows) if r.group == group]  # type: ignore[attr-defined]
+    assert idx
+    rho = fidelity.spearman([rep.rows[i].measured for i in idx], [rep.predicted[i] for i in idx])  # type: ignore[attr-defined]
+    assert rho >= 0.9, group
+
+
+def _regret(fidelity: ModuleType, reports: dict[str, object], name: str) -> np.ndarray:
+    rep = reports[name]
+    return np.array(list(fidelity.planner_regret(rep.rows, rep.predicted).values()))  # type: ignore[attr-defined]
+
+
+def test_planner_regret_is_measured_against_measured(fidelity: ModuleType) -> None:
+    """The regret of a group is the measured time of the model's first choice over the measured best."""
+    rows = fidelity.vtrain_rows(DATA / "vtrain_ground_truth_multi.csv")
+    measured = [r.measured for r in rows]
+    assert all(v == 0 for v in fidelity.planner_regret(rows, measured).values())  # a perfect ranking
+    worst = {k: max(rows[i].measured for i in idx) / min(rows[i].measured for i in idx) - 1
+             for k, idx in fidelity.regret_groups(rows).items()}
+    assert fidelity.planner_regret(rows, [-m for m in measured]) == pytest.approx(worst)  # the worst ranking
+
+
+def test_planner_regret_goal_on_vtrain_multi_node(fidelity: ModuleType, reports: dict[str, object]) -> None:
+    regret = _regret(fidelity, reports, "vTrain multi-node")
+    assert len(regret) == 4 and regret.mean() <= 0.02 and regret.max() <= 0.10
+
+
+@pytest.mark.xfail(strict=True, reason="with the shipped constants: mean 4.0 %, worst 39.1 % over 144 groups")
+def test_planner_regret_goal_on_vtrain_single_node(fidelity: ModuleType, reports: dict[str, object]) -> None:
+    regret = _regret(fidelity, reports, "vTrain single-node")
+    assert regret.mean() <= 0.02 and regret.max() <= 0.10
+
+
+def test_planner_regret_on_vtrain_single_node_does_not_regress(fidelity: ModuleType,
+                                                               reports: dict[str, object]) -> None:
+    """Until the goal above is met: no worse than measured when it was first reported (mean 4.0 %, worst 39.1 %)."""
+    regret = _regret(fidelity, reports, "vTrain single-node")
+    assert len(regret) == 144 and regret.mean() <= 0.041 and regret.max() <= 0.392

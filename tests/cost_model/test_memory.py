@@ -123,9 +123,12 @@ def test_context_parallel_splits_everything() -> None:
     assert float(four) == pytest.approx(float(one) / 4)
 
 
-def test_layer_costs_states_match_closed_form() -> None:
+@pytest.mark.parametrize("attention", ["unfused", "fused"])
+def test_layer_costs_states_match_closed_form(attention: str) -> None:
     cluster = ClusterSpec.model_validate({"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})
-    model = AnalyticCostModel(GPT, cluster, TrainingSpec(global_batch_size=32, seq_length=S))
+    training = TrainingSpec.model_validate({"global_batch_size": 32, "seq_length": S,
+                                            "stack": {"attention": attention}})
+    model = AnalyticCostModel(GPT, cluster, training)
     ctx = StageContext(pp=1, stage=0, micro_batches=4, micro_batch_samples=8)
     cands = [LayerStrategy(tp=2, dp=4, zero=z) for z in range(4)]
     c = model.layer_costs(0, cands, ctx)
@@ -134,8 +137,9 @@ def test_layer_costs_states_match_closed_form() -> None:
     np.testing.assert_allclose(c.state_bytes, expected, rtol=1e-12)
     np.testing.assert_allclose(c.memory_parts_bytes["parameters"] + c.memory_parts_bytes["gradients"]
                                + c.memory_parts_bytes["optimizer"], c.state_bytes)
-    # activations: micro-batch of 8 over dp=4 -> b=2 samples per rank, plain TP, no recompute, + fragmentation
-    kept = S * 2 * H * (10 + 24 / 2 + 5 * A * S / (H * 2))
+    # activations: micro-batch of 8 over dp=4 -> b=2 samples per rank, plain TP, no recompute, + fragmentation;
+    # fused attention keeps none of the 5 a s² b scores (Korthikanti's last term)
+    kept = S * 2 * H * (10 + 24 / 2 + (5 * A * S / (H * 2) if attention == "unfused" else 0))
     np.testing.assert_allclose(c.activation_bytes, kept * (1 + model.cal.fragmentation), rtol=1e-12)
 
 

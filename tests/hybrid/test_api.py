@@ -404,11 +404,12 @@ def test_mixed_moe_plan_carries_a_certificate() -> None:
 
 
 def _certified(model: str, gpu: str = "B200", nodes: int = 128, per_node: int = 8, seq: int = 2048,
-               batch: int = 512) -> dict[str, Any]:
-    """A preset's plan (by default at a global batch of 512), its certificate checked to bound it."""
+               batch: int = 512, **more: Any) -> dict[str, Any]:
+    """A preset's plan (by default at a global batch of 512), its certificate checked to bound it; ``more``:
+    further parts of the request."""
     out = solve({"kind": "hybrid", "model": {"preset": model},
                  "cluster": {"gpu": gpu, "nodes": nodes, "gpus_per_node": per_node},
-                 "training": {"global_batch_size": batch, "seq_length": seq}})
+                 "training": {"global_batch_size": batch, "seq_length": seq}, **more})
     assert 0 < out["search"]["lower_bound_step_time_s"] <= out["estimate"]["step_time_s"]
     assert out["search"]["optimality_gap"] >= 0
     return out
@@ -444,8 +445,11 @@ def test_a_stage_under_memory_takes_one_layer_of_a_third_strategy() -> None:
     """t5-11b on 16,384 H100 at seq 4096: interleaved, the first stage's 6 layers fit only with some
     recomputation. The best two strategies (4 none + 2 full) left memory that one layer of selective
     recomputation takes: 1.0 % faster a step than the plan of pairs only (1.5856 s), as the exact layer DP
-    finds in 30x the time; the certificate (1.31 % before) now reads under 0.5 %."""
-    out = _certified("t5-11b", "H100-SXM", 2048, 8, seq=4096, batch=8192)
+    finds in 30x the time; the certificate (1.31 % before) now reads under 0.5 %. The memory pressure is that of
+    unfused attention (its s² scores), with context parallelism up to 2 in the space: the stack and space of the
+    case as found (fused kernels fit the whole stage without recomputation)."""
+    out = _certified("t5-11b", "H100-SXM", 2048, 8, seq=4096, batch=8192, constraints={"max_cp": 2},
+                     training={"global_batch_size": 8192, "seq_length": 4096, "stack": {"attention": "unfused"}})
     s = out["strategy"]
     first = s["layers"][:s["stage_layers"][0]]
     assert len({(x["tp"], x["cp"], x["zero"], x["recompute"]) for x in first}) == 3
@@ -477,8 +481,10 @@ def test_certificate_takes_stages_of_seven_layers_by_whole_candidates() -> None:
 def test_certificate_of_one_memory_bound_stage_tells_its_transient_buffers_apart() -> None:
     """gpt3-1.3b on 16 A100-40GB at seq 8192 plans one stage of 24 layers under memory (ZeRO-3's gathered
     weights beside selective recomputation): 8 groups of the largest transient buffer read 1.76 %, the single
-    stage's 64 read under 1 %."""
-    out = _certified("gpt3-1.3b", "A100-40GB", 2, 8, seq=8192)
+    stage's 64 read under 1 %. The case as found: unfused attention (selective recomputation drops its scores),
+    context parallelism up to seq / 2048 in the space."""
+    out = _certified("gpt3-1.3b", "A100-40GB", 2, 8, seq=8192, constraints={"max_cp": 4},
+                     training={"global_batch_size": 512, "seq_length": 8192, "stack": {"attention": "unfused"}})
     assert out["strategy"]["pp"] == 1 and out["search"]["optimality_gap"] < 0.01
 
 
@@ -562,7 +568,7 @@ def test_a_memory_limit_above_the_gpus_memory_plans_within_the_gpu_and_says_so()
     assert any("memory_limit_gib = 48 GiB is more than the L4's 22.00 GiB" in n for n in asked["estimate"]["notes"])
     assert not any("memory_limit_gib" in n for n in plain["estimate"]["notes"])
     over = estimate({**req, "constraints": {"memory_limit_gib": 48},
-                     "strategy": {"tp": 2, "pp": 4, "dp": 8, "zero": 1, "micro_batch_size": 1}})
+                     "strategy": {"tp": 2, "pp": 4, "dp": 8, "zero": 0, "micro_batch_size": 1}})
     assert 22.0 < over["peak_memory_gib"] < 48.0
     assert not over["fits"]  # judged against the 22 GiB the GPU has, not the 48 asked
 

@@ -106,12 +106,13 @@ def test_megatron_baseline_equals_enumeration_on_the_analytic_model() -> None:
 def test_megatron_baseline_of_an_moe_model_uses_expert_parallelism() -> None:
     """Megatron-LM shards experts (--expert-model-parallel-size): the baseline's grid has every EP degree
     and expert TP on the MoE layers (dense layers between them without), it still equals enumeration, and
-    where memory binds (mixtral's shape at 30 GiB) it shards the experts rather than replicate them."""
+    where memory binds (mixtral's shape at 24 GiB on the default, fused-attention stack) it shards the experts
+    rather than replicate them."""
     req = parse(HybridRequest, {
         "kind": "hybrid", "model": {"preset": "mixtral-8x7b", "num_layers": 4,
                                     "moe": {"num_experts": 8, "top_k": 2, "moe_layer_frequency": 2}},
         "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
-        "training": {"global_batch_size": 16, "seq_length": 4096}, "constraints": {"memory_limit_gib": 30}})
+        "training": {"global_batch_size": 16, "seq_length": 4096}, "constraints": {"memory_limit_gib": 24}})
     cm, space = make_cost_model(req), build_space(req)
     experts = [req.model.is_moe_layer(i) for i in range(4)]
     _, strategies = baselines.megatron_grid(space)

@@ -16,7 +16,7 @@ from solvers.documents import HybridResult, load_result
 from solvers.documents.hybrid import StrategyDoc
 from solvers.errors import SpecError
 from solvers.exports import EXPORTERS, export
-from solvers.exports.deepspeed import deepspeed_run_plan
+from solvers.exports.deepspeed import deepspeed_run_plan, deepspeed_setting
 from solvers.exports.differences import differences
 from solvers.exports.layout import front_loaded_split
 from solvers.exports.megatron import (
@@ -228,16 +228,15 @@ def test_torchtitan_interleaved_plan_gets_a_model_part_per_virtual_stage() -> No
     assert [sum(m.startswith("layers.") for m in part) for part in _model_parts(text)] == [7, 9, 7, 9]
 
 
-@pytest.mark.parametrize("limit_gib,flash", [(79, False), (24, False), (20, False), (8, False),
+@pytest.mark.parametrize("limit_gib,fused", [(79, False), (24, False), (20, False), (8, False),
                                              (20, True), (19, True), (18, True)])
-def test_torchtitan_checkpointing_is_the_fastest_setting_it_takes_that_fits(limit_gib: float, flash: bool) -> None:
+def test_torchtitan_checkpointing_is_the_fastest_setting_it_takes_that_fits(limit_gib: float, fused: bool) -> None:
     """torchtitan 0.3.0 takes one activation-checkpoint setting: none, op-selective or full (it dropped full on
     every N-th block). The export writes the one that runs fastest within the memory limit by the plan's cost
     model (the leanest where none fits), as the subcommand torchtitan reads, and says how the plan's own mix
     runs."""
-    req: dict[str, Any] = {**REQUEST, "constraints": {"memory_limit_gib": limit_gib}}
-    if flash:
-        req["cost_model"] = {"kind": "analytic", "calibration": {"flash_attention": True}}
+    req: dict[str, Any] = {**REQUEST, "constraints": {"memory_limit_gib": limit_gib},
+                           "training": {**REQUEST["training"], "stack": {"attention": "fused" if fused else "unfused"}}}
     result = _with(RESULT, MIXED)
     scored = []
     for rc in TORCHTITAN_RECOMPUTE:
@@ -308,7 +307,8 @@ def test_megatron_runs_the_dominant_layout_with_its_own_approximations() -> None
 @pytest.mark.parametrize("fmt,run_plan", [
     ("megatron", lambda p, req: megatron_run_plan(p, None, megatron_layout(p, None, req))),
     ("torchtitan", lambda p, req: torchtitan_run_plan(p, None, torchtitan_recompute(p, None, req))),
-    ("deepspeed", lambda p, req: deepspeed_run_plan(p))])
+    # the setting the export chooses by cost (as planned where that fits, else ZeRO-3 / checkpointing)
+    ("deepspeed", lambda p, req: deepspeed_run_plan(p, None, deepspeed_setting(p, None, req)))])
 def test_export_states_what_the_framework_would_run_at(fmt: str, run_plan: Any) -> None:
     """The export's first line is the plan's cost model on what the framework runs: its step against the
     plan's, its peak memory, and whether it fits (a per-layer plan exported to one layout may not)."""

@@ -91,11 +91,13 @@ def test_bounds_never_exceed_the_solved_configuration_with_mixed_kinds() -> None
 def test_polishing_the_chosen_configuration_with_finer_bins_only_helps() -> None:
     """Mixed kinds plan on the binned DP alone; re-solving the chosen stages with 4x finer bins recovers
     what rounding lost (at 32 layers: ~0.3 %), and the polished plan still fits (the cost model says so).
-    With dropout the layers' activations make the memory bind (dropout-free, this case is not memory-bound)."""
+    With dropout and unfused attention's scores the layers' activations make the memory bind (dropout-free or fused,
+    this case is not memory-bound); the space is the case's as found (cp up to seq / 2048)."""
     req = {**DEEP, "model": {"preset": "mixtral-8x7b", "num_layers": 32, "attention_dropout": 0.1,
                              "hidden_dropout": 0.1,
                              "moe": {"num_experts": 8, "top_k": 2, "moe_layer_frequency": 2}},
-           "training": {"global_batch_size": 64, "seq_length": 4096}}
+           "training": {"global_batch_size": 64, "seq_length": 4096, "stack": {"attention": "unfused"}},
+           "constraints": {"max_cp": 2}}
     coarse = solve(req, options=PlannerOptions(time_limit_s=60, polish_factor=1))
     fine = solve(req, options=PlannerOptions(time_limit_s=60))
     assert fine["estimate"]["fits"]

@@ -15,6 +15,7 @@ from service.db.models import Plan, PlanRequest
 from service.runs import create_run
 from service.tokens import Principal
 from service.workers import register_worker
+from solvers import api
 from tests.ui import samples
 from tests.ui.conftest import store_plan
 
@@ -253,3 +254,25 @@ def test_form_takes_a_pasted_hugging_face_config(ui_client: TestClient) -> None:
     assert latent.status_code == 422 and "kv_lora_rank" in latent.text
 
 
+
+
+def test_form_asks_for_the_attention_kernel_and_the_plan_states_its_stack(ui_client: TestClient,
+                                                                          ui_db: Database) -> None:
+    """Fused attention is the default (today's frameworks); unfused (the Megatron-LM of 2021) is a choice, and
+    the plan's page says which stack it was estimated for."""
+    blank = ui_client.get("/plans/new").text
+    assert '<option value="fused" selected>' in blank and '<option value="unfused">' in blank
+    form = {"kind": "hybrid", "model": "gpt3-1.3b", "gpu": "A100-80GB", "nodes": "1", "gpus_per_node": "8",
+            "global_batch_size": "16", "seq_length": "2048", "attention": "unfused"}
+    resp = ui_client.post("/plans/new", data=form, follow_redirects=False)
+    assert resp.status_code == 303
+    plan_id = resp.headers["location"].rsplit("/", 1)[-1]
+    claimed = jobs.claim_job(ui_db, "ui-test", lease_s=60)  # the job a worker would run, as it stored it
+    while claimed is not None and claimed.plan_id != plan_id:  # (earlier tests' plans of this database)
+        claimed = jobs.claim_job(ui_db, "ui-test", lease_s=60)
+    assert claimed is not None and claimed.request["training"]["stack"] == {"attention": "unfused"}
+    assert jobs.complete_job(ui_db, claimed.id, "ui-test", api.solve(claimed.request))
+    plan = ui_client.get(resp.headers["location"]).text
+    assert "Estimated for the stack: unfused attention, megatron-core" in plan
+    bad = ui_client.post("/plans/new", data={**form, "attention": "flash"})
+    assert bad.status_code == 422 and "<code>attention</code>: must be one of fused, unfused" in bad.text
