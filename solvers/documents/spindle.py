@@ -72,11 +72,17 @@ class ExactReport(Document):
 
 
 class SpindleSearch(Document):
+    """How the plan was found. Diagnostics only: a candidate over the memory limit has no time (null), it never
+    makes the result invalid."""
+
     wavefront_s: float | None = None
     wavefront_iteration_time_s: float | None = None
     wavefront_ordering: str | None = None
-    reference_iteration_time_s: float | None = None
-    candidates_iteration_time_s: dict[str, float] = Field(default_factory=dict)
+    reference_iteration_time_s: float | None = Field(
+        default=None, description="the reference algorithm alone (fluid wavefront, locality line-up, no polish); "
+                                  "null: its plan does not fit in memory")
+    candidates_iteration_time_s: dict[str, float | None] = Field(
+        default_factory=dict, description="every heuristic candidate's iteration time; null: over the memory limit")
     exact: ExactReport | None = None
     time_s: float
     solver: str | None = None
