@@ -41,6 +41,13 @@ class SpindleView:
     slices: int = 0
     breakdown: list[tuple[str, float]] = field(default_factory=list)
     memory_chart: Chart | None = None
+    memory_absent: str | None = None  # why there is no memory chart
+
+
+EXPLICIT_MEMORY = ("No memory estimate: every metaop of this workload gives an explicit time_ms_per_layer and no "
+                   "module shape, so the time model is the whole cost (the reference planner's setting) and there "
+                   "is nothing to size memory from. Give the metaops a module shape to have memory, activation "
+                   "transfers and gradient sync estimated.")
 
 
 def slice_keys(request: Mapping[str, Any], slices: Sequence[SliceDoc]) -> dict[str, tuple[str, str]]:
@@ -139,6 +146,10 @@ def build(request: Mapping[str, Any], result: SpindleResult) -> SpindleView:
             view.breakdown.append((f"gradient sync {module} (total, partly hidden)", secs))
     if est.grad_sync_exposed_s is not None:
         view.breakdown.append(("gradient sync exposed", est.grad_sync_exposed_s))
+    if not est.memory_estimated:
+        view.memory_absent = EXPLICIT_MEMORY
+    elif not est.memory_gib_per_device:
+        view.memory_absent = "The result holds no per-device memory figures."
     if est.memory_gib_per_device:
         limit = est.memory_limit_gib
         view.memory_chart = bars("memory-chart", "Peak memory per device",

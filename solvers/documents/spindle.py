@@ -37,8 +37,13 @@ class SpindleEstimate(Document):
     iteration_time_s: float
     makespan_s: float | None = None
     grad_sync_exposed_s: float | None = None
-    peak_memory_gib: float | None = None
+    peak_memory_gib: float | None = Field(default=None, description="null: memory is not estimated (see "
+                                                                      "memory_estimated)")
     memory_gib_per_device: list[float] = Field(default_factory=list)
+    memory_estimated: bool = Field(
+        default=True, description="false: every metaop gives an explicit time_ms_per_layer and no module shape, so "
+                                  "the time model is the whole cost (no memory or communication terms): "
+                                  "memory_gib_per_device is empty and peak_memory_gib null")
     fits: bool = True
     memory_limit_gib: float | None = None
     utilization: float | None = None

@@ -83,9 +83,13 @@ def _waves(problem: Problem, slices: list[Slice]) -> list[dict[str, Any]]:
 
 
 def estimate_dict(problem: Problem, ev: Evaluation) -> dict[str, Any]:
+    # explicit times carry no shapes to size memory from: absent, not a zero that reads as a measurement
+    estimated = not problem.workload.explicit
     return {"iteration_time_s": ev.iteration_time_s, "makespan_s": ev.makespan_s,
-            "grad_sync_exposed_s": ev.grad_sync_exposed_s, "peak_memory_gib": ev.peak_memory_bytes / _GIB,
-            "memory_gib_per_device": [m / _GIB for m in ev.memory_bytes], "fits": ev.fits,
+            "grad_sync_exposed_s": ev.grad_sync_exposed_s,
+            "peak_memory_gib": ev.peak_memory_bytes / _GIB if estimated else None,
+            "memory_gib_per_device": [m / _GIB for m in ev.memory_bytes] if estimated else [],
+            "memory_estimated": estimated, "fits": ev.fits,
             "memory_limit_gib": problem.memory_limit_bytes / _GIB, "utilization": ev.utilization,
             "module_grad_sync_s": ev.module_sync_s}
 
