@@ -31,7 +31,10 @@ from tests.service.helpers import wait_for
 from tests.spindle.helpers import problem_of
 
 CLUSTERS = {"2x8": {"nodes": 2, "gpus_per_node": 8}, "1x8": {"nodes": 1, "gpus_per_node": 8}}
-SPINDLE = sorted(WORKLOAD_PRESETS)
+# a 70B LLM's states alone (~1.1 TB) outgrow 16 A100s: refused on the memory limit there (it plans on 64, see
+# tests/spindle/test_layouts.py)
+LARGE = {"llm70b-vision-audio"}
+SPINDLE = sorted(set(WORKLOAD_PRESETS) - LARGE)
 MODELS = sorted({str(p["name"]) for p in MODEL_PRESETS.values()})
 # the request's top-level fields (an error's location starts with one of them)
 REQUEST_FIELDS = {"kind", "cluster", "constraints", "cost_model", "model", "training", "batch", "workload",
@@ -74,6 +77,20 @@ def test_every_spindle_preset_plans_through_solvers_api(preset: str, cluster: st
     assert search["solver"] not in over
     if search["reference_iteration_time_s"] is None:
         assert "wavefront/fluid/locality" in over
+
+
+@pytest.mark.parametrize("cluster", sorted(CLUSTERS))
+@pytest.mark.parametrize("preset", sorted(LARGE))
+def test_a_preset_too_large_for_the_cluster_is_refused_on_the_memory_limit(tmp_path: Path, preset: str,
+                                                                           cluster: str) -> None:
+    request = spindle_request(preset, cluster, polish_time_s=0)
+    with pytest.raises(InfeasibleError) as err:
+        api.solve(request)
+    assert [p.loc for p in err.value.problems] == [("constraints", "memory_limit_gib")]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(request))
+    done = CliRunner().invoke(cli, ["plan", "-f", str(path)])
+    assert done.exit_code == 2 and "constraints.memory_limit_gib: no plan found fits" in done.stderr
 
 
 def test_the_presets_that_failed_have_candidates_over_memory() -> None:

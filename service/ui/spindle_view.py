@@ -42,6 +42,7 @@ class SpindleView:
     breakdown: list[tuple[str, float]] = field(default_factory=list)
     memory_chart: Chart | None = None
     memory_absent: str | None = None  # why there is no memory chart
+    layouts: list[tuple[str, str, str]] = field(default_factory=list)  # (metaop, devices, hybrid layout)
 
 
 EXPLICIT_MEMORY = ("No memory estimate: every metaop of this workload gives an explicit time_ms_per_layer and no "
@@ -103,6 +104,8 @@ def gantt_svg(slices: Sequence[SliceDoc], devices: int, span_s: float, fills: Ma
         span = f" {first}–{first + sl.layers - 1}" if first is not None else ""
         tip = (f"{name} (task {task}, module {module}): {sl.layers} layers{span} on devices "
                f"{devs[0]}–{devs[-1]} ({len(devs)}), {fmt.seconds(start)} → {fmt.seconds(end)}")
+        if sl.layout is not None:
+            tip += f", layout {sl.layout.label()}"
         if sl.transfer_wait_s:
             tip += f", waited {fmt.seconds(sl.transfer_wait_s)} for activations"
         # Contiguous device runs become one block each, so a slice on a device block is one shape.
@@ -139,6 +142,9 @@ def build(request: Mapping[str, Any], result: SpindleResult) -> SpindleView:
     span = max((s.end_s for s in slices), default=0.0)
     if slices and devices:
         view.gantt_svg = gantt_svg(slices, devices, span, fills, keys)
+    for sl in sorted(slices, key=lambda x: x.start_s):
+        if sl.layout is not None and sl.devices:
+            view.layouts.append((sl.metaop, f"{min(sl.devices)}–{max(sl.devices)}", sl.layout.label()))
     if est.makespan_s is not None:
         view.breakdown.append(("schedule makespan", est.makespan_s))
     for module, secs in sorted(est.module_grad_sync_s.items()):

@@ -9,6 +9,24 @@ from pydantic import Field
 from solvers.documents.base import Document, ResultDocument
 
 
+class LayoutDoc(Document):
+    """A metaop's layout on its slice's devices: tp x cp x dp = the slice's devices (ep inside dp)."""
+
+    tp: int = 1
+    cp: int = 1
+    dp: int = 1
+    ep: int = 1
+    zero: int = Field(default=1, description="1: optimizer states sharded over dp; 3: weights and gradients too")
+    recompute: str = "none"
+
+    def label(self) -> str:
+        """``tp 2 x dp 32, ZeRO-3, full recompute``: the degrees above one, the ZeRO stage, recomputation."""
+        parts = " x ".join(f"{k} {v}" for k, v in (("tp", self.tp), ("cp", self.cp), ("dp", self.dp), ("ep", self.ep))
+                           if v > 1 or k == "dp")
+        rc = f", {self.recompute} recompute" if self.recompute != "none" else ""
+        return f"{parts}, ZeRO-{self.zero}{rc}"
+
+
 class SliceDoc(Document):
     """Some of a metaop's layers on a contiguous block of devices, from ``start_s`` to ``end_s``."""
 
@@ -24,6 +42,8 @@ class SliceDoc(Document):
     compute_s: float | None = None
     transfer_wait_s: float | None = None
     ms_per_layer: float | None = None
+    layout: LayoutDoc | None = Field(default=None, description="the hybrid layout the slice runs (null: plain data "
+                                                               "parallelism over its devices, ZeRO-1)")
 
 
 class WaveDoc(Document):

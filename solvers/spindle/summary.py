@@ -20,8 +20,9 @@ def schedule_lines(slices: Sequence[SliceDoc]) -> list[str]:
     rows = []
     for s in ordered:
         layers = f"layer {s.layer_start}" if s.layers == 1 else f"layers {s.layer_start}-{s.layer_start + s.layers - 1}"
+        layout = f"  [{s.layout.label()}]" if s.layout is not None else ""
         rows.append(f"  {device_span(s.devices):>12}  {s.metaop:<{width}}  {layers:<14} "
-                    f"{seconds(s.start_s)} -> {seconds(s.end_s)}")
+                    f"{seconds(s.start_s)} -> {seconds(s.end_s)}{layout}")
     return capped(rows, MAX_SLICES_SHOWN, "slices")
 
 
@@ -36,7 +37,7 @@ def summarise(request: Mapping[str, Any], result: SpindleResult) -> list[str]:
         lines.append("memory not estimated: explicit per-layer times, no module shapes")
     waves = len({s.wave for s in result.slices})
     lines.append(f"schedule ({len(result.slices)} slices in {waves} wave{'s' if waves != 1 else ''}; devices, "
-                 "metaop, layers, start -> end):")
+                 "metaop, layers, start -> end, [hybrid layout] where not plain data parallelism):")
     lines += schedule_lines(result.slices)
     lines += ["baselines (same cost model):"] if result.baselines else []
     for key, t in result.baselines.items():

@@ -1,4 +1,5 @@
-"""The Spindle page's memory section: a chart of each device's estimate, or why there is none."""
+"""The Spindle page: its memory section (a chart of each device's estimate, or why there is none) and the hybrid
+layouts its slices run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from service.db.engine import Database
 from service.ui.spindle_view import EXPLICIT_MEMORY
 from solvers.api import solve
 from tests.spindle.test_api import CONTRACT, TINY
+from tests.spindle.test_layouts import LARGE_64
 from tests.ui.conftest import store_plan
 
 
@@ -32,3 +34,13 @@ def test_a_workload_of_module_shapes_charts_every_devices_memory(ui_client: Test
     section = _memory_section(html)
     assert "No memory estimate" not in section and "memory-chart" in section
     assert len(result["estimate"]["memory_gib_per_device"]) == 2
+
+
+def test_the_dashboard_lists_each_slices_layout(ui_client: TestClient, ui_db: Database) -> None:
+    out = solve(LARGE_64).to_json()
+    html = ui_client.get(f"/plans/{store_plan(ui_db, LARGE_64, out)}").text
+    section = html.split('id="layouts"', 1)[1].split("</section>", 1)[0]
+    for s in out["slices"]:
+        if s["layout"] is not None:
+            assert f"<td>{s['metaop']}</td><td>{s['devices'][0]}–{s['devices'][-1]}</td>" in section
+    assert "ZeRO-" in section
