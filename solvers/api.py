@@ -29,12 +29,26 @@ def non_finite_at(doc: Any, path: tuple[str | int, ...] = ()) -> tuple[str | int
     return None
 
 
-def _finite(result: D) -> D:
-    """The result, if JSON can carry it: a number that overflowed is the request's fault, said as such."""
+# The request's sections whose numbers the cost models price, the likeliest culprit first: what an overflow is
+# reported on (the first one the request has; ``cluster`` every kind has).
+_PRICED_SECTIONS = ("cost_model", "model", "workload", "batch", "training", "cluster")
+
+
+def _priced_section(request: Any) -> tuple[str]:
+    present = request if isinstance(request, dict) else {}
+    return next(((key,) for key in _PRICED_SECTIONS if key in present), ("cluster",))
+
+
+def _finite(request: Any, result: D) -> D:
+    """The result, if JSON can carry it: a number that overflowed is the request's fault, said as such.
+
+    Only plan figures can be non-finite here: the kinds report a diagnostic they could not price (a search
+    candidate over memory) as absent, so a valid plan is never refused for one."""
     where = non_finite_at(result.model_dump())  # (JSON mode would write inf as null)
     if where is not None:
-        raise SpecError.at((), f"the cost model overflowed ({'.'.join(map(str, where))} is not finite): some number "
-                               "of the request, or of a profile it names, is beyond what it can price")
+        raise SpecError.at(_priced_section(request),
+                           f"the cost model overflowed (the result's {'.'.join(map(str, where))} is not finite): "
+                           "some number of the request, or of a profile it names, is beyond what it can price")
     return result
 
 
@@ -45,9 +59,9 @@ def validate(request: dict[str, Any]) -> None:
 
 def solve(request: dict[str, Any], progress: Progress | None = None) -> PlanResult:
     """Solve a plan request: the kind's result document."""
-    return _finite(solver_kind(kind_of(request)).solve(request, progress=progress))
+    return _finite(request, solver_kind(kind_of(request)).solve(request, progress=progress))
 
 
 def estimate(request: dict[str, Any]) -> Document:
     """Estimate a given strategy (what-if): the kind's estimate document."""
-    return _finite(solver_kind(kind_of(request)).estimate(request))
+    return _finite(request, solver_kind(kind_of(request)).estimate(request))

@@ -3,6 +3,8 @@ bound and against a baseline."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def seconds(x: float | None) -> str:
     """A duration as a reader takes it in: milliseconds under a second, whole seconds past a hundred."""
@@ -20,3 +22,18 @@ def baseline_line(name: str, t: float, step: float) -> str:
     """A baseline's time, with how much slower it is than the plan (``step``; 0: no gain to state)."""
     gain = f" (this plan {100 * (t / step - 1):+.1f}%)" if step else ""
     return f"  {name}: {seconds(t)}{gain}"
+
+
+def device_span(devices: Sequence[int]) -> str:
+    """A contiguous block of device (or rank) ids as ``devices 4-7`` (``device 3`` alone)."""
+    if not devices:
+        return "no device"
+    lo, hi = min(devices), max(devices)
+    return f"device {lo}" if lo == hi else f"devices {lo}-{hi}"
+
+
+def capped(rows: list[str], limit: int, what: str) -> list[str]:
+    """The first ``limit`` rows, and a line saying how many more the JSON has."""
+    if len(rows) <= limit:
+        return rows
+    return [*rows[:limit], f"  ... and {len(rows) - limit} more {what} (--json)"]

@@ -41,6 +41,14 @@ class SpindleView:
     slices: int = 0
     breakdown: list[tuple[str, float]] = field(default_factory=list)
     memory_chart: Chart | None = None
+    memory_absent: str | None = None  # why there is no memory chart
+    layouts: list[tuple[str, str, str]] = field(default_factory=list)  # (metaop, devices, hybrid layout)
+
+
+EXPLICIT_MEMORY = ("No memory estimate: every metaop of this workload gives an explicit time_ms_per_layer and no "
+                   "module shape, so the time model is the whole cost (the reference planner's setting) and there "
+                   "is nothing to size memory from. Give the metaops a module shape to have memory, activation "
+                   "transfers and gradient sync estimated.")
 
 
 def slice_keys(request: Mapping[str, Any], slices: Sequence[SliceDoc]) -> dict[str, tuple[str, str]]:
@@ -96,6 +104,8 @@ def gantt_svg(slices: Sequence[SliceDoc], devices: int, span_s: float, fills: Ma
         span = f" {first}–{first + sl.layers - 1}" if first is not None else ""
         tip = (f"{name} (task {task}, module {module}): {sl.layers} layers{span} on devices "
                f"{devs[0]}–{devs[-1]} ({len(devs)}), {fmt.seconds(start)} → {fmt.seconds(end)}")
+        if sl.layout is not None:
+            tip += f", layout {sl.layout.label()}"
         if sl.transfer_wait_s:
             tip += f", waited {fmt.seconds(sl.transfer_wait_s)} for activations"
         # Contiguous device runs become one block each, so a slice on a device block is one shape.
@@ -132,6 +142,9 @@ def build(request: Mapping[str, Any], result: SpindleResult) -> SpindleView:
     span = max((s.end_s for s in slices), default=0.0)
     if slices and devices:
         view.gantt_svg = gantt_svg(slices, devices, span, fills, keys)
+    for sl in sorted(slices, key=lambda x: x.start_s):
+        if sl.layout is not None and sl.devices:
+            view.layouts.append((sl.metaop, f"{min(sl.devices)}–{max(sl.devices)}", sl.layout.label()))
     if est.makespan_s is not None:
         view.breakdown.append(("schedule makespan", est.makespan_s))
     for module, secs in sorted(est.module_grad_sync_s.items()):
@@ -139,6 +152,10 @@ def build(request: Mapping[str, Any], result: SpindleResult) -> SpindleView:
             view.breakdown.append((f"gradient sync {module} (total, partly hidden)", secs))
     if est.grad_sync_exposed_s is not None:
         view.breakdown.append(("gradient sync exposed", est.grad_sync_exposed_s))
+    if not est.memory_estimated:
+        view.memory_absent = EXPLICIT_MEMORY
+    elif not est.memory_gib_per_device:
+        view.memory_absent = "The result holds no per-device memory figures."
     if est.memory_gib_per_device:
         limit = est.memory_limit_gib
         view.memory_chart = bars("memory-chart", "Peak memory per device",

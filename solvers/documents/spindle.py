@@ -9,6 +9,24 @@ from pydantic import Field
 from solvers.documents.base import Document, ResultDocument
 
 
+class LayoutDoc(Document):
+    """A metaop's layout on its slice's devices: tp x cp x dp = the slice's devices (ep inside dp)."""
+
+    tp: int = 1
+    cp: int = 1
+    dp: int = 1
+    ep: int = 1
+    zero: int = Field(default=1, description="1: optimizer states sharded over dp; 3: weights and gradients too")
+    recompute: str = "none"
+
+    def label(self) -> str:
+        """``tp 2 x dp 32, ZeRO-3, full recompute``: the degrees above one, the ZeRO stage, recomputation."""
+        parts = " x ".join(f"{k} {v}" for k, v in (("tp", self.tp), ("cp", self.cp), ("dp", self.dp), ("ep", self.ep))
+                           if v > 1 or k == "dp")
+        rc = f", {self.recompute} recompute" if self.recompute != "none" else ""
+        return f"{parts}, ZeRO-{self.zero}{rc}"
+
+
 class SliceDoc(Document):
     """Some of a metaop's layers on a contiguous block of devices, from ``start_s`` to ``end_s``."""
 
@@ -24,6 +42,8 @@ class SliceDoc(Document):
     compute_s: float | None = None
     transfer_wait_s: float | None = None
     ms_per_layer: float | None = None
+    layout: LayoutDoc | None = Field(default=None, description="the hybrid layout the slice runs (null: plain data "
+                                                               "parallelism over its devices, ZeRO-1)")
 
 
 class WaveDoc(Document):
@@ -37,8 +57,13 @@ class SpindleEstimate(Document):
     iteration_time_s: float
     makespan_s: float | None = None
     grad_sync_exposed_s: float | None = None
-    peak_memory_gib: float | None = None
+    peak_memory_gib: float | None = Field(default=None, description="null: memory is not estimated (see "
+                                                                      "memory_estimated)")
     memory_gib_per_device: list[float] = Field(default_factory=list)
+    memory_estimated: bool = Field(
+        default=True, description="false: every metaop gives an explicit time_ms_per_layer and no module shape, so "
+                                  "the time model is the whole cost (no memory or communication terms): "
+                                  "memory_gib_per_device is empty and peak_memory_gib null")
     fits: bool = True
     memory_limit_gib: float | None = None
     utilization: float | None = None
@@ -72,11 +97,17 @@ class ExactReport(Document):
 
 
 class SpindleSearch(Document):
+    """How the plan was found. Diagnostics only: a candidate over the memory limit has no time (null), it never
+    makes the result invalid."""
+
     wavefront_s: float | None = None
     wavefront_iteration_time_s: float | None = None
     wavefront_ordering: str | None = None
-    reference_iteration_time_s: float | None = None
-    candidates_iteration_time_s: dict[str, float] = Field(default_factory=dict)
+    reference_iteration_time_s: float | None = Field(
+        default=None, description="the reference algorithm alone (fluid wavefront, locality line-up, no polish); "
+                                  "null: its plan does not fit in memory")
+    candidates_iteration_time_s: dict[str, float | None] = Field(
+        default_factory=dict, description="every heuristic candidate's iteration time; null: over the memory limit")
     exact: ExactReport | None = None
     time_s: float
     solver: str | None = None

@@ -5,20 +5,31 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeGuard
 
 from solvers.documents.spindle import SpindleEstimateResult, SpindleResult
 from solvers.errors import InfeasibleError, SpecError, shown
 from solvers.request import parse
-from solvers.specs import Precision, memory_limit_bytes, memory_limit_note
+from solvers.specs import ClusterSpec, Precision, memory_limit_bytes, memory_limit_note
 from solvers.spindle import baselines, exact, planner
 from solvers.spindle.bounds import device_ranges, lower_bound_s
-from solvers.spindle.cost import Topology, device_model, explicit_metaop, module_metaop
+from solvers.spindle.cost import Topology, device_model, explicit_metaop, module_metaop, slice_memory_bytes
+from solvers.spindle.layouts import LayoutQuery, layout_table
 from solvers.spindle.planner import Planned, better
 from solvers.spindle.polish import polish
-from solvers.spindle.schedule import Evaluation, Placement, Problem, Slice, evaluate, timeline, violations
+from solvers.spindle.schedule import (
+    RESERVE_BYTES,
+    Evaluation,
+    Placement,
+    Problem,
+    Slice,
+    evaluate,
+    timeline,
+    violations,
+)
 from solvers.spindle.summary import summarise as summarise  # (SolverKind.summarise)
-from solvers.spindle.workload import SpindleRequest, build_graph
+from solvers.spindle.workload import MetaOp, MetaOpSpec, SpindleRequest, build_graph
 
 Progress = Callable[[float, str], None]
 PRECISIONS: tuple[Precision, ...] = ("bf16", "fp16", "fp8", "fp32")
@@ -40,6 +51,19 @@ def parse_request(request: dict[str, Any]) -> SpindleRequest:
 MAX_SERIAL_MS = 1e10
 
 
+def with_layouts(op: MetaOp, spec: MetaOpSpec, cluster: ClusterSpec, precision: Precision, limit: float) -> MetaOp:
+    """A training metaop of a module shape, with the hybrid layout it runs at each width where one beats plain
+    data parallelism or places what data parallelism cannot (``solvers.spindle.layouts``)."""
+    if spec.module is None or op.mode != "train":
+        return op
+    widths = cluster.num_gpus
+    dp_fits = tuple(sum(slice_memory_bytes(op, op.layers, n)) + RESERVE_BYTES <= limit for n in range(1, widths + 1))
+    query = LayoutQuery(spec.module, spec.layer_offset, op.layers, op.batch, spec.recompute, cluster, precision,
+                        limit, widths)
+    table = layout_table(query, dp_fits)
+    return replace(op, layouts=table) if any(lay is not None for lay in table) else op
+
+
 def build_problem(req: SpindleRequest) -> Problem:
     training = (req.model_extra or {}).get("training", {})
     if not isinstance(training, dict):
@@ -52,6 +76,9 @@ def build_problem(req: SpindleRequest) -> Problem:
     ops = [module_metaop(s, s.task or s.name, dev) if s.module is not None else explicit_metaop(s, s.task or s.name)
            for s in specs]
     explicit = all(s.module is None for s in specs)
+    limit = memory_limit_bytes(req.cluster, req.constraints)
+    if req.options.hybrid_layouts:
+        ops = [with_layouts(op, s, req.cluster, precision, limit) for op, s in zip(ops, specs, strict=True)]
     workload = build_graph(ops, req.workload.edges, explicit)
     # each metaop's range is physical, but together they could still run for centuries: then the exact solver's
     # integer microseconds overflowed CP-SAT's domains and start times too large for a short slice's duration
@@ -60,7 +87,7 @@ def build_problem(req: SpindleRequest) -> Problem:
     if not serial_ms <= MAX_SERIAL_MS:
         raise SpecError.at(("workload", "metaops"), f"the metaops take {serial_ms:.3g} ms one after another on one "
                                                     f"device, more than {MAX_SERIAL_MS:.0e} ms (about 116 days)")
-    return Problem(workload, Topology.of(req.cluster), memory_limit_bytes(req.cluster, req.constraints))
+    return Problem(workload, Topology.of(req.cluster), limit)
 
 
 def _slice_dict(problem: Problem, s: Slice) -> dict[str, Any]:
@@ -68,7 +95,15 @@ def _slice_dict(problem: Problem, s: Slice) -> dict[str, Any]:
     return {"metaop": op.name, "task": op.task, "module": op.module, "devices": list(s.devices),
             "layers": s.layers, "layer_start": s.layer_start, "start_s": s.start_s, "end_s": s.end_s,
             "wave": s.wave, "compute_s": s.end_s - s.start_s, "transfer_wait_s": s.transfer_wait_s,
-            "ms_per_layer": op.layer_ms(s.n)}
+            "ms_per_layer": op.layer_ms(s.n), "layout": _layout_dict(op, s.n)}
+
+
+def _layout_dict(op: MetaOp, n: int) -> dict[str, Any] | None:
+    lay = op.layout(n)
+    if lay is None:
+        return None
+    st = lay.strategy
+    return {"tp": st.tp, "cp": st.cp, "dp": st.dp, "ep": st.ep, "zero": st.zero, "recompute": st.recompute}
 
 
 def _waves(problem: Problem, slices: list[Slice]) -> list[dict[str, Any]]:
@@ -83,9 +118,13 @@ def _waves(problem: Problem, slices: list[Slice]) -> list[dict[str, Any]]:
 
 
 def estimate_dict(problem: Problem, ev: Evaluation) -> dict[str, Any]:
+    # explicit times carry no shapes to size memory from: absent, not a zero that reads as a measurement
+    estimated = not problem.workload.explicit
     return {"iteration_time_s": ev.iteration_time_s, "makespan_s": ev.makespan_s,
-            "grad_sync_exposed_s": ev.grad_sync_exposed_s, "peak_memory_gib": ev.peak_memory_bytes / _GIB,
-            "memory_gib_per_device": [m / _GIB for m in ev.memory_bytes], "fits": ev.fits,
+            "grad_sync_exposed_s": ev.grad_sync_exposed_s,
+            "peak_memory_gib": ev.peak_memory_bytes / _GIB if estimated else None,
+            "memory_gib_per_device": [m / _GIB for m in ev.memory_bytes] if estimated else [],
+            "memory_estimated": estimated, "fits": ev.fits,
             "memory_limit_gib": problem.memory_limit_bytes / _GIB, "utilization": ev.utilization,
             "module_grad_sync_s": ev.module_sync_s}
 

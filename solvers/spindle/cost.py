@@ -131,10 +131,20 @@ def state_bytes_per_param(mode: Mode, dp: int) -> float:
     return _BF16
 
 
+def state_bytes_per_layer(op: MetaOp, n: int) -> float:
+    """Weights, gradients and optimizer states of one layer per device on ``n`` devices (its layout's, where it
+    runs one: sharded over tensor / context parallelism and, under ZeRO-3, over data parallelism too)."""
+    lay = op.layout(n)
+    return lay.state_bytes_per_layer if lay is not None else op.params_per_layer * state_bytes_per_param(op.mode, n)
+
+
 def slice_memory_bytes(op: MetaOp, layers: int, n: int) -> tuple[float, float, float]:
     """(states, held activations, transient working set) per device of ``layers`` layers on ``n`` devices."""
+    lay = op.layout(n)
+    if lay is not None:
+        return layers * lay.state_bytes_per_layer, layers * lay.act_bytes_per_layer, lay.work_bytes
     local = -(-op.batch // n)
-    states = layers * op.params_per_layer * state_bytes_per_param(op.mode, n)
+    states = layers * state_bytes_per_layer(op, n)
     return states, layers * local * op.act_bytes_per_sample_layer, local * op.work_bytes_per_sample
 
 

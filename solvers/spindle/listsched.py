@@ -17,18 +17,21 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from solvers.spindle.bounds import DeviceRange, bottom_levels_s, op_time_s
 from solvers.spindle.schedule import Placement, Problem
+from solvers.spindle.workload import MetaOp
 
 EFFICIENCIES = (0.0, 0.75, 0.9)
 
 
-def efficient_widths(op_batch: int, r: DeviceRange) -> list[int]:
-    """Widths at which the per-device batch drops (the fewest devices for each local batch size)."""
-    out, prev = [], None
+def efficient_widths(op: MetaOp, r: DeviceRange) -> list[int]:
+    """Widths at which the per-device batch drops (the fewest devices for each local batch size); with hybrid
+    layouts, the widths at which the layer time drops."""
+    out: list[int] = []
+    prev: float | None = None
     for n in range(r.lo, r.hi + 1):
-        local = -(-op_batch // n)
-        if local != prev:
+        key = op.layer_ms(n) if op.layouts else float(-(-op.batch // n))
+        if prev is None or (key < prev if op.layouts else key != prev):
             out.append(n)
-            prev = local
+            prev = key
     return out
 
 
@@ -49,7 +52,7 @@ def plan_list(problem: Problem, ranges: list[DeviceRange], efficiency: float) ->
         op, r = wl.ops[i], ranges[i]
         ready = max((end[u] for u in wl.preds[i]), default=0.0)
         centre = np.mean([block[u][0] + block[u][1] / 2 for u in wl.preds[i]]) if wl.preds[i] else None
-        widths = efficient_widths(op.batch, r)
+        widths = efficient_widths(op, r)
         cheapest = min(n * op_time_s(op, n) for n in widths)
         best: tuple[float, int, bool, float] | None = None
         choice = (0, r.lo)

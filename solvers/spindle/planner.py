@@ -73,7 +73,7 @@ def _candidates(problem: Problem, ranges: list[DeviceRange], shuffles: int, seed
 class Portfolio:
     best: Planned
     best_single: Planned | None  # best with one slice per metaop: the exact model's warm start with comm
-    scores: dict[str, float]  # every candidate's iteration time (inf when it does not fit)
+    scores: dict[str, float | None]  # every candidate's iteration time (None: over the memory limit)
     runners_up: list[Planned]  # the next best distinct plans (other basins for the local search)
 
 
@@ -86,13 +86,13 @@ def plan(problem: Problem, ranges: list[DeviceRange], memory_rounds: int = 12, s
     """The best candidate that fits; widen the crowding metaops' minimum blocks while none does."""
     best: Planned | None = None
     single: Planned | None = None
-    scores: dict[str, float] = {}
+    scores: dict[str, float | None] = {}
     seen: dict[tuple[Placement, ...], Planned] = {}
     for _ in range(memory_rounds):
         for name, placements in _candidates(problem, ranges, shuffles, seed):
             slices = timeline(problem, placements)
             cand = Planned(name, placements, slices, evaluate(problem, slices))
-            scores[name] = cand.evaluation.iteration_time_s if cand.evaluation.fits else float("inf")
+            scores[name] = cand.evaluation.iteration_time_s if cand.evaluation.fits else None
             seen.setdefault(tuple(placements), cand)
             if better(best, cand):
                 best = cand

@@ -27,6 +27,8 @@ WHISPER_ENC = {"name": "whisper-large-enc", "num_layers": 32, "hidden_size": 128
                "ffn_hidden_size": 5120, "seq_length": 1500}
 QWEN_7B = {"name": "qwen-7b", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
            "ffn_hidden_size": 11008, "mlp": "swiglu", "causal": True, "seq_length": 2048}
+LLAMA_70B = {"name": "llama-70b", "num_layers": 80, "hidden_size": 8192, "num_attention_heads": 64, "num_kv_heads": 8,
+             "ffn_hidden_size": 28672, "mlp": "swiglu", "causal": True, "seq_length": 2048}
 DIT_LAYERS = 32
 VIDEO_DIT = {"name": "video-dit", "num_layers": DIT_LAYERS, "hidden_size": 3072, "num_attention_heads": 24,
              "ffn_hidden_size": 12288, "seq_length": 8192}  # 121 frames 480p latents, 2x2 patches
@@ -74,6 +76,20 @@ def qwen_vl() -> dict[str, Any]:
         _op("text/llm", "text", QWEN_7B, 64, **rc),
     ]
     edges = [["caption/vit", "caption/llm"], ["asr/whisper", "asr/llm"], ["video/vit", "video/llm"]]
+    return {"metaops": ops, "edges": edges}
+
+
+def llm70b_vision_audio() -> dict[str, Any]:
+    """A 70B LLM branch fed by a vision encoder and an audio encoder (captioning, speech recognition, text).
+    The LLM's 70B parameters cannot be data-parallel on any GPU (~390 GiB of states per device): its metaops run
+    tensor-parallel / ZeRO-3 layouts inside their device blocks (``solvers.spindle.layouts``)."""
+    rc = {"recompute": True}
+    ops = [
+        _op("caption/vit", "caption", VIT_BIGG, 64, **rc), _op("caption/llm", "caption", LLAMA_70B, 64, **rc),
+        _op("asr/whisper", "asr", WHISPER_ENC, 64, **rc), _op("asr/llm", "asr", LLAMA_70B, 32, **rc),
+        _op("text/llm", "text", LLAMA_70B, 64, **rc),
+    ]
+    edges = [["caption/vit", "caption/llm"], ["asr/whisper", "asr/llm"]]
     return {"metaops": ops, "edges": edges}
 
 
@@ -129,7 +145,7 @@ def unigrpo() -> dict[str, Any]:
 
 
 WORKLOAD_PRESETS = {"clip-imagebind": clip_imagebind, "qwen-vl": qwen_vl, "seedance": seedance, "omni": omni,
-                    "unigrpo": unigrpo}
+                    "unigrpo": unigrpo, "llm70b-vision-audio": llm70b_vision_audio}
 
 
 def workload_preset(name: Any, batch_scale: Any = 1, **extra: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from solvers.spindle.cost import (
     Topology,
     allreduce_by_node_s,
     slice_memory_bytes,
-    state_bytes_per_param,
+    state_bytes_per_layer,
     transfer_s,
 )
 from solvers.spindle.workload import Workload
@@ -162,7 +162,7 @@ def memory_per_device(problem: Problem, slices: Sequence[Slice]) -> list[float]:
             grid = states[op.module] = np.zeros((n_dev, _module_grid(problem, op.module)))
         l0 = op.layer_offset + s.layer_start
         block = grid[s.lo:s.lo + s.n, l0:l0 + s.layers]
-        np.maximum(block, state_bytes_per_param(op.mode, s.n) * op.params_per_layer, out=block)
+        np.maximum(block, state_bytes_per_layer(op, s.n), out=block)
         held[s.lo:s.lo + s.n] += act
         transient[s.lo:s.lo + s.n] = np.maximum(transient[s.lo:s.lo + s.n], work)
     total = held + transient + RESERVE_BYTES
@@ -179,8 +179,8 @@ def grad_sync(problem: Problem, slices: Sequence[Slice]) -> tuple[dict[str, floa
     last: dict[str, Slice] = {}
     for s in slices:
         op = wl.ops[s.op]
-        if op.mode != "train" or op.params_per_layer == 0:
-            continue
+        if op.mode != "train" or op.params_per_layer == 0 or op.layout(s.n) is not None:
+            continue  # (a hybrid layout's data-parallel traffic is in its time: solvers.spindle.layouts)
         if op.module not in last or s.end_s > last[op.module].end_s:
             last[op.module] = s
         if op.module not in hosts:

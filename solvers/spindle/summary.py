@@ -1,18 +1,44 @@
-"""A Spindle schedule in a few lines of text: its iteration time, how far from the lower bound, and the
-baseline schedules it is compared with."""
+"""A Spindle schedule in a few lines of text: its iteration time, how far from the lower bound, the schedule
+itself (which layers of which metaop run on which devices, when), and the baseline schedules it is compared
+with."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from solvers.documents.spindle import SpindleResult
-from solvers.text import baseline_line, seconds, within_bound
+from solvers.documents.spindle import SliceDoc, SpindleResult
+from solvers.text import baseline_line, capped, device_span, seconds, within_bound
+
+MAX_SLICES_SHOWN = 40  # (a 64-GPU seedance plan has a few hundred; --json has them all)
+
+
+def schedule_lines(slices: Sequence[SliceDoc]) -> list[str]:
+    """One line per slice in start order: its devices, metaop, layers and time span."""
+    ordered = sorted(slices, key=lambda s: (s.start_s, min(s.devices, default=0)))
+    width = max((len(s.metaop) for s in ordered), default=0)
+    rows = []
+    for s in ordered:
+        layers = f"layer {s.layer_start}" if s.layers == 1 else f"layers {s.layer_start}-{s.layer_start + s.layers - 1}"
+        layout = f"  [{s.layout.label()}]" if s.layout is not None else ""
+        rows.append(f"  {device_span(s.devices):>12}  {s.metaop:<{width}}  {layers:<14} "
+                    f"{seconds(s.start_s)} -> {seconds(s.end_s)}{layout}")
+    return capped(rows, MAX_SLICES_SHOWN, "slices")
 
 
 def summarise(request: Mapping[str, Any], result: SpindleResult) -> list[str]:
     step = result.estimate.iteration_time_s
     lines = [f"spindle: step {seconds(step)}", *within_bound(step, result.lower_bound_s)]
+    est = result.estimate
+    if est.peak_memory_gib is not None:
+        limit = f" (limit {est.memory_limit_gib:.1f})" if est.memory_limit_gib is not None else ""
+        lines.append(f"peak memory {est.peak_memory_gib:.1f} GiB per device{limit}")
+    elif not est.memory_estimated:
+        lines.append("memory not estimated: explicit per-layer times, no module shapes")
+    waves = len({s.wave for s in result.slices})
+    lines.append(f"schedule ({len(result.slices)} slices in {waves} wave{'s' if waves != 1 else ''}; devices, "
+                 "metaop, layers, start -> end, [hybrid layout] where not plain data parallelism):")
+    lines += schedule_lines(result.slices)
     lines += ["baselines (same cost model):"] if result.baselines else []
     for key, t in result.baselines.items():
         name = key.removesuffix("_s").replace("_", " ")  # the keys are times: sequential_full_cluster_s, ...

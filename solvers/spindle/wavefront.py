@@ -44,7 +44,7 @@ def _share(op: MetaOp, layers: int, t_ms: float, r: DeviceRange, shares: Shares)
     if on_lo <= t_ms:
         # time-share: a lone device (or the memory-minimum block) is enough; use only the needed fraction
         return r.lo * on_lo / t_ms if r.lo == 1 else float(r.lo)
-    if shares == "fluid":
+    if shares == "fluid" and not op.layouts:  # (a layout table has no affine form: priced as mix below)
         budget = t_ms / layers - op.intercept_ms
         if budget <= 0:
             return float(r.hi)

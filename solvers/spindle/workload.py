@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from solvers.errors import FieldProblem, SpecError
 from solvers.request import PlanRequestBase
 from solvers.specs import MAX_LAYERS, MAX_SEQ_LENGTH, MAX_WIDTH, ModelSpec, MoESpec, expand_preset
+
+if TYPE_CHECKING:
+    from solvers.spindle.layouts import Layout
 
 Mode = Literal["train", "forward", "decode"]
 
@@ -134,6 +137,9 @@ class SpindleOptions(_Spec):
     exact_deterministic_time: float = Field(default=4.0, gt=0)
     exact_workers: int = Field(default=2, ge=1, le=64)
     polish_time_s: float = Field(default=0.3, ge=0, le=60)  # local search after each planner
+    # a training metaop of a module shape may run tensor / context / expert parallel and ZeRO-3 layouts at a
+    # width where they beat plain data parallelism or place what it cannot (false: data parallelism only)
+    hybrid_layouts: bool = True
     efficiency: float = Field(default=0.5, gt=0, le=1)  # achieved fraction of GPU peak on matmuls
     # per layer forward+backward floor: ~40 kernel launches, framework and NCCL hook overhead (eager PyTorch)
     kernel_overhead_ms: float = Field(default=0.3, ge=0)
@@ -163,13 +169,21 @@ class MetaOp:
     act_bytes_per_sample_layer: float = 0.0  # kept from forward to backward (train), KV cache (decode)
     work_bytes_per_sample: float = 0.0  # transient working set of the layer being computed
     out_bytes_per_sample: float = 0.0  # activation handed to a successor (and its gradient back in training)
+    # per width 1..N, the hybrid layout it runs (None: plain data parallelism; solvers.spindle.layouts)
+    layouts: tuple[Layout | None, ...] = ()
+
+    def layout(self, n: int) -> Layout | None:
+        return self.layouts[n - 1] if 0 < n <= len(self.layouts) else None
 
     def layer_ms(self, n: int) -> float:
-        return self.slope_ms * -(-self.batch // n) + self.intercept_ms
+        dp = self.slope_ms * -(-self.batch // n) + self.intercept_ms
+        lay = self.layout(n)
+        return dp if lay is None else dp * lay.time_factor
 
     @property
     def max_devices(self) -> int:
-        return self.batch  # beyond one sample per device data parallelism stops helping
+        # beyond one sample per device data parallelism stops helping; tensor / context parallelism does not
+        return max(self.batch, len(self.layouts))
 
 
 @dataclass(frozen=True)
