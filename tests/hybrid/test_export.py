@@ -533,7 +533,7 @@ def test_the_header_prices_each_difference_alone(fmt: str) -> None:
     peak memory of the plan with only that change, by the public estimate, against the plan's."""
     req = {"kind": "hybrid", "model": {"preset": "llama3-8b", "num_layers": 8},
            "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
-           "training": {"global_batch_size": 64, "seq_length": 8192}, "constraints": {"memory_limit_gib": 40}}
+           "training": {"global_batch_size": 64, "seq_length": 32768}, "constraints": {"memory_limit_gib": 40}}
     result = load_result("hybrid", solve(req))
     plan = result.plan()
     run = EXPORTERS[fmt].run_plan(plan, None, req)
