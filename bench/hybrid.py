@@ -13,6 +13,7 @@
     .venv/bin/python bench/hybrid.py --exact         # plans against the exact layer DP (every stage, ~2 min)
     .venv/bin/python bench/hybrid.py --host          # profiles of hosts whose ranks share cores (CPU workers)
     .venv/bin/python bench/hybrid.py --rerun-galvatron   # re-run Galvatron (needs .venv-galvatron) and re-cache
+    .venv/bin/python bench/hybrid.py --hetero        # mixed fleets (cluster.groups) against their two baselines
 
 Galvatron side: ``../shared/peers/galvatron_pypi/run_galvatron_pypi.py`` runs hetu-galvatron 2.4.0's search
 engine; its converted profiles, the hardware files and its result are cached in ``bench/data/galvatron/<case>/``
@@ -509,6 +510,50 @@ def plain_table() -> None:
     print(f"\n≥5% over the plainer grid on {wins}/{len(ANALYTIC_CASES)} cases")
 
 
+# (model, [(GPU, nodes)], global batch, sequence length): mixed fleets of 8-GPU nodes, 400 Gb/s between the groups
+HETERO_CASES: list[tuple[str, list[tuple[str, int]], int, int]] = [
+    ("llama2-13b", [("H100-SXM", 1), ("A100-40GB", 2)], 96, 4096),
+    ("llama3-70b", [("H100-SXM", 4), ("A100-80GB", 8)], 384, 4096),
+    ("llama2-7b", [("H100-SXM", 1), ("L4", 2)], 64, 2048),
+    ("gpt3-13b", [("A100-80GB", 2), ("A100-40GB", 2)], 128, 2048),
+    ("llama3-8b", [("H200", 2), ("H100-SXM", 2)], 128, 8192),
+    ("qwen2-72b", [("B200", 4), ("H100-SXM", 4)], 256, 4096),
+    ("mixtral-8x7b", [("H100-SXM", 2), ("A100-80GB", 2)], 128, 4096),
+]
+
+
+def hetero_table() -> None:
+    """Each mixed fleet's plan against the best plan on its fastest group alone and the best uniform plan chosen
+    blind to the GPU types (planned for the groups' least-memory GPU, stages even), run on the real cluster. All
+    figures are estimates of the analytic cost model; "search" is this process' CPU time for the whole solve,
+    both baselines included."""
+    print("| model | fleet | plan step s | stages (layers on each GPU type) | vs fastest group alone | "
+          "vs type-blind uniform | gap | search CPU s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for model, groups, batch, seq in HETERO_CASES:
+        request = {"kind": "hybrid", "model": {"preset": model},
+                   "cluster": {"groups": [{"gpu": g, "nodes": n} for g, n in groups],
+                               "inter_group_bandwidth_Gbps": 400},
+                   "training": {"global_batch_size": batch, "seq_length": seq}}
+        c0 = time.process_time()
+        out = solve(request)
+        cpu = time.process_time() - c0
+        assert out.hetero is not None
+        stages = " ".join(f"{p.layers}@{'+'.join(p.gpus)}" for p in out.hetero.placement)
+
+        def gain(name: str) -> str:
+            assert out.hetero is not None
+            b = out.hetero.baselines.get(name)
+            if b is None or b.gain is None:
+                return f"({b.note if b is not None else 'none'})"
+            return f"{b.gain:+.1%}" + ("" if b.fits else " (it does not fit)")
+
+        fleet = " + ".join(f"{n}x8 {g}" for g, n in groups)
+        gap = out.search.optimality_gap
+        print(f"| {model} | {fleet} | {out.estimate.step_time_s:.3f} | {stages} | {gain('fastest_group')} | "
+              f"{gain('type_oblivious')} | {gap:.2%} | {cpu:.1f} |" if gap is not None else "", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--galvatron", action="store_true")
@@ -524,7 +569,11 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="196 requests over the presets: gaps and search time")
     ap.add_argument("--exact", action="store_true", help="plans against the exact layer DP on every stage")
     ap.add_argument("--host", action="store_true", help="profiles of hosts whose ranks share cores")
+    ap.add_argument("--hetero", action="store_true", help="mixed fleets against their two baselines")
     a = ap.parse_args()
+    if a.hetero:
+        hetero_table()
+        return
     if a.host:
         host_table()
         return
