@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from solvers.api import estimate  # noqa: E402
 from solvers.cost_model.factory import make_cost_model  # noqa: E402
+from solvers.documents.hybrid import HeteroDoc  # noqa: E402
 from solvers.errors import InfeasibleError  # noqa: E402
 from solvers.exports import EXPORTERS  # noqa: E402
 from solvers.hybrid import baselines, stage_table  # noqa: E402
@@ -538,12 +539,12 @@ def hetero_table() -> None:
         c0 = time.process_time()
         out = solve(request)
         cpu = time.process_time() - c0
-        assert out.hetero is not None
-        stages = " ".join(f"{p.layers}@{'+'.join(p.gpus)}" for p in out.hetero.placement)
+        hetero = out.hetero
+        assert hetero is not None
+        stages = " ".join(f"{p.layers}@{'+'.join(p.gpus)}" for p in hetero.placement)
 
-        def gain(name: str) -> str:
-            assert out.hetero is not None
-            b = out.hetero.baselines.get(name)
+        def gain(name: str, hetero: HeteroDoc = hetero) -> str:
+            b = hetero.baselines.get(name)
             if b is None or b.gain is None:
                 return f"({b.note if b is not None else 'none'})"
             return f"{b.gain:+.1%}" + ("" if b.fits else " (it does not fit)")

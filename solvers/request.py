@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from solvers.documents import PlanKind
 from solvers.errors import FieldProblem, SpecError
-from solvers.specs import ClusterSpec, Constraints, ModelSpec, TrainingSpec
+from solvers.specs import ClusterSpec, Constraints, ModelSpec, SizingSpec, TrainingSpec
 
 
 class CostModelSpec(BaseModel):
@@ -38,6 +38,7 @@ class HybridRequest(PlanRequestBase):
     model: ModelSpec
     training: TrainingSpec
     strategy: dict[str, Any] | None = None
+    sizing: SizingSpec | None = None
 
 
 def problems_from_validation(err: ValidationError, prefix: tuple[str | int, ...] = ()) -> SpecError:

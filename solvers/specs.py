@@ -321,6 +321,32 @@ def _same_gpu(given: Any, gpu: GPUSpec) -> bool:
         return False
 
 
+class SizingSpec(_Spec):
+    """A hybrid request's ``sizing``: train ``tokens`` by ``deadline_days`` on one of the priced GPU types; the
+    result's ``front`` is time-to-train against cost over cluster sizes and types."""
+
+    tokens: float = Field(gt=0, le=1e18)
+    deadline_days: float | None = Field(default=None, gt=0, le=1e5)
+    # GPU preset name -> price per GPU-hour (any currency); each a candidate GPU type
+    price_per_gpu_hour: dict[str, float] = Field(min_length=1, max_length=8)
+    max_nodes: int = Field(default=256, gt=0, le=100_000, description="the largest cluster tried, in nodes")
+    nodes: list[int] | None = Field(default=None, min_length=1, max_length=256,
+                                    description="the node counts to try (default: two per doubling up to max_nodes)")
+
+    @field_validator("price_per_gpu_hour")
+    @classmethod
+    def _priced_presets(cls, v: dict[str, float]) -> dict[str, float]:
+        from solvers.presets import GPU_PRESETS
+
+        unknown = [k for k in v if k.lower() not in GPU_PRESETS]
+        if unknown:
+            raise ValueError(f"unknown GPU preset {unknown[0]!r}; known: {', '.join(sorted(GPU_PRESETS))}")
+        bad = [k for k, price in v.items() if not (isinstance(price, int | float) and 0 < price < 1e6)]
+        if bad:
+            raise ValueError(f"the price of {bad[0]} must be a positive number per GPU-hour")
+        return v
+
+
 # Far beyond any training batch (2^40 samples), and within what the planner's divisor enumerations (O(sqrt))
 # finish in seconds: at 2^63 they ran for minutes.
 MAX_GLOBAL_BATCH_SIZE = 2**40

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import Field
 
@@ -150,6 +150,31 @@ class HeteroDoc(Document):
     baselines: dict[HeteroBaselineName, BaselineDoc | None] = Field(default_factory=dict)
 
 
+class FrontPoint(Document):
+    """One cluster of a sizing front (``sizing``): its plan's time to train the tokens and what that costs."""
+
+    cluster: dict[str, Any] = Field(description="gpu, nodes, gpus_per_node: a cluster section of a request")
+    gpus: int
+    days: float = Field(description="estimated: the tokens over the plan's estimated throughput")
+    cost: float = Field(description="days x 24 x GPUs x the GPU type's price per GPU-hour")
+    meets_deadline: bool | None = None
+    step_time_s: float
+    mfu: float
+    strategy: StrategyDoc
+
+
+class SizingDoc(Document):
+    """How the sizing front (the result's ``front``: the clusters no other tried cluster beats on both time and
+    cost, fastest first) was searched."""
+
+    cheapest_in_deadline: int | None = Field(None, description="index into front of the cheapest point that meets "
+                                                               "the deadline (None: none does, or no deadline)")
+    clusters_tried: int
+    clusters_without_plan: list[str] = Field(default_factory=list, description="tried sizes no plan fits, and why")
+    time_s: float
+    cpu_s: float
+
+
 class HybridResult(ResultDocument):
     kind: Literal["hybrid"] = "hybrid"
     estimate: HybridEstimate
@@ -157,6 +182,8 @@ class HybridResult(ResultDocument):
     search: HybridSearch
     baselines: dict[BaselineName, BaselineDoc | None] = Field(default_factory=dict)
     hetero: HeteroDoc | None = Field(None, description="only for a cluster of groups")
+    front: list[FrontPoint] | None = Field(None, description="only for a request with sizing")
+    sizing: SizingDoc | None = Field(None, description="only for a request with sizing")
 
     def plan(self) -> PlanStrategy:
         return self.strategy.to_plan()

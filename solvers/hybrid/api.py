@@ -10,9 +10,9 @@ from solvers.cost_model.api import estimate as _estimate
 from solvers.cost_model.base import CostModel
 from solvers.cost_model.factory import make_cost_model
 from solvers.cost_model.hetero import HeteroCostModel
-from solvers.documents.hybrid import HybridEstimateResult, HybridResult
+from solvers.documents.hybrid import HybridEstimate, HybridEstimateResult, HybridResult
 from solvers.errors import FieldProblem, InfeasibleError
-from solvers.hybrid import baselines, hetero, targets
+from solvers.hybrid import baselines, hetero, sizing, targets
 from solvers.hybrid.cached import CachedStages
 from solvers.hybrid.certificate import certify
 from solvers.hybrid.min_memory import min_memory_bytes
@@ -20,6 +20,7 @@ from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import SearchSpace, build_space, layer_kinds, space_mode
 from solvers.hybrid.summary import summarise as summarise  # (SolverKind.summarise)
 from solvers.request import HybridRequest, parse
+from solvers.strategy import PlanStrategy
 
 Progress = Callable[[float, str], None]
 GIB = float(2**30)
@@ -95,7 +96,31 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
     if isinstance(model, HeteroCostModel):
         doc = hetero.report(result, req, request, model, lambda r: solve(r, options=options))
         result = result.model_copy(update={"hetero": doc})
+    if req.sizing is not None:
+        if progress:
+            progress(0.99, "sizing: a plan per cluster size and GPU type")
+        points, sized = sizing.front(req, request, quick_plan)
+        result = result.model_copy(update={"front": points, "sizing": sized})
     return result
+
+
+def quick_plan(request: dict[str, Any]) -> tuple[PlanStrategy, HybridEstimate]:
+    """The planner's plan for ``request``, seeded by its best uniform plan, without the certificate and the other
+    baselines (a sizing front's many sizes); InfeasibleError where nothing fits."""
+    req: HybridRequest = parse(HybridRequest, request)
+    cm = CachedStages(make_cost_model(req))
+    space = build_space(req, space_mode(req))
+    kinds = layer_kinds(req.model)
+    uniform = baselines.megatron(cm, space, kinds, [req.model.is_moe_layer(i) for i in range(len(kinds))])
+    planner = Planner(cm, space, kinds, PlannerOptions(time_limit_s=req.constraints.time_limit_s or
+                                                       DEFAULT_TIME_LIMIT_S))
+    try:
+        plan = planner.search(incumbent_s=uniform.step_time_s if uniform else float("inf")).plan
+    except LookupError:
+        if uniform is None:
+            raise _infeasible(planner, cm) from None
+        plan = uniform.plan
+    return plan, cm.evaluate(plan)
 
 
 def _solve(req: HybridRequest, request: dict[str, Any], model: CostModel, progress: Progress | None,

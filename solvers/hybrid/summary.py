@@ -14,11 +14,14 @@ from solvers.documents.hybrid import (
     BaselineDoc,
     BaselineName,
     EmbeddingDoc,
+    FrontPoint,
+    HeteroDoc,
     HybridEstimate,
     HybridEstimateResult,
     HybridResult,
     HybridSearch,
     LayerDoc,
+    SizingDoc,
     StrategyDoc,
 )
 from solvers.text import seconds
@@ -170,9 +173,36 @@ def _uniform_text(strategy: StrategyDoc) -> str:
     return f"; {layout}, pp{strategy.pp}, {_micro_batches(strategy)}, {sched}"
 
 
+def _hetero(hetero: HeteroDoc) -> list[str]:
+    """Where each stage runs, and the plan against the fastest group alone and the type-blind plan."""
+    out = ["stages on a mixed cluster: " + "; ".join(
+        f"{p.stage}: {p.layers} layers on {'+'.join(p.gpus)} ({p.memory_limit_gib:.0f} GiB)" for p in hetero.placement)]
+    for name, text in (("fastest_group", "the fastest group alone"), ("type_oblivious", "the type-blind plan")):
+        base = hetero.baselines.get(name)
+        if base is not None and base.gain is not None:
+            verdict = "faster" if base.gain >= 0 else "SLOWER: run on that group alone"
+            out.append(f"  against {text}: this plan {base.gain:+.1%} ({verdict})")
+    return out
+
+
+def _front(front: Sequence[FrontPoint], sizing: SizingDoc) -> list[str]:
+    """The sizing front, fastest first, and the cheapest cluster that meets the deadline."""
+    out = [f"sizing front ({len(front)} of {sizing.clusters_tried} clusters tried; estimates):"]
+    for i, p in enumerate(front):
+        mark = " <- cheapest in the deadline" if i == sizing.cheapest_in_deadline else ""
+        late = " (misses the deadline)" if p.meets_deadline is False else ""
+        out.append(f"  {p.gpus:>6} {p.cluster['gpu']:<10} {p.days:9.1f} days  cost {p.cost:,.0f}{late}{mark}")
+    return out
+
+
 def summarise(request: Mapping[str, Any], result: HybridResult) -> list[str]:
     """The plan, its cost, where the step goes, its baselines and how far from the best it can be."""
-    return _plan_lines(request, result.strategy, result.estimate, result.baselines, result.search)
+    lines = _plan_lines(request, result.strategy, result.estimate, result.baselines, result.search)
+    if result.hetero is not None:
+        lines += _hetero(result.hetero)
+    if result.front is not None and result.sizing is not None:
+        lines += _front(result.front, result.sizing)
+    return lines
 
 
 def summarise_estimate(request: Mapping[str, Any], estimate: HybridEstimateResult) -> list[str]:

@@ -16,6 +16,7 @@ from solvers.cost_model.analytic import AnalyticCostModel
 from solvers.cost_model.factory import make_cost_model
 from solvers.cost_model.hetero import HeteroCostModel, stage_groups
 from solvers.errors import SpecError
+from solvers.hybrid.api import quick_plan
 from solvers.hybrid.certificate import certify
 from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import build_space
@@ -155,3 +156,40 @@ def test_bad_groups_name_the_field(request_: dict[str, Any], field: str) -> None
     with pytest.raises(SpecError) as err:
         validate(request_)
     assert field in {".".join(map(str, p.loc)) for p in err.value.problems}, err.value
+
+
+def test_the_sizing_front_is_the_pareto_front_of_each_sizes_own_plan() -> None:
+    """Each tried size's plan (the planner's, as a request for that cluster alone gets) gives days = tokens /
+    throughput and cost = GPU-hours x price; the front is exactly the sizes no other beats on both, fastest
+    first, and names the cheapest size that meets the deadline."""
+    request = {"kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 8},
+               "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 4},
+               "training": {"global_batch_size": 48, "seq_length": 2048},
+               "sizing": {"tokens": 2e10, "deadline_days": 2.0, "nodes": [1, 2, 3],
+                          "price_per_gpu_hour": {"H100-SXM": 2.5, "A100-80GB": 1.2}}}
+    result = solve(request)
+    assert result.front is not None and result.sizing is not None
+    assert result.sizing.clusters_tried == 6
+    points = []
+    for gpu, price in request["sizing"]["price_per_gpu_hour"].items():
+        for nodes in (1, 2, 3):
+            alone = {k: v for k, v in request.items() if k != "sizing"}
+            alone["cluster"] = {"gpu": gpu, "nodes": nodes, "gpus_per_node": 4}
+            step = quick_plan(alone)[1].step_time_s
+            days = 2e10 / (48 * 2048) * step / 86_400
+            points.append((days, days * 24 * nodes * 4 * price, gpu, nodes))
+    front = [p for p in points if not any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points)]
+    got = [(p.days, p.cost, p.cluster["gpu"], p.cluster["nodes"]) for p in result.front]
+    assert got == sorted(front)
+    assert [p.meets_deadline for p in result.front] == [d <= 2.0 for d, *_ in got]
+    in_time = [i for i, (d, *_) in enumerate(got) if d <= 2.0]
+    assert result.sizing.cheapest_in_deadline == (min(in_time, key=lambda i: got[i][1]) if in_time else None)
+
+
+def test_sizing_refuses_an_unknown_gpu_and_a_bad_price() -> None:
+    base = {"kind": "hybrid", "model": {"preset": "llama2-7b"}, "cluster": {"gpu": "H100-SXM"},
+            "training": {"global_batch_size": 8}}
+    for prices in ({"H100X": 2.0}, {"H100-SXM": -1}):
+        with pytest.raises(SpecError) as err:
+            validate({**base, "sizing": {"tokens": 1e9, "price_per_gpu_hour": prices}})
+        assert ("sizing", "price_per_gpu_hour") in {p.loc for p in err.value.problems}, err.value
