@@ -15,6 +15,7 @@ from solvers.documents.hybrid import (
     BaselineName,
     EmbeddingDoc,
     FrontPoint,
+    HeteroBaselineName,
     HeteroDoc,
     HybridEstimate,
     HybridEstimateResult,
@@ -177,7 +178,9 @@ def _hetero(hetero: HeteroDoc) -> list[str]:
     """Where each stage runs, and the plan against the fastest group alone and the type-blind plan."""
     out = ["stages on a mixed cluster: " + "; ".join(
         f"{p.stage}: {p.layers} layers on {'+'.join(p.gpus)} ({p.memory_limit_gib:.0f} GiB)" for p in hetero.placement)]
-    for name, text in (("fastest_group", "the fastest group alone"), ("type_oblivious", "the type-blind plan")):
+    named: tuple[tuple[HeteroBaselineName, str], ...] = (("fastest_group", "the fastest group alone"),
+                                                         ("type_oblivious", "the type-blind plan"))
+    for name, text in named:
         base = hetero.baselines.get(name)
         if base is not None and base.gain is not None:
             verdict = "faster" if base.gain >= 0 else "SLOWER: run on that group alone"
