@@ -14,6 +14,7 @@
     .venv/bin/python bench/hybrid.py --host          # profiles of hosts whose ranks share cores (CPU workers)
     .venv/bin/python bench/hybrid.py --rerun-galvatron   # re-run Galvatron (needs .venv-galvatron) and re-cache
     .venv/bin/python bench/hybrid.py --hetero        # mixed fleets (cluster.groups) against their two baselines
+    .venv/bin/python bench/hybrid.py --scale         # 16K-100K H100s: 405B-class dense and large MoE plans
 
 Galvatron side: ``../shared/peers/galvatron_pypi/run_galvatron_pypi.py`` runs hetu-galvatron 2.4.0's search
 engine; its converted profiles, the hardware files and its result are cached in ``bench/data/galvatron/<case>/``
@@ -555,6 +556,38 @@ def hetero_table() -> None:
               f"{gain('type_oblivious')} | {gap:.2%} | {cpu:.1f} |" if gap is not None else "", flush=True)
 
 
+# (model, nodes of 8 H100, global batch, sequence length)
+SCALE_CASES: list[tuple[str, int, int, int]] = [
+    ("llama3-405b", 2048, 16384, 8192),
+    ("llama3-405b", 4096, 16384, 8192),
+    ("llama3-405b", 8192, 32768, 8192),
+    ("llama3-405b", 12800, 51200, 8192),
+    ("llama3-405b", 12500, 50000, 8192),
+    ("mixtral-8x22b", 2048, 16384, 4096),
+    ("mixtral-8x22b", 8192, 65536, 4096),
+    ("mixtral-8x22b", 12800, 102400, 4096),
+]
+
+
+def scale_table() -> None:
+    """The planner on 16K-102K H100s (default stack): its plan, estimated step and MFU, the certified gap and the
+    solve's CPU and wall time in this process (baselines and certificate included). Estimates, not measurements."""
+    print("| model | GPUs | batch | plan (first layer) | step s | MFU | gap | CPU s | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for model, nodes, batch, seq in SCALE_CASES:
+        request = {"kind": "hybrid", "model": {"preset": model}, "cluster": {"gpu": "H100-SXM", "nodes": nodes},
+                   "training": {"global_batch_size": batch, "seq_length": seq}}
+        c0, t0 = time.process_time(), time.perf_counter()
+        out = solve(request)
+        cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+        x, st = out.strategy.layers[0], out.strategy
+        layout = f"pp{st.pp} tp{x.tp} cp{x.cp} dp{x.dp}" + (f" ep{x.ep}" if x.ep > 1 else "") + \
+            (f" v{st.virtual_stages}" if st.virtual_stages > 1 else "")
+        gap = out.search.optimality_gap
+        print(f"| {model} | {nodes * 8:,} | {batch:,} | {layout} | {out.estimate.step_time_s:.2f} | "
+              f"{out.estimate.mfu:.1%} | {'-' if gap is None else f'{gap:.2%}'} | {cpu:.1f} | {wall:.1f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--galvatron", action="store_true")
@@ -571,7 +604,11 @@ def main() -> None:
     ap.add_argument("--exact", action="store_true", help="plans against the exact layer DP on every stage")
     ap.add_argument("--host", action="store_true", help="profiles of hosts whose ranks share cores")
     ap.add_argument("--hetero", action="store_true", help="mixed fleets against their two baselines")
+    ap.add_argument("--scale", action="store_true", help="16K-100K GPUs")
     a = ap.parse_args()
+    if a.scale:
+        scale_table()
+        return
     if a.hetero:
         hetero_table()
         return

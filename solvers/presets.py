@@ -109,6 +109,10 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "mixtral-8x7b": {**_LLAMA2, "name": "mixtral-8x7b", "num_layers": 32, "hidden_size": 4096,
                      "num_attention_heads": 32, "num_kv_heads": 8, "ffn_hidden_size": 14336,
                      "moe": {"num_experts": 8, "top_k": 2}},
+    # Mixtral 8x22B (141B parameters, 39B active): Mistral AI's config.json of Mixtral-8x22B-v0.1
+    "mixtral-8x22b": {**_LLAMA2, "name": "mixtral-8x22b", "num_layers": 56, "hidden_size": 6144,
+                      "num_attention_heads": 48, "num_kv_heads": 8, "ffn_hidden_size": 16384, "vocab_size": 32768,
+                      "moe": {"num_experts": 8, "top_k": 2}},
     "qwen2-7b": {**_QWEN2, "name": "qwen2-7b", "num_layers": 28, "hidden_size": 3584,
                  "num_attention_heads": 28, "num_kv_heads": 4, "ffn_hidden_size": 18944},
     "qwen2-72b": {**_QWEN2, "name": "qwen2-72b", "num_layers": 80, "hidden_size": 8192,
