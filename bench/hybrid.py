@@ -15,6 +15,7 @@
     .venv/bin/python bench/hybrid.py --rerun-galvatron   # re-run Galvatron (needs .venv-galvatron) and re-cache
     .venv/bin/python bench/hybrid.py --hetero        # mixed fleets (cluster.groups) against their two baselines
     .venv/bin/python bench/hybrid.py --scale         # 16K-100K H100s: 405B-class dense and large MoE plans
+    .venv/bin/python bench/hybrid.py --sizing        # a sizing front: H100 and A100 clusters of 2-256 nodes
 
 Galvatron side: ``../shared/peers/galvatron_pypi/run_galvatron_pypi.py`` runs hetu-galvatron 2.4.0's search
 engine; its converted profiles, the hardware files and its result are cached in ``bench/data/galvatron/<case>/``
@@ -588,6 +589,27 @@ def scale_table() -> None:
               f"{out.estimate.mfu:.1%} | {'-' if gap is None else f'{gap:.2%}'} | {cpu:.1f} | {wall:.1f} |", flush=True)
 
 
+def sizing_table() -> None:
+    """One sizing request (llama3-70b, 1T tokens, 60 days, H100 at 2.50 and A100-80GB at 1.20 per GPU-hour, node
+    counts 2-256): the front and the time the whole request took (its plan for the request's own cluster, then a
+    plan per size). Days and costs are estimates."""
+    request = {"kind": "hybrid", "model": {"preset": "llama3-70b"}, "cluster": {"gpu": "H100-SXM", "nodes": 8},
+               "training": {"global_batch_size": 1536, "seq_length": 4096},
+               "sizing": {"tokens": 1e12, "deadline_days": 60, "max_nodes": 256,
+                          "price_per_gpu_hour": {"H100-SXM": 2.5, "A100-80GB": 1.2}}}
+    c0, t0 = time.process_time(), time.perf_counter()
+    out = solve(request)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    assert out.front is not None and out.sizing is not None
+    print("| GPUs | GPU | days | cost | MFU | meets 60 days |")
+    print("|---|---|---|---|---|---|")
+    for p in out.front:
+        print(f"| {p.gpus} | {p.cluster['gpu']} | {p.days:.1f} | {p.cost:,.0f} | {p.mfu:.1%} | {p.meets_deadline} |")
+    print(f"{len(out.front)}-point front of {out.sizing.clusters_tried} clusters tried "
+          f"({len(out.sizing.clusters_without_plan)} without a plan); sizing {out.sizing.cpu_s:.1f} s CPU, "
+          f"{out.sizing.time_s:.1f} s wall; the whole request {cpu:.1f} s CPU, {wall:.1f} s wall")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--galvatron", action="store_true")
@@ -605,7 +627,11 @@ def main() -> None:
     ap.add_argument("--host", action="store_true", help="profiles of hosts whose ranks share cores")
     ap.add_argument("--hetero", action="store_true", help="mixed fleets against their two baselines")
     ap.add_argument("--scale", action="store_true", help="16K-100K GPUs")
+    ap.add_argument("--sizing", action="store_true", help="a sizing front and its time")
     a = ap.parse_args()
+    if a.sizing:
+        sizing_table()
+        return
     if a.scale:
         scale_table()
         return
