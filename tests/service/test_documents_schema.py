@@ -22,9 +22,16 @@ pytestmark = pytest.mark.db
 MOE = {"kind": "hybrid", "model": {"preset": "mixtral-8x7b", "num_layers": 4},
        "cluster": {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
        "training": {"global_batch_size": 16, "seq_length": 2048}}
+# a mixed cluster with a sizing front: the hetero and front parts of the hybrid document
+MIXED = {"kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 8},
+         "cluster": {"groups": [{"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 4},
+                                {"gpu": "A100-40GB", "nodes": 1, "gpus_per_node": 4}]},
+         "training": {"global_batch_size": 32, "seq_length": 2048},
+         "sizing": {"tokens": 1e10, "deadline_days": 3, "nodes": [1, 2], "price_per_gpu_hour": {"H100-SXM": 2.5}}}
 EXACT_SPINDLE = {**REQUESTS["spindle"], "options": {"exact": True, "exact_time_limit_s": 1.0, "exact_workers": 1}}
 # every kind, and the optional parts documents have: MoE layers (ep/etp), the exact Spindle model's report
-CASES = {"hybrid": REQUESTS["hybrid"], "moe": MOE, "flexsp": REQUESTS["flexsp"], "spindle": EXACT_SPINDLE}
+CASES = {"hybrid": REQUESTS["hybrid"], "moe": MOE, "mixed": MIXED, "flexsp": REQUESTS["flexsp"],
+         "spindle": EXACT_SPINDLE}
 
 
 @pytest.fixture(scope="module")
