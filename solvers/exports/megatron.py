@@ -45,7 +45,10 @@ class MegatronRecompute:
     def modes(self, stage_layers: Sequence[int], chunks: int = 1) -> list[Recompute]:
         if self.selective:
             return ["selective"] * sum(stage_layers)
-        return ["full" if i < self.full_layers * chunks else "none" for n in stage_layers for i in range(n)]
+        # block recomputation takes the first layers of each model chunk (a stage's chunks are equal: its layers
+        # run chunk by chunk), not the first of the stage
+        return ["full" if i % max(n // chunks, 1) < self.full_layers else "none"
+                for n in stage_layers for i in range(n)]
 
     def describe(self) -> str:
         if self.selective:
