@@ -8,7 +8,7 @@ need into plain dataclasses / numpy arrays for their hot loops.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -84,6 +84,7 @@ class MoESpec(_Spec):
 class ModelSpec(_Spec):
     """A transformer (decoder, encoder or encoder-decoder treated as a stack of layers)."""
 
+    INPUT_KEYS: ClassVar[tuple[str, ...]] = ("preset", "hf_config")  # (read by _preset)
     name: str = "custom"
     num_layers: int = Field(gt=0, le=MAX_LAYERS)
     hidden_size: int = Field(gt=0, le=MAX_WIDTH)
@@ -190,6 +191,7 @@ class ModelSpec(_Spec):
 
 
 class GPUSpec(_Spec):
+    INPUT_KEYS: ClassVar[tuple[str, ...]] = ("preset",)  # (read by ClusterSpec._gpu_preset)
     name: str = "custom"
     peak_tflops: float = Field(ge=MIN_TFLOPS, le=MAX_TFLOPS, description="dense bf16/fp16 tensor-core peak, TFLOP/s")
     peak_tflops_fp8: float | None = Field(default=None, ge=MIN_TFLOPS, le=MAX_TFLOPS)

@@ -18,6 +18,7 @@ from typing import Any
 
 from solvers.cost_model.efficiency import GemmEfficiency
 from solvers.errors import FieldProblem, SpecError, shown
+from solvers.unknown_keys import unknown_key_problems
 
 # Constants the model divides by (an override of 0 would make every estimate infinite), and fractions.
 _DIVISORS = ("gemm_eta_max", "hbm_efficiency", "intra_efficiency", "inter_efficiency")
@@ -79,7 +80,7 @@ class AnalyticCalibration:
         clean: dict[str, Any] = {}
         for key, value in overrides.items():
             if key not in known:
-                problems.append(FieldProblem((*loc, key), f"unknown calibration constant; known: {', '.join(known)}"))
+                problems += unknown_key_problems([key], known, loc)
             elif (why := _override_problem(key, value, known[key].type)) is not None:
                 problems.append(FieldProblem((*loc, key), why))
             else:

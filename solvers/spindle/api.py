@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
-from solvers.documents.spindle import SpindleEstimateResult, SpindleResult
+from solvers.documents.spindle import SliceDoc, SpindleEstimateResult, SpindleResult
 from solvers.errors import InfeasibleError, SpecError, shown
 from solvers.request import parse
-from solvers.specs import Precision, memory_limit_bytes, memory_limit_note
+from solvers.specs import memory_limit_bytes, memory_limit_note
 from solvers.spindle import baselines, exact, planner
 from solvers.spindle.bounds import device_ranges, lower_bound_s
 from solvers.spindle.cost import Topology, device_model, explicit_metaop, module_metaop
@@ -19,9 +19,9 @@ from solvers.spindle.polish import polish
 from solvers.spindle.schedule import Evaluation, Placement, Problem, Slice, evaluate, timeline, violations
 from solvers.spindle.summary import summarise as summarise  # (SolverKind.summarise)
 from solvers.spindle.workload import SpindleRequest, build_graph
+from solvers.unknown_keys import unknown_key_problems
 
 Progress = Callable[[float, str], None]
-PRECISIONS: tuple[Precision, ...] = ("bf16", "fp16", "fp8", "fp32")
 _GIB = 2**30
 
 
@@ -41,13 +41,7 @@ MAX_SERIAL_MS = 1e10
 
 
 def build_problem(req: SpindleRequest) -> Problem:
-    training = (req.model_extra or {}).get("training", {})
-    if not isinstance(training, dict):
-        raise SpecError.at(("training",), "training must be an object")
-    precision = training.get("precision", "bf16")
-    if precision not in PRECISIONS:
-        raise SpecError.at(("training", "precision"), f"unknown precision {precision!r}; one of {PRECISIONS}")
-    dev = device_model(req.cluster, precision, req.options.efficiency, req.options.kernel_overhead_ms)
+    dev = device_model(req.cluster, req.training.precision, req.options.efficiency, req.options.kernel_overhead_ms)
     specs = req.workload.metaops
     ops = [module_metaop(s, s.task or s.name, dev) if s.module is not None else explicit_metaop(s, s.task or s.name)
            for s in specs]
@@ -188,6 +182,8 @@ def placements_from_slices(problem: Problem, given: list[dict[str, Any]]) -> lis
         loc: tuple[str | int, ...] = ("slices", k)
         if not isinstance(s, dict):
             raise SpecError.at(loc, "a slice must be an object")
+        if unknown := unknown_key_problems(s, SliceDoc.model_fields, loc):  # (a result's slices are taken back)
+            raise SpecError(unknown)
         name = s.get("metaop")
         if not isinstance(name, str) or name not in index:  # (["a"] raised TypeError: unhashable)
             raise SpecError.at((*loc, "metaop"), f"unknown metaop {shown(name)}")
