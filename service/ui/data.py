@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import Request
 
-from service import plans, runs
+from service import plans, runs, workers
 from service.context import ServiceContext
 from service.tokens import Principal, authenticate
 from service.validation import validate_plan_request
@@ -60,6 +60,24 @@ def get_run(request: Request, run_id: str, caller: Principal) -> dict[str, Any]:
 def runs_of_plan(request: Request, plan_id: str, caller: Principal) -> list[dict[str, Any]]:
     with context(request).db.reading() as session:
         return runs.list_runs(session, caller, plan_id=plan_id, limit=20)
+
+
+def list_runs(request: Request, caller: Principal, status: str | None, limit: int) -> list[dict[str, Any]]:
+    with context(request).db.reading() as session:
+        return runs.list_runs(session, caller, status=status, limit=limit)
+
+
+def list_workers(request: Request) -> list[dict[str, Any]]:
+    ctx = context(request)
+    with ctx.db.reading() as session:
+        return workers.list_workers(session, ctx.settings.run_lease_s)
+
+
+def create_run(request: Request, plan_id: str, steps: int) -> dict[str, Any]:
+    """Queue a run of a succeeded plan (Conflict when it has not succeeded) for a worker to claim."""
+    ctx = context(request)
+    with ctx.db.writing() as session:
+        return runs.create_run(session, plan_id, steps, ctx.settings.run_max_attempts)
 
 
 def submit(request: Request, plan_request: dict[str, Any]) -> dict[str, Any]:
