@@ -208,6 +208,15 @@ def model(
 
 
 @app.command()
+def presets(as_json: bool = typer.Option(False, "--json", help="every preset's fields as JSON")) -> None:
+    """List the model, GPU and Spindle workload presets a request may name."""
+    from paraplan_cli.presets import presets as found
+    from paraplan_cli.presets import render
+
+    typer.echo(json.dumps(found(), indent=2) if as_json else render(found()))
+
+
+@app.command()
 def serve(
     host: str | None = typer.Option(None, help="bind address (default from settings)"),
     port: int | None = typer.Option(None, help="port (default from settings)"),

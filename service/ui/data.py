@@ -80,11 +80,12 @@ def create_run(request: Request, plan_id: str, steps: int) -> dict[str, Any]:
         return runs.create_run(session, plan_id, steps, ctx.settings.run_max_attempts)
 
 
-def submit(request: Request, plan_request: dict[str, Any]) -> dict[str, Any]:
-    """Validate (SpecError / TooLarge name the problem) and queue the request; returns the plan view."""
+def submit(request: Request, plan_request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Validate (SpecError / TooLarge name the problem) and queue the request; returns the plan view and whether
+    it is new (False: an identical request's plan, made before)."""
     ctx = context(request)
     kind = validate_plan_request(plan_request, ctx.settings)
     view, created = plans.submit_plan(ctx.db, plan_request, kind, ctx.settings.job_max_attempts)
     if created:
         ctx.on_queued()  # wake the dispatcher now, as the API's POST does, instead of at its next poll
-    return view
+    return view, created

@@ -117,26 +117,27 @@ def _submit(request: Request, form: dict[str, Any]) -> Response:
         return _page(request, "new_plan.html", _form_context(inp), started, 422)
     try:
         data.principal(request, "submit", token)
-        view = data.submit(request, plan_form.to_request(inp))
+        view, created = data.submit(request, plan_form.to_request(inp))
     except SpecError as err:
         inp.errors = list(err.problems)
         return _page(request, "new_plan.html", _form_context(inp), started, 422)
     except DomainError as err:
         return _page(request, "new_plan.html", {**_form_context(inp), "message": err.detail}, started,
                      http_status(err) or 400)
-    response = RedirectResponse(f"/plans/{view['id']}", status_code=303)
+    # an identical request's plan is shown as what it is: one made before, not a new solve
+    response = RedirectResponse(f"/plans/{view['id']}" + ("" if created else "?existing=1"), status_code=303)
     if token:
         response.set_cookie(data.TOKEN_COOKIE, token, httponly=True, samesite="strict")
     return response
 
 
 @router.get("/plans/{plan_id}", response_class=HTMLResponse)
-def plan_page(request: Request, plan_id: str) -> Response:
-    return _plan_page(request, plan_id, time.perf_counter())
+def plan_page(request: Request, plan_id: str, existing: bool = False) -> Response:
+    return _plan_page(request, plan_id, time.perf_counter(), existing=existing)
 
 
 def _plan_page(request: Request, plan_id: str, started: float, run_form: dict[str, Any] | None = None,
-               status: int = 200) -> Response:
+               status: int = 200, existing: bool = False) -> Response:
     """A plan's page; ``run_form``: what its "Run this plan" form was given, and why it was refused."""
     try:
         caller = data.principal(request, "read")
@@ -155,7 +156,7 @@ def _plan_page(request: Request, plan_id: str, started: float, run_form: dict[st
         "exports": FORMATS if plan["kind"] == "hybrid" and succeeded else (),
         # the best uniform plan exports as it is: what a Megatron-LM user can launch unchanged
         "megatron_baseline": succeeded and megatron is not None and megatron.strategy is not None,
-        "run_form": run_form or {"steps": DEFAULT_RUN_STEPS},
+        "run_form": run_form or {"steps": DEFAULT_RUN_STEPS}, "existing": existing,
         "workers_online": sum(w["online"] for w in data.list_workers(request)) if succeeded else 0,
     }
     template = "plan_pending.html"
