@@ -201,6 +201,11 @@ class GPUSpec(_Spec):
     intra_node_bandwidth_GBps: float = Field(default=300.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
     inter_node_bandwidth_Gbps: float = Field(default=1600.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
 
+    @property
+    def is_cpu(self) -> bool:
+        """A CPU host (the "cpu" preset: gloo processes, no CUDA runtime), as the worker tells one too."""
+        return self.name.lower() == "cpu"
+
     def peak_flops(self, precision: Precision, loc: tuple[str, ...] = ("training", "precision")) -> float:
         """Peak FLOP/s for the precision of the matrix multiplies. fp8 needs the GPU's FP8 peak: Ampere and
         older have no FP8 tensor cores (guessing twice the bf16 peak priced an A100 at 1.5x its speed);

@@ -224,9 +224,10 @@ def run_page(request: Request, run_id: str) -> Response:
     try:
         caller = data.principal(request, "read")
         run = data.get_run(request, run_id, caller)
+        plan = data.get_plan(request, run["plan_id"])
     except (DomainError, SpecError) as err:
         return _error_page(request, err, started)
-    return _page(request, "run.html", {"run": run, "view": run_view.build(run)}, started)
+    return _page(request, "run.html", {"run": run, "view": run_view.build(run, plan["request"])}, started)
 
 
 @router.get("/ui/token", response_class=HTMLResponse)

@@ -62,7 +62,7 @@ class AnalyticCalibration:
     grad_comm_bytes: float = 4.0  # bytes per gradient element on the wire (fp32 grads, Megatron's default)
     optimizer_traffic_bytes: float = 36.0  # HBM bytes per parameter for one Adam step on the local shard
     step_overhead_s: float = 0.0  # per step: data loading, logging, launch of the step
-    reserve_gib: float = 1.5  # CUDA context, cuBLAS/NCCL workspaces
+    reserve_gib: float = 1.5  # CUDA context, cuBLAS/NCCL workspaces (a GPU's: none on a CPU host)
     fragmentation: float = 0.08  # allocator fragmentation, as a fraction of activations
     flash_attention: bool = False  # fused attention: no s^2 activations, causal half of the core FLOPs
 

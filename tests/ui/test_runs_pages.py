@@ -96,3 +96,49 @@ def test_running_a_plan_needs_a_submit_token_once_tokens_exist(tmp_path: Path) -
                            follow_redirects=False)
         assert resp.status_code == 303 and "paraplan_token=" in resp.headers["set-cookie"]
     db.dispose()
+
+
+CPU_REQUEST = {"kind": "hybrid", "model": {"name": "tiny", "num_layers": 4, "hidden_size": 64,
+                                           "num_attention_heads": 4, "vocab_size": 128},
+               "cluster": {"gpu": "cpu", "nodes": 1, "gpus_per_node": 2},
+               "training": {"global_batch_size": 4, "seq_length": 32, "precision": "fp32"}}
+
+
+def _completed_run(db: Database, plan_id: str, device: str) -> str:
+    admin = Principal(None, "admin")
+    with db.writing() as session:
+        worker_id = register_worker(session, {"name": "w", "host": "h", "gpus": 2}, admin).id
+        run_id = str(runs.create_run(session, plan_id, steps=3, max_attempts=1)["id"])
+    assert runs.claim_run(db, worker_id, admin, lease_s=60) is not None
+    runs.complete_run(db, run_id, worker_id, admin, {"step_time_s": 0.5, "device": device,
+                                                     "peak_memory_gib_per_rank": [0.4, 0.41]})
+    return run_id
+
+
+def test_a_cpu_run_without_a_profile_says_what_its_prediction_is(ui_client: TestClient, ui_db: Database) -> None:
+    from solvers.api import solve
+
+    result = solve(CPU_REQUEST)
+    # a CPU host has no CUDA runtime: no reserve in the prediction (1.5 GiB made a CPU run's memory +320%)
+    assert all(stage.get("reserve", 0.0) == 0.0 for stage in result.estimate.memory_breakdown_gib_per_stage)
+    assert result.estimate.peak_memory_gib < 0.1
+    plan_id = store_plan(ui_db, CPU_REQUEST, result.to_json())
+    html = ui_client.get(f"/runs/{_completed_run(ui_db, plan_id, 'cpu')}").text
+    notes = re.findall(r'<p class="note prediction-note">(.*?)</p>', html, re.S)
+    assert len(notes) == 2, notes
+    assert notes[0].startswith("The plan was priced for the cpu preset&#39;s nominal speed, without a profile of "
+                               "this host: its step time is a placeholder")
+    assert "paraplan worker profile" in notes[0]
+    assert notes[1].startswith("On a CPU host the measured memory is each process&#39;s peak resident set")
+    assert "peak memory per rank" in html and "peak memory per GPU" not in html
+
+
+def test_a_gpu_plan_run_elsewhere_says_the_prediction_is_for_the_planned_gpu(ui_client: TestClient,
+                                                                              ui_db: Database) -> None:
+    plan_id = _solved(ui_db, 72)  # planned on A100-80GB
+    html = ui_client.get(f"/runs/{_completed_run(ui_db, plan_id, 'cpu')}").text
+    assert ("The prediction is for the planned GPU (A100-80GB); this run ran on a CPU host, so the prediction error "
+            "measures the difference between the two devices, not the cost model.") in html
+    plan_id = _solved(ui_db, 80)
+    same = ui_client.get(f"/runs/{_completed_run(ui_db, plan_id, 'NVIDIA A100-SXM4-80GB')}").text
+    assert "prediction-note" not in same  # on the planned GPU there is nothing to explain
