@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -29,7 +30,12 @@ def sqlite_file(url: str) -> Path | None:
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
-    return Path(str(parsed.database))
+    database = str(parsed.database)
+    if str(parsed.query.get("uri", "")).lower() == "true":  # sqlite:///file:PATH?mode=ro&uri=true
+        if not database.startswith("file:") or parsed.query.get("mode") == "memory":
+            return None
+        return Path(unquote(urlparse(database).path))
+    return Path(database)
 
 
 def shown_url(url: str) -> str:
