@@ -38,5 +38,6 @@ test: lint typecheck
 bench: $(STAMP)
 	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
 
+# (the database lives in the data directory, ~/.local/share/paraplan by default: clean leaves it)
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache paraplan.db
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -21,12 +21,17 @@ def _database() -> list[Check]:
         from alembic.script import ScriptDirectory
         from sqlalchemy import create_engine
 
+        from service.db.engine import DatabaseMissing, require_database, shown_url
         from service.migrate import alembic_config
         from service.settings import get_settings
     except ModuleNotFoundError as err:
         return [Check("database", False, f"server extra not installed ({err.name}): pip install 'paraplan[server]'")]
     url = get_settings().database_url
-    shown = url.split("@")[-1] if "@" in url else url  # never print credentials
+    shown = shown_url(url)  # never print credentials
+    try:
+        require_database(url)  # (connecting to a missing SQLite file would create an empty one)
+    except DatabaseMissing as err:
+        return [Check("database", False, str(err))]
     try:
         engine = create_engine(url)
         with engine.connect() as conn:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
+from paraplan_cli.tokens import app as token_app
 from worker.cli import app as worker_app
 
 if TYPE_CHECKING:  # solvers load inside the commands, so that `paraplan --help` stays fast
@@ -21,13 +22,22 @@ if TYPE_CHECKING:  # solvers load inside the commands, so that `paraplan --help`
 app = typer.Typer(help="paraplan: parallel training plans.", no_args_is_help=True, add_completion=False)
 db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
-token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 
 
 def _fail(msg: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code)
+
+
+def _require_database(url: str) -> None:
+    """Fail naming the database (and `paraplan db upgrade`) before connecting would create an empty one."""
+    from service.db.engine import DatabaseMissing, require_database
+
+    try:
+        require_database(url)
+    except DatabaseMissing as err:
+        _fail(str(err), 1)
 
 
 def _read_json(path: Path) -> Any:
@@ -198,6 +208,15 @@ def model(
 
 
 @app.command()
+def presets(as_json: bool = typer.Option(False, "--json", help="every preset's fields as JSON")) -> None:
+    """List the model, GPU and Spindle workload presets a request may name."""
+    from paraplan_cli.presets import presets as found
+    from paraplan_cli.presets import render
+
+    typer.echo(json.dumps(found(), indent=2) if as_json else render(found()))
+
+
+@app.command()
 def serve(
     host: str | None = typer.Option(None, help="bind address (default from settings)"),
     port: int | None = typer.Option(None, help="port (default from settings)"),
@@ -216,6 +235,7 @@ def serve(
         os.environ["PARAPLAN_RUN_DISPATCHER"] = "false"
         get_settings.cache_clear()
     settings = get_settings()
+    _require_database(settings.database_url)
     h, p = host or settings.host, port or settings.port
     typer.echo(f"paraplan serving on http://{h}:{p}/", err=True)
     uvicorn.run("service.main:app", host=h, port=p, log_level="warning", workers=workers,
@@ -238,6 +258,7 @@ def solver(
     from service.settings import get_settings
 
     settings = get_settings()
+    _require_database(settings.database_url)
     configure_logging(as_json=settings.log_json)
     db = Database.connect(settings.database_url, pool_size=2)
     runner = Dispatcher(db, settings)
@@ -261,40 +282,16 @@ def doctor() -> None:
     raise typer.Exit(code)
 
 
-@token_app.command("create")
-def token_create(
-    scope: str = typer.Option(..., "--scope", help="submit | worker | read | admin"),
-    name: str | None = typer.Option(None, "--name", help="a label to recognise the token by"),
-) -> None:
-    """Create an API token and print it (alone, on stdout). Only its hash is stored: it is shown once."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from service.db.engine import Database
-    from service.settings import get_settings
-    from service.tokens import create_token
-    from solvers.errors import SpecError
-
-    settings = get_settings()
-    db = Database.connect(settings.database_url, pool_size=1)
-    try:
-        with db.writing() as session:
-            token = create_token(session, scope, settings.token_pepper, name)
-    except SpecError as err:
-        _fail(str(err))
-    except SQLAlchemyError as err:
-        _fail(f"cannot store the token ({type(err).__name__}); is the database migrated? `paraplan db upgrade`", 1)
-    finally:
-        db.dispose()
-    typer.echo(token)
-
-
 @db_app.command("upgrade")
 def db_upgrade(revision: str = typer.Argument("head")) -> None:
-    """Apply database migrations (Alembic) to the configured database."""
+    """Apply database migrations (Alembic) to the configured database, creating it (and its data directory)."""
+    from service.db.engine import shown_url
     from service.migrate import upgrade
+    from service.settings import get_settings
 
+    url = get_settings().database_url
     upgrade(revision)
-    typer.echo(f"database at {revision}", err=True)
+    typer.echo(f"database {shown_url(url)} at {revision}", err=True)
 
 
 # `paraplan worker` (daemon) and `paraplan worker profile`; worker.cli imports torch only inside commands.

@@ -19,6 +19,13 @@ def _check(resp: httpx.Response) -> dict[str, Any]:
     return body
 
 
+def existing_note(body: dict[str, Any]) -> str:
+    """What a plan answered for an identical request made before is (the server returns it, not a new solve)."""
+    when = str(body.get("created_at") or "")[:19].replace("T", " ")
+    return (f"an identical request was submitted before: this is plan {body.get('id')} from {when} UTC, not a new "
+            "solve (any change to the request, e.g. constraints.seed, makes a new one)")
+
+
 def plan_remote(server: str, token: str | None, request: Any, timeout_s: float = 600.0,
                 quiet: bool = False) -> PlanResult:
     from rich.progress import Progress
@@ -27,7 +34,10 @@ def plan_remote(server: str, token: str | None, request: Any, timeout_s: float =
     base = server.rstrip("/")
     with httpx.Client(base_url=base, headers=headers, timeout=30.0) as client:
         try:
-            body = _check(client.post("/v1/plans", json=request, params={"wait": 1}))
+            resp = client.post("/v1/plans", json=request, params={"wait": 1})
+            body = _check(resp)
+            if resp.headers.get("Paraplan-Existing-Plan") == "true":
+                typer.echo(f"note: {existing_note(body)}", err=True)
             deadline = time.monotonic() + timeout_s
             # The bar appears only for solves that outlast the first second (the POST waited that long).
             with Progress(transient=True, disable=quiet or body.get("status") in TERMINAL) as bar:

@@ -11,6 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
+from service.db.engine import sqlite_file
 from service.settings import get_settings
 
 _MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
@@ -25,6 +26,9 @@ def alembic_config(database_url: str | None = None) -> Config:
 
 
 def upgrade(revision: str = "head", database_url: str | None = None) -> None:
+    path = sqlite_file(database_url or get_settings().database_url)
+    if path is not None:  # (a new data directory: the database is its first file)
+        path.parent.mkdir(parents=True, exist_ok=True)
     command.upgrade(alembic_config(database_url), revision)
 
 

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
+from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> str:
+    """Where paraplan keeps its data unless told: the user's data directory (XDG), never the working directory
+    (a database relative to it made every command run elsewhere open a second, empty one)."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(base) / "paraplan")
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PARAPLAN_", env_file=".env", extra="ignore")
 
-    database_url: str = Field(default="sqlite:///./paraplan.db", description="SQLAlchemy URL")
+    # the SQLite database's directory when database_url is not given
+    data_dir: str = Field(default_factory=default_data_dir)
+    database_url: str = Field(default="", description="SQLAlchemy URL (default: SQLite in data_dir)")
     host: str = "127.0.0.1"
     port: int = 8000
     # Read endpoints (GET) need a token of scope "read" only when this is true.
@@ -42,6 +53,12 @@ class Settings(BaseSettings):
     dispatcher_poll_s: float = 0.5
     seed_demo_plan: bool = False
     log_json: bool = True
+
+    @model_validator(mode="after")
+    def _default_database(self) -> Settings:
+        if not self.database_url:
+            self.database_url = f"sqlite:///{Path(self.data_dir).expanduser().resolve() / 'paraplan.db'}"
+        return self
 
 
 @lru_cache

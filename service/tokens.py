@@ -12,6 +12,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal, get_args
 
 from sqlalchemy import select
@@ -42,6 +43,13 @@ ANONYMOUS_OPEN = Principal(None, "admin")
 ANONYMOUS_READ = Principal(None, "read")
 
 
+def missing_token(open_when_no_tokens: bool) -> str:
+    """Why a token is asked for, and how to send one (the API was open until a first token was created)."""
+    why = "since API tokens exist" if open_when_no_tokens else "(PARAPLAN_OPEN_WHEN_NO_TOKENS is false)"
+    return (f"missing bearer token: this service requires one {why}; send 'Authorization: Bearer TOKEN' "
+            "(`paraplan token create --scope submit` makes one, `paraplan token list` shows them)")
+
+
 def hash_token(token: str, pepper: str) -> str:
     return hmac.new(pepper.encode(), token.encode(), hashlib.sha256).hexdigest()
 
@@ -61,6 +69,30 @@ def revoke_token(session: Session, token_id: str) -> bool:
         return False
     row.revoked = True
     return True
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """What is known of a stored token (never the token: only its hash is stored)."""
+
+    id: str
+    scope: str
+    name: str | None
+    created_at: datetime
+    revoked: bool
+
+
+def list_tokens(session: Session, include_revoked: bool = False) -> list[TokenInfo]:
+    """Tokens, oldest first."""
+    query = select(ApiToken).order_by(ApiToken.created_at, ApiToken.id)
+    if not include_revoked:
+        query = query.where(ApiToken.revoked.is_(False))
+    return [TokenInfo(t.id, t.scope, t.name, t.created_at, t.revoked) for t in session.execute(query).scalars()]
+
+
+def active_tokens(session: Session) -> int:
+    """Tokens not revoked: while there are none, an open service (open_when_no_tokens) needs no token."""
+    return len(session.execute(select(ApiToken.id).where(ApiToken.revoked.is_(False))).all())
 
 
 def allows(granted: str, required: str) -> bool:
@@ -102,8 +134,9 @@ class TokenCache:
         if hit is not None and now - hit[0] < self.ttl_s:
             return hit[1]
         exists = session.execute(select(ApiToken.id).where(ApiToken.revoked.is_(False)).limit(1)).first() is not None
-        with self._lock:
-            self._any = (now, exists)
+        if exists:  # (an open answer is not kept: the first token closes the API at once, not ttl_s later)
+            with self._lock:
+                self._any = (now, exists)
         return exists
 
 
@@ -121,7 +154,7 @@ def authenticate(session: Session, cache: TokenCache, authorization: str | None,
             return ANONYMOUS_READ
         if open_when_no_tokens and not cache.any_tokens(session):
             return ANONYMOUS_OPEN
-        raise Unauthorized("missing bearer token")
+        raise Unauthorized(missing_token(open_when_no_tokens))
     principal = cache.principal(session, hash_token(token, pepper))
     if principal is None:
         raise Unauthorized("invalid or revoked token")

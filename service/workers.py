@@ -44,5 +44,13 @@ def worker_view(worker: Worker) -> dict[str, Any]:
             "registered_at": worker.registered_at, "last_heartbeat": worker.last_heartbeat}
 
 
-def list_workers(session: Session) -> list[dict[str, Any]]:
-    return [worker_view(w) for w in session.execute(select(Worker).order_by(Worker.registered_at.desc())).scalars()]
+def list_workers(session: Session, online_within_s: float) -> list[dict[str, Any]]:
+    """Workers, newest first; ``online``: heard from within ``online_within_s`` (a live one beats 4 times a lease)."""
+    now = utcnow()
+    out = []
+    for w in session.execute(select(Worker).order_by(Worker.registered_at.desc())).scalars():
+        seen = w.last_heartbeat
+        if seen is not None and seen.tzinfo is None:  # (SQLite returns naive UTC)
+            seen = seen.replace(tzinfo=now.tzinfo)
+        out.append({**worker_view(w), "online": seen is not None and (now - seen).total_seconds() <= online_within_s})
+    return out

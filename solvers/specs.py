@@ -8,7 +8,7 @@ need into plain dataclasses / numpy arrays for their hot loops.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -84,6 +84,7 @@ class MoESpec(_Spec):
 class ModelSpec(_Spec):
     """A transformer (decoder, encoder or encoder-decoder treated as a stack of layers)."""
 
+    INPUT_KEYS: ClassVar[tuple[str, ...]] = ("preset", "hf_config")  # (read by _preset)
     name: str = "custom"
     num_layers: int = Field(gt=0, le=MAX_LAYERS)
     hidden_size: int = Field(gt=0, le=MAX_WIDTH)
@@ -190,6 +191,7 @@ class ModelSpec(_Spec):
 
 
 class GPUSpec(_Spec):
+    INPUT_KEYS: ClassVar[tuple[str, ...]] = ("preset",)  # (read by ClusterSpec._gpu_preset)
     name: str = "custom"
     peak_tflops: float = Field(ge=MIN_TFLOPS, le=MAX_TFLOPS, description="dense bf16/fp16 tensor-core peak, TFLOP/s")
     peak_tflops_fp8: float | None = Field(default=None, ge=MIN_TFLOPS, le=MAX_TFLOPS)
@@ -200,6 +202,11 @@ class GPUSpec(_Spec):
     inter_node_bandwidth_Gbps: float = Field(default=1600.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
     source: str | None = Field(default=None, max_length=1000,
                                description="where the figures come from (the presets name their datasheets)")
+
+    @property
+    def is_cpu(self) -> bool:
+        """A CPU host (the "cpu" preset: gloo processes, no CUDA runtime), as the worker tells one too."""
+        return self.name.lower() == "cpu"
 
     def peak_flops(self, precision: Precision, loc: tuple[str, ...] = ("training", "precision")) -> float:
         """Peak FLOP/s for the precision of the matrix multiplies. fp8 needs the GPU's FP8 peak: Ampere and

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,6 +24,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# what the tests run never reads or writes the user's data directory (the default database lives there)
+os.environ["PARAPLAN_DATA_DIR"] = tempfile.mkdtemp(prefix="paraplan-test-data-")
 PG_URL = os.environ.get("PARAPLAN_TEST_DATABASE_URL")
 TEST_PEPPER = "paraplan-test-pepper"
 PARAPLAN = [sys.executable, "-m", "paraplan_cli.main"]

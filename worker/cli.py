@@ -12,28 +12,51 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
 app = typer.Typer(help="GPU worker: run plans (default) or profile this node.", add_completion=False)
 
 
-def _fail(msg: str, code: int = 2) -> None:
+def _fail(msg: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code)
+
+
+TOKEN_HELP = "worker token; PARAPLAN_WORKER_TOKEN or --token-file keep it out of `ps`"
+TOKEN_FILE_HELP = "a file holding the worker token (its first line)"
+TOKEN_SOURCES = "PARAPLAN_WORKER_TOKEN, --token-file (or PARAPLAN_WORKER_TOKEN_FILE) or --token"
+
+
+def _token(token: str | None, token_file: Path | None) -> str | None:
+    """The token given, else the first line of the token file (a command line is visible to every user in `ps`)."""
+    if token or token_file is None:
+        return token
+    try:
+        lines = token_file.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        _fail(f"--token-file: cannot read {token_file}: {getattr(err, 'strerror', None) or err}")
+    value = lines[0].strip() if lines else ""
+    if not value:
+        _fail(f"--token-file: {token_file} is empty")
+    return value
 
 
 @app.callback(invoke_without_command=True)
 def worker(
     ctx: typer.Context,
     server: str | None = typer.Option(None, "--server", envvar="PARAPLAN_SERVER_URL", help="paraplan server URL"),
-    token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_WORKER_TOKEN"),
+    token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_WORKER_TOKEN", help=TOKEN_HELP),
+    token_file: Path | None = typer.Option(None, "--token-file", envvar="PARAPLAN_WORKER_TOKEN_FILE",
+                                           help=TOKEN_FILE_HELP),
 ) -> None:
     """Run the worker daemon: pull runs, execute them with torch.distributed, report metrics."""
     if ctx.invoked_subcommand is not None:
         return
+    token = _token(token, token_file)
     if not server or not token:
-        _fail("--server (or PARAPLAN_SERVER_URL) and --token (or PARAPLAN_WORKER_TOKEN) are required to run the daemon")
+        _fail(f"--server (or PARAPLAN_SERVER_URL) and a token ({TOKEN_SOURCES}) are required to run the daemon")
     try:
         from worker.daemon import main as worker_main
     except ModuleNotFoundError as err:
@@ -50,7 +73,9 @@ def profile(
     repeats: int = typer.Option(5, "--repeats", min=1),
     out: Path | None = typer.Option(None, "--out", help="write the profile document here"),
     server: str | None = typer.Option(None, "--server", help="upload the profile to this server"),
-    token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_WORKER_TOKEN"),
+    token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_WORKER_TOKEN", help=TOKEN_HELP),
+    token_file: Path | None = typer.Option(None, "--token-file", envvar="PARAPLAN_WORKER_TOKEN_FILE",
+                                           help=TOKEN_FILE_HELP),
     name: str = typer.Option("", "--name", help="profile name (default: device, ranks and date)"),
 ) -> None:
     """Measure layer times and collective bandwidth on this node; print, save and/or upload the profile."""
@@ -82,8 +107,9 @@ def profile(
     typer.echo(f"{p['name']}: {len(p['layer_times'])} layer points, {len(p['collectives'])} collective points "
                f"-> {target}", err=True)
     if server:
+        token = _token(token, token_file)
         if not token:
-            _fail("--token (or PARAPLAN_WORKER_TOKEN) is required to upload")
+            _fail(f"a token ({TOKEN_SOURCES}) is required to upload")
         from worker.api import WorkerApi, WorkerApiError
 
         api = WorkerApi(server, str(token), max_retry_s=60)

@@ -11,12 +11,45 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 _BEGIN_OPTION = "sqlite_begin"
+
+
+class DatabaseMissing(Exception):
+    """A SQLite database file that does not exist: connecting would create an empty one (and then fail)."""
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names (None for other databases and in-memory SQLite)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    database = str(parsed.database)
+    if str(parsed.query.get("uri", "")).lower() == "true":  # sqlite:///file:PATH?mode=ro&uri=true
+        if not database.startswith("file:") or parsed.query.get("mode") == "memory":
+            return None
+        return Path(unquote(urlparse(database).path))
+    return Path(database)
+
+
+def shown_url(url: str) -> str:
+    """The URL as messages print it: a SQLite file as its absolute path, others without their password."""
+    path = sqlite_file(url)
+    return str(path.resolve()) if path is not None else make_url(url).render_as_string(hide_password=True)
+
+
+def require_database(url: str) -> None:
+    """Raise DatabaseMissing, naming the file and how to create it, when a SQLite database does not exist."""
+    path = sqlite_file(url)
+    if path is not None and not path.is_file():
+        raise DatabaseMissing(f"no database at {path.resolve()}: `paraplan db upgrade` creates it "
+                              "(PARAPLAN_DATA_DIR or PARAPLAN_DATABASE_URL choose another)")
 
 
 def make_engine(url: str, pool_size: int = 10) -> Engine:

@@ -60,14 +60,23 @@ def _submit(ctx: ServiceContext, body: dict[str, Any], kind: str, digest: str,
                              validate=lambda: validate_plan_request(body, ctx.settings), digest=digest)
 
 
-def _json(body: bytes, status: int = 200, location: str | None = None) -> Response:
-    return Response(body, status_code=status, media_type="application/json",
-                    headers={"Location": location} if location else None)
+# on POST /v1/plans: "true" when the answer is a plan an identical request (or this Idempotency-Key) made before,
+# which is returned as it is rather than solved again
+EXISTING_HEADER = "Paraplan-Existing-Plan"
+
+
+def _json(body: bytes, status: int = 200, location: str | None = None, existing: bool | None = None) -> Response:
+    headers = {"Location": location} if location else {}
+    if existing is not None:
+        headers[EXISTING_HEADER] = str(existing).lower()
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
 @router.post("/plans", response_model=PlanOut, status_code=202,
              responses={200: {"description": "an identical request was already solved (or finished within "
-                                             "`wait`): the stored plan", "model": PlanOut},
+                                             "`wait`): the stored plan; the `Paraplan-Existing-Plan` header says "
+                                             "which (true: a plan made before, returned as it is)",
+                              "model": PlanOut},
                         409: {"description": "Idempotency-Key reused with another body"},
                         413: {"description": "body or solver input over a limit"},
                         422: {"description": "invalid request; `loc` names the field"}})
@@ -85,7 +94,7 @@ async def submit_plan(
     if idempotency_key is None and (known := ctx.plans.plan_for_hash(digest)) is not None:
         cached = ctx.plans.body(known)
         if cached is not None:  # solved before: no thread hop, no database
-            return _json(cached, 200, f"/v1/plans/{known}")
+            return _json(cached, 200, f"/v1/plans/{known}", existing=True)
     view, created = await to_thread.run_sync(_submit, ctx, body, kind, digest, idempotency_key)
     if created:
         ctx.on_queued()
@@ -95,7 +104,7 @@ async def submit_plan(
         await wait_for_terminal(ctx, view["id"], wait)
         view = await to_thread.run_sync(_get, ctx, view["id"])
     status = 200 if view["status"] in TERMINAL else 202
-    return _json(ctx.plans.remember(view), status, f"/v1/plans/{view['id']}")
+    return _json(ctx.plans.remember(view), status, f"/v1/plans/{view['id']}", existing=not created)
 
 
 @router.get("/plans", response_model=PlanList)

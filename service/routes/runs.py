@@ -90,7 +90,7 @@ def worker_heartbeat(worker_id: str, ctx: ServiceContext = Depends(get_context),
 @router.get("/workers", tags=["workers"])
 def list_workers(ctx: ServiceContext = Depends(get_context), _: Principal = ReadAccess) -> list[dict[str, Any]]:
     with ctx.db.reading() as session:
-        return workers.list_workers(session)
+        return workers.list_workers(session, ctx.settings.run_lease_s)
 
 
 @router.post("/runs/claim", response_model=ClaimOut, response_model_exclude_unset=True, tags=["workers"],

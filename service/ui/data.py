@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import Request
 
-from service import plans, runs
+from service import plans, runs, workers
 from service.context import ServiceContext
 from service.tokens import Principal, authenticate
 from service.validation import validate_plan_request
@@ -62,11 +62,30 @@ def runs_of_plan(request: Request, plan_id: str, caller: Principal) -> list[dict
         return runs.list_runs(session, caller, plan_id=plan_id, limit=20)
 
 
-def submit(request: Request, plan_request: dict[str, Any]) -> dict[str, Any]:
-    """Validate (SpecError / TooLarge name the problem) and queue the request; returns the plan view."""
+def list_runs(request: Request, caller: Principal, status: str | None, limit: int) -> list[dict[str, Any]]:
+    with context(request).db.reading() as session:
+        return runs.list_runs(session, caller, status=status, limit=limit)
+
+
+def list_workers(request: Request) -> list[dict[str, Any]]:
+    ctx = context(request)
+    with ctx.db.reading() as session:
+        return workers.list_workers(session, ctx.settings.run_lease_s)
+
+
+def create_run(request: Request, plan_id: str, steps: int) -> dict[str, Any]:
+    """Queue a run of a succeeded plan (Conflict when it has not succeeded) for a worker to claim."""
+    ctx = context(request)
+    with ctx.db.writing() as session:
+        return runs.create_run(session, plan_id, steps, ctx.settings.run_max_attempts)
+
+
+def submit(request: Request, plan_request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Validate (SpecError / TooLarge name the problem) and queue the request; returns the plan view and whether
+    it is new (False: an identical request's plan, made before)."""
     ctx = context(request)
     kind = validate_plan_request(plan_request, ctx.settings)
     view, created = plans.submit_plan(ctx.db, plan_request, kind, ctx.settings.job_max_attempts)
     if created:
         ctx.on_queued()  # wake the dispatcher now, as the API's POST does, instead of at its next poll
-    return view
+    return view, created

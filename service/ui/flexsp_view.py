@@ -144,6 +144,6 @@ def build(request: Mapping[str, Any], result: FlexSPResult) -> FlexspView:
     lb = view.lower_bound_s
     view.baseline_chart = bars("baseline-chart", "Step time: plan vs static SP degrees",
                                ["this plan", *(b[0] for b in view.baselines)], [step, *(b[1] for b in view.baselines)],
-                               "step time (s)", "seconds", highlight=0, reference=lb,
+                               "step time (s)", "seconds", highlight=0, rest_label="static SP degrees", reference=lb,
                                reference_label=f"lower bound {fmt.seconds(lb)}")
     return view

@@ -110,7 +110,7 @@ def layer_strip(layers: Sequence[LayerDoc], stage_layers: Sequence[int]
     left, top, row_h = 74.0, 18.0, 18.0
     cell = max(3.0, min(28.0, 1000.0 / max(n, 1)))
     width = left + cell * n + 8
-    svg = Svg(width, top + row_h * len(rows) + 22, "per-layer strategy strip")
+    svg = Svg(width, top + row_h * len(rows) + 22, "per-layer strategy strip", natural=True)
     legends: list[tuple[str, list[tuple[str, str]]]] = []
     for r, (label, value) in enumerate(rows):
         values = [value(layer) for layer in layers]
@@ -129,7 +129,10 @@ def layer_strip(layers: Sequence[LayerDoc], stage_layers: Sequence[int]
     for s, count in enumerate(stage_layers):
         x0, x1 = left + start * cell, left + (start + count) * cell
         svg.line(x0, 2, x0, bottom, stroke="#111", width=1.5)
-        svg.text((x0 + x1) / 2, 12, f"stage {s} · layers {start}–{start + count - 1}", size=10, anchor="middle")
+        label = f"stage {s} · layers {start}–{start + count - 1}"
+        if x1 - x0 < 5.0 * len(label):  # (10-px text is about 5 px a character: a narrow stage keeps what fits)
+            label = f"stage {s}" if x1 - x0 >= 40 else str(s)
+        svg.text((x0 + x1) / 2, 12, label, size=10, anchor="middle")
         start += count
     svg.line(left + start * cell, 2, left + start * cell, bottom, stroke="#111", width=1.5)
     for i in range(0, n, max(1, n // 16)):
@@ -289,5 +292,5 @@ def build(request: dict[str, Any], result: HybridResult) -> HybridView:
         view.baseline_chart = bars("baseline-chart", "Throughput: plan vs baselines",
                                    ["this plan", *(b.name for b in feasible)],
                                    [plan_thr, *(b.throughput or 0.0 for b in feasible)],
-                                   "samples/s", "samples/s", highlight=0)
+                                   "samples/s", "samples/s", highlight=0, rest_label="baselines")
     return view

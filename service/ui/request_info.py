@@ -44,14 +44,25 @@ def model_label(request: Mapping[str, Any]) -> str:
     return fmt.DASH
 
 
+def gpu_label(request: Mapping[str, Any]) -> str:
+    """The device the request plans for, as it names it (a preset or a GPU object's name); "" when unnamed."""
+    gpu = as_map(request.get("cluster")).get("gpu")
+    if isinstance(gpu, Mapping):
+        gpu = gpu.get("name") or gpu.get("preset")
+    return str(gpu or "")
+
+
+def has_profile(request: Mapping[str, Any]) -> bool:
+    """Whether the request prices with a measured profile (cost_model.profile or profile_path)."""
+    cost_model = as_map(request.get("cost_model"))
+    return bool(cost_model.get("profile") or cost_model.get("profile_path"))
+
+
 def cluster_label(request: Mapping[str, Any]) -> str:
     cluster = as_map(request.get("cluster"))
     if not cluster:
         return fmt.DASH
-    gpu = cluster.get("gpu")
-    if isinstance(gpu, Mapping):
-        gpu = gpu.get("name") or gpu.get("preset")
-    gpu_name = str(gpu or "")
+    gpu_name = gpu_label(request)
     nodes, per = cluster.get("nodes", DEFAULT_NODES), cluster.get("gpus_per_node", DEFAULT_GPUS_PER_NODE)
     return f"{nodes}×{per} {gpu_name}".strip()
 

@@ -1,8 +1,9 @@
 """The dashboard's HTML pages (server-rendered Jinja2) and its static files, as one APIRouter.
 
-Pages: ``/`` plans list, ``/plans/new`` the submit form, ``/plans/{id}`` one plan (a page per kind),
-``/runs/{id}`` one run. ``/ui/status`` answers the pages' status poller; ``/ui/static/...`` serves the
-CSS, script and vendored Chart.js. Each page reports its server time in a ``Server-Timing`` header.
+Pages: ``/`` plans list, ``/plans/new`` the submit form, ``/plans/{id}`` one plan (a page per kind, with
+"Run this plan"), ``/runs`` the runs, ``/runs/{id}`` one run, ``/workers`` the workers. ``/ui/status`` answers
+the pages' status poller; ``/ui/static/...`` serves the CSS, script and vendored Chart.js. Each page reports its
+server time in a ``Server-Timing`` header.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from typing import Any, assert_never
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from service.context import ServiceContext
 from service.errors import DomainError, Unauthorized, http_status
+from service.schemas import RunCreate
 from service.ui import data, flexsp_view, hybrid_view, plan_form, run_view, spindle_view
 from service.ui import format as fmt
 from service.ui.request_info import batch_label, cluster_label, headline, model_label
@@ -39,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
 PAGE_SIZE = 50
 EXPORT_FORMATS = ("megatron", "deepspeed", "torchtitan", "galvatron")
+DEFAULT_RUN_STEPS = RunCreate.model_fields["steps"].default
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.filters.update(fmt.FILTERS)
@@ -114,22 +118,28 @@ def _submit(request: Request, form: dict[str, Any]) -> Response:
         return _page(request, "new_plan.html", _form_context(inp), started, 422)
     try:
         data.principal(request, "submit", token)
-        view = data.submit(request, plan_form.to_request(inp))
+        view, created = data.submit(request, plan_form.to_request(inp))
     except SpecError as err:
         inp.errors = list(err.problems)
         return _page(request, "new_plan.html", _form_context(inp), started, 422)
     except DomainError as err:
         return _page(request, "new_plan.html", {**_form_context(inp), "message": err.detail}, started,
                      http_status(err) or 400)
-    response = RedirectResponse(f"/plans/{view['id']}", status_code=303)
+    # an identical request's plan is shown as what it is: one made before, not a new solve
+    response = RedirectResponse(f"/plans/{view['id']}" + ("" if created else "?existing=1"), status_code=303)
     if token:
         response.set_cookie(data.TOKEN_COOKIE, token, httponly=True, samesite="strict")
     return response
 
 
 @router.get("/plans/{plan_id}", response_class=HTMLResponse)
-def plan_page(request: Request, plan_id: str) -> Response:
-    started = time.perf_counter()
+def plan_page(request: Request, plan_id: str, existing: bool = False) -> Response:
+    return _plan_page(request, plan_id, time.perf_counter(), existing=existing)
+
+
+def _plan_page(request: Request, plan_id: str, started: float, run_form: dict[str, Any] | None = None,
+               status: int = 200, existing: bool = False) -> Response:
+    """A plan's page; ``run_form``: what its "Run this plan" form was given, and why it was refused."""
     try:
         caller = data.principal(request, "read")
         plan = data.get_plan(request, plan_id)
@@ -138,17 +148,75 @@ def plan_page(request: Request, plan_id: str) -> Response:
         return _error_page(request, err, started)
     req: dict[str, Any] = plan["request"]
     result: PlanResult | None = plan["result"]
+    succeeded = plan["status"] == "succeeded" and result is not None
     megatron = result.baselines.get("megatron") if isinstance(result, HybridResult) else None
     context: dict[str, Any] = {
         "plan": plan, "request_doc": req, "model": model_label(req), "cluster": cluster_label(req),
-        "batch": batch_label(req), "runs": plan_runs, "exports": FORMATS if plan["kind"] == "hybrid" else (),
+        "batch": batch_label(req), "runs": plan_runs,
+        # only a solved plan exports (a failed one has nothing to export) and runs
+        "exports": FORMATS if plan["kind"] == "hybrid" and succeeded else (),
         # the best uniform plan exports as it is: what a Megatron-LM user can launch unchanged
-        "megatron_baseline": megatron is not None and megatron.strategy is not None,
+        "megatron_baseline": succeeded and megatron is not None and megatron.strategy is not None,
+        "run_form": run_form or {"steps": DEFAULT_RUN_STEPS}, "existing": existing,
+        "workers_online": sum(w["online"] for w in data.list_workers(request)) if succeeded else 0,
     }
     template = "plan_pending.html"
-    if plan["status"] == "succeeded" and result is not None:
+    if succeeded:
+        assert result is not None
         template, context["view"] = _plan_view(req, result)
-    return _page(request, template, context, started)
+    return _page(request, template, context, started, status)
+
+
+@router.post("/plans/{plan_id}/runs")
+async def run_plan(request: Request, plan_id: str) -> Response:
+    form = dict(await request.form())
+    return await run_in_threadpool(_run_plan, request, plan_id, form)
+
+
+def _run_plan(request: Request, plan_id: str, form: dict[str, Any]) -> Response:
+    """The plan page's "Run this plan": queue a run (a submit token, as POST /v1/plans/{id}/runs) and show it."""
+    started = time.perf_counter()
+    token = str(form.get("token", "") or "").strip() or None
+    given = {"steps": str(form.get("steps", "")).strip()}
+    try:
+        steps = RunCreate.model_validate({"steps": given["steps"] or DEFAULT_RUN_STEPS}).steps
+    except ValidationError:
+        return _plan_page(request, plan_id, started, {**given, "message": "steps: a whole number from 1 to "
+                                                                          "1,000,000"}, 422)
+    try:
+        data.principal(request, "submit", token)
+        run = data.create_run(request, plan_id, steps)
+    except DomainError as err:
+        return _plan_page(request, plan_id, started, {**given, "message": err.detail}, http_status(err) or 400)
+    response = RedirectResponse(f"/runs/{run['id']}", status_code=303)
+    if token:
+        response.set_cookie(data.TOKEN_COOKIE, token, httponly=True, samesite="strict")
+    return response
+
+
+@router.get("/runs", response_class=HTMLResponse)
+def runs_page(request: Request, status: str | None = None, limit: int = Query(PAGE_SIZE, ge=1, le=500)) -> Response:
+    started = time.perf_counter()
+    try:
+        caller = data.principal(request, "read")
+        rows = data.list_runs(request, caller, status or None, limit)
+        online = sum(w["online"] for w in data.list_workers(request))
+    except (DomainError, SpecError) as err:
+        return _error_page(request, err, started)
+    return _page(request, "runs.html", {"rows": rows, "status": status or "", "statuses": STATUSES,
+                                        "workers_online": online}, started)
+
+
+@router.get("/workers", response_class=HTMLResponse)
+def workers_page(request: Request) -> Response:
+    started = time.perf_counter()
+    try:
+        data.principal(request, "read")
+        rows = data.list_workers(request)
+    except (DomainError, SpecError) as err:
+        return _error_page(request, err, started)
+    return _page(request, "workers.html", {"rows": rows, "online_within_s": data.context(request).settings.run_lease_s},
+                 started)
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
@@ -157,9 +225,10 @@ def run_page(request: Request, run_id: str) -> Response:
     try:
         caller = data.principal(request, "read")
         run = data.get_run(request, run_id, caller)
+        plan = data.get_plan(request, run["plan_id"])
     except (DomainError, SpecError) as err:
         return _error_page(request, err, started)
-    return _page(request, "run.html", {"run": run, "view": run_view.build(run)}, started)
+    return _page(request, "run.html", {"run": run, "view": run_view.build(run, plan["request"])}, started)
 
 
 @router.get("/ui/token", response_class=HTMLResponse)

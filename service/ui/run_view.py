@@ -12,6 +12,7 @@ from typing import Any
 
 from service.ui import format as fmt
 from service.ui.charts import Chart, bars, lines
+from service.ui.request_info import gpu_label, has_profile
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Comparison:
 @dataclass
 class RunView:
     comparisons: list[Comparison] = field(default_factory=list)
+    # why the prediction may be far from the measurement (another device, a placeholder speed, what is measured)
+    notes: list[str] = field(default_factory=list)
     memory_chart: Chart | None = None
     loss_chart: Chart | None = None
     step_chart: Chart | None = None
@@ -44,15 +47,47 @@ def _floats(value: Any) -> list[float]:
     return [f for f in (fmt.as_float(v) for v in value) if f is not None]
 
 
-def build(run: Mapping[str, Any]) -> RunView:
+def _same_device(planned: str, device: str) -> bool:
+    """Whether a CUDA device name ("NVIDIA A100-SXM4-80GB") is of the planned GPU ("A100-80GB")."""
+    family = planned.split("-")[0].lower()
+    return bool(family) and family in device.lower()
+
+
+def prediction_notes(request: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[str]:
+    """What the prediction is for, where a reader would take its error for the cost model's: a run on other
+    hardware than planned, a CPU plan priced without a profile of the host, a CPU's memory being its processes'."""
+    planned, device = gpu_label(request), str(metrics.get("device") or "")
+    if not planned or not device:
+        return []
+    notes = []
+    on_cpu = device.lower() == "cpu"
+    if planned.lower() == "cpu" and on_cpu:
+        if not has_profile(request):
+            notes.append("The plan was priced for the cpu preset's nominal speed, without a profile of this host: "
+                         "its step time is a placeholder, not a measurement of this machine. `paraplan worker "
+                         "profile --out profile.json` measures the host; a request with \"cost_model\": "
+                         "{\"kind\": \"profile\", \"profile\": ...} is priced from it.")
+    elif on_cpu or not _same_device(planned, device):
+        notes.append(f"The prediction is for the planned GPU ({planned}); this run ran on "
+                     f"{'a CPU host' if on_cpu else device}, so the prediction error measures the difference between "
+                     "the two devices, not the cost model.")
+    if on_cpu:
+        notes.append("On a CPU host the measured memory is each process's peak resident set (Python, torch and the "
+                     "tensors); the prediction counts the training's tensors (no GPU runtime reserve on a CPU host).")
+    return notes
+
+
+def build(run: Mapping[str, Any], request: Mapping[str, Any] | None = None) -> RunView:
+    """The run's page; ``request``: its plan's request (what the prediction was made for)."""
     metrics, predicted = run["metrics"], run["predicted"]
-    view = RunView(metrics=dict(metrics))
+    view = RunView(metrics=dict(metrics), notes=prediction_notes(request or {}, metrics))
     per_rank = _floats(metrics.get("peak_memory_gib_per_rank"))
     measured_peak = max(per_rank) if per_rank else fmt.as_float(metrics.get("peak_memory_gib"))
+    per = "rank" if str(metrics.get("device") or "").lower() == "cpu" else "GPU"
     view.comparisons = [
         Comparison("step time", fmt.as_float(predicted.get("step_time_s")), fmt.as_float(metrics.get("step_time_s")),
                    "s"),
-        Comparison("peak memory per GPU", fmt.as_float(predicted.get("peak_memory_gib")), measured_peak, "GiB"),
+        Comparison(f"peak memory per {per}", fmt.as_float(predicted.get("peak_memory_gib")), measured_peak, "GiB"),
     ]
     step = view.comparisons[0]
     if step.predicted is not None or step.measured is not None:

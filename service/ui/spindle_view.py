@@ -169,6 +169,6 @@ def build(request: Mapping[str, Any], result: SpindleResult) -> SpindleView:
     lb = view.lower_bound_s
     view.baseline_chart = bars("baseline-chart", "Iteration time: plan vs baselines",
                                ["this plan", *(b[0] for b in view.baselines)], [it, *(b[1] for b in view.baselines)],
-                               "iteration time (s)", "seconds", highlight=0, reference=lb,
+                               "iteration time (s)", "seconds", highlight=0, rest_label="baselines", reference=lb,
                                reference_label=f"lower bound {fmt.seconds(lb)}")
     return view

@@ -34,8 +34,12 @@ def _num(v: float) -> str:
 class Svg:
     """Collects shapes, renders one ``<svg>`` element scaled to its container's width."""
 
-    def __init__(self, width: float, height: float, label: str, css_class: str = "chart-svg") -> None:
+    def __init__(self, width: float, height: float, label: str, css_class: str = "chart-svg",
+                 natural: bool = False) -> None:
+        """``natural``: drawn at its own size (one unit a pixel), shrunk to fit a narrower container but never
+        stretched to a wider one (a 4-layer strip filled 1000 px with 250-px cells)."""
         self.width, self.height, self.label, self.css_class = width, height, label, css_class
+        self.natural = natural
         self._parts: list[str] = []
 
     def rect(self, x: float, y: float, w: float, h: float, fill: str, title: str | None = None,
@@ -68,9 +72,11 @@ class Svg:
 
     def render(self) -> str:
         body = "".join(self._parts)
+        size = (f'width="{_num(self.width)}" height="{_num(self.height)}" style="max-width: 100%; height: auto"'
+                if self.natural else 'width="100%"')
         return (
             f'<svg class="{self.css_class}" viewBox="0 0 {_num(self.width)} {_num(self.height)}" '
-            f'width="100%" preserveAspectRatio="xMinYMin meet" role="img" aria-label="{escape(self.label)}" '
+            f'{size} preserveAspectRatio="xMinYMin meet" role="img" aria-label="{escape(self.label)}" '
             f'xmlns="http://www.w3.org/2000/svg" font-family="system-ui, sans-serif">{body}</svg>'
         )
 

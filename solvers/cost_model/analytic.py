@@ -463,7 +463,8 @@ class AnalyticCostModel(CostModel):
         if cal.step_overhead_s:
             step_parts["other"] = cal.step_overhead_s
         state = sum(mparts.values())
-        reserve = cal.reserve_gib * GIB
+        # (the CUDA context and cuBLAS/NCCL workspaces: a CPU host has none; it showed +320% on a CPU run's memory)
+        reserve = 0.0 if self.cluster.gpu.is_cpu else cal.reserve_gib * GIB
         mparts["reserve"] = reserve
         return StageFixed(
             time_s=sum(parts.values()),

@@ -13,6 +13,7 @@ from solvers.errors import SpecError
 from solvers.json_file import json_kind, read_json_file
 from solvers.request import HybridRequest, parse
 from solvers.strategy import PlanStrategy
+from solvers.unknown_keys import unknown_key_problems
 
 
 def galvatron_plan_file(path: str, profiles_dir: Any) -> Path:
@@ -28,6 +29,8 @@ def galvatron_plan_file(path: str, profiles_dir: Any) -> Path:
 
 
 def _galvatron_plan(strategy: dict[str, Any], req: HybridRequest) -> PlanStrategy:
+    if unknown := unknown_key_problems(strategy, ("format", "path"), ("strategy",)):
+        raise SpecError(unknown)
     path = strategy.get("path")
     if not isinstance(path, str) or not path:
         raise SpecError.at(("strategy", "path"), "a Galvatron plan needs the path of its galvatron_config_*.json")

@@ -18,6 +18,7 @@ from typing import Any
 
 from solvers.cost_model.efficiency import GemmEfficiency
 from solvers.errors import FieldProblem, SpecError, shown
+from solvers.unknown_keys import unknown_key_problems
 
 # Constants the model divides by (an override of 0 would make every estimate infinite), and fractions.
 _DIVISORS = ("gemm_eta_max", "hbm_efficiency", "intra_efficiency", "inter_efficiency")
@@ -64,7 +65,7 @@ class AnalyticCalibration:
     grad_comm_bytes: float = 4.0  # bytes per gradient element on the wire (fp32 grads, Megatron's default)
     optimizer_traffic_bytes: float = 36.0  # HBM bytes per parameter for one Adam step on the local shard
     step_overhead_s: float = 0.0  # per step: data loading, logging, launch of the step
-    reserve_gib: float = 1.5  # CUDA context, cuBLAS/NCCL workspaces
+    reserve_gib: float = 1.5  # CUDA context, cuBLAS/NCCL workspaces (a GPU's: none on a CPU host)
     fragmentation: float = 0.08  # allocator fragmentation, as a fraction of activations
 
     @property
@@ -83,7 +84,7 @@ class AnalyticCalibration:
             if key in _MOVED:
                 problems.append(FieldProblem((*loc, key), _MOVED[key]))
             elif key not in known:
-                problems.append(FieldProblem((*loc, key), f"unknown calibration constant; known: {', '.join(known)}"))
+                problems += unknown_key_problems([key], known, loc)
             elif (why := _override_problem(key, value)) is not None:
                 problems.append(FieldProblem((*loc, key), why))
             else:

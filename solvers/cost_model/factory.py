@@ -16,9 +16,12 @@ from solvers.errors import FieldProblem, SpecError, shown
 from solvers.request import HybridRequest
 from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule
+from solvers.unknown_keys import unknown_key_problems
 
 LAYER_KEYS = {f.name for f in fields(LayerStrategy)}
 EMBEDDING_KEYS = {f.name for f in fields(EmbeddingStrategy)}
+# a full strategy object, as a hybrid plan returns it
+FULL_KEYS = {f.name for f in fields(PlanStrategy)}
 SHORTHAND_KEYS = {"tp", "pp", "dp", "cp", "sp", "zero", "recompute", "micro_batch_size", "micro_batches",
                   "schedule", "virtual_stages", "ep", "etp", "lsh", "stage_layers", "embedding"}
 
@@ -79,8 +82,7 @@ def _embedding(value: Any, problems: list[FieldProblem]) -> EmbeddingStrategy | 
         problems.append(FieldProblem(("strategy", "embedding"), f"must be an object with tp, dp, zero and sp, "
                                      f"got {shown(value)}"))
         return None
-    unknown = [FieldProblem(("strategy", "embedding", k), "unknown embedding strategy field")
-               for k in value if k not in EMBEDDING_KEYS]
+    unknown = unknown_key_problems(value, EMBEDDING_KEYS, ("strategy", "embedding"))
     problems += unknown
     return None if unknown else EmbeddingStrategy(**value)
 
@@ -100,7 +102,7 @@ def plan_from_shorthand(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpe
     whatever the other degrees leave of the cluster; a field given as null takes its default, as an absent one).
     Raises SpecError naming the field."""
     d = {k: v for k, v in d.items() if v is not None}
-    problems = [FieldProblem(("strategy", k), "unknown strategy field") for k in d if k not in SHORTHAND_KEYS]
+    problems = unknown_key_problems(d, SHORTHAND_KEYS, ("strategy",))
     tp, pp, cp, ep = (_int(d, k, 1, problems) for k in ("tp", "pp", "cp", "ep"))
     zero = _int(d, "zero", 0, problems)
     v = _int(d, "virtual_stages", 1, problems)
@@ -173,8 +175,9 @@ def plan_from_dict(d: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, tr
     layers = d.get("layers")
     if not isinstance(layers, list) or not all(isinstance(x, dict) for x in layers):
         raise SpecError.at(("strategy", "layers"), "must be a list of per-layer strategy objects")
-    problems = [FieldProblem(("strategy", "layers", i, k), "unknown layer strategy field")
-                for i, x in enumerate(layers) for k in x if k not in LAYER_KEYS]
+    problems = unknown_key_problems(d, FULL_KEYS, ("strategy",))
+    for i, x in enumerate(layers):
+        problems += unknown_key_problems(x, LAYER_KEYS, ("strategy", "layers", i))
     problems += [FieldProblem(("strategy", k), "missing") for k in ("pp", "micro_batches", "stage_layers")
                  if k not in d]
     if problems:

@@ -264,7 +264,7 @@ class GalvatronCostModel(CostModel):
         try:
             spec = GalvatronCostModelSpec.model_validate(data)
         except ValidationError as err:
-            raise problems_from_validation(err, ("cost_model",)) from None
+            raise problems_from_validation(err, ("cost_model",), GalvatronCostModelSpec) from None
         problems = [FieldProblem(("cost_model", k), f"{k} must be a power of two")
                     for k in ("min_tp", "max_tp") if getattr(spec, k) is not None and not _pow2(getattr(spec, k))]
         # Layers take tp in [min_tp, max_tp]: a min_tp above the cluster or the TP cap the request sets left every

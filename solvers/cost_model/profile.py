@@ -202,7 +202,7 @@ def load_profile(data: object, loc: tuple[str | int, ...] = ("cost_model", "prof
     try:
         return Profile.model_validate(data)
     except ValidationError as err:
-        raise problems_from_validation(err, loc) from None
+        raise problems_from_validation(err, loc, Profile) from None
 
 
 def profile_from_request(req: HybridRequest) -> Profile | None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from solvers.errors import InfeasibleError, SpecError
+from solvers.errors import InfeasibleError
 from solvers.flexsp.constants import FlexSPConstants, derived_constants, explicit_constants
 from solvers.request import PlanRequestBase, parse, problems_from_validation
 from solvers.specs import MAX_BANDWIDTH, MAX_SEQ_LENGTH, ModelSpec, Precision, memory_limit_bytes
@@ -76,6 +77,8 @@ class SolverOptions(BaseModel):
 
 
 class FlexSPRequest(PlanRequestBase):
+    # the reference's explicit form (FlexSPCostForm), or constants derived from the specs
+    COST_MODELS: ClassVar[Mapping[str, frozenset[str] | None]] = {"flexsp": None, "analytic": frozenset()}
     model: ModelSpec
     batch: BatchSpec
     precision: Precision = "bf16"
@@ -92,13 +95,10 @@ def parse_request(data: Any) -> tuple[FlexSPRequest, FlexSPConstants]:
         try:
             form = FlexSPCostForm.model_validate(req.cost_model.model_dump())
         except ValidationError as err:
-            raise problems_from_validation(err, ("cost_model",)) from None
+            raise problems_from_validation(err, ("cost_model",), FlexSPCostForm) from None
         consts = explicit_constants(form.model_dump(), req.model, req.cluster, mem, zero)
-    elif kind == "analytic":
+    else:  # "analytic" (parse refuses the kinds COST_MODELS does not name)
         consts = derived_constants(req.model, req.cluster, req.precision, mem, zero)
-    else:
-        raise SpecError.at(("cost_model", "kind"), f"the flexsp planner takes cost_model kind 'flexsp' or "
-                                                   f"'analytic' (derived from the specs), not {kind!r}")
     if consts.token_capacity_per_gpu <= 0:
         raise InfeasibleError.at(
             ("constraints", "memory_limit_gib"),

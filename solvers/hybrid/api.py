@@ -7,11 +7,12 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from solvers.cost_model.api import estimate as _estimate
+from solvers.cost_model.api import plan_of_request
 from solvers.cost_model.base import CostModel
 from solvers.cost_model.factory import make_cost_model
 from solvers.cost_model.hetero import HeteroCostModel
 from solvers.documents.hybrid import HybridEstimate, HybridEstimateResult, HybridResult
-from solvers.errors import FieldProblem, InfeasibleError
+from solvers.errors import FieldProblem, InfeasibleError, SpecError
 from solvers.hybrid import baselines, hetero, sizing, targets
 from solvers.hybrid.cached import CachedStages
 from solvers.hybrid.certificate import certify
@@ -21,6 +22,7 @@ from solvers.hybrid.space import SearchSpace, build_space, layer_kinds, space_mo
 from solvers.hybrid.summary import summarise as summarise  # (SolverKind.summarise)
 from solvers.request import HybridRequest, parse
 from solvers.strategy import PlanStrategy
+from solvers.text import seconds
 
 Progress = Callable[[float, str], None]
 GIB = float(2**30)
@@ -183,7 +185,7 @@ def _solve(req: HybridRequest, request: dict[str, Any], model: CostModel, progre
     if progress:
         progress(1.0, "done")
     return HybridResult.model_validate({
-        "estimate": est.to_json(),
+        "estimate": _noting_given_strategy(req, cm, est.to_json()),
         "strategy": plan.to_dict(),
         "search": {
             "time_s": search_s,  # wall clock, baselines included
@@ -203,6 +205,26 @@ def _solve(req: HybridRequest, request: dict[str, Any], model: CostModel, progre
 
 
 Baselines = dict[str, tuple[baselines.Baseline | None, str]]
+
+
+def _noting_given_strategy(req: HybridRequest, cm: CostModel, estimate: dict[str, Any]) -> dict[str, Any]:
+    """The plan's estimate, with a note on the request's ``strategy`` where it has one: planning does not start
+    from it (it searches every strategy; ``estimate`` prices a given one), so the note prices it by the same cost
+    model against the plan, rather than leave it ignored without a word."""
+    if req.strategy is None:
+        return estimate
+    head = "the request's strategy is not what planning starts from (it searches every strategy; `estimate` prices " \
+           "a given one)"
+    try:
+        given = cm.evaluate(plan_of_request(req))
+    except SpecError as err:
+        note = f"{head}; it could not be priced: {err}"
+    else:
+        gain = given.step_time_s / estimate["step_time_s"] - 1
+        fits = "" if given.fits else ", more than the memory limit"
+        note = (f"{head}: priced by the same cost model it takes a step of {seconds(given.step_time_s)} and "
+                f"{given.peak_memory_gib:.1f} GiB per GPU{fits}; this plan {100 * gain:+.1f}%")
+    return {**estimate, "notes": [*estimate.get("notes", []), note]}
 
 
 def _solve_for(req: HybridRequest, request: dict[str, Any], cm: CostModel, space: SearchSpace,
@@ -226,7 +248,7 @@ def _solve_for(req: HybridRequest, request: dict[str, Any], cm: CostModel, space
     if progress:
         progress(1.0, "done")
     return HybridResult.model_validate({
-        "estimate": est.to_json(),
+        "estimate": _noting_given_strategy(req, cm, est.to_json()),
         "strategy": found.plan.to_dict(),
         "search": {
             "time_s": time.perf_counter() - t0,

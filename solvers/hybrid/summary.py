@@ -25,6 +25,7 @@ from solvers.documents.hybrid import (
     SizingDoc,
     StrategyDoc,
 )
+from solvers.specs import ClusterSpec
 from solvers.text import seconds
 
 
@@ -67,10 +68,16 @@ def _breakdown(parts: Mapping[str, float], total: float) -> str:
     return ", ".join(f"{k} {seconds(v)} ({100 * v / total:.1f}%)" for k, v in items)
 
 
-def _memory_limit_gib(request: Mapping[str, Any]) -> float | None:
-    """The request's memory limit, as the user wrote it (the request is the CLI's own, not a document)."""
+def _memory_limit_text(request: Mapping[str, Any]) -> str:
+    """The request's memory limit as the plan kept it: one above the GPU's memory is not what was planned within
+    (the request is the CLI's own and was solved, so it parses)."""
     limit = (request.get("constraints") or {}).get("memory_limit_gib")
-    return float(limit) if isinstance(limit, int | float) and not isinstance(limit, bool) else None
+    if not isinstance(limit, int | float) or isinstance(limit, bool) or not limit:
+        return ""
+    gpu = ClusterSpec.model_validate(request["cluster"]).gpu
+    if limit > gpu.memory_gib:
+        return f" (limit {gpu.memory_gib:.1f}: the {gpu.name}'s memory, under the {limit:g} asked)"
+    return f" (limit {limit:.1f})"
 
 
 def _plan_lines(request: Mapping[str, Any], strategy: StrategyDoc, estimate: HybridEstimate,
@@ -80,10 +87,9 @@ def _plan_lines(request: Mapping[str, Any], strategy: StrategyDoc, estimate: Hyb
     out += layer_runs(strategy.layers)
     out.append(f"  embedding/LM head: {_embedding_text(strategy.embedding)}")
     step = estimate.step_time_s
-    limit = _memory_limit_gib(request)
     out.append(f"step {seconds(step)} · {estimate.throughput_samples_per_s:.3g} samples/s · "
                f"{estimate.tokens_per_s:,.0f} tokens/s · MFU {100 * estimate.mfu:.1f}% · "
-               f"peak {estimate.peak_memory_gib:.1f} GiB per GPU" + (f" (limit {limit:.1f})" if limit else ""))
+               f"peak {estimate.peak_memory_gib:.1f} GiB per GPU" + _memory_limit_text(request))
     if step:
         out.append("time per step: " + _breakdown(estimate.breakdown_s, step))
     out += _memory(estimate.memory_breakdown_gib_per_stage)
@@ -108,13 +114,32 @@ def _search(search: HybridSearch) -> list[str]:
     if bound is not None and gap is not None:
         out.append(f"certificate: no plan of the search space runs a step under {seconds(bound)}; "
                    f"this plan is within {100 * gap:.2f}% of that")
-    if search.cpu_s is not None:
+    if search.cpu_s is not None and search.configs_total is not None and search.configs_solved is not None:
+        out.append(f"search: {search.cpu_s:.2f} s CPU; " + _effort(search))
+    return out
+
+
+def _effort(search: HybridSearch) -> str:
+    """What the search did with the pipeline configurations: each was searched in full or ruled out by a bound
+    (none of those could beat the plan); "0 of 41 solved" read as if nothing had been."""
+    total, solved = search.configs_total or 0, search.configs_solved or 0
+    bounded = search.configs_pruned_by_bound
+    unsettled = total - solved - bounded if bounded is not None and search.time_limited else 0
+    by_bound = total - solved - unsettled
+    plural = "s" if total != 1 else ""
+    source = search.plan_from or ""
+    if solved == 0 and source.startswith("baseline:"):
+        text = (f"the {source.removeprefix('baseline:')} baseline is the plan: bounds showed that none of "
+                f"the {total} pipeline configuration{plural} could beat it, so none needed a full search")
+    else:
         by_cert = search.configs_solved_by_certificate or 0
         late = (f" ({by_cert} of them by the certificate: the search's ordering had passed them by)"
                 if by_cert else "")
-        out.append(f"search: {search.cpu_s:.2f} s CPU, {search.configs_solved} of {search.configs_total} "
-                   f"pipeline configurations solved{late}, the rest bounded out")
-    return out
+        text = (f"{solved} of {total} pipeline configuration{plural} searched in full{late}, "
+                f"{by_bound} ruled out by a bound (none of them could beat the plan)")
+    if unsettled > 0:
+        text += f", {unsettled} not reached before the time limit"
+    return text
 
 
 def _memory(stages: Sequence[Mapping[str, float]], show: int = 4) -> list[str]:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeGuard
 
-from solvers.documents.spindle import SpindleEstimateResult, SpindleResult
+from solvers.documents.spindle import SliceDoc, SpindleEstimateResult, SpindleResult
 from solvers.errors import InfeasibleError, SpecError, shown
 from solvers.request import parse
 from solvers.specs import ClusterSpec, Precision, memory_limit_bytes, memory_limit_note
@@ -30,9 +30,9 @@ from solvers.spindle.schedule import (
 )
 from solvers.spindle.summary import summarise as summarise  # (SolverKind.summarise)
 from solvers.spindle.workload import MetaOp, MetaOpSpec, SpindleRequest, build_graph
+from solvers.unknown_keys import unknown_key_problems
 
 Progress = Callable[[float, str], None]
-PRECISIONS: tuple[Precision, ...] = ("bf16", "fp16", "fp8", "fp32")
 _GIB = 2**30
 
 
@@ -65,19 +65,14 @@ def with_layouts(op: MetaOp, spec: MetaOpSpec, cluster: ClusterSpec, precision: 
 
 
 def build_problem(req: SpindleRequest) -> Problem:
-    training = (req.model_extra or {}).get("training", {})
-    if not isinstance(training, dict):
-        raise SpecError.at(("training",), "training must be an object")
-    precision = training.get("precision", "bf16")
-    if precision not in PRECISIONS:
-        raise SpecError.at(("training", "precision"), f"unknown precision {precision!r}; one of {PRECISIONS}")
-    dev = device_model(req.cluster, precision, req.options.efficiency, req.options.kernel_overhead_ms)
+    dev = device_model(req.cluster, req.training.precision, req.options.efficiency, req.options.kernel_overhead_ms)
     specs = req.workload.metaops
     ops = [module_metaop(s, s.task or s.name, dev) if s.module is not None else explicit_metaop(s, s.task or s.name)
            for s in specs]
     explicit = all(s.module is None for s in specs)
     limit = memory_limit_bytes(req.cluster, req.constraints)
     if req.options.hybrid_layouts:
+        precision = req.training.precision
         ops = [with_layouts(op, s, req.cluster, precision, limit) for op, s in zip(ops, specs, strict=True)]
     workload = build_graph(ops, req.workload.edges, explicit)
     # each metaop's range is physical, but together they could still run for centuries: then the exact solver's
@@ -227,6 +222,8 @@ def placements_from_slices(problem: Problem, given: list[dict[str, Any]]) -> lis
         loc: tuple[str | int, ...] = ("slices", k)
         if not isinstance(s, dict):
             raise SpecError.at(loc, "a slice must be an object")
+        if unknown := unknown_key_problems(s, SliceDoc.model_fields, loc):  # (a result's slices are taken back)
+            raise SpecError(unknown)
         name = s.get("metaop")
         if not isinstance(name, str) or name not in index:  # (["a"] raised TypeError: unhashable)
             raise SpecError.at((*loc, "metaop"), f"unknown metaop {shown(name)}")

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from solvers.errors import FieldProblem, SpecError
 from solvers.request import PlanRequestBase
-from solvers.specs import MAX_LAYERS, MAX_SEQ_LENGTH, MAX_WIDTH, ModelSpec, MoESpec, expand_preset
+from solvers.specs import MAX_LAYERS, MAX_SEQ_LENGTH, MAX_WIDTH, ModelSpec, MoESpec, Precision, expand_preset
 
 if TYPE_CHECKING:
     from solvers.spindle.layouts import Layout
@@ -49,6 +49,8 @@ class TimePerLayer(_Spec):
 
 class ModuleShape(_Spec):
     """A transformer stack; ``name`` identifies its parameters (metaops with one name share weights)."""
+
+    INPUT_KEYS: ClassVar[tuple[str, ...]] = ("preset",)  # (read by _preset)
 
     name: str | None = None
     num_layers: int = Field(gt=0, le=MAX_LAYERS)
@@ -117,6 +119,7 @@ class MetaOpSpec(_Spec):
 
 
 class WorkloadSpec(_Spec):
+    INPUT_KEYS: ClassVar[tuple[str, ...]] = ("preset",)  # (read by _preset)
     metaops: list[MetaOpSpec] = Field(min_length=1, max_length=2000)
     edges: list[tuple[str, str]] = Field(default_factory=list)
 
@@ -145,8 +148,13 @@ class SpindleOptions(_Spec):
     kernel_overhead_ms: float = Field(default=0.3, ge=0)
 
 
+class SpindleTraining(_Spec):
+    precision: Precision = "bf16"  # of the module shapes' matrix multiplies (explicit times carry their own)
+
+
 class SpindleRequest(PlanRequestBase):
     workload: WorkloadSpec
+    training: SpindleTraining = Field(default_factory=SpindleTraining)
     options: SpindleOptions = Field(default_factory=SpindleOptions)
     slices: list[dict[str, Any]] | None = None  # a given schedule to estimate (what-if)
 

@@ -1,8 +1,35 @@
 // paraplan dashboard: draws the server-built charts and keeps status badges live. No framework.
 "use strict";
 
+// Reference lines (a memory limit, a lower bound) across the whole plot area, from the server's config:
+// options.plugins.referenceLines.lines = [{value, label, color}] on the value axis.
+const referenceLines = {
+  id: "referenceLines",
+  afterDatasetsDraw(chart, _args, opts) {
+    const lines = (opts && opts.lines) || [];
+    if (!lines.length) return;
+    const area = chart.chartArea;
+    const across = chart.options.indexAxis === "y";
+    const scale = across ? chart.scales.x : chart.scales.y;
+    const ctx = chart.ctx;
+    lines.forEach((l) => {
+      const p = scale.getPixelForValue(l.value);
+      ctx.save();
+      ctx.strokeStyle = l.color;
+      ctx.lineWidth = 2;
+      ctx.setLineDash([6, 4]);
+      ctx.beginPath();
+      if (across) { ctx.moveTo(p, area.top); ctx.lineTo(p, area.bottom); }
+      else { ctx.moveTo(area.left, p); ctx.lineTo(area.right, p); }
+      ctx.stroke();
+      ctx.restore();
+    });
+  },
+};
+
 function drawCharts() {
   if (typeof Chart === "undefined") return;
+  if (!Chart.registry.plugins.get("referenceLines")) Chart.register(referenceLines);
   document.querySelectorAll("canvas[data-chart]").forEach((canvas) => {
     const cfg = document.getElementById(canvas.id + "-config");
     if (!cfg || Chart.getChart(canvas)) return;
