@@ -123,3 +123,22 @@ def lines(chart_id: str, title: str, x: Sequence[float], series: Mapping[str, Se
                     "animation": False, "maintainAspectRatio": False},
     }
     return Chart(chart_id, config, title, legend=legend)
+
+
+def scatter(chart_id: str, title: str, series: Mapping[str, Sequence[tuple[float, float]]], x_title: str,
+            y_title: str, *, log_x: bool = False) -> Chart:
+    """Points joined per series (e.g. a sizing front per GPU type: days against cost)."""
+    datasets = [{"label": name, "data": [{"x": round(float(x), 6), "y": round(float(y), 6)} for x, y in points],
+                 "borderColor": colour(i), "backgroundColor": colour(i), "showLine": True, "pointRadius": 3}
+                for i, (name, points) in enumerate(series.items())]
+    legend = [LegendItem(name, colour(i), "line") for i, name in enumerate(series)]
+    x_axis: dict[str, Any] = {"title": {"display": True, "text": x_title}}
+    if log_x:
+        x_axis["type"] = "logarithmic"
+    config = {
+        "type": "scatter",
+        "data": {"datasets": datasets},
+        "options": {"scales": {"x": x_axis, "y": {"title": {"display": True, "text": y_title}}},
+                    "animation": False, "maintainAspectRatio": False},
+    }
+    return Chart(chart_id, config, title, legend=legend)

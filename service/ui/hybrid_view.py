@@ -10,11 +10,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.ui import format as fmt
-from service.ui.charts import Chart, bars, stacked_bars
+from service.ui.charts import Chart, bars, scatter, stacked_bars
 from service.ui.pipeline_schedule import Timeline, simulate
 from service.ui.svg import Svg, colour, text_colour, time_axis
 from solvers.documents import BASELINE_NAMES, BaselineName, HybridResult
-from solvers.documents.hybrid import EmbeddingDoc, HybridEstimate, LayerDoc, StrategyDoc
+from solvers.documents.hybrid import (
+    BaselineDoc,
+    EmbeddingDoc,
+    FrontPoint,
+    HybridEstimate,
+    LayerDoc,
+    StagePlacement,
+    StrategyDoc,
+)
 from solvers.errors import SpecError
 from solvers.request import HybridRequest, parse
 from solvers.specs import memory_limit_bytes
@@ -81,6 +89,13 @@ class HybridView:
     # (step time no plan of the space beats, this plan's distance from it): the search's certificate
     certificate: tuple[float, float] | None = None
     baseline_chart: Chart | None = None
+    # a cluster of groups: where each stage runs (its limit is its GPUs': no one limit line on the memory chart)
+    placement: list[StagePlacement] = field(default_factory=list)
+    hetero_baselines: list[tuple[str, BaselineDoc]] = field(default_factory=list)
+    # a sizing request: the front, and the chart of days against cost per GPU type
+    front: list[FrontPoint] = field(default_factory=list)
+    cheapest_in_deadline: int | None = None
+    front_chart: Chart | None = None
 
 
 def _ordered(keys: Sequence[str], preferred: Sequence[str]) -> list[str]:
@@ -241,10 +256,29 @@ def _stages(strategy: StrategyDoc, estimate: HybridEstimate) -> list[Stage]:
     return out
 
 
+def _mixed_cluster(view: HybridView, result: HybridResult) -> None:
+    if result.hetero is None:
+        return
+    view.placement = result.hetero.placement
+    view.hetero_baselines = [(name, b) for name, b in result.hetero.baselines.items() if b is not None]
+
+
+def _sizing(view: HybridView, result: HybridResult) -> None:
+    if not result.front or result.sizing is None:
+        return
+    view.front, view.cheapest_in_deadline = result.front, result.sizing.cheapest_in_deadline
+    series: dict[str, list[tuple[float, float]]] = {}
+    for p in result.front:
+        series.setdefault(str(p.cluster["gpu"]), []).append((p.days, p.cost))
+    view.front_chart = scatter("front-chart", "Sizing front: days to train against cost (estimates)", series,
+                               "days", "cost", log_x=True)
+
+
 def build(request: dict[str, Any], result: HybridResult) -> HybridView:
     estimate, strategy = result.estimate, result.strategy
     layers = strategy.layers
-    view = HybridView(summary=estimate, memory_limit_gib=memory_limit_gib(request),
+    mixed = result.hetero is not None  # each stage has its own GPUs' limit: the table states them
+    view = HybridView(summary=estimate, memory_limit_gib=None if mixed else memory_limit_gib(request),
                       embedding=strategy.embedding if strategy.embedding.model_fields_set else None)
     view.stages = _stages(strategy, estimate)
 
@@ -287,6 +321,8 @@ def build(request: dict[str, Any], result: HybridResult) -> HybridView:
             strategy, [float(t) for t in stage_times if t is not None])
         view.timeline_legend = timeline_legend(view.timeline)
 
+    _mixed_cluster(view, result)
+    _sizing(view, result)
     feasible = [b for b in view.baselines if b.throughput]
     if plan_thr and feasible:
         view.baseline_chart = bars("baseline-chart", "Throughput: plan vs baselines",

@@ -276,3 +276,31 @@ def test_form_asks_for_the_attention_kernel_and_the_plan_states_its_stack(ui_cli
     assert "Estimated for the stack: unfused attention, megatron-core" in plan
     bad = ui_client.post("/plans/new", data={**form, "attention": "flash"})
     assert bad.status_code == 422 and "<code>attention</code>: must be one of fused, unfused" in bad.text
+
+
+def test_a_mixed_cluster_page_places_each_stage_and_charts_the_sizing_front(ui_client: TestClient,
+                                                                           ui_db: Database) -> None:
+    """A cluster of groups: each stage's GPUs, layers, own limit and peak, the two mixed-fleet comparisons, no one
+    limit line on the memory chart; a sizing request: the front as a table and a chart of days against cost."""
+    request = {"kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 8},
+               "cluster": {"groups": [{"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 4},
+                                      {"gpu": "A100-40GB", "nodes": 1, "gpus_per_node": 4}]},
+               "training": {"global_batch_size": 32, "seq_length": 2048},
+               "sizing": {"tokens": 1e10, "deadline_days": 3, "nodes": [1, 2],
+                          "price_per_gpu_hour": {"H100-SXM": 2.5, "A100-80GB": 1.2}}}
+    result = api.solve(request)
+    assert result.hetero is not None and result.front
+    plan_id = store_plan(ui_db, request, result.to_json())
+    html = ui_client.get(f"/plans/{plan_id}").text
+    placed = html.split('id="placement"', 1)[1].split("</section>", 1)[0]
+    for p in result.hetero.placement:
+        assert f"<td>{p.stage}</td><td>{' + '.join(p.gpus)}" in placed
+    assert "fastest group alone" in placed and "blind to the GPU types" in placed
+    assert "referenceLines" not in html.split('id="memory"', 1)[1].split("</section>", 1)[0]
+    sizing = html.split('id="sizing"', 1)[1].split("</section>", 1)[0]
+    assert sizing.count("<tr>") + sizing.count('<tr class="total">') == len(result.front) + 1  # and the header
+    found = re.search(r'<script type="application/json" id="front-chart-config">(.*?)</script>', sizing, re.S)
+    assert found is not None
+    chart = json.loads(found.group(1))
+    drawn = sorted((pt["x"], pt["y"]) for d in chart["data"]["datasets"] for pt in d["data"])
+    assert drawn == sorted((round(p.days, 6), round(p.cost, 6)) for p in result.front)
