@@ -3,9 +3,10 @@ as numbered versions of a name; and the resolution of a hybrid request to the se
 
 A request names a set (``cost_model.calibration_set: "NAME"`` or ``"NAME@VERSION"``), or the service picks the
 newest set whose GPU type and stack match the request's cluster, or no set applies and the shipped constants
-price it. Either way the request is stored with ``cost_model.resolved_calibration_set`` (what was chosen, its
-constants, why), which the solver prices with and states as ``estimate.calibration_set``: the solver never
-reads the database, and a new version of a set makes an identical request a new plan.
+price it. Where a stored set applies, the request is stored with ``cost_model.resolved_calibration_set`` (what
+was chosen, its constants, why), which the solver prices with and states as ``estimate.calibration_set``: the
+solver never reads the database, and a new version of a set makes an identical request a new plan. Where none
+applies the request is stored as sent, and its estimates state the shipped constants.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from service.db.engine import Database
 from service.db.models import CalibrationSet, Plan, PlanRequest, Run
 from service.errors import Conflict, NotFound
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION
-from solvers.cost_model.calibration_set import RESOLVED, cluster_key, parse_name, set_key, shipped_use
+from solvers.cost_model.calibration_set import RESOLVED, cluster_key, parse_name, set_key
 from solvers.cost_model.fitting import Measurement, fit_calibration, measurement_of
 from solvers.documents.calibration import CalibrationFitDoc, CalibrationSetUse, ChosenBy
 from solvers.errors import SpecError
@@ -137,8 +138,8 @@ def _fit_words(row: CalibrationSet) -> str:
 
 
 def resolve(session: Session, request: dict[str, Any]) -> CalibrationSetUse | None:
-    """The set a hybrid request is priced with (None: not a request this applies to, or one whose own errors
-    the solver's validation reports)."""
+    """The stored set a hybrid request is priced with; None where none applies (the shipped constants, which the
+    solver states), or for a request whose own errors the solver's validation reports."""
     if request.get("kind", "hybrid") != "hybrid":
         return None
     cost_model = request.get("cost_model") or {}
@@ -167,22 +168,25 @@ def resolve(session: Session, request: dict[str, Any]) -> CalibrationSetUse | No
                                               f"({req.cluster.gpu.name if req.cluster.groups is None else 'groups'})")
         return _use(row, "request", f"set {row.name!r} v{row.version}, named by the request; {_fit_words(row)}{fits}")
     if key is None:
-        return shipped_use("a cluster of several GPU types matches no one set")
+        return None
     row = session.execute(select(CalibrationSet).where(CalibrationSet.set_key == key)
                           .order_by(CalibrationSet.created_at.desc(), CalibrationSet.version.desc()).limit(1)
                           ).scalar_one_or_none()
     if row is None:
-        return shipped_use(f"no stored calibration set for {req.cluster.gpu.name} with this stack")
+        return None  # the request stays as sent; the solver prices the shipped constants and says so
     return _use(row, "cluster", f"set {row.name!r} v{row.version}, the newest stored for the cluster's "
                                 f"{row.gpu} and stack; {_fit_words(row)}")
 
 
 def with_resolution(db: Database, request: dict[str, Any]) -> dict[str, Any]:
-    """The request with ``cost_model.resolved_calibration_set`` set by this service (one a client sent is
-    replaced); unchanged where no set applies."""
+    """The request with ``cost_model.resolved_calibration_set`` set by this service where a stored set applies;
+    else the request as sent, less any resolution a client wrote (only this service writes one)."""
     with db.reading() as session:
         use = resolve(session, request)
+    cost_model = request.get("cost_model")
     if use is None:
+        if isinstance(cost_model, dict) and RESOLVED in cost_model:
+            return {**request, "cost_model": {k: v for k, v in cost_model.items() if k != RESOLVED}}
         return request
-    cost_model = {k: v for k, v in (request.get("cost_model") or {}).items() if k != RESOLVED}
+    cost_model = {k: v for k, v in (cost_model or {}).items() if k != RESOLVED}
     return {**request, "cost_model": {**cost_model, RESOLVED: use.to_json()}}

@@ -4,8 +4,8 @@ shipped ones, and the ``estimate.calibration_set`` document that says which.
 The solver never reads the database. A request names a set with ``cost_model.calibration_set: "NAME"`` (or
 ``"NAME@VERSION"``); the service looks it up (or picks the set matching the cluster's GPU type and stack) and
 puts what it found into ``cost_model.resolved_calibration_set`` (a ``CalibrationSetUse`` document) before the
-request is stored. Without a resolution (the CLI, ``solvers.api``), a named set is refused and the shipped
-constants are priced and said to be.
+request is stored; where no stored set applies it leaves the request as sent. Without a resolution (that case,
+the CLI, ``solvers.api``) the shipped constants are priced and said to be, and a named set is refused.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def priced_calibration(extras: dict[str, Any], cluster: ClusterSpec,
             raise SpecError.at(("cost_model", "calibration_set"),
                                "a stored calibration set is resolved by the service (POST /v1/plans or "
                                "/v1/estimate); here give its constants as cost_model.calibration")
-        use = shipped_use("the request names no calibration set" if cluster.groups is None
-                          else "a cluster of several GPU types matches no one set")
+        use = shipped_use("the request names no calibration set and none is stored for its GPU type and stack"
+                          if cluster.groups is None else "a cluster of several GPU types matches no one set")
         base = DEFAULT_CALIBRATION
     else:
         try:

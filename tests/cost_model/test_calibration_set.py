@@ -19,7 +19,8 @@ REQ = {"kind": "hybrid", "model": {"preset": "llama2-7b"},
 
 def test_shipped_constants_are_said_to_be() -> None:
     used = estimate(REQ).to_json()["calibration_set"]
-    assert used["chosen_by"] == "shipped" and used["name"] is None and "names no calibration set" in used["note"]
+    assert used["chosen_by"] == "shipped" and used["name"] is None
+    assert "names no calibration set and none is stored" in used["note"]
 
 
 def test_a_named_set_needs_the_service() -> None:

@@ -73,7 +73,7 @@ def test_the_first_run_calibrates_its_cluster_and_the_next_plan_is_priced_closer
     submit = tokens["submit"]
     before = _step(client, H100, SECOND, submit)
     assert before["calibration_set"]["chosen_by"] == "shipped" and before["calibration_set"]["name"] is None
-    assert "no stored calibration set for H100-SXM" in before["calibration_set"]["note"]
+    assert "none is stored for its GPU type and stack" in before["calibration_set"]["note"]
 
     # the first plan on the cluster runs, and its measured step fits a set
     first = client.post("/v1/plans", json={**H100, "training": {**H100["training"], "global_batch_size": 32}},
@@ -138,12 +138,18 @@ def test_versions_names_and_refusals(client: Any, make_token: Callable[[str], st
     over = _step(client, {**H100, "cost_model": {"calibration": {"dp_overlap": 0.5}}}, SECOND, make_token("submit"))
     assert over["calibration_set"]["overridden"] == ["dp_overlap"]
 
+    # only the service writes a resolution: one a client sent for a cluster no set matches is dropped
+    forged = {"name": "h100", "version": 9, "chosen_by": "cluster", "note": "forged", "constants": {}}
+    a100 = {**H100, "cluster": {**H100["cluster"], "gpu": "A100-80GB"}}
+    stored = client.post("/v1/plans", json={**a100, "cost_model": {"resolved_calibration_set": forged}},
+                         headers=headers).json()["request"]
+    assert stored == {**a100, "cost_model": {}}
+
     def refused(body: dict[str, Any], status: int = 422) -> Any:
         r = post(body)
         assert r.status_code == status, r.text
         return r.json()["detail"]
 
-    a100 = {**H100, "cluster": {**H100["cluster"], "gpu": "A100-80GB"}}
     assert "A100-80GB" in refused({"name": "h100", "measurements": _measurements([FIRST], a100)}, 409)
     mixed = refused({"name": "mixed", "measurements": _measurements([FIRST]) + _measurements([FIRST], a100)})
     assert mixed[0]["loc"][-2:] == ["measurements", 1]
