@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 from solvers.cost_model.analytic import AnalyticCostModel  # noqa: E402
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration  # noqa: E402
 from solvers.cost_model.factory import plan_from_shorthand  # noqa: E402
+from solvers.cost_model.fitting import FIT_KEYS, coordinate_fit  # noqa: E402
 from solvers.cost_model.flops import megatron_sc21_flops  # noqa: E402
 from solvers.specs import ClusterSpec, ModelSpec, StackSpec, TrainingSpec  # noqa: E402
 
@@ -348,16 +349,6 @@ def data_sets(vtrain_intra_GBps: float = 150.0) -> dict[str, tuple[list[Row], Ca
     }
 
 
-FIT_KEYS = ("gemm_eta_max", "gemm_d_half", "elementwise_traffic", "kernel_overhead_s", "microbatch_overhead_s",
-            "intra_efficiency", "inter_efficiency", "intra_latency_s", "inter_latency_s", "dp_overlap", "tp_overlap",
-            "gemm_k_half")
-
-
-# physical ceilings: no GEMM beats ~90% of the tensor-core peak, no link beats its nominal bandwidth
-FIT_BOUNDS = {"gemm_eta_max": 0.9, "intra_efficiency": 1.0, "inter_efficiency": 1.0, "dp_overlap": 1.0,
-              "tp_overlap": 1.0}
-
-
 # A start that knows nothing of the data: round physical values (GEMMs at 80 % of peak, half-efficiency at 64,
 # links at 80 % of nominal, 10 us a ring step, half of each overlap), for fits whose held-out figures mean something.
 NEUTRAL_START = replace(DEFAULT_CALIBRATION, gemm_eta_max=0.8, gemm_d_half=64.0, gemm_k_half=64.0,
@@ -373,34 +364,20 @@ def _goal(rep: Report) -> float:
 
 def fit(sets: dict[str, tuple[list[Row], Callable[[Row, AnalyticCalibration], float]]], max_sweeps: int = 12,
         start: AnalyticCalibration = DEFAULT_CALIBRATION) -> AnalyticCalibration:
-    """Coordinate search of the global constants on the given sets (the single-node set thinned to every
-    third row), minimising the worst of their goals (vTrain MAPEs, SC21's worst row), plus their mean
-    to break ties."""
+    """Coordinate search (solvers.cost_model.fitting) of the global constants on the given sets (the single-node
+    set thinned to every third row), minimising the worst of their goals (vTrain MAPEs, SC21's worst row), plus
+    their mean to break ties."""
     thin = {k: (rows[::3] if len(rows) > 300 else rows, fn) for k, (rows, fn) in sets.items()}
 
     def loss(c: AnalyticCalibration) -> float:
         goals = [_goal(rep) for rep in run(c, thin)]
         return float(max(goals) + 0.1 * np.mean(goals))
 
-    best = start
-    best_loss = loss(best)
-    step = 0.2
-    for _ in range(max_sweeps):
-        if step <= 0.02:
-            break
-        improved = False
-        for key in FIT_KEYS:
-            for factor in (1 - step, 1 + step):
-                value = min(getattr(best, key) * factor, FIT_BOUNDS.get(key, float("inf")))
-                cand = replace(best, **{key: value})
-                cand_loss = loss(cand)
-                if cand_loss < best_loss - 1e-6:
-                    best, best_loss, improved = cand, cand_loss, True
-        if not improved:
-            step /= 2
-        print(f"  fit: step {step:.3f} loss {100 * best_loss:.2f}% "
-              f"{ {k: float(f'{getattr(best, k):.4g}') for k in FIT_KEYS} }", file=sys.stderr)
-    return best
+    def show(step: float, value: float, c: AnalyticCalibration) -> None:
+        print(f"  fit: step {step:.3f} loss {100 * value:.2f}% "
+              f"{ {k: float(f'{getattr(c, k):.4g}') for k in FIT_KEYS} }", file=sys.stderr)
+
+    return coordinate_fit(loss, start, FIT_KEYS, max_sweeps, on_sweep=show)
 
 
 def held_out_table(sets: dict[str, tuple[list[Row], Callable[[Row, AnalyticCalibration], float]]]) -> str:

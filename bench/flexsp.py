@@ -47,8 +47,31 @@ def synthetic(milp: str) -> None:
     br = e["breakdown_s"]
     print(f"micro-batches {e['micro_batch_count']}; breakdown compute {br['compute']:.2f} s, all-to-all "
           f"{br['alltoall']:.2f} s, fixed {br['fixed']:.2f} s; chosen {a['search']['chosen']}; "
-          f"MILP runs {a['search']['milp']['runs']}, improved {a['search']['milp']['improved']}; "
+          f"solver {a['search']['solver']}; {milp_line(a['search']['milp'])}; "
           f"identical plan on two runs: {same}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+
+
+REFERENCE_WIKI_BATCHES = 40  # the reference's Wikipedia figures are totals over its first 40 batches
+REFERENCE_WIKI = {"flexsp": 167.3, "s64": 272.9}  # its estimates (s), summed over those batches
+
+
+def milp_line(milp: dict) -> str:
+    """The MILP's part in a plan, failures said as failures."""
+    line = f"MILP ({milp['backend'] or 'off'}) {milp['outcome']}: runs {milp['runs']}, improved {milp['improved']}"
+    if milp["failed"]:
+        line += f", failed {milp['failed']} ({milp['failures'][0]['detail']})"
+    if milp["not_run_reason"]:
+        line += f" ({milp['not_run_reason']})"
+    return line
+
+
+def reference_line(batches: int) -> str:
+    """The reference's Wikipedia figures beside ours only over the same batches; otherwise said not comparable."""
+    ref = f"{REFERENCE_WIKI['flexsp']} s, static SP64 {REFERENCE_WIKI['s64']} s, ~11.5 s solve/batch"
+    if batches == REFERENCE_WIKI_BATCHES:
+        return f"reference over the same {batches} batches (its estimates): {ref}"
+    return (f"reference: totals exist only over its first {REFERENCE_WIKI_BATCHES} batches ({ref}); not comparable "
+            f"with these {batches} — run --wiki-batches {REFERENCE_WIKI_BATCHES} to compare")
 
 
 def wikipedia(batches: int, milp: str) -> None:
@@ -56,6 +79,7 @@ def wikipedia(batches: int, milp: str) -> None:
     print(f"{'batch':>5}{'flexsp_s':>10}{'static64_s':>11}{'best_static_s':>14}{'lower_s':>9}{'solve_s':>9}"
           f"{'cpu_s':>7}")
     tot = {"flexsp": 0.0, "s64": 0.0, "best": 0.0, "lb": 0.0}
+    outcomes: dict[str, int] = {}
     worst = worst_cpu = 0.0
     for b, lengths in enumerate(wikipedia_batches(WIKI, batches)):
         t0 = time.perf_counter()
@@ -63,6 +87,7 @@ def wikipedia(batches: int, milp: str) -> None:
         wall = time.perf_counter() - t0
         worst = max(worst, wall)
         worst_cpu = max(worst_cpu, r["search"]["cpu_s"])
+        outcomes[r["search"]["milp"]["outcome"]] = outcomes.get(r["search"]["milp"]["outcome"], 0) + 1
         static = r["baselines"]["static_sp"]
         row = {"flexsp": r["estimate"]["step_time_s"], "s64": static.get("64", float("nan")),
                "best": min(static.values()), "lb": r["lower_bound_s"]}
@@ -71,8 +96,9 @@ def wikipedia(batches: int, milp: str) -> None:
         print(f"{b:>5}{row['flexsp']:>10.2f}{row['s64']:>11.2f}{row['best']:>14.2f}{row['lb']:>9.2f}{wall:>9.2f}"
               f"{r['search']['cpu_s']:>7.2f}")
     print(f"{'sum':>5}{tot['flexsp']:>10.2f}{tot['s64']:>11.2f}{tot['best']:>14.2f}{tot['lb']:>9.2f}"
-          f"   (worst solve {worst:.2f} s wall, {worst_cpu:.2f} s CPU; "
-          f"reference: 167.3 s total, static SP64 272.9 s, ~11.5 s solve/batch)")
+          f"   (estimates; worst solve {worst:.2f} s wall, {worst_cpu:.2f} s CPU)")
+    print(reference_line(batches))
+    print("MILP outcome per batch: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
     print(f"load average while running: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 

@@ -26,7 +26,7 @@ from service.errors import HTTP_STATUS, http_body, http_status
 from service.finite_json import validation_error
 from service.metrics import Metrics
 from service.middleware import BodyLimit, RequestMetrics
-from service.routes import ops, plans, profiles, runs
+from service.routes import calibration_sets, ops, plans, profiles, runs
 from service.schemas import ErrorOut
 from service.settings import Settings, get_settings
 from service.tokens import TokenCache
@@ -90,7 +90,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         app.add_exception_handler(cls, _domain_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.include_router(ops.router)
-    for router in (plans.router, runs.router, profiles.router):
+    for router in (plans.router, runs.router, profiles.router, calibration_sets.router):
         app.include_router(router, responses=ERROR_RESPONSES)
     mount_ui(app, ctx)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from solvers.documents import FlexSPResult, HybridResult, PlanKind, PlanResult, SpindleResult
 from solvers.documents import Status as PlanStatus
+from solvers.documents.calibration import CalibrationFitDoc
 from solvers.documents.flexsp import FlexSPEstimate
 from solvers.documents.hybrid import HybridEstimate
 from solvers.documents.spindle import SpindleEstimate
@@ -187,4 +188,35 @@ class ProfileOut(_Out):
     kind: str
     host: str | None = None
     data: dict[str, Any] | None = None
+    created_at: datetime
+
+
+# --- calibration sets ----------------------------------------------------------------------------------------
+class MeasuredStep(_Body):
+    """A step measured outside this service: the hybrid request that describes the run, the strategy it ran
+    (a plan's strategy object or the uniform shorthand) and its measured step time."""
+
+    request: dict[str, Any]
+    strategy: dict[str, Any]
+    step_time_s: float = Field(gt=0)
+
+
+class CalibrationSetCreate(_Body):
+    """Fit a set's constants from finished runs of this service (``runs``) or from steps measured elsewhere
+    (``measurements``); stored as the next version of ``name``."""
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")
+    runs: list[str] | None = Field(default=None, min_length=1, max_length=200)
+    measurements: list[MeasuredStep] | None = Field(default=None, min_length=1, max_length=200)
+
+
+class CalibrationSetOut(_Out):
+    id: str
+    name: str
+    version: int
+    gpu: str
+    stack: dict[str, Any]
+    constants: dict[str, float]
+    fit: CalibrationFitDoc
+    sources: dict[str, Any]
     created_at: datetime

@@ -11,9 +11,17 @@ from service.settings import Settings
 from solvers import kinds
 from solvers.documents import PlanKind
 from solvers.errors import SpecError
-from solvers.kinds import SolverKind, available_kinds, kind_of
+from solvers.kinds import SolverKind, kind_of
 
 __all__ = ["available_kinds", "check_file_references", "kind_of", "solver_module", "validate_plan_request"]
+
+
+def available_kinds() -> list[PlanKind]:
+    """The kinds served here; a kind that fails to load is a 503 naming its import error (never a hidden kind)."""
+    try:
+        return kinds.available_kinds()
+    except kinds.KindUnavailable as err:
+        raise Unavailable(str(err)) from None
 
 
 def solver_module(kind: PlanKind) -> SolverKind:

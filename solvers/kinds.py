@@ -2,12 +2,14 @@
 
 Each kind's module (``solvers.<kind>.api``) implements ``SolverKind``: it checks a request before it is
 queued, solves it into its typed result document, estimates a given plan and summarises a result for a
-terminal. Modules load lazily, so that an install without one kind's dependencies still serves the others.
+terminal. Modules load lazily (a process imports only the kinds it uses). A kind whose module fails to load is
+a broken install and says so with its import error, unless the kind is declared optional (``OPTIONAL_KINDS``).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
@@ -41,6 +43,13 @@ class SolverKind(Protocol):
 
 _MODULES: dict[PlanKind, str] = {kind: f"solvers.{kind}.api" for kind in PLAN_KINDS}
 
+OPTIONAL_KINDS: frozenset[PlanKind] = frozenset()
+"""Kinds an install may lack without being broken: left out of ``available_kinds`` (logged, and listed by
+``kind_load_errors``) instead of raising. None today: every kind's dependencies (numpy, pulp, ortools, highspy)
+are core dependencies, so a kind that fails to load is a broken install."""
+
+log = logging.getLogger(__name__)
+
 
 def solver_modules() -> list[str]:
     """The kinds' module names (what a process that will solve may import ahead)."""
@@ -69,15 +78,29 @@ def solver_kind(kind: PlanKind) -> SolverKind:
     except ModuleNotFoundError as err:
         if err.name and name.startswith(err.name):
             raise SpecError.at(("kind",), f"plan kind {kind!r} is not available here") from None
-        raise KindUnavailable(f"solver for {kind!r} failed to load: {err}") from None
+        raise KindUnavailable(f"solver for {kind!r} failed to load: {err}") from err
+    except ImportError as err:
+        raise KindUnavailable(f"solver for {kind!r} failed to load: {err}") from err
 
 
-def available_kinds() -> list[PlanKind]:
-    out = []
+def kind_load_errors() -> dict[PlanKind, str]:
+    """Each kind whose module does not load here, with the error (empty on a whole install)."""
+    out: dict[PlanKind, str] = {}
     for kind in PLAN_KINDS:
         try:
             solver_kind(kind)
-            out.append(kind)
-        except (SpecError, KindUnavailable):
-            pass
+        except (SpecError, KindUnavailable) as err:
+            out[kind] = str(err)
     return out
+
+
+def available_kinds() -> list[PlanKind]:
+    """The kinds this install serves. A kind that fails to load raises KindUnavailable with its import error; only a
+    kind in ``OPTIONAL_KINDS`` is left out instead, with a warning naming the error."""
+    errors = kind_load_errors()
+    broken = {kind: why for kind, why in errors.items() if kind not in OPTIONAL_KINDS}
+    if broken:
+        raise KindUnavailable("; ".join(broken.values()))
+    for kind, why in errors.items():
+        log.warning("optional plan kind %s left out: %s", kind, why)
+    return [kind for kind in PLAN_KINDS if kind not in errors]

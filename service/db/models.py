@@ -7,7 +7,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, TypeDecorator
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, TypeDecorator, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -167,3 +167,23 @@ class Profile(Base):
     host: Mapped[str | None] = mapped_column(String(255))
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class CalibrationSet(Base):
+    """One version of a named calibration set: the analytic model's constants for a GPU type and stack
+    (``set_key``), how they were fitted (``fit``) and from what (``sources``: run ids, or inline measurements)."""
+
+    __tablename__ = "calibration_sets"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int] = mapped_column(Integer)
+    gpu: Mapped[str] = mapped_column(String(128))
+    stack: Mapped[dict[str, Any]] = mapped_column(JSON)
+    set_key: Mapped[str] = mapped_column(String(512))
+    constants: Mapped[dict[str, Any]] = mapped_column(JSON)
+    fit: Mapped[dict[str, Any]] = mapped_column(JSON)
+    sources: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("name", "version", name="uq_calibration_sets_name_version"),
+                      Index("ix_calibration_sets_set_key", "set_key", "created_at"))

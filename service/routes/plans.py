@@ -12,6 +12,7 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Response
 
 from service import plans
 from service.auth import ReadAccess, SubmitAccess
+from service.calibration_sets import with_resolution
 from service.canonical import content_hash
 from service.context import ServiceContext, get_context
 from service.errors import Conflict, TooLarge
@@ -90,6 +91,8 @@ async def submit_plan(
     """Submit a plan request. Identical requests (same canonical JSON) are solved once."""
     kind = kind_of(body)
     check_limits(body, ctx.settings)
+    # the calibration set it is priced with is part of the request: a new version of a set is a new plan
+    body = await to_thread.run_sync(with_resolution, ctx.db, body)
     digest = content_hash(body)
     if idempotency_key is None and (known := ctx.plans.plan_for_hash(digest)) is not None:
         cached = ctx.plans.body(known)
@@ -171,7 +174,7 @@ def estimate(body: dict[str, Any] | list[dict[str, Any]] = Body(..., description
         kind_of(request)
         check_limits(request, ctx.settings)
         check_file_references(request, ctx.settings)
-        return estimate_fn(request).to_json()
+        return estimate_fn(with_resolution(ctx.db, request)).to_json()
 
     if isinstance(body, list):
         if len(body) > ctx.settings.max_estimates:

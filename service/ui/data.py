@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import Request
 
 from service import plans, runs, workers
+from service.calibration_sets import with_resolution
 from service.context import ServiceContext
 from service.tokens import Principal, authenticate
 from service.validation import validate_plan_request
@@ -84,6 +85,7 @@ def submit(request: Request, plan_request: dict[str, Any]) -> tuple[dict[str, An
     """Validate (SpecError / TooLarge name the problem) and queue the request; returns the plan view and whether
     it is new (False: an identical request's plan, made before)."""
     ctx = context(request)
+    plan_request = with_resolution(ctx.db, plan_request)  # (before validation: it prices with the set)
     kind = validate_plan_request(plan_request, ctx.settings)
     view, created = plans.submit_plan(ctx.db, plan_request, kind, ctx.settings.job_max_attempts)
     if created:

@@ -24,6 +24,7 @@ from service.schemas import RunCreate
 from service.ui import data, flexsp_view, hybrid_view, plan_form, run_view, spindle_view
 from service.ui import format as fmt
 from service.ui.request_info import batch_label, cluster_label, headline, model_label
+from service.validation import available_kinds
 from solvers.documents import (
     DEFAULT_KIND,
     PLAN_KINDS,
@@ -36,7 +37,6 @@ from solvers.documents import (
 )
 from solvers.errors import SpecError
 from solvers.exports import FORMATS
-from solvers.kinds import available_kinds
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
@@ -100,7 +100,10 @@ def _form_context(inp: plan_form.FormInput) -> dict[str, Any]:
 @router.get("/plans/new", response_class=HTMLResponse)
 def new_plan_form(request: Request, kind: str = DEFAULT_KIND) -> Response:
     started = time.perf_counter()
-    return _page(request, "new_plan.html", _form_context(plan_form.FormInput(kind=kind)), started)
+    try:
+        return _page(request, "new_plan.html", _form_context(plan_form.FormInput(kind=kind)), started)
+    except DomainError as err:  # a solver that fails to load: the page says which and why
+        return _error_page(request, err, started)
 
 
 @router.post("/plans/new")

@@ -35,6 +35,7 @@ from solvers.cost_model.flops import head_forward_flops, model_flops_per_step
 from solvers.cost_model.profile import CollectiveOp, Profile
 from solvers.cost_model.shapes import LayerShape, layer_shape
 from solvers.cost_model.stack import stack_terms
+from solvers.documents.calibration import CalibrationSetUse
 from solvers.specs import ClusterSpec, Constraints, ModelSpec, TrainingSpec, memory_limit_bytes, memory_limit_note
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
@@ -87,9 +88,10 @@ class AnalyticCostModel(CostModel):
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                  constraints: Constraints | None = None, calibration: AnalyticCalibration = DEFAULT_CALIBRATION,
-                 profile: Profile | None = None):
+                 profile: Profile | None = None, calibration_set: CalibrationSetUse | None = None):
         self.model, self.cluster, self.training, self.cal = model, cluster, training, calibration
         self.profile = profile
+        self.calibration_set = calibration_set  # where ``calibration`` came from, stated with each estimate
         self.num_layers = model.num_layers
         self.num_gpus = cluster.num_gpus
         self.memory_limit_bytes = memory_limit_bytes(cluster, constraints)
@@ -515,6 +517,8 @@ class AnalyticCostModel(CostModel):
                             seq_length=self.training.seq_length, model_flops_per_step=self.flops_per_step(),
                             peak_flops_per_gpu=self.peak_flops)
         est.stack = self.training.priced_stack()
+        if self.calibration_set is not None:
+            est.calibration_set = self.calibration_set
         for note in (self.memory_limit_note, moe_cost.approximate_note(plan.layers),
                      self._unfused_attention_note(plan), self._unfused_context_parallel_note(plan)):
             if note:

@@ -9,7 +9,7 @@ from typing import Any, get_args
 from solvers.cost_model import pipeline
 from solvers.cost_model.analytic import AnalyticCostModel
 from solvers.cost_model.base import CostModel
-from solvers.cost_model.calibration import DEFAULT_CALIBRATION
+from solvers.cost_model.calibration_set import priced_calibration
 from solvers.cost_model.profile import profile_from_request
 from solvers.cost_model.validate import check_plan
 from solvers.errors import FieldProblem, SpecError, shown
@@ -39,9 +39,9 @@ def make_cost_model(req: HybridRequest) -> CostModel:
         return model
     if spec.kind not in ("analytic", "profile"):
         raise SpecError.at(("cost_model", "kind"), f"cost model {spec.kind!r} does not apply to hybrid plans")
-    calibration = DEFAULT_CALIBRATION.with_overrides(extras.get("calibration"), ("cost_model", "calibration"))
+    calibration, used = priced_calibration(extras, req.cluster, req.training)
     return AnalyticCostModel(req.model, req.cluster, req.training, req.constraints, calibration,
-                             profile=profile_from_request(req))
+                             profile=profile_from_request(req), calibration_set=used)
 
 
 def _hetero(req: HybridRequest, extras: dict[str, Any]) -> CostModel:
@@ -52,10 +52,10 @@ def _hetero(req: HybridRequest, extras: dict[str, Any]) -> CostModel:
     if req.cost_model.kind != "analytic" or extras.get("profile") is not None or extras.get("profile_path"):
         raise SpecError.at(("cost_model", "kind"), "a cluster of groups is priced by the analytic model only "
                                                    "(a profile or Galvatron's files describe one GPU type)")
-    calibration = DEFAULT_CALIBRATION.with_overrides(extras.get("calibration"), ("cost_model", "calibration"))
+    calibration, used = priced_calibration(extras, req.cluster, req.training)
     assert req.cluster.groups is not None
     return HeteroCostModel(req.model, req.cluster, req.training, req.constraints, calibration,
-                           range(len(req.cluster.groups)))
+                           range(len(req.cluster.groups)), calibration_set=used)
 
 
 def _int(d: dict[str, Any], key: str, default: int | None, problems: list[FieldProblem]) -> int | None:

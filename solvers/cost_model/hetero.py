@@ -22,6 +22,7 @@ from solvers.cost_model.aggregate import GIB, evaluate_plan
 from solvers.cost_model.analytic import AnalyticCostModel
 from solvers.cost_model.base import CostModel, Estimate, LayerCosts, PipelineTraits, StageContext, StageFixed
 from solvers.cost_model.calibration import AnalyticCalibration
+from solvers.documents.calibration import CalibrationSetUse
 from solvers.specs import ClusterSpec, Constraints, ModelSpec, NodeGroup, TrainingSpec
 from solvers.strategy import LayerStrategy, PlanStrategy
 
@@ -57,8 +58,10 @@ class HeteroCostModel(CostModel):
     """``CostModel`` over ``cluster.groups`` laid out in ``order`` (module docstring)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, constraints: Constraints,
-                 calibration: AnalyticCalibration, order: Sequence[int]):
+                 calibration: AnalyticCalibration, order: Sequence[int],
+                 calibration_set: CalibrationSetUse | None = None):
         assert cluster.groups is not None
+        self.calibration_set = calibration_set
         self.groups, self.order = cluster.groups, tuple(order)
         self.model, self.cluster, self.training = model, cluster, training
         self.num_layers, self.num_gpus = model.num_layers, cluster.num_gpus
@@ -182,8 +185,11 @@ class HeteroCostModel(CostModel):
             worst = max(range(plan.pp), key=lambda s: per_stage[s] * GIB / self.stage_limit_bytes(plan.pp, s))
             notes.append(f"stage {worst} needs {per_stage[worst]:.2f} GiB per GPU, over the "
                          f"{self.stage_limit_bytes(plan.pp, worst) / GIB:.2f} GiB limit of its GPUs")
-        return est.model_copy(update={"peak_memory_gib": max(per_stage), "memory_gib_per_stage": per_stage,
-                                      "memory_breakdown_gib_per_stage": parts, "notes": notes})
+        update: dict[str, object] = {"peak_memory_gib": max(per_stage), "memory_gib_per_stage": per_stage,
+                                     "memory_breakdown_gib_per_stage": parts, "notes": notes}
+        if self.calibration_set is not None:
+            update["calibration_set"] = self.calibration_set
+        return est.model_copy(update=update)
 
 
 def _slowest(costs: list[LayerCosts]) -> LayerCosts:

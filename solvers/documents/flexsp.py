@@ -56,9 +56,26 @@ class FlexSPBaselines(Document):
     static_sp_rule: str | None = None
 
 
+class MilpFailure(Document):
+    """One MILP run that returned no whole packing: its micro-batch keeps the greedy packing."""
+
+    status: str = Field(description="the backend's own status word (CP-SAT UNKNOWN, CBC 'Not Solved', ...)")
+    detail: str = Field(description="what the status means here")
+    sequences: int = Field(description="sequences in the micro-batch it ran on")
+
+
+MilpOutcome = Literal["off", "not_run", "no_improvement", "improved", "partly_failed", "failed"]
+
+
 class MilpReport(Document):
+    backend: str | None = Field(None, description="cpsat, highs or cbc; null when the request turned it off")
+    outcome: MilpOutcome | None = Field(None, description="off / not_run / no_improvement / improved; "
+                                                          "partly_failed / failed when runs gave no packing")
+    not_run_reason: str | None = None
     runs: int
     improved: int
+    failed: int = 0
+    failures: list[MilpFailure] = Field(default_factory=list)
     gain_s: float
     largest_model: tuple[int, int] = Field(description="(buckets, slots) of the largest MILP solved")
 
@@ -66,7 +83,8 @@ class MilpReport(Document):
 class FlexSPSearch(Document):
     time_s: float
     cpu_s: float | None = None
-    solver: str | None = None
+    solver: str | None = Field(None, description="what produced the plan: the winning heuristic's family, "
+                                                 "'+BACKEND' only when the MILP improved a micro-batch")
     candidates_s: dict[str, float] = Field(default_factory=dict,
                                            description="step time of each candidate plan the search compared")
     chosen: str | None = None

@@ -7,6 +7,7 @@ from typing import Any, Literal, get_args
 from pydantic import Field
 
 from solvers.documents.base import Document, ResultDocument
+from solvers.documents.calibration import CalibrationSetUse
 from solvers.specs import StackSpec, Target
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Recompute, Schedule, SpKind
 
@@ -75,6 +76,9 @@ class HybridEstimate(Document):
     notes: list[str] = Field(default_factory=list)
     stack: StackSpec | None = Field(default=None, description="the software stack priced: training.stack with its "
                                                       "defaults resolved (analytic and profile cost models)")
+    calibration_set: CalibrationSetUse | None = Field(
+        default=None, description="the constants priced: a stored calibration set or the shipped ones, and why "
+                                  "(analytic and profile cost models)")
 
 
 class HybridEstimateResult(HybridEstimate):

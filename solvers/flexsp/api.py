@@ -113,6 +113,7 @@ def solve(request: dict[str, Any], progress: Callable[[float, str], None] | None
     static_plans = _static_plans(table, n)
     extra = {f"static-sp{d}": p for d, p in static_plans.items()}
     plan, report = plan_batch(PackingContext(table, n), settings, progress, extra)
+    milp_note = report.failure_note()
     problems = check_plan(table, plan, n)
     assert not problems, problems  # the planner's own invariants; a failure here is a bug, not bad input
     baselines = _baselines(table, static_plans)
@@ -125,14 +126,14 @@ def solve(request: dict[str, Any], progress: Callable[[float, str], None] | None
     est["memory_limit_gib"] = consts.memory_limit_mb / 1024
     return FlexSPResult.model_validate({
         "estimate": est,
-        "notes": _notes(req, plan),
+        "notes": _notes(req, plan) + ([milp_note] if milp_note else []),
         "micro_batches": micro_batches,
         "baselines": baselines,
         "lower_bound_s": lower_bound_ms(table, n) / 1e3,
         # cpu_s is the CPU time of this process and its solver subprocesses (CBC): on a machine shared
         # with other jobs it is what the solve itself costs, while time_s (wall) also counts waiting.
         "search": {"time_s": elapsed, "cpu_s": _cpu_s() - start_cpu,
-                   "solver": f"fill+blaster+{opts.milp}", **report.to_dict()},
+                   **report.to_dict()},
         "cost_model": consts.to_dict(),
     })
 

@@ -38,6 +38,18 @@ class MilpSettings:
     max_runs: int = 2  # micro-batches per step that get the MILP, furthest above their bound first
 
 
+@dataclass(frozen=True)
+class MilpOutcome:
+    """What one MILP run gave: a whole packing, or a failure in the backend's own words.
+
+    ``plan`` is None exactly when the run failed (``failure`` then says how); a plan no better than the warm
+    start is not a failure. ``status`` is the backend's status word, as it reported it."""
+
+    status: str
+    plan: MicroBatch | None = None
+    failure: str | None = None
+
+
 @dataclass
 class _Model:
     buckets: list[Bucket]
@@ -113,7 +125,7 @@ def _decode(m: _Model, ctx: PackingContext, x: dict[tuple[int, int], int]) -> Mi
 
 
 def _solve_cpsat(m: _Model, ctx: PackingContext, s: MilpSettings, hint: dict[int, dict[int, int]],
-                 upper_ms: float) -> dict[tuple[int, int], int] | None:
+                 upper_ms: float) -> tuple[str, dict[tuple[int, int], int] | None, str | None]:
     from ortools.sat.python import cp_model
 
     model = cp_model.CpModel()
@@ -151,13 +163,16 @@ def _solve_cpsat(m: _Model, ctx: PackingContext, s: MilpSettings, hint: dict[int
     solver.parameters.random_seed = s.seed
     solver.parameters.max_deterministic_time = s.max_deterministic_time_s
     status = solver.solve(model)
+    name = solver.status_name(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
-    return {key: int(solver.value(v)) for key, v in x.items() if solver.value(v)}
+        why = (f"no solution within its deterministic time limit ({s.max_deterministic_time_s:g} s)"
+               if status == cp_model.UNKNOWN else "no solution at or below the warm start's load")
+        return name, None, f"CP-SAT {name}: {why}"
+    return name, {key: int(solver.value(v)) for key, v in x.items() if solver.value(v)}, None
 
 
 def _solve_pulp(m: _Model, ctx: PackingContext, s: MilpSettings, hint: dict[int, dict[int, int]],
-                upper_ms: float) -> dict[tuple[int, int], int] | None:
+                upper_ms: float) -> tuple[str, dict[tuple[int, int], int] | None, str | None]:
     import pulp
 
     K, P = len(m.buckets), len(m.slot_size_index)
@@ -194,12 +209,17 @@ def _solve_pulp(m: _Model, ctx: PackingContext, s: MilpSettings, hint: dict[int,
     else:
         solver = pulp.PULP_CBC_CMD(msg=False, threads=1, maxNodes=s.max_nodes, warmStart=bool(hint),
                                    options=[f"randomSeed {s.seed + 1}", f"randomCbcSeed {s.seed + 1}"])
+    backend = "HiGHS" if s.backend == "highs" else "CBC"
     try:
         prob.solve(solver)
     except KeyError:  # PuLP's HiGHS wrapper knows no status for HiGHS' node/solution limits (kSolutionLimit)
-        return None
-    if pulp.LpStatus[prob.status] not in ("Optimal", "Not Solved") or M.varValue is None:
-        return None
+        return "stopped", None, (f"{backend} stopped at a limit ({s.max_nodes} nodes) with a status PuLP cannot "
+                                 "name; no solution read back")
+    name = pulp.LpStatus[prob.status]
+    if name not in ("Optimal", "Not Solved") or M.varValue is None:
+        why = ("no solution at or below the warm start's load (bucket lengths round sequences up)"
+               if name == "Infeasible" else "no solution read back")
+        return name, None, f"{backend} {name}: {why}"
     out = {}
     for key, v in x.items():
         val = round(v.varValue or 0)
@@ -209,12 +229,15 @@ def _solve_pulp(m: _Model, ctx: PackingContext, s: MilpSettings, hint: dict[int,
     placed = [0] * K
     for (k, _), val in out.items():
         placed[k] += val
-    return out if placed == list(m.counts) else None
+    if placed != list(m.counts):
+        return name, None, (f"{backend} {name}: stopped at its node limit ({s.max_nodes}) with a partial "
+                            f"assignment ({sum(placed)} of {sum(m.counts)} sequences placed)")
+    return name, out, None
 
 
 def solve_micro_batch(ctx: PackingContext, rows: list[int], settings: MilpSettings,
-                      warm: MicroBatch | None = None) -> MicroBatch | None:
-    """The MILP's packing of ``rows`` (never worse than ``warm`` when given); None if it found none."""
+                      warm: MicroBatch | None = None) -> MilpOutcome:
+    """The MILP's packing of ``rows`` (never worse than ``warm`` when given), or its failure."""
     m = _build(ctx, rows, settings)
     hint = _hint(m, ctx, warm)
     upper = max((_model_load(m, c, m.slot_size_index[p]) for p, c in hint.items()), default=math.inf)
@@ -222,10 +245,10 @@ def solve_micro_batch(ctx: PackingContext, rows: list[int], settings: MilpSettin
         upper = sum(max((t for t, f in zip(row, fr, strict=True) if f), default=0.0) * n
                     for row, fr, n in zip(m.time_ms, m.fits, m.counts, strict=True))
     solve = _solve_cpsat if settings.backend == "cpsat" else _solve_pulp
-    x = solve(m, ctx, settings, hint, upper)
+    status, x, failure = solve(m, ctx, settings, hint, upper)
     if x is None:
-        return None
-    return _decode(m, ctx, x)
+        return MilpOutcome(status, failure=failure)
+    return MilpOutcome(status, plan=_decode(m, ctx, x))
 
 
 def model_size(ctx: PackingContext, rows: list[int], settings: MilpSettings) -> tuple[int, int]:

@@ -34,16 +34,55 @@ class SearchReport:
     # name -> step time (s) of each candidate once light micro-batches are dissolved (before the final moves)
     candidates: dict[str, float] = field(default_factory=dict)
     chosen: str = ""
+    milp_backend: str | None = None  # None: the request turned the MILP off
     milp_runs: int = 0
     milp_improved: int = 0
     milp_gain_s: float = 0.0
     milp_models: list[tuple[int, int]] = field(default_factory=list)  # (buckets, slots)
+    milp_failures: list[dict[str, Any]] = field(default_factory=list)  # MilpFailure documents
+    milp_above_gap: int = 0  # micro-batches more than MILP_GAP above their own lower bound
+    milp_too_large: int = 0  # ... of which hold more sequences than the MILP takes
+
+    def solver(self) -> str:
+        """What produced the plan: the heuristic family of the winning candidate, and the MILP backend only
+        when it improved at least one micro-batch (a MILP that ran and improved nothing produced nothing)."""
+        family = next(f for f in ("fill", "blaster", "static-sp", "") if self.chosen.startswith(f)) or self.chosen
+        return f"{family}+{self.milp_backend}" if self.milp_improved and self.milp_backend else family
+
+    def milp_outcome(self) -> str:
+        if self.milp_backend is None:
+            return "off"
+        if self.milp_runs == 0:
+            return "not_run"
+        if self.milp_failures:
+            return "failed" if len(self.milp_failures) == self.milp_runs else "partly_failed"
+        return "improved" if self.milp_improved else "no_improvement"
+
+    def milp_not_run_reason(self) -> str | None:
+        if self.milp_backend is None or self.milp_runs:
+            return None
+        if self.milp_above_gap == 0:
+            return f"every micro-batch is within {MILP_GAP:.0%} of its own lower bound"
+        return (f"the {self.milp_too_large} micro-batch(es) above their lower bound hold more sequences than "
+                "solver.max_sequences")
+
+    def failure_note(self) -> str | None:
+        """The result's note when MILP runs failed: said, never read as "no improvement"."""
+        if not self.milp_failures:
+            return None
+        first = self.milp_failures[0]["detail"]
+        return (f"MILP ({self.milp_backend}) failed on {len(self.milp_failures)} of its {self.milp_runs} "
+                f"micro-batch(es) ({first}); those keep their greedy packing")
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "solver": self.solver(),
             "candidates_s": self.candidates,
             "chosen": self.chosen,
-            "milp": {"runs": self.milp_runs, "improved": self.milp_improved, "gain_s": self.milp_gain_s,
+            "milp": {"backend": self.milp_backend, "outcome": self.milp_outcome(),
+                     "not_run_reason": self.milp_not_run_reason(), "runs": self.milp_runs,
+                     "improved": self.milp_improved, "failed": len(self.milp_failures),
+                     "failures": self.milp_failures, "gain_s": self.milp_gain_s,
                      "largest_model": max(self.milp_models, default=(0, 0), key=lambda m: m[0] * m[1])},
         }
 
@@ -66,8 +105,13 @@ def _polish(ctx: PackingContext, plan: list[MicroBatch], settings: MilpSettings,
         rows = mb.rows()
         bound = lower_bound_ms(t, np.asarray(rows), ctx.num_gpus)
         gap = peak_ms(ctx, mb) / bound - 1 if bound > 0 else 0.0
-        if gap > MILP_GAP and len(rows) <= settings.max_sequences:
+        if gap <= MILP_GAP:
+            continue
+        report.milp_above_gap += 1
+        if len(rows) <= settings.max_sequences:
             gaps.append((-gap, m))
+        else:
+            report.milp_too_large += 1
     out = list(plan)
     chosen = sorted(gaps)[: settings.max_runs]
     for n, (_, m) in enumerate(chosen):
@@ -76,8 +120,12 @@ def _polish(ctx: PackingContext, plan: list[MicroBatch], settings: MilpSettings,
         load = peak_ms(ctx, mb)
         report.milp_runs += 1
         report.milp_models.append(model_size(ctx, rows, settings))
-        better = solve_micro_batch(ctx, rows, settings, warm=mb)
-        if better is not None and peak_ms(ctx, better) < load - 1e-6:
+        outcome = solve_micro_batch(ctx, rows, settings, warm=mb)
+        better = outcome.plan
+        if better is None:
+            report.milp_failures.append({"status": outcome.status, "detail": outcome.failure,
+                                         "sequences": len(rows)})
+        elif peak_ms(ctx, better) < load - 1e-6:
             report.milp_improved += 1
             report.milp_gain_s += (load - peak_ms(ctx, better)) / 1e3
             out[m] = better
@@ -115,6 +163,7 @@ def plan_batch(ctx: PackingContext, settings: MilpSettings | None, progress: Pro
             best_name, best_plan, best_time = name, plan, total
     report.chosen = best_name
     if settings is not None:
+        report.milp_backend = settings.backend
         best_plan = _polish(ctx, best_plan, settings, report, progress)
     # Longest micro-batches first: a stable, readable order (the step time does not depend on it).
     best_plan.sort(key=lambda mb: (-peak_ms(ctx, mb), mb.rows()))

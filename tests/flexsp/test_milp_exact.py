@@ -34,7 +34,7 @@ def test_cpsat_equals_exhaustive(seed: int, n: int, nodes: int, gpn: int) -> Non
     rows = list(range(n))
     opt = exhaustive_min_load_ms(table, rows, nodes * gpn)
     warm = best_greedy(ctx, rows)
-    mb = solve_micro_batch(ctx, rows, MilpSettings(backend="cpsat", **EXACT), warm=warm)
+    mb = solve_micro_batch(ctx, rows, MilpSettings(backend="cpsat", **EXACT), warm=warm).plan
     assert mb is not None
     assert check_plan(table, [mb], nodes * gpn) == []
     assert max_load_ms(table, mb) == pytest.approx(opt, rel=1e-6, abs=0.05)
@@ -47,7 +47,7 @@ def test_pulp_backends_equal_exhaustive(backend: str) -> None:
     table, ctx = _case(7, 8, 1, 8)
     rows = list(range(8))
     opt = exhaustive_min_load_ms(table, rows, 8)
-    mb = solve_micro_batch(ctx, rows, MilpSettings(backend=backend, **EXACT), warm=best_greedy(ctx, rows))
+    mb = solve_micro_batch(ctx, rows, MilpSettings(backend=backend, **EXACT), warm=best_greedy(ctx, rows)).plan
     assert mb is not None and check_plan(table, [mb], 8) == []
     assert max_load_ms(table, mb) == pytest.approx(opt, rel=1e-6, abs=0.05)
 
@@ -57,5 +57,5 @@ def test_bucketed_model_is_feasible_and_no_worse_than_warm_start() -> None:
     rows = list(range(40))
     warm = best_greedy(ctx, rows)
     assert warm is not None
-    mb = solve_micro_batch(ctx, rows, MilpSettings(exact_up_to=8, max_buckets=6), warm=warm)
+    mb = solve_micro_batch(ctx, rows, MilpSettings(exact_up_to=8, max_buckets=6), warm=warm).plan
     assert mb is not None and check_plan(table, [mb], 8) == []

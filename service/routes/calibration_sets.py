@@ -1,0 +1,55 @@
+"""/v1/calibration-sets: the analytic model's constants per GPU type and stack, fitted from measured steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query
+
+from service import calibration_sets
+from service.auth import ReadAccess, SubmitAccess
+from service.context import ServiceContext, get_context
+from service.finite_json import FiniteJSONRoute
+from service.schemas import CalibrationSetCreate, CalibrationSetOut
+from service.tokens import Principal
+from solvers.cost_model.fitting import measurement_of
+from solvers.errors import SpecError
+
+router = APIRouter(prefix="/v1/calibration-sets", tags=["calibration sets"], route_class=FiniteJSONRoute)
+
+
+@router.post("", response_model=CalibrationSetOut, status_code=201,
+             responses={409: {"description": "the name holds a set of another GPU type or stack"},
+                        422: {"description": "a run or measurement that cannot be fitted; `loc` names it"}})
+def create_set(body: CalibrationSetCreate, ctx: ServiceContext = Depends(get_context),
+               _: Principal = SubmitAccess) -> dict[str, Any]:
+    """Fit the constants to the measured steps (seconds) and store them as the next version of the name; the
+    result states the fit's in-sample and held-out (leave-one-out) error."""
+    if (body.runs is None) == (body.measurements is None):
+        raise SpecError.at(("runs",), "give either runs (ids of finished runs) or measurements, not both or neither")
+    if body.runs is not None:
+        with ctx.db.reading() as session:
+            measured = calibration_sets.measurements_of_runs(session, body.runs)
+        return calibration_sets.create_set(ctx.db, body.name, measured, {"runs": body.runs}, "runs")
+    assert body.measurements is not None
+    measured = [measurement_of(m.request, m.strategy, m.step_time_s, ("measurements", i))
+                for i, m in enumerate(body.measurements)]
+    return calibration_sets.create_set(ctx.db, body.name, measured, {"measurements": len(measured)},
+                                       "measurements")
+
+
+@router.get("", response_model=list[CalibrationSetOut])
+def list_sets(name: str | None = Query(None, max_length=128), gpu: str | None = Query(None, max_length=128),
+              limit: int = Query(100, ge=1, le=1000), ctx: ServiceContext = Depends(get_context),
+              _: Principal = ReadAccess) -> list[dict[str, Any]]:
+    """Every stored version, newest first."""
+    with ctx.db.reading() as session:
+        return calibration_sets.list_sets(session, name, gpu, limit)
+
+
+@router.get("/{name}", response_model=CalibrationSetOut)
+def get_set(name: str, version: int | None = Query(None, ge=1), ctx: ServiceContext = Depends(get_context),
+            _: Principal = ReadAccess) -> dict[str, Any]:
+    """The newest version of a set, or ``version``."""
+    with ctx.db.reading() as session:
+        return calibration_sets.get_set(session, name, version)

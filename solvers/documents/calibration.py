@@ -1,0 +1,46 @@
+"""Calibration sets: the analytic model's constants fitted for one GPU type and software stack, and which set an
+estimate was priced with (``estimate.calibration_set``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from solvers.documents.base import Document
+from solvers.specs import StackSpec
+
+
+class CalibrationFitDoc(Document):
+    """How well a set's constants predict the measurements they were fitted on, and ones they were not."""
+
+    measurements: int = Field(description="measured steps the fit used")
+    keys: list[str] = Field(description="the constants the fit searched (the others kept their start values)")
+    start_mape: float = Field(description="mean absolute percentage error of the start constants on the "
+                                          "measurements (fraction), before the fit")
+    fit_mape: float = Field(description="the same with the fitted constants: in-sample")
+    held_out_mape: float | None = Field(description="leave-one-measurement-out: each measurement predicted by "
+                                                    "constants fitted on the others (fraction); null with one "
+                                                    "measurement")
+    held_out_note: str | None = None
+
+
+ChosenBy = Literal["request", "cluster", "shipped"]
+
+
+class CalibrationSetUse(Document):
+    """The constants an estimate was priced with: a stored set (named by the request, or the one matching the
+    cluster's GPU type and stack), or the shipped constants when no set applies (``note`` says why)."""
+
+    name: str | None = Field(description="the stored set; null: the shipped constants")
+    version: int | None = None
+    chosen_by: ChosenBy = Field(description="request: cost_model.calibration_set named it; cluster: the set "
+                                            "matching the cluster's GPU type and stack; shipped: no stored set")
+    gpu: str | None = Field(default=None, description="the GPU type the set was fitted on")
+    stack: StackSpec | None = Field(default=None, description="the stack the set was fitted on")
+    fit: CalibrationFitDoc | None = None
+    constants: dict[str, float] = Field(default_factory=dict, description="the set's constants (the shipped "
+                                                                          "values for the others)")
+    overridden: list[str] = Field(default_factory=list, description="constants cost_model.calibration overrode "
+                                                                    "on top of the set")
+    note: str

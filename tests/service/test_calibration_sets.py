@@ -1,0 +1,166 @@
+"""Calibration sets over HTTP against a real database (issue 34): fitted from a finished run or from measured steps,
+versioned by name, named by a request or picked for its cluster's GPU type and stack, and stated by every
+estimate (``estimate.calibration_set``), the shipped constants included.
+
+The "measured" steps are the analytic model's own under other constants (``TRUTH``: slower GEMMs and kernel
+launches than the shipped ones), so that a fit has something to find and a second plan a known answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from service import jobs
+from service.db.engine import Database
+from service.db.models import Job
+from solvers.api import solve
+from solvers.cost_model.calibration import DEFAULT_CALIBRATION
+from solvers.cost_model.fitting import measurement_of, predict_s
+
+pytestmark = pytest.mark.db
+
+TRUTH = replace(DEFAULT_CALIBRATION, gemm_eta_max=0.62, kernel_overhead_s=1.5 * DEFAULT_CALIBRATION.kernel_overhead_s)
+H100 = {"kind": "hybrid", "model": {"preset": "llama2-7b"},
+        "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
+        "training": {"global_batch_size": 64, "seq_length": 2048}}
+FIRST = {"tp": 2, "pp": 1, "micro_batch_size": 2, "zero": 1}
+SECOND = {"tp": 1, "pp": 2, "micro_batch_size": 1, "zero": 1, "recompute": "full"}
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def measured_s(request: dict[str, Any], strategy: dict[str, Any]) -> float:
+    return predict_s(measurement_of(request, strategy, 1.0), TRUTH)
+
+
+def _step(client: Any, request: dict[str, Any], strategy: dict[str, Any], token: str) -> dict[str, Any]:
+    r = client.post("/v1/estimate", json={**request, "strategy": strategy}, headers=_auth(token))
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def _solve_queued(client: Any, db: Database, plan_id: str, token: str) -> dict[str, Any]:
+    """Solve a queued plan's stored request as the dispatcher does (in this process) and read it back."""
+    stored = client.get(f"/v1/plans/{plan_id}", headers=_auth(token)).json()
+    with db.writing() as s:
+        job = s.execute(select(Job).where(Job.plan_id == plan_id)).scalar_one()
+        job.status, job.lease_owner, job.attempts = "running", "test-dispatcher", 1
+    assert jobs.complete_job(db, job.id, "test-dispatcher", solve(stored["request"]))
+    return dict(client.get(f"/v1/plans/{plan_id}", headers=_auth(token)).json())
+
+
+def _measured_run(client: Any, db: Database, plan_id: str, tokens: dict[str, str], step_s: float) -> str:
+    run = client.post(f"/v1/plans/{plan_id}/runs", json={"steps": 3}, headers=_auth(tokens["submit"])).json()
+    worker = client.post("/v1/workers/register", headers=_auth(tokens["worker"]),
+                         json={"name": "w", "host": "h100-node", "gpus": 8, "gpu_name": "H100-SXM"}).json()["id"]
+    claim = client.post("/v1/runs/claim", json={"worker_id": worker, "wait_s": 0}, headers=_auth(tokens["worker"]))
+    assert claim.status_code == 200 and claim.json()["run"]["id"] == run["id"]
+    done = client.post(f"/v1/runs/{run['id']}/complete", headers=_auth(tokens["worker"]),
+                       json={"worker_id": worker, "metrics": {"step_time_s": step_s}})
+    assert done.status_code == 200, done.text
+    return str(run["id"])
+
+
+def test_the_first_run_calibrates_its_cluster_and_the_next_plan_is_priced_closer(
+        client: Any, db: Database, make_token: Callable[[str], str]) -> None:
+    tokens = {scope: make_token(scope) for scope in ("submit", "worker")}
+    submit = tokens["submit"]
+    before = _step(client, H100, SECOND, submit)
+    assert before["calibration_set"]["chosen_by"] == "shipped" and before["calibration_set"]["name"] is None
+    assert "none is stored for its GPU type and stack" in before["calibration_set"]["note"]
+
+    # the first plan on the cluster runs, and its measured step fits a set
+    first = client.post("/v1/plans", json={**H100, "training": {**H100["training"], "global_batch_size": 32}},
+                        headers=_auth(submit)).json()
+    plan = _solve_queued(client, db, first["id"], submit)
+    strategy = plan["result"]["strategy"]
+    run_id = _measured_run(client, db, first["id"], tokens, measured_s(plan["request"], strategy))
+    r = client.post("/v1/calibration-sets", json={"name": "h100-fused", "runs": [run_id]}, headers=_auth(submit))
+    assert r.status_code == 201, r.text
+    made = r.json()
+    assert made["version"] == 1 and made["gpu"] == "H100-SXM" and made["stack"]["attention"] == "fused"
+    assert made["sources"] == {"runs": [run_id]}
+    fit = made["fit"]
+    assert fit["measurements"] == 1 and fit["fit_mape"] < fit["start_mape"] and fit["fit_mape"] <= 0.01
+    assert fit["held_out_mape"] is None and "one measurement" in fit["held_out_note"]
+
+    # a second, different plan on that cluster: picked by GPU type and stack, and closer to what it measures
+    after = _step(client, H100, SECOND, submit)
+    used = after["calibration_set"]
+    assert (used["name"], used["version"], used["chosen_by"]) == ("h100-fused", 1, "cluster")
+    assert used["constants"]["gemm_eta_max"] == made["constants"]["gemm_eta_max"] and used["fit"] == fit
+    truth = measured_s(H100, SECOND)
+    error_before, error_after = abs(before["step_time_s"] / truth - 1), abs(after["step_time_s"] / truth - 1)
+    assert error_after < error_before / 3, (error_before, error_after)
+
+    # a plan solved on that cluster states the set in its stored request and its result
+    second = client.post("/v1/plans", json=H100, headers=_auth(submit)).json()
+    assert second["request"]["cost_model"]["resolved_calibration_set"]["name"] == "h100-fused"
+    solved = _solve_queued(client, db, second["id"], submit)
+    assert solved["result"]["estimate"]["calibration_set"]["name"] == "h100-fused"
+    page = client.get(f"/plans/{second['id']}", headers=_auth(submit))
+    assert page.status_code == 200 and "calibration set h100-fused v1 (cluster)" in page.text
+
+
+def _measurements(strategies: list[dict[str, Any]], request: dict[str, Any] = H100) -> list[dict[str, Any]]:
+    return [{"request": request, "strategy": s, "step_time_s": measured_s(request, s)} for s in strategies]
+
+
+def test_versions_names_and_refusals(client: Any, make_token: Callable[[str], str]) -> None:
+    headers = _auth(make_token("submit"))
+    post = lambda body: client.post("/v1/calibration-sets", json=body, headers=headers)  # noqa: E731
+    v1 = post({"name": "h100", "measurements": _measurements([FIRST])})
+    v2 = post({"name": "h100", "measurements": _measurements([FIRST, SECOND])})
+    assert (v1.status_code, v2.status_code) == (201, 201)
+    assert [v1.json()["version"], v2.json()["version"]] == [1, 2]
+    fit = v2.json()["fit"]  # two measurements: each predicted by a fit on the other
+    assert fit["measurements"] == 2 and fit["held_out_mape"] is not None and fit["held_out_mape"] >= fit["fit_mape"]
+    assert client.get("/v1/calibration-sets/h100", headers=headers).json()["version"] == 2
+    first = client.get("/v1/calibration-sets/h100", params={"version": 1}, headers=headers).json()
+    assert first["id"] == v1.json()["id"]
+    assert [s["version"] for s in client.get("/v1/calibration-sets", params={"name": "h100"}, headers=headers).json()
+            ] == [2, 1]
+    assert client.get("/v1/calibration-sets/nope", headers=headers).status_code == 404
+
+    # named by the request, a version too; a plan request is a new plan when its set has a new version
+    named = _step(client, {**H100, "cost_model": {"calibration_set": "h100@1"}}, SECOND, make_token("submit"))
+    assert (named["calibration_set"]["version"], named["calibration_set"]["chosen_by"]) == (1, "request")
+    plan_v2 = client.post("/v1/plans", json=H100, headers=headers).json()["id"]
+    post({"name": "h100", "measurements": _measurements([SECOND])})
+    assert client.post("/v1/plans", json=H100, headers=headers).json()["id"] != plan_v2
+    # an override on top of a set is said
+    over = _step(client, {**H100, "cost_model": {"calibration": {"dp_overlap": 0.5}}}, SECOND, make_token("submit"))
+    assert over["calibration_set"]["overridden"] == ["dp_overlap"]
+
+    # only the service writes a resolution: one a client sent for a cluster no set matches is dropped
+    forged = {"name": "h100", "version": 9, "chosen_by": "cluster", "note": "forged", "constants": {}}
+    a100 = {**H100, "cluster": {**H100["cluster"], "gpu": "A100-80GB"}}
+    stored = client.post("/v1/plans", json={**a100, "cost_model": {"resolved_calibration_set": forged}},
+                         headers=headers).json()["request"]
+    assert stored == {**a100, "cost_model": {}}
+
+    def refused(body: dict[str, Any], status: int = 422) -> Any:
+        r = post(body)
+        assert r.status_code == status, r.text
+        return r.json()["detail"]
+
+    assert "A100-80GB" in refused({"name": "h100", "measurements": _measurements([FIRST], a100)}, 409)
+    mixed = refused({"name": "mixed", "measurements": _measurements([FIRST]) + _measurements([FIRST], a100)})
+    assert mixed[0]["loc"][-2:] == ["measurements", 1]
+    assert refused({"name": "x", "runs": ["no-such-run"]})[0]["loc"][-2:] == ["runs", 0]
+    assert refused({"name": "x"})[0]["loc"][-1] == "runs"
+    assert refused({"name": "x y", "measurements": _measurements([FIRST])})[0]["loc"][-1] == "name"
+    bad = refused({"name": "x", "measurements": [{**_measurements([FIRST])[0], "strategy": {"tp": 3}}]})
+    assert bad[0]["loc"][-3:] == ["measurements", 0, "strategy"] or bad[0]["loc"][-4:-1] == ["measurements", 0,
+                                                                                              "strategy"]
+    for name, why in (("nope", "no stored calibration set"), ("h100@x", "positive integer")):
+        r = client.post("/v1/estimate", json={**H100, "strategy": SECOND, "cost_model": {"calibration_set": name}},
+                        headers=headers)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"][-2:] == ["cost_model", "calibration_set"]
+        assert why in r.json()["detail"][0]["msg"]
