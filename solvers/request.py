@@ -24,7 +24,8 @@ class CostModelSpec(BaseModel):
 
 
 # what the analytic cost model reads besides its kind (solvers.cost_model.factory and .profile)
-ANALYTIC_EXTRAS = frozenset({"calibration", "profile", "profile_path"})
+# calibration_set: a stored set the service resolves into resolved_calibration_set (solvers.cost_model.calibration)
+ANALYTIC_EXTRAS = frozenset({"calibration", "profile", "profile_path", "calibration_set", "resolved_calibration_set"})
 
 
 class PlanRequestBase(BaseModel):
