@@ -77,7 +77,7 @@ def main() -> int:
     model = Decoder(cfg).to(device)
     pm = apply_plan(plan_doc, model, device)
     if rank == 0:
-        print(f"plan {plan_doc.get('id', '-')}: {pm.plan.describe()} notes={pm.notes + list(pm.plan.notes)}",
+        print(f"plan {plan_doc.get('id', '-')}: {pm.plan.describe()} notes={pm.notes}",
               flush=True)
     losses = []
     for step in range(args.steps):

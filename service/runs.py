@@ -14,10 +14,12 @@ from sqlalchemy.orm import Session
 
 from service.db.engine import Database
 from service.db.models import Plan, PlanRequest, Run, utcnow
-from service.errors import Conflict, Forbidden, NotFound, get_or_404
+from service.errors import Conflict, Forbidden, NotFound, NotRunnable, get_or_404
 from service.tokens import Principal
 from service.workers import owned_worker, workers_of_token
 from solvers.documents import TERMINAL, FlexSPResult, HybridResult, PlanResult, SpindleResult, load_result
+from solvers.errors import SpecError
+from solvers.run_layout import check_runnable
 
 
 def predicted_of(result: PlanResult | None) -> dict[str, Any]:
@@ -41,6 +43,12 @@ def create_run(session: Session, plan_id: str, steps: int, max_attempts: int) ->
     plan = get_or_404(session, Plan, plan_id, "plan")
     if plan.status != "succeeded":
         raise Conflict(f"plan {plan_id} is {plan.status}; only a succeeded plan can be run")
+    request = session.get(PlanRequest, plan.request_id)
+    assert request is not None  # a foreign key
+    try:  # the worker's own test: a run is queued only when it will execute this plan as planned
+        check_runnable({"kind": plan.kind, "request": request.request, "result": plan.result})
+    except SpecError as err:
+        raise NotRunnable(err.problems) from None
     run = Run(plan_id=plan_id, steps=steps, status="queued", max_attempts=max_attempts,
               predicted=predicted_of(load_result(plan.kind, plan.result) if plan.result else None), progress=[])
     session.add(run)

@@ -95,6 +95,12 @@ class RunCreate(_Body):
     steps: int = Field(20, gt=0, le=1_000_000)
 
 
+class RunSubmit(RunCreate):
+    """``POST /v1/runs``: the same request naming its plan in the body."""
+
+    plan_id: str = Field(min_length=1, max_length=32)
+
+
 class RunOut(_Out):
     id: str
     plan_id: str

@@ -179,8 +179,10 @@ class Daemon:
         # SpecError names the bad field, or the kind the runtime cannot run; nothing is launched then
         request, result = load_plan(plan_doc)
         plan = from_document(request, result)
-        if plan.gpu_name.lower() == "cpu" or not torch.cuda.is_available():
+        if plan.gpu_name.lower() == "cpu":
             return plan.world_size
+        if not torch.cuda.is_available():  # CPU ranks would compute what the plan prices on GPUs in another precision
+            raise NodeTooSmall(f"the plan is for {plan.gpu_name} GPUs; this node has no CUDA device")
         if plan.world_size > torch.cuda.device_count():
             raise NodeTooSmall(f"the plan needs {plan.world_size} GPUs on one node; this node has "
                                f"{torch.cuda.device_count()}")

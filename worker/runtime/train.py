@@ -68,7 +68,7 @@ def run_plan(plan: RuntimePlan, steps: int, device: torch.device, seed: int = 0,
             on_step(step, loss, times[-1])
     memory = [0.0] * dist.get_world_size()
     dist.all_gather_object(memory, peak_memory_gib(device))
-    return summarize(plan, times, min(warmup, steps - 1), losses, memory, [*plan.notes, *pm.notes])
+    return summarize(plan, times, min(warmup, steps - 1), losses, memory, pm.notes)
 
 
 def exit_with_launcher(poll_s: float = 1.0) -> None:
