@@ -13,7 +13,8 @@ Pure: no torch. ``worker.runtime.plan`` adds the model and device details.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from pathlib import PurePosixPath
+from typing import Any, Literal, get_args
 
 from solvers.documents import DocumentError, HybridResult, load_result
 from solvers.errors import FieldProblem, SpecError
@@ -24,6 +25,8 @@ from solvers.specs import Precision
 from solvers.strategy import LayerStrategy, PlanStrategy, Schedule, SpKind
 
 STRATEGY = ("result", "strategy")
+TokenDtype = Literal["uint16", "uint32"]
+TOKEN_DTYPES: tuple[str, ...] = get_args(TokenDtype)
 
 
 @dataclass(frozen=True)
@@ -210,3 +213,18 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
                      micro_batches=plan.micro_batches, schedule=plan.schedule,
                      virtual_stages=virtual if plan.pp > 1 and plan.schedule == "interleaved" else 1,
                      stage_layers=stage_layers, precision=precision, nodes=cluster.nodes)
+
+
+def dataset_problems(path: str, dtype: str, vocab_size: int) -> list[FieldProblem]:
+    """What is wrong with a run's tokenized dataset as the run request names it (the file itself lives on the
+    workers' storage and is checked there): locations under ``dataset``."""
+    out: list[FieldProblem] = []
+    if not PurePosixPath(path).is_absolute() or "\x00" in path:
+        out.append(FieldProblem(("dataset", "path"), "an absolute path on the workers' (shared) storage"))
+    limit = {"uint16": 2**16, "uint32": 2**32}.get(dtype)
+    if limit is None:
+        out.append(FieldProblem(("dataset", "dtype"), f"one of {', '.join(TOKEN_DTYPES)}"))
+    elif vocab_size > limit:
+        out.append(FieldProblem(("dataset", "dtype"), f"{dtype} holds token ids below {limit}; the plan's model has a "
+                                                      f"vocabulary of {vocab_size}"))
+    return out
