@@ -45,10 +45,15 @@ class RunLayout:
     stage_layers: tuple[int, ...]  # layers per (virtual) pipeline stage, in stage order
     precision: Precision
     nodes: int
+    vocab_size: int
 
     @property
     def world_size(self) -> int:
         return self.pp * self.dp * self.tp
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nodes
 
 
 def load_plan(doc: Any) -> tuple[HybridRequest, HybridResult | None]:
@@ -167,8 +172,6 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
     expected = world_size if world_size is not None else cluster.nodes * cluster.gpus_per_node
     if world != expected:
         refuse(STRATEGY, f"pp*dp*tp*cp = {world} but the run has {expected} processes")
-    if cluster.nodes > 1:
-        refuse(("request", "cluster", "nodes"), "the worker runs a plan on one node")
     gbs = training.global_batch_size
     if gbs % (dp * plan.micro_batches):
         refuse(("request", "training", "global_batch_size"),
@@ -212,7 +215,8 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
     return RunLayout(pp=plan.pp, dp=dp, tp=tp, sp=sp, zero=zero, recompute=tuple(x.recompute for x in layers),
                      micro_batches=plan.micro_batches, schedule=plan.schedule,
                      virtual_stages=virtual if plan.pp > 1 and plan.schedule == "interleaved" else 1,
-                     stage_layers=stage_layers, precision=precision, nodes=cluster.nodes)
+                     stage_layers=stage_layers, precision=precision, nodes=cluster.nodes,
+                     vocab_size=model.vocab_size)
 
 
 def dataset_problems(path: str, dtype: str, vocab_size: int) -> list[FieldProblem]:

@@ -28,6 +28,8 @@ def worker(
     ctx: typer.Context,
     server: str | None = typer.Option(None, "--server", envvar="PARAPLAN_SERVER_URL", help="paraplan server URL"),
     token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_WORKER_TOKEN"),
+    gpus: int | None = typer.Option(None, "--gpus", min=1,
+                                    help="ranks this host offers a run (default: its GPUs; on a CPU host max(4, cores))"),
 ) -> None:
     """Run the worker daemon: pull runs, execute them with torch.distributed, report metrics."""
     if ctx.invoked_subcommand is not None:
@@ -38,7 +40,7 @@ def worker(
         from worker.daemon import main as worker_main
     except ModuleNotFoundError as err:
         _fail(f"the worker is not installed here ({err.name}); pip install 'paraplan[worker]'")
-    worker_main(server=str(server), token=str(token))
+    worker_main(server=str(server), token=str(token), **({"gpus": gpus} if gpus else {}))
 
 
 @app.command()

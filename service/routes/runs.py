@@ -58,7 +58,8 @@ def submit_run(body: RunSubmit, ctx: ServiceContext = Depends(get_context),
 
 def _queue_run(ctx: ServiceContext, plan_id: str, body: RunCreate) -> dict[str, Any]:
     with ctx.db.writing() as session:
-        run = runs.create_run(session, plan_id, body.steps, ctx.settings.run_max_attempts)
+        run = runs.create_run(session, plan_id, body.steps, ctx.settings.run_max_attempts,
+                              body.checkpoint_every_steps, body.dataset.model_dump() if body.dataset else None)
     log.info("run %s queued for plan %s", run["id"], plan_id, extra={"run_id": run["id"], "plan_id": plan_id})
     return run
 
@@ -113,10 +114,12 @@ def list_workers(ctx: ServiceContext = Depends(get_context), _: Principal = Read
              responses={204: {"description": "nothing claimable within wait_s"}})
 async def claim_run(body: ClaimBody, ctx: ServiceContext = Depends(get_context),
                     principal: Principal = WorkerAccess) -> Any:
-    """Atomically take the oldest queued run (long-polls up to `wait_s`)."""
+    """Atomically take the oldest queued run this worker can hold (long-polls up to `wait_s`); a run on N nodes
+    starts when N workers have joined it, each polling to keep its place (`service.runs`)."""
     deadline = time.monotonic() + body.wait_s
     while True:
-        claimed = await to_thread.run_sync(runs.claim_run, ctx.db, body.worker_id, principal, ctx.settings.run_lease_s)
+        claimed = await to_thread.run_sync(runs.claim_run, ctx.db, body.worker_id, principal, ctx.settings.run_lease_s,
+                                           body.endpoint)
         if claimed is not None:
             log.info("run %s claimed by worker %s", claimed["id"], body.worker_id,
                      extra={"run_id": claimed["id"], "worker_id": body.worker_id})

@@ -154,7 +154,7 @@ def _run_through_worker(db: Database, plan_id: str, metrics: dict[str, Any] | No
     """A run executed through the service's worker functions: created, claimed, progress, completed."""
     admin = Principal(None, "admin")
     with db.writing() as session:
-        worker = register_worker(session, {"name": "w", "host": "h", "gpus": 4}, admin)
+        worker = register_worker(session, {"name": "w", "host": "h", "gpus": 8}, admin)
         worker_id = worker.id
         run_id = str(create_run(session, plan_id, steps=len(progress), max_attempts=1)["id"])
     assert runs.claim_run(db, worker_id, admin, lease_s=60) is not None

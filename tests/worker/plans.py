@@ -84,8 +84,6 @@ REFUSED: dict[str, tuple[dict[str, Any], list[Any], str]] = {
     "embedding": (plan_doc(tp=2, dp=2, zero=3, embedding={"tp": 1, "dp": 4, "zero": 3}),
                   ["result", "strategy", "embedding", "tp"], "embedding and LM head"),
     "moe": (_with(plan_doc(dp=4), "model", moe={"num_experts": 4, "top_k": 2}), ["request", "model", "moe"], "MoE"),
-    "multi-node": (_with(plan_doc(dp=4), "cluster", nodes=2, gpus_per_node=2), ["request", "cluster", "nodes"],
-                   "one node"),
     "bf16 on cpu": (_with(plan_doc(dp=4), "training", precision="bf16"), ["request", "training", "precision"],
                     "CPU ranks compute in fp32"),
 }
