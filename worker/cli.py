@@ -29,7 +29,7 @@ def worker(
     server: str | None = typer.Option(None, "--server", envvar="PARAPLAN_SERVER_URL", help="paraplan server URL"),
     token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_WORKER_TOKEN"),
     gpus: int | None = typer.Option(None, "--gpus", min=1,
-                                    help="ranks this host offers a run (default: its GPUs; on a CPU host max(4, cores))"),
+                                    help="ranks this host offers a run (default: its GPUs; on CPU max(4, cores))"),
 ) -> None:
     """Run the worker daemon: pull runs, execute them with torch.distributed, report metrics."""
     if ctx.invoked_subcommand is not None:
