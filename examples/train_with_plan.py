@@ -38,7 +38,9 @@ BATCH, SEQ = 8, 64
 def plan_request(world: int, on_gpu: bool) -> dict:
     return {"kind": "hybrid", "model": MODEL,
             "cluster": {"gpu": "H100-SXM" if on_gpu else "cpu", "nodes": 1, "gpus_per_node": world},
-            "training": {"global_batch_size": BATCH, "seq_length": SEQ, "precision": "bf16" if on_gpu else "fp32"}}
+            "training": {"global_batch_size": BATCH, "seq_length": SEQ, "precision": "bf16" if on_gpu else "fp32"},
+            # plan only what paraplan's runtime (torchtitan-style) runs as planned: apply_plan refuses anything else
+            "constraints": {"target": "torchtitan"}}
 
 
 def my_data(step: int, vocab: int) -> torch.Tensor:
