@@ -38,7 +38,9 @@ BATCH, SEQ = 8, 64
 def plan_request(world: int, on_gpu: bool) -> dict:
     return {"kind": "hybrid", "model": MODEL,
             "cluster": {"gpu": "H100-SXM" if on_gpu else "cpu", "nodes": 1, "gpus_per_node": world},
-            "training": {"global_batch_size": BATCH, "seq_length": SEQ, "precision": "bf16" if on_gpu else "fp32"}}
+            "training": {"global_batch_size": BATCH, "seq_length": SEQ, "precision": "bf16" if on_gpu else "fp32"},
+            # plan only what paraplan's runtime (torchtitan-style) runs as planned: apply_plan refuses anything else
+            "constraints": {"target": "torchtitan"}}
 
 
 def my_data(step: int, vocab: int) -> torch.Tensor:
@@ -77,7 +79,7 @@ def main() -> int:
     model = Decoder(cfg).to(device)
     pm = apply_plan(plan_doc, model, device)
     if rank == 0:
-        print(f"plan {plan_doc.get('id', '-')}: {pm.plan.describe()} notes={pm.notes + list(pm.plan.notes)}",
+        print(f"plan {plan_doc.get('id', '-')}: {pm.plan.describe()} notes={pm.notes}",
               flush=True)
     losses = []
     for step in range(args.steps):

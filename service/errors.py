@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
-from solvers.errors import SpecError
+from solvers.errors import FieldProblem, SpecError
 
 
 class DomainError(Exception):
@@ -37,6 +37,14 @@ class Conflict(DomainError):
     pass
 
 
+class NotRunnable(DomainError):
+    """A stored plan the worker cannot run exactly; each problem names a field of the plan document."""
+
+    def __init__(self, problems: list[FieldProblem]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, p.loc))}: {p.msg}" for p in problems))
+        self.problems = problems
+
+
 class Unauthorized(DomainError):
     pass
 
@@ -60,6 +68,7 @@ class NotImplementedYet(DomainError):
 # Checked in order; the first class the error is an instance of wins (subclasses before their bases).
 HTTP_STATUS: tuple[tuple[type[Exception], int], ...] = (
     (NotFound, 404),
+    (NotRunnable, 422),
     (Conflict, 409),
     (sa_exc.IntegrityError, 409),
     (SpecError, 422),
@@ -111,6 +120,8 @@ def db_unavailable_reason(err: BaseException) -> str:
 
 
 def http_body(err: BaseException, status: int) -> dict[str, Any]:
+    if isinstance(err, NotRunnable):  # located in the plan the run would execute, not in the run's body
+        return {"detail": [{"loc": ["plan", *p.loc], "msg": p.msg, "type": "value_error"} for p in err.problems]}
     if isinstance(err, SpecError):
         return {"detail": [{"loc": ["body", *p.loc], "msg": p.msg, "type": "value_error"} for p in err.problems]}
     if isinstance(err, DomainError):

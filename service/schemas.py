@@ -13,6 +13,7 @@ from solvers.documents.calibration import CalibrationFitDoc
 from solvers.documents.flexsp import FlexSPEstimate
 from solvers.documents.hybrid import HybridEstimate
 from solvers.documents.spindle import SpindleEstimate
+from solvers.run_layout import TokenDtype
 
 
 class _Body(BaseModel):
@@ -92,8 +93,23 @@ class PlanList(BaseModel):
 
 
 # --- runs and workers ----------------------------------------------------------------------------
+class DatasetIn(_Body):
+    """A tokenized dataset file on the workers' storage: a flat array of token ids."""
+
+    path: str = Field(min_length=1, max_length=4096)
+    dtype: TokenDtype = "uint16"
+
+
 class RunCreate(_Body):
     steps: int = Field(20, gt=0, le=1_000_000)
+    checkpoint_every_steps: int | None = Field(None, gt=0, le=1_000_000)
+    dataset: DatasetIn | None = None
+
+
+class RunSubmit(RunCreate):
+    """``POST /v1/runs``: the same request naming its plan in the body."""
+
+    plan_id: str = Field(min_length=1, max_length=32)
 
 
 class RunOut(_Out):
@@ -103,6 +119,12 @@ class RunOut(_Out):
     worker: str | None = None
     steps: int
     attempts: int
+    attempt: int
+    resumed_from_step: int | None = None
+    checkpoint_every_steps: int | None = None
+    dataset: dict[str, Any] | None = None
+    nodes_needed: int = 1
+    nodes: list[dict[str, Any]] = Field(default_factory=list)
     error: str | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     predicted: dict[str, Any] = Field(default_factory=dict)
@@ -132,6 +154,8 @@ class WorkerRef(_Body):
 
 class ClaimBody(WorkerRef):
     wait_s: float = Field(0.0, ge=0, le=30)
+    endpoint: str | None = Field(None, max_length=300, description="host:port where this worker would host the "
+                                 "c10d rendezvous of a multi-node run as its node 0")
 
 
 class MetricsReport(WorkerRef):
@@ -139,6 +163,7 @@ class MetricsReport(WorkerRef):
     step: int = Field(ge=0)
     loss: float
     step_time_s: float = Field(ge=0)
+    resumed_from_step: int | None = Field(None, ge=0)
 
 
 class CompleteBody(WorkerRef):
@@ -167,6 +192,11 @@ class ClaimedRun(BaseModel):
     steps: int
     attempt: int
     lease_expires_at: datetime
+    checkpoint_every_steps: int | None = None
+    dataset: dict[str, Any] | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    rendezvous_endpoint: str | None = None
     plan: ClaimedPlan
 
 

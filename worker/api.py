@@ -95,9 +95,11 @@ class WorkerApi:
     def worker_heartbeat(self, worker_id: str) -> None:
         self.request("POST", f"/workers/{worker_id}/heartbeat", retry=False)
 
-    def claim(self, worker_id: str, wait_s: float) -> dict[str, Any] | None:
-        resp = self.request("POST", "/runs/claim", json={"worker_id": worker_id, "wait_s": wait_s},
-                            timeout_s=wait_s + 15.0)
+    def claim(self, worker_id: str, wait_s: float, endpoint: str | None = None) -> dict[str, Any] | None:
+        body: dict[str, Any] = {"worker_id": worker_id, "wait_s": wait_s}
+        if endpoint:
+            body["endpoint"] = endpoint
+        resp = self.request("POST", "/runs/claim", json=body, timeout_s=wait_s + 15.0)
         if resp.status_code == 204:
             return None
         run: dict[str, Any] = resp.json()["run"]

@@ -50,6 +50,8 @@ def worker(
     token: str | None = typer.Option(None, "--token", envvar="PARAPLAN_WORKER_TOKEN", help=TOKEN_HELP),
     token_file: Path | None = typer.Option(None, "--token-file", envvar="PARAPLAN_WORKER_TOKEN_FILE",
                                            help=TOKEN_FILE_HELP),
+    gpus: int | None = typer.Option(None, "--gpus", min=1,
+                                    help="ranks this host offers a run (default: its GPUs; on CPU max(4, cores))"),
 ) -> None:
     """Run the worker daemon: pull runs, execute them with torch.distributed, report metrics."""
     if ctx.invoked_subcommand is not None:
@@ -61,7 +63,7 @@ def worker(
         from worker.daemon import main as worker_main
     except ModuleNotFoundError as err:
         _fail(f"the worker is not installed here ({err.name}); pip install 'paraplan[worker]'")
-    worker_main(server=str(server), token=str(token))
+    worker_main(server=str(server), token=str(token), **({"gpus": gpus} if gpus else {}))
 
 
 @app.command()

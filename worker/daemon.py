@@ -34,7 +34,7 @@ import httpx
 from solvers.errors import SpecError
 from solvers.strategy import Schedule
 from worker.api import LeaseLost, Unauthorized, WorkerApi, WorkerApiError
-from worker.launch import Attempt, ProgressTail
+from worker.launch import Attempt, Launch, ProgressTail
 
 log = logging.getLogger("paraplan.worker")
 EXIT_UNAUTHORIZED = 3
@@ -56,10 +56,23 @@ class DaemonConfig:
     max_launches: int = 2
     max_runs: int | None = None  # stop after this many runs (tests, one-shot nodes)
     idle_exit_s: float | None = None  # stop after this long without work (tests)
+    gpus: int | None = None  # ranks this host offers (default: its CUDA devices; on CPU max(4, cores))
+    # where runs keep their checkpoints: storage every node of a run sees (PARAPLAN_CHECKPOINT_DIR)
+    checkpoint_root: Path | None = field(default_factory=lambda: Path(os.environ["PARAPLAN_CHECKPOINT_DIR"])
+                                         if os.environ.get("PARAPLAN_CHECKPOINT_DIR") else None)
+    # the address other nodes reach this one at, as node 0 of a multi-node run (PARAPLAN_WORKER_ADDRESS)
+    address: str = field(default_factory=lambda: os.environ.get("PARAPLAN_WORKER_ADDRESS") or socket.gethostname())
 
 
-def host_info(name: str) -> dict[str, Any]:
-    """What the server records about this node at registration."""
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def host_info(name: str, gpus_declared: int | None = None) -> dict[str, Any]:
+    """What the server records about this node at registration (``gpus``: the ranks it offers a run)."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -70,7 +83,7 @@ def host_info(name: str) -> dict[str, Any]:
         gpus, gpu_name = max(4, os.cpu_count() or 1), "cpu"  # CPU hosts run gloo ranks, oversubscribed if need be
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return {
-        "name": name, "host": socket.gethostname(), "gpus": gpus, "gpu_name": gpu_name,
+        "name": name, "host": socket.gethostname(), "gpus": gpus_declared or gpus, "gpu_name": gpu_name,
         "memory_gib": round(memory, 2), "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
         "capabilities": {
             "backend": "nccl" if cuda else "gloo", "platform": platform.platform(),
@@ -94,7 +107,7 @@ class Daemon:
     def run(self) -> int:
         """Serve until stopped; returns the process exit code."""
         try:
-            info = host_info(self.config.name)
+            info = host_info(self.config.name, self.config.gpus)
             reg = self.api.register(info)
             self.worker_id, self.heartbeat_s = reg["id"], float(reg.get("heartbeat_interval_s", 5.0))
             log.info("registered as %s (%s x %s)", self.worker_id, info["gpus"], info["gpu_name"])
@@ -119,7 +132,8 @@ class Daemon:
             if self.unauthorized.is_set():
                 raise Unauthorized(401, "refused during heartbeat")
             try:
-                run = self.api.claim(self.worker_id, self.config.claim_wait_s)
+                run = self.api.claim(self.worker_id, self.config.claim_wait_s,
+                                     endpoint=f"{self.config.address}:{free_port()}")
             except (WorkerApiError, httpx.TransportError) as err:  # already retried with back-off
                 log.warning("claim failed (%s); backing off", err)
                 self.stop.wait(random.uniform(1.0, 5.0))
@@ -151,10 +165,11 @@ class Daemon:
     # --- one run -----------------------------------------------------------------------------------
     def execute(self, run: dict[str, Any]) -> None:
         run_id, plan_doc = run["id"], run["plan"]
-        log.info("claimed run %s (plan %s, attempt %s, %s steps)", run_id, run["plan_id"], run.get("attempt"),
-                 run["steps"])
+        nnodes = int(run.get("nnodes") or 1)
+        log.info("claimed run %s (plan %s, attempt %s, %s steps, node %s of %s)", run_id, run["plan_id"],
+                 run.get("attempt"), run["steps"], run.get("node_rank", 0), nnodes)
         try:
-            nproc = self._world_size(plan_doc)
+            world = self._world_size(plan_doc, nnodes)
         except NodeTooSmall as err:  # another worker may be big enough
             self._fail(run_id, str(err), retryable=True)
             return
@@ -165,13 +180,27 @@ class Daemon:
         lease = threading.Thread(target=self._hold_lease, args=(run_id, lost), name="run-lease", daemon=True)
         lease.start()
         try:
-            self._launch_until_done(run, plan_doc, nproc, lost)
+            self._launch_until_done(run, plan_doc, self._launch(run, world // nnodes, nnodes), lost)
         finally:
             lost.set()  # ends the lease thread
             lease.join(timeout=2 * self.heartbeat_s)
 
-    def _world_size(self, plan_doc: dict[str, Any]) -> int:
-        """The plan's ranks on this node; NodeTooSmall where this node's GPUs cannot hold it (count, memory)."""
+    def _launch(self, run: dict[str, Any], nproc: int, nnodes: int) -> Launch:
+        """This node's share of the run, with the run's checkpoints (one directory per run under the shared
+        checkpoint root, so that any attempt on any node resumes from it) and dataset."""
+        every = run.get("checkpoint_every_steps")
+        root = self.config.checkpoint_root or self.config.workdir / "checkpoints"
+        dataset = run.get("dataset") or {}
+        return Launch(nproc=nproc, nnodes=nnodes, node_rank=int(run.get("node_rank") or 0),
+                      rendezvous_endpoint=run.get("rendezvous_endpoint"),
+                      rendezvous_id=f"{run['id']}-{run.get('attempt', 0)}",
+                      checkpoint_dir=root / f"run-{run['id']}" if every else None, checkpoint_every=int(every or 0),
+                      dataset=Path(dataset["path"]) if dataset.get("path") else None,
+                      dataset_dtype=str(dataset.get("dtype", "uint16")))
+
+    def _world_size(self, plan_doc: dict[str, Any], nnodes: int = 1) -> int:
+        """The plan's ranks on all its nodes; NodeTooSmall where this node's GPUs cannot hold its share (count,
+        memory)."""
         import torch
 
         from worker.runtime.plan import from_document, load_plan
@@ -179,10 +208,13 @@ class Daemon:
         # SpecError names the bad field, or the kind the runtime cannot run; nothing is launched then
         request, result = load_plan(plan_doc)
         plan = from_document(request, result)
-        if plan.gpu_name.lower() == "cpu" or not torch.cuda.is_available():
+        if plan.gpu_name.lower() == "cpu":
             return plan.world_size
-        if plan.world_size > torch.cuda.device_count():
-            raise NodeTooSmall(f"the plan needs {plan.world_size} GPUs on one node; this node has "
+        if not torch.cuda.is_available():  # CPU ranks would compute what the plan prices on GPUs in another precision
+            raise NodeTooSmall(f"the plan is for {plan.gpu_name} GPUs; this node has no CUDA device")
+        per_node = plan.world_size // nnodes
+        if per_node > torch.cuda.device_count():
+            raise NodeTooSmall(f"the plan needs {per_node} GPUs on one node; this node has "
                                f"{torch.cuda.device_count()}")
         # a plan sized for a larger device would only run out of memory after the launch and warm-up
         need = result.estimate.peak_memory_gib if result is not None else None
@@ -205,13 +237,15 @@ class Daemon:
             except Exception as err:  # transient: the next beat retries; an expired lease answers 409 then
                 log.debug("run %s: heartbeat failed: %s", run_id, err)
 
-    def _launch_until_done(self, run: dict[str, Any], plan_doc: dict[str, Any], nproc: int,
+    def _launch_until_done(self, run: dict[str, Any], plan_doc: dict[str, Any], launch: Launch,
                            lost: threading.Event) -> None:
         run_id = run["id"]
         base = self.config.workdir / f"run-{run_id}-attempt-{run.get('attempt', 0)}"
         last_error = ""
-        for launch in range(1, self.config.max_launches + 1):
-            attempt = Attempt(base / f"launch-{launch}", nproc, int(run["steps"]))
+        # One node cannot rejoin a rendezvous the others have left: a multi-node run is retried whole, by the server.
+        launches = self.config.max_launches if launch.nnodes == 1 else 1
+        for number in range(1, launches + 1):
+            attempt = Attempt(base / f"launch-{number}", launch, int(run["steps"]))
             attempt.start(plan_doc)
             tail = ProgressTail(attempt.progress)
             while attempt.poll() is None and not lost.is_set() and not self.stop.is_set():
@@ -227,8 +261,8 @@ class Daemon:
             if result is not None and "error" not in result:
                 # The metrics file is written atomically after the last step: a crash in teardown after it
                 # does not undo the training, so the run counts (the exit code is recorded).
-                result.update({"launches": launch, "worker_id": self.worker_id, "host": socket.gethostname(),
-                               "exit_code": attempt.poll()})
+                result.update({"launches": number, "worker_id": self.worker_id, "host": socket.gethostname(),
+                               "exit_code": attempt.poll(), "nnodes": launch.nnodes})
                 try:
                     self.api.complete(run_id, self.worker_id, result)
                     log.info("run %s succeeded: %.4g s/step", run_id, result.get("step_time_s", float("nan")))
@@ -238,8 +272,12 @@ class Daemon:
             if result is not None and "error" in result:
                 self._fail(run_id, f"invalid plan: {result['error']}", retryable=False)
                 return
-            last_error = f"launch {launch} exited with {attempt.poll()}:\n{attempt.log_tail()}"
-            log.warning("run %s: launch %d failed (exit %s)", run_id, launch, attempt.poll())
+            if launch.nnodes > 1 and attempt.poll() == 0:
+                # this node's ranks finished; global rank 0 (on another node) writes and reports the metrics
+                log.info("run %s: node %d done", run_id, launch.node_rank)
+                return
+            last_error = f"launch {number} exited with {attempt.poll()}:\n{attempt.log_tail()}"
+            log.warning("run %s: launch %d failed (exit %s)", run_id, number, attempt.poll())
         self._fail(run_id, last_error, retryable=True)
 
     def _relay_progress(self, run_id: str, tail: ProgressTail, lost: threading.Event) -> None:
@@ -284,7 +322,9 @@ if __name__ == "__main__":
     ap.add_argument("--max-runs", type=int)
     ap.add_argument("--idle-exit-s", type=float)
     ap.add_argument("--claim-wait-s", type=float, default=10.0)
+    ap.add_argument("--gpus", type=int, help="ranks this host offers a run (default: its GPUs; on CPU max(4, cores))")
     a = ap.parse_args()
     opts = {k: v for k, v in {"name": a.name, "workdir": a.workdir, "max_runs": a.max_runs,
-                              "idle_exit_s": a.idle_exit_s, "claim_wait_s": a.claim_wait_s}.items() if v is not None}
+                              "idle_exit_s": a.idle_exit_s, "claim_wait_s": a.claim_wait_s,
+                              "gpus": a.gpus}.items() if v is not None}
     main(a.server, a.token, **opts)

@@ -35,10 +35,39 @@ def _die_with_parent() -> None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def train_command(nproc: int, plan_path: Path, steps: int, out: Path, progress: Path, seed: int = 0) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={int(nproc)}",
-            "-m", TRAIN_MODULE, "--plan", str(plan_path), "--steps", str(int(steps)), "--out", str(out),
-            "--progress", str(progress), "--seed", str(int(seed))]
+@dataclass(frozen=True)
+class Launch:
+    """How one node starts its share of a run: its ranks, and for a multi-node run the c10d rendezvous (hosted by
+    node 0 at ``rendezvous_endpoint``); checkpoints and data as the run asks."""
+
+    nproc: int
+    nnodes: int = 1
+    node_rank: int = 0
+    rendezvous_endpoint: str | None = None
+    rendezvous_id: str = "paraplan"
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0
+    dataset: Path | None = None
+    dataset_dtype: str = "uint16"
+
+
+def train_command(launch: Launch | int, plan_path: Path, steps: int, out: Path, progress: Path,
+                  seed: int = 0) -> list[str]:
+    spec = launch if isinstance(launch, Launch) else Launch(int(launch))
+    if spec.nnodes > 1:
+        assert spec.rendezvous_endpoint, "a multi-node launch needs node 0's rendezvous endpoint"
+        where = [f"--nnodes={int(spec.nnodes)}", "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rendezvous_endpoint}",
+                 f"--rdzv-id={spec.rendezvous_id}", f"--rdzv-conf=is_host={str(spec.node_rank == 0).lower()}"]
+    else:
+        where = ["--standalone"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={int(spec.nproc)}",
+           "-m", TRAIN_MODULE, "--plan", str(plan_path), "--steps", str(int(steps)), "--out", str(out),
+           "--progress", str(progress), "--seed", str(int(seed))]
+    if spec.checkpoint_dir is not None:
+        cmd += ["--checkpoint-dir", str(spec.checkpoint_dir), "--checkpoint-every", str(int(spec.checkpoint_every))]
+    if spec.dataset is not None:
+        cmd += ["--dataset", str(spec.dataset), "--dataset-dtype", spec.dataset_dtype]
+    return cmd
 
 
 @dataclass
@@ -46,7 +75,7 @@ class Attempt:
     """One launch of the training: its files and, while it runs, its process."""
 
     workdir: Path
-    nproc: int
+    nproc: int | Launch
     steps: int
     proc: subprocess.Popen[bytes] | None = None
 

@@ -155,6 +155,14 @@ class Run(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
+    checkpoint_every_steps: Mapped[int | None] = mapped_column(Integer)
+    dataset: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # {"path", "dtype"}; None: synthetic tokens
+    resumed_from_step: Mapped[int | None] = mapped_column(Integer)  # of the current attempt, as its worker reports
+    nodes_needed: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    ranks_per_node: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # one entry per node of the current attempt (gathering while queued, then running):
+    # {"worker_id", "node_rank", "host", "endpoint", "lease_expires_at" (ISO)}
+    nodes: Mapped[list[Any] | None] = mapped_column(JSON)
 
     __table_args__ = (Index("ix_runs_status_created", "status", "created_at"),)
 

@@ -24,6 +24,7 @@ from service.schemas import (
     PlanStatus,
     RunCreate,
     RunOut,
+    RunSubmit,
     WorkerRef,
     WorkerRegister,
     WorkerRegistered,
@@ -36,13 +37,29 @@ _LEASE_LOST: dict[int | str, dict[str, Any]] = {
     409: {"description": "this worker does not hold the run's lease (abort the run), or it is terminal"}}
 
 
-@router.post("/plans/{plan_id}/runs", response_model=RunOut, status_code=201,
-             responses={409: {"description": "the plan has not succeeded"}})
+_RUN_REFUSED: dict[int | str, dict[str, Any]] = {
+    409: {"description": "the plan has not succeeded"},
+    422: {"description": "the worker cannot run this plan exactly (each problem's loc is a field of the plan)"}}
+
+
+@router.post("/plans/{plan_id}/runs", response_model=RunOut, status_code=201, responses=_RUN_REFUSED)
 def create_run(plan_id: str, body: RunCreate, ctx: ServiceContext = Depends(get_context),
                _: Principal = SubmitAccess) -> dict[str, Any]:
-    """Ask for a succeeded plan to be executed by a worker."""
+    """Ask for a succeeded plan to be executed by a worker, exactly as planned (else 422 with the reason)."""
+    return _queue_run(ctx, plan_id, body)
+
+
+@router.post("/runs", response_model=RunOut, status_code=201, responses=_RUN_REFUSED)
+def submit_run(body: RunSubmit, ctx: ServiceContext = Depends(get_context),
+               _: Principal = SubmitAccess) -> dict[str, Any]:
+    """``POST /v1/plans/{plan_id}/runs`` with the plan named in the body."""
+    return _queue_run(ctx, body.plan_id, body)
+
+
+def _queue_run(ctx: ServiceContext, plan_id: str, body: RunCreate) -> dict[str, Any]:
     with ctx.db.writing() as session:
-        run = runs.create_run(session, plan_id, body.steps, ctx.settings.run_max_attempts)
+        run = runs.create_run(session, plan_id, body.steps, ctx.settings.run_max_attempts,
+                              body.checkpoint_every_steps, body.dataset.model_dump() if body.dataset else None)
     log.info("run %s queued for plan %s", run["id"], plan_id, extra={"run_id": run["id"], "plan_id": plan_id})
     return run
 
@@ -97,10 +114,12 @@ def list_workers(ctx: ServiceContext = Depends(get_context), _: Principal = Read
              responses={204: {"description": "nothing claimable within wait_s"}})
 async def claim_run(body: ClaimBody, ctx: ServiceContext = Depends(get_context),
                     principal: Principal = WorkerAccess) -> Any:
-    """Atomically take the oldest queued run (long-polls up to `wait_s`)."""
+    """Atomically take the oldest queued run this worker can hold (long-polls up to `wait_s`); a run on N nodes
+    starts when N workers have joined it, each polling to keep its place (`service.runs`)."""
     deadline = time.monotonic() + body.wait_s
     while True:
-        claimed = await to_thread.run_sync(runs.claim_run, ctx.db, body.worker_id, principal, ctx.settings.run_lease_s)
+        claimed = await to_thread.run_sync(runs.claim_run, ctx.db, body.worker_id, principal, ctx.settings.run_lease_s,
+                                           body.endpoint)
         if claimed is not None:
             log.info("run %s claimed by worker %s", claimed["id"], body.worker_id,
                      extra={"run_id": claimed["id"], "worker_id": body.worker_id})

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import PARAPLAN, LiveServer, server_env
-from tests.service.requests import tiny_spindle
+from tests.service.requests import tiny_cpu_hybrid
 
 pytestmark = pytest.mark.db
 WORKER = {"name": "w-ops", "host": "node-ops", "gpus": 1, "gpu_name": "cpu", "memory_gib": 8,
@@ -43,7 +43,7 @@ def _json_lines(server: LiveServer) -> list[dict[str, Any]]:
 def _traffic(server: LiveServer, admin: str, worker: str) -> dict[str, str]:
     """A solved plan, a queued run, a registered worker with a heartbeat, a 422 and a 404."""
     with httpx.Client(base_url=server.url, timeout=60) as c:
-        plan = c.post("/v1/plans?wait=30", json=tiny_spindle(1), headers=_auth(admin))
+        plan = c.post("/v1/plans?wait=30", json=tiny_cpu_hybrid(), headers=_auth(admin))
         assert plan.status_code in (200, 201) and plan.json()["status"] == "succeeded", plan.text
         plan_id = plan.json()["id"]
         run = c.post(f"/v1/plans/{plan_id}/runs", json={"steps": 3}, headers=_auth(admin))
@@ -82,7 +82,7 @@ def test_metrics_families_after_traffic(live_server: LiveServer) -> None:
     assert dict((lab["state"], v) for lab, v in m["paraplan_runs"]) == {"queued": 1}
     solve = {lab["kind"]: v for lab, v in m["paraplan_solve_seconds_count"]}
     solve_sum = {lab["kind"]: v for lab, v in m["paraplan_solve_seconds_sum"]}
-    assert solve == {"spindle": 1} and 0 < solve_sum["spindle"] < 30
+    assert solve == {"hybrid": 1} and 0 < solve_sum["hybrid"] < 30
     beats = {lab["worker"]: v for lab, v in m["paraplan_worker_heartbeat_age_seconds"]}
     assert set(beats) == {ids["worker_id"]} and 0 <= beats[ids["worker_id"]] < 30
     assert m["paraplan_database_up"] == [({}, 1.0)]

@@ -21,7 +21,7 @@ from tests.conftest import TEST_PEPPER, LiveServer
 from tests.service.helpers import store_plan
 
 pytestmark = pytest.mark.db
-WORKER = {"name": "w", "host": "node", "gpus": 1, "gpu_name": "cpu", "memory_gib": 8}
+WORKER = {"name": "w", "host": "node", "gpus": 8, "gpu_name": "cpu", "memory_gib": 8}
 
 
 def _auth(token: str) -> dict[str, str]:

@@ -20,8 +20,8 @@ RESULT = {"estimate": {"step_time_s": 4.2, "peak_memory_gib": 30.5, "throughput_
                        "tokens_per_s": 15.2 * 2048, "mfu": 0.41, "memory_gib_per_stage": [30.5],
                        "breakdown_s": {"compute": 3.6, "tp_comm": 0.4, "dp_comm_exposed": 0.2}},
           "strategy": {"pp": 1, "micro_batches": 8, "schedule": "1f1b", "stage_layers": [32],
-                       "layers": [{"tp": 2, "dp": 4, "sp": "megatron", "cp": 1, "zero": 1, "recompute": "none"}] * 32,
-                       "embedding": {"tp": 2, "dp": 4, "zero": 1}},
+                       "layers": [{"tp": 2, "dp": 4, "sp": "megatron", "cp": 1, "zero": 3, "recompute": "none"}] * 32,
+                       "embedding": {"tp": 2, "dp": 4, "zero": 3}},
           "search": {"time_s": 0.5, "solver": "dp"}}
 
 SPINDLE_RESULT = {"estimate": {"iteration_time_s": 0.2}, "lower_bound_s": 0.18, "search": {"time_s": 0.1},

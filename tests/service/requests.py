@@ -27,6 +27,15 @@ def tiny_spindle(i: int) -> dict[str, Any]:
          "time_ms_per_layer": {"slope_ms_per_sample": 0.3, "intercept_ms": 1.0}}]}}
 
 
+def tiny_cpu_hybrid() -> dict[str, Any]:
+    """A cheap hybrid request on 4 CPU ranks whose plan (data parallelism) the worker runs exactly."""
+    return {"kind": "hybrid", "model": {"name": "tiny", "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+                                        "ffn_hidden_size": 64, "vocab_size": 64},
+            "cluster": {"gpu": "cpu", "nodes": 1, "gpus_per_node": 4},
+            "training": {"global_batch_size": 8, "seq_length": 16, "precision": "fp32"},
+            "constraints": {"max_tp": 1, "max_pp": 1, "max_cp": 1, "zero": 0, "target": "torchtitan"}}
+
+
 def slow_spindle(seconds: float) -> dict[str, Any]:
     """A request whose exact CP-SAT phase runs for about ``seconds`` (it cannot prove optimality quickly)."""
     ops = [{"name": f"m{i}", "task": f"t{i % 4}", "batch_size": 16 + 7 * i, "num_layers": 4 + i % 5,

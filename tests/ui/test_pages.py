@@ -155,7 +155,7 @@ def _run_through_worker(db: Database, plan_id: str, metrics: dict[str, Any] | No
     """A run executed through the service's worker functions: created, claimed, progress, completed."""
     admin = Principal(None, "admin")
     with db.writing() as session:
-        worker = register_worker(session, {"name": "w", "host": "h", "gpus": 4}, admin)
+        worker = register_worker(session, {"name": "w", "host": "h", "gpus": 8}, admin)
         worker_id = worker.id
         run_id = str(create_run(session, plan_id, steps=len(progress), max_attempts=1)["id"])
     assert runs.claim_run(db, worker_id, admin, lease_s=60) is not None
@@ -166,10 +166,19 @@ def _run_through_worker(db: Database, plan_id: str, metrics: dict[str, Any] | No
     return run_id
 
 
+def _runnable(result: dict[str, Any]) -> dict[str, Any]:
+    """The sample plan on one layout (a run is queued only for a plan the worker runs exactly)."""
+    layout = {"tp": 2, "dp": 4, "sp": "megatron", "cp": 1, "zero": 3}
+    strategy = result["strategy"]
+    strategy["layers"] = [{**x, **layout} for x in strategy["layers"]]
+    strategy["embedding"] = {"tp": 2, "dp": 4, "zero": 3}
+    return result
+
+
 def test_run_page_compares_prediction_with_measurement(ui_client: TestClient, ui_db: Database) -> None:
     request, result = samples.hybrid(num_layers=4, pp=1)
     request["training"]["global_batch_size"] = 32
-    plan_id = store_plan(ui_db, request, result)
+    plan_id = store_plan(ui_db, request, _runnable(result))
     predicted = result["estimate"]["step_time_s"]
     metrics = {"step_time_s": predicted * 1.25, "tokens_per_s": 1000.0, "mfu": 0.3,
                "peak_memory_gib_per_rank": [10.0, 11.0, 12.0, 13.0], "loss": [4.0, 3.5, 3.2, 3.0, 2.9]}
@@ -186,8 +195,8 @@ def test_run_page_compares_prediction_with_measurement(ui_client: TestClient, ui
 
 def test_running_run_shows_its_progress_and_refreshes(ui_client: TestClient, ui_db: Database) -> None:
     request, result = samples.hybrid(num_layers=4, pp=1)
-    request["training"]["global_batch_size"] = 40
-    plan_id = store_plan(ui_db, request, result)
+    request["training"]["global_batch_size"] = 96
+    plan_id = store_plan(ui_db, request, _runnable(result))
     points = [{"step": i, "loss": 5.0 - i / 10, "step_time_s": 0.5} for i in range(1, 4)]
     html = ui_client.get(f"/runs/{_run_through_worker(ui_db, plan_id, None, points)}").text
     assert 'http-equiv="refresh"' in html

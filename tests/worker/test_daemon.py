@@ -19,7 +19,7 @@ from tests.contract_json import solve
 from tests.worker.plans import plan_doc
 from worker.api import LeaseLost, Unauthorized, WorkerApi, backoff_delays
 from worker.daemon import EXIT_SERVER_UNAVAILABLE, EXIT_UNAUTHORIZED, Daemon, DaemonConfig
-from worker.launch import TRAIN_MODULE, ProgressTail, train_command
+from worker.launch import TRAIN_MODULE, Launch, ProgressTail, train_command
 
 
 class FakeServer:
@@ -169,6 +169,20 @@ def test_only_paraplans_entrypoint_is_ever_built(tmp_path: Path) -> None:
     assert cmd[cmd.index("-m", 2) + 1] == TRAIN_MODULE
 
 
+def test_a_node_of_a_multi_node_run_joins_node_0s_rendezvous(tmp_path: Path) -> None:
+    launch = Launch(nproc=2, nnodes=2, node_rank=1, rendezvous_endpoint="10.0.0.5:29512", rendezvous_id="r1-2",
+                    checkpoint_dir=tmp_path / "run-r1", checkpoint_every=5, dataset=tmp_path / "t.bin")
+    cmd = train_command(launch, tmp_path / "plan.json", 5, tmp_path / "m.json", tmp_path / "p.jsonl")
+    assert "--standalone" not in cmd and cmd[cmd.index("-m", 2) + 1] == TRAIN_MODULE
+    for arg in ("--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.5:29512",
+                "--rdzv-id=r1-2", "--rdzv-conf=is_host=false"):
+        assert arg in cmd
+    assert cmd[cmd.index("--checkpoint-dir") + 1] == str(tmp_path / "run-r1")
+    assert cmd[cmd.index("--checkpoint-every") + 1] == "5" and cmd[cmd.index("--dataset-dtype") + 1] == "uint16"
+    node0 = train_command(Launch(2, 2, 0, "10.0.0.5:29512"), tmp_path / "p", 5, tmp_path / "m", tmp_path / "q")
+    assert "--rdzv-conf=is_host=true" in node0 and "--checkpoint-dir" not in node0
+
+
 def test_progress_tail_returns_complete_lines_once(tmp_path: Path) -> None:
     path = tmp_path / "p.jsonl"
     tail = ProgressTail(path)
@@ -193,3 +207,19 @@ def test_unreachable_server_exits_with_a_message_not_a_traceback(tmp_path: Path)
     daemon = Daemon(DaemonConfig("http://fake", "t", workdir=tmp_path), api=api)
     assert daemon.run() == EXIT_SERVER_UNAVAILABLE
     assert 3 <= len(sleeps) <= 5  # retried within its budget, then gave up
+
+
+def test_paraplan_worker_gpus_declares_the_ranks_this_host_offers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import worker.daemon
+    from paraplan_cli.main import app
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(worker.daemon, "main", lambda **kw: seen.update(kw) or 0)
+    result = CliRunner().invoke(app, ["worker", "--server", "http://s", "--token", "t", "--gpus", "2"])
+    assert result.exit_code == 0, result.output
+    assert seen == {"server": "http://s", "token": "t", "gpus": 2}
+    assert worker.daemon.host_info("n", 2)["gpus"] == 2
+    bad = CliRunner().invoke(app, ["worker", "--server", "http://s", "--token", "t", "--gpus", "0"])
+    assert bad.exit_code == 2 and "--gpus" in bad.output

@@ -1,6 +1,7 @@
 """Service + worker subprocesses: plans are requested and solved by the service, claimed and executed by
 the worker daemon with 4 gloo ranks, and their measured metrics appear on the run. Killing a worker with
-SIGKILL mid-run: the lease expires, a second worker completes the run, once."""
+SIGKILL mid-run: the lease expires, a second worker completes the run, once, resuming from the checkpoint the
+first one wrote (its loss curve continues the first attempt's). Two worker daemons on one host form a 2-node run."""
 
 from __future__ import annotations
 
@@ -29,16 +30,17 @@ def request(gbs: int, **constraints: Any) -> dict[str, Any]:
 
 
 # The solver chooses the strategy; these constraints leave it one layout of each kind on 4 ranks
-# (e.g. one sample per micro-batch forbids data parallelism).
+# (e.g. one sample per micro-batch forbids data parallelism). With tensor parallelism the torchtitan target keeps
+# the embedding and LM head on the layers' TP group, the layout the runtime runs (other plans are refused).
 CASES: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], bool]]] = {
     "dp": (request(8, max_tp=1, max_pp=1, zero=0), lambda s: s["pp"] == 1 and s["layers"][0]["dp"] == 4),
     "fsdp": (request(8, max_tp=1, max_pp=1, zero=3),
              lambda s: s["layers"][0]["dp"] == 4 and s["layers"][0]["zero"] == 3),
-    "tp+sp": (request(1, micro_batches=1, max_pp=1, sp="megatron"),
+    "tp+sp": (request(1, micro_batches=1, max_pp=1, sp="megatron", target="torchtitan"),
               lambda s: s["pp"] == 1 and s["layers"][0]["tp"] == 4 and s["layers"][0]["sp"] == "megatron"),
     "pp-1f1b": (request(4, micro_batches=4, max_tp=1, schedule="1f1b"),
                 lambda s: s["pp"] == 4 and s["schedule"] == "1f1b"),
-    "pp2-tp2": (request(2, micro_batches=2, max_pp=2, schedule="1f1b"),
+    "pp2-tp2": (request(2, micro_batches=2, max_pp=2, schedule="1f1b", target="torchtitan"),
                 lambda s: s["pp"] == 2 and s["layers"][0]["tp"] == 2),
 }
 
@@ -46,15 +48,18 @@ CASES: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], bool]]] = {
 class Worker:
     """``python -m worker.daemon`` in its own session (so SIGKILL takes the whole node down)."""
 
-    def __init__(self, server: LiveServer, token: str, workdir: Path, name: str) -> None:
+    def __init__(self, server: LiveServer, token: str, workdir: Path, name: str, *args: str,
+                 checkpoints: Path | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.log = workdir / "daemon.log"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PARAPLAN_WORKER_ADDRESS": "127.0.0.1"}
+        if checkpoints is not None:
+            env["PARAPLAN_CHECKPOINT_DIR"] = str(checkpoints)
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "worker.daemon", "--server", server.url, "--token", token, "--name", name,
-                 "--workdir", str(workdir), "--claim-wait-s", "2", "--idle-exit-s", "120"],
-                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                start_new_session=True)
+                 "--workdir", str(workdir), "--claim-wait-s", "2", "--idle-exit-s", "120", *args],
+                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -78,11 +83,11 @@ def workers(tmp_path: Path) -> Iterator[list[Worker]]:
         w.stop()
 
 
-def submit_run(http: httpx.Client, req: dict[str, Any], steps: int) -> tuple[dict[str, Any], str]:
+def submit_run(http: httpx.Client, req: dict[str, Any], steps: int, **fields: Any) -> tuple[dict[str, Any], str]:
     plan = http.post("/v1/plans", params={"wait": 60}, json=req, timeout=90).json()
     assert plan["status"] == "succeeded", plan
     plan = http.get(f"/v1/plans/{plan['id']}").json()
-    run = http.post(f"/v1/plans/{plan['id']}/runs", json={"steps": steps})
+    run = http.post(f"/v1/plans/{plan['id']}/runs", json={"steps": steps, **fields})
     assert run.status_code == 201, run.text
     return plan, run.json()["id"]
 
@@ -134,19 +139,31 @@ def test_sigkilled_worker_run_is_completed_once_by_another(live_server_factory: 
                                                            workers: list[Worker], tmp_path: Path) -> None:
     server = live_server_factory(run_lease_s=3)
     http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token('admin')}"})
-    _, run_id = submit_run(http, request(8, max_tp=1, max_pp=1, zero=0), steps=40)
-    first = Worker(server, server.token("worker"), tmp_path / "a", "a")
+    _, run_id = submit_run(http, request(8, max_tp=1, max_pp=1, zero=0), steps=40, checkpoint_every_steps=5)
+    shared = tmp_path / "checkpoints"  # PARAPLAN_CHECKPOINT_DIR: storage both workers see
+    first = Worker(server, server.token("worker"), tmp_path / "a", "a", checkpoints=shared)
     workers.append(first)
-    running = wait_run(http, run_id, 120, lambda r: len(r["progress"]) >= 2 or terminal(r))
+    running = wait_run(http, run_id, 120, lambda r: len(r["progress"]) >= 7 or terminal(r))
     assert running["status"] == "running", running
     holder = running["worker"]
     first.kill()  # the daemon, torchrun and the ranks: a node lost mid-run
-    second = Worker(server, server.token("worker"), tmp_path / "b", "b")
+    second = Worker(server, server.token("worker"), tmp_path / "b", "b", checkpoints=shared)
     workers.append(second)
     run = wait_run(http, run_id, 180, terminal)
     assert run["status"] == "succeeded", (run.get("error"), second.log.read_text(errors="replace")[-3000:])
-    assert run["attempts"] == 2 and run["worker"] != holder
-    assert len(run["metrics"]["loss"]) == 40
+    assert run["attempts"] == 2 and run["attempt"] == 2 and run["worker"] != holder
+    assert [n["worker_id"] for n in run["nodes"]] == [run["worker"]]
+    # attempt 2 started at a checkpoint attempt 1 completed (its ranks may have run ahead of the steps its daemon
+    # relayed before the kill), and the run's curve continues attempt 1's
+    by_attempt = {a: {p["step"]: p["loss"] for p in run["progress"] if p["attempt"] == a} for a in (1, 2)}
+    resumed = run["resumed_from_step"]
+    assert resumed is not None and 0 < resumed < 40 and resumed % 5 == 0
+    assert min(by_attempt[2]) == resumed == run["metrics"]["resumed_from_step"]
+    assert sorted(by_attempt[2]) == list(range(resumed, 40))
+    curve = run["metrics"]["loss"]
+    assert len(curve) == 40 and curve[resumed:] == [by_attempt[2][s] for s in range(resumed, 40)]
+    relayed = sorted(by_attempt[1])
+    assert len(relayed) >= 7 and all(abs(curve[s] - by_attempt[1][s]) <= 1e-5 for s in relayed if s < 40)
     # Completed exactly once: the second worker reported success once; a repeat completion is refused.
     assert second.log.read_text().count(f"run {run_id} succeeded") == 1
     wtoken = server.token("worker")
@@ -157,3 +174,28 @@ def test_sigkilled_worker_run_is_completed_once_by_another(live_server_factory: 
     time.sleep(2)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(tmp_path / "a") not in ps
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_worker_daemons_on_one_host_form_a_two_node_run(live_server_factory: Callable[..., LiveServer],
+                                                            workers: list[Worker], tmp_path: Path) -> None:
+    """``paraplan worker --gpus 2`` twice on one host: the 2-node plan (2 x 2 gloo ranks) is claimed by both, runs
+    as one torch.distributed job of 4 ranks, and trains as the single-process model does."""
+    from tests.worker.test_equivalence import reference_losses
+
+    server = live_server_factory()
+    http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token('admin')}"})
+    req = request(8, max_tp=1, max_pp=1, zero=0)
+    req["cluster"] = {"gpu": "cpu", "nodes": 2, "gpus_per_node": 2}
+    plan, run_id = submit_run(http, req, steps=3)
+    for name in ("n0", "n1"):
+        workers.append(Worker(server, server.token("worker"), tmp_path / name, name, "--gpus", "2"))
+    run = wait_run(http, run_id, 180, terminal)
+    logs = [w.log.read_text(errors="replace")[-2000:] for w in workers]
+    assert run["status"] == "succeeded", (run.get("error"), logs)
+    assert run["attempts"] == 1 and run["nodes_needed"] == 2
+    assert sorted(n["node_rank"] for n in run["nodes"]) == [0, 1] and len({n["worker_id"] for n in run["nodes"]}) == 2
+    m = run["metrics"]
+    assert m["world_size"] == 4 and m["nnodes"] == 2 and len(m["peak_memory_gib_per_rank"]) == 4
+    assert m["loss"] == pytest.approx(reference_losses(plan, 3), abs=1e-4)

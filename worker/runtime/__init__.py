@@ -7,4 +7,6 @@
 - ``apply_checkpointing`` (``checkpointing``): per-layer full or selective activation recompute
 - ``apply_plan`` / ``parallelize`` (``parallelize``): all of the above for a plan (on a given model / a built
   one); ``train.run_plan`` trains and measures
+- ``train_checkpoint``: model / optimizer / RNG / position checkpoints with torch.distributed.checkpoint, resumed
+  from the newest complete one; ``data.TokenFile``: a tokenized dataset file, one shard per data-parallel rank
 """

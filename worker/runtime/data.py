@@ -1,12 +1,18 @@
-"""Synthetic training data: the same global batch on every rank for a (seed, step), each rank taking its part.
+"""Training data: synthetic tokens (the same global batch on every rank for a (seed, step), each rank taking its
+part), or a tokenized dataset file from which each data-parallel rank reads only its own rows.
 
-The global batch is generated whole and sliced, so a plan and the single-process model see the very same
-tokens; that is what makes their losses comparable.
+The synthetic global batch is generated whole and sliced, so a plan and the single-process model see the very
+same tokens; that is what makes their losses comparable.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import torch
+
+from solvers.run_layout import TOKEN_DTYPES
 
 
 def global_batch(vocab_size: int, batch: int, seq_length: int, seed: int, step: int) -> torch.Tensor:
@@ -24,3 +30,35 @@ def local_batch(tokens: torch.Tensor, dp_rank: int, dp: int, sp_rank: int = 0, s
     cols = inputs.shape[1] // sp
     sl = slice(sp_rank * cols, (sp_rank + 1) * cols)
     return inputs[:, sl].contiguous(), labels[:, sl].contiguous()
+
+
+class TokenFile:
+    """A tokenized dataset: one flat array of token ids (uint16 or uint32, as written by e.g. nanoGPT's prepare
+    scripts), read with ``numpy.memmap``. The file is cut into consecutive windows of ``seq_length + 1`` tokens;
+    sample ``g`` of the run (``g = step * global_batch + row``) is window ``g mod windows``. Data-parallel rank ``r``
+    of ``dp`` reads rows ``[r, r + 1) * global_batch / dp`` of each step: its own shard, disjoint from the other
+    ranks', the same on every attempt (the data position is the step, which checkpoints carry)."""
+
+    def __init__(self, path: Path, dtype: str, seq_length: int, vocab_size: int) -> None:
+        if dtype not in TOKEN_DTYPES:
+            raise ValueError(f"dtype {dtype!r}: one of {', '.join(TOKEN_DTYPES)}")
+        self.path, self.window, self.vocab_size = path, seq_length + 1, vocab_size
+        itemsize = np.dtype(dtype).itemsize
+        size = path.stat().st_size  # FileNotFoundError names the path
+        if size % itemsize:
+            raise ValueError(f"{path}: {size} bytes is not a whole number of {dtype} tokens")
+        self.tokens = np.memmap(path, dtype=dtype, mode="r")
+        self.windows = len(self.tokens) // self.window
+        if self.windows == 0:
+            raise ValueError(f"{path}: {len(self.tokens)} tokens, fewer than one sample of {self.window}")
+        top = int(self.tokens.max())  # one pass at the start: a bad id fails the run before it trains, not mid-way
+        if top >= vocab_size:
+            raise ValueError(f"{path}: token id {top} is outside the model's vocabulary of {vocab_size}")
+
+    def rows(self, step: int, global_batch: int, dp_rank: int, dp: int) -> torch.Tensor:
+        """This data-parallel rank's rows of ``step``'s global batch: (global_batch / dp, seq_length + 1) ids."""
+        per_rank = global_batch // dp
+        first = step * global_batch + dp_rank * per_rank
+        windows = [(first + i) % self.windows for i in range(per_rank)]
+        return torch.from_numpy(np.stack([self.tokens[w * self.window:(w + 1) * self.window] for w in windows])
+                                .astype(np.int64))

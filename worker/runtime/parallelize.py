@@ -100,11 +100,13 @@ class ParallelModel:
         dtype = torch.float16 if self.plan.precision == "fp16" else torch.bfloat16
         return torch.autocast(self.device.type, dtype=dtype, enabled=enabled)
 
-    def train_step(self, tokens: torch.Tensor) -> float:
-        """One optimizer step on the global batch ``tokens`` (batch, seq + 1); returns the global mean loss."""
+    def train_step(self, tokens: torch.Tensor, rows_are_local: bool = False) -> float:
+        """One optimizer step on the global batch ``tokens`` (batch, seq + 1), or with ``rows_are_local`` on this
+        data-parallel rank's rows of it (a dataset shard); returns the global mean loss."""
         assert self.optimizer is not None
         plan = self.plan
-        inputs, labels = local_batch(tokens, self.dp_rank, plan.dp, self.sp_rank, plan.sequence_parallel)
+        dp_rank, dp = (0, 1) if rows_are_local else (self.dp_rank, plan.dp)
+        inputs, labels = local_batch(tokens, dp_rank, dp, self.sp_rank, plan.sequence_parallel)
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         loss_sum, count = 0.0, 0
         # Forward and backward of a vocabulary-parallel loss must both run inside loss_parallel().

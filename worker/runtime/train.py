@@ -1,11 +1,15 @@
 """The training entrypoint the worker launches with ``torch.distributed.run`` (one process per rank).
 
     python -m torch.distributed.run --standalone --nproc-per-node N -m worker.runtime.train \
-        --plan plan.json --steps 20 --out metrics.json [--progress progress.jsonl]
+        --plan plan.json --steps 20 --out metrics.json [--progress progress.jsonl] \
+        [--checkpoint-dir DIR --checkpoint-every K] [--dataset tokens.bin --dataset-dtype uint16]
 
 ``plan.json`` is a plan document (``{"request": ..., "result": ...}`` as ``GET /v1/plans/{id}`` returns it).
 Rank 0 appends one JSON line per step to ``--progress`` and writes the metrics to ``--out``. An invalid plan
-writes ``{"error": ..., "problems": [...]}`` and exits with status 2 (not worth retrying).
+(or dataset) writes ``{"error": ..., "problems": [...]}`` and exits with status 2 (not worth retrying).
+With ``--checkpoint-dir`` the run first resumes from the newest complete checkpoint there, and with
+``--checkpoint-every K`` saves one every K steps (``train_checkpoint``); ``--dataset`` trains on a tokenized
+file instead of synthetic tokens (``data.TokenFile``).
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ import torch.distributed as dist
 from solvers.documents import HybridResult
 from solvers.errors import SpecError
 from solvers.request import HybridRequest
-from worker.runtime.data import global_batch
+from worker.runtime import train_checkpoint
+from worker.runtime.data import TokenFile, global_batch
 from worker.runtime.metrics import peak_memory_gib, summarize
 from worker.runtime.parallelize import parallelize
 from worker.runtime.plan import RuntimePlan, from_document, load_plan
 
 EXIT_INVALID_PLAN = 2
-StepCallback = Callable[[int, float, float], None]
+StepCallback = Callable[[int, float, float, int | None], None]  # step, loss, step time, resumed from step
 
 
 def pick_device(request: HybridRequest | None) -> torch.device:
@@ -50,25 +55,42 @@ def init_distributed(device: torch.device) -> None:
 
 
 def run_plan(plan: RuntimePlan, steps: int, device: torch.device, seed: int = 0, warmup: int = 1,
-             on_step: StepCallback | None = None) -> dict[str, object]:
-    """Train ``steps`` steps of ``plan`` in the current process group; every rank returns the metrics."""
+             on_step: StepCallback | None = None, checkpoint_dir: Path | None = None, checkpoint_every: int = 0,
+             dataset: TokenFile | None = None) -> dict[str, object]:
+    """Train ``plan`` up to ``steps`` steps in the current process group (from the newest complete checkpoint in
+    ``checkpoint_dir`` when there is one, saving one every ``checkpoint_every`` steps); every rank returns the
+    metrics, whose ``loss`` is the whole curve (a resumed attempt's starts with the checkpoint's)."""
     pm = parallelize(plan, seed, device)
-    losses: list[float] = []
+    assert pm.optimizer is not None
+    start, losses, resumed_from = 0, [], None
+    if checkpoint_dir is not None:
+        resumed = train_checkpoint.resume(checkpoint_dir, pm.modules, pm.optimizer)
+        if resumed is not None:
+            start, losses, resumed_from = resumed.step, list(resumed.losses), resumed.step
     times: list[float] = []
     dist.barrier()
-    for step in range(steps):
-        tokens = global_batch(plan.model.vocab_size, plan.global_batch_size, plan.seq_length, seed, step)
-        start = time.perf_counter()
-        loss = pm.train_step(tokens)  # ends in an all-reduce: every rank has finished the step
+    for step in range(start, steps):
+        start_t = time.perf_counter()
+        if dataset is not None:  # this data-parallel rank's rows only
+            loss = pm.train_step(dataset.rows(step, plan.global_batch_size, pm.dp_rank, plan.dp), rows_are_local=True)
+        else:
+            loss = pm.train_step(global_batch(plan.model.vocab_size, plan.global_batch_size, plan.seq_length, seed,
+                                              step))
+        # train_step ends in an all-reduce: every rank has finished the step
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - start_t)
         losses.append(loss)
-        if on_step is not None:
-            on_step(step, loss, times[-1])
+        done = step + 1
+        if checkpoint_dir is not None and checkpoint_every and done % checkpoint_every == 0 and done < steps:
+            train_checkpoint.save(checkpoint_dir, done, pm.modules, pm.optimizer, losses)
+        if on_step is not None:  # after the checkpoint: a reported step is never lost with more than its own work
+            on_step(step, loss, times[-1], resumed_from)
     memory = [0.0] * dist.get_world_size()
     dist.all_gather_object(memory, peak_memory_gib(device))
-    return summarize(plan, times, min(warmup, steps - 1), losses, memory, [*plan.notes, *pm.notes])
+    metrics = summarize(plan, times, min(warmup, max(len(times) - 1, 0)), losses, memory, pm.notes)
+    metrics["resumed_from_step"] = resumed_from
+    return metrics
 
 
 def exit_with_launcher(poll_s: float = 1.0) -> None:
@@ -89,11 +111,23 @@ def _progress_writer(path: Path | None) -> StepCallback | None:
     if path is None:
         return None
 
-    def write(step: int, loss: float, step_time: float) -> None:
+    def write(step: int, loss: float, step_time: float, resumed_from: int | None) -> None:
+        point: dict[str, object] = {"step": step, "loss": loss, "step_time_s": step_time}
+        if resumed_from is not None:
+            point["resumed_from_step"] = resumed_from
         with path.open("a") as f:
-            f.write(json.dumps({"step": step, "loss": loss, "step_time_s": step_time}) + "\n")
+            f.write(json.dumps(point) + "\n")
 
     return write
+
+
+def _open_dataset(path: Path | None, dtype: str, plan: RuntimePlan) -> TokenFile | None:
+    if path is None:
+        return None
+    try:
+        return TokenFile(path, dtype, plan.seq_length, plan.model.vocab_size)
+    except (OSError, ValueError) as err:
+        raise SpecError.at(("dataset", "path"), str(err)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--progress", type=Path)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--checkpoint-dir", type=Path)
+    ap.add_argument("--checkpoint-every", type=int, default=0)
+    ap.add_argument("--dataset", type=Path)
+    ap.add_argument("--dataset-dtype", default="uint16")
     args = ap.parse_args(argv)
     exit_with_launcher()
     loaded: tuple[HybridRequest, HybridResult | None] | SpecError
@@ -118,13 +156,15 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(loaded, SpecError):
             raise loaded
         plan = from_document(*loaded, world_size=dist.get_world_size())
+        dataset = _open_dataset(args.dataset, args.dataset_dtype, plan)
     except SpecError as err:
         if rank == 0:
             args.out.write_text(json.dumps({"error": str(err), "problems": err.as_detail()}))
         dist.destroy_process_group()
         return EXIT_INVALID_PLAN
     metrics = run_plan(plan, args.steps, device, seed=args.seed, warmup=args.warmup,
-                       on_step=_progress_writer(args.progress) if rank == 0 else None)
+                       on_step=_progress_writer(args.progress) if rank == 0 else None,
+                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, dataset=dataset)
     if rank == 0:
         metrics["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         metrics["torch_version"] = torch.__version__

@@ -1,7 +1,7 @@
 """Calibration sets (#34): the analytic model's constants fitted for one GPU type and stack, versioned by name.
 
 Revision ID: c34a7e51
-Revises: 0001
+Revises: 31runresume
 Create Date: 2026-12-03 15:00:00
 """
 from alembic import op
@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 
 revision = 'c34a7e51'
-down_revision = '0001'
+down_revision = '31runresume'
 branch_labels = None
 depends_on = None
 

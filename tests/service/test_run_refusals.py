@@ -1,0 +1,55 @@
+"""A run is queued only for a plan the worker executes exactly: every plan the runtime would approximate (per-layer
+mixes, cp, ZeRO-1, ZeRO-0 with TP or PP, an uneven interleaved split, MoE, bf16 on CPU ranks) and
+every FlexSP / Spindle plan is refused over HTTP with 422 naming the plan's field, on both run endpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from service.db.engine import Database
+from service.demo import DEMO_REQUESTS
+from tests.contract_json import solve
+from tests.service.helpers import store_plan
+from tests.worker.plans import REFUSED, plan_doc
+
+pytestmark = pytest.mark.db
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_a_plan_the_worker_would_approximate_is_refused_naming_the_field(
+        client: Any, db: Database, make_token: Callable[[str], str], name: str) -> None:
+    doc, loc, reason = REFUSED[name]
+    plan_id = store_plan(db, doc["request"], doc["result"])
+    submit = {"Authorization": f"Bearer {make_token('submit')}"}
+    for path, body in ((f"/v1/plans/{plan_id}/runs", {"steps": 3}), ("/v1/runs", {"plan_id": plan_id, "steps": 3})):
+        r = client.post(path, json=body, headers=submit)
+        assert r.status_code == 422, (name, path, r.text)
+        problem = next((p for p in r.json()["detail"] if p["loc"] == ["plan", *loc]), None)
+        assert problem is not None and reason in problem["msg"], (name, r.json())
+    assert client.get("/v1/runs", params={"plan_id": plan_id}).json() == []  # nothing was queued
+
+
+@pytest.mark.parametrize("kind", ["flexsp", "spindle"])
+def test_plans_without_a_runtime_are_refused_naming_their_kind(client: Any, db: Database, kind: str) -> None:
+    request = DEMO_REQUESTS[kind]
+    plan_id = store_plan(db, request, solve(request), kind=kind)
+    r = client.post(f"/v1/plans/{plan_id}/runs", json={"steps": 3})
+    assert r.status_code == 422
+    assert r.json()["detail"] == [{"loc": ["plan", "kind"], "type": "value_error",
+                                   "msg": f"a {kind} plan: the worker runs hybrid plans only ({kind} plans have no "
+                                          "runtime yet)"}]
+
+
+def test_an_exact_plan_is_queued_on_both_endpoints(client: Any, db: Database) -> None:
+    doc = plan_doc(tp=2, dp=2, sp="megatron", zero=3, recompute="selective")
+    plan_id = store_plan(db, doc["request"], doc["result"])
+    a = client.post(f"/v1/plans/{plan_id}/runs", json={"steps": 3})
+    b = client.post("/v1/runs", json={"plan_id": plan_id, "steps": 4})
+    assert (a.status_code, b.status_code) == (201, 201), (a.text, b.text)
+    assert {r["steps"] for r in client.get("/v1/runs", params={"plan_id": plan_id}).json()} == {3, 4}
+    missing = client.post("/v1/runs", json={"steps": 4})
+    assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == ["body", "plan_id"]
+    assert client.post("/v1/runs", json={"plan_id": "nope", "steps": 4}).status_code == 404
