@@ -84,14 +84,25 @@ class BaselinePlanDoc(Document):
 
 
 class ExactReport(Document):
-    """The CP-SAT model's run, where the request asked for it."""
+    """The CP-SAT model's run, where the request asked for it. Its objective is the time model's makespan
+    (transfers and gradient sync are added when the solution is timed, ``model_solution_iteration_time_s``)."""
 
     warm_start: str
     warm_start_iteration_time_s: float
-    status: str
+    status: str = Field(description="CP-SAT's: OPTIMAL (proved), FEASIBLE (stopped by a limit), ...")
+    stopped_by: Literal["solved", "deterministic_limit", "wall_clock"] = Field(
+        description="what ended the search: solved (proved optimal), deterministic_limit (the reproducible "
+                    "budget), wall_clock (the safety net: a rerun may differ)")
     wall_s: float
+    workers: int = 1
+    seed: int = 0
+    deterministic_time_limit: float
+    deterministic_time: float = Field(description="CP-SAT's deterministic time spent")
     model_makespan_s: float | None = None
-    model_bound_s: float | None = None
+    model_bound_s: float | None = Field(default=None, description="CP-SAT's best bound on the model's makespan")
+    model_gap: float | None = Field(default=None, description="(model_makespan_s - model_bound_s) / model_makespan_s; "
+                                                              "0: proved optimal for the time model")
+    polish_wall_capped: bool = False
     model_solution_iteration_time_s: float | None = None
     iteration_time_s: float | None = None
 
@@ -109,6 +120,9 @@ class SpindleSearch(Document):
     candidates_iteration_time_s: dict[str, float | None] = Field(
         default_factory=dict, description="every heuristic candidate's iteration time; null: over the memory limit")
     exact: ExactReport | None = None
+    reproducible: bool = Field(default=True, description="every search stopped on a budget of work, none on a "
+                                                        "wall-clock safety net, and CP-SAT ran one worker: the "
+                                                        "same request gives the same plan")
     time_s: float
     solver: str | None = None
 
