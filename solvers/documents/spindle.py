@@ -53,6 +53,17 @@ class WaveDoc(Document):
     metaops: list[str]
 
 
+class WeightReshardDoc(Document):
+    """RL post-training: the updated weights of a module that is both trained and run for generation, brought
+    into the generation slices' layout before the next step's rollout (exposed in ``iteration_time_s``)."""
+
+    time_s: float
+    max_gib_per_device: float = Field(description="the most one generation device receives")
+    generation_devices: int
+    colocation: Literal["co-located", "separate", "partly co-located"] = Field(
+        description="whether the generation devices also train the module: co-located (all), separate (none)")
+
+
 class SpindleEstimate(Document):
     iteration_time_s: float
     makespan_s: float | None = None
@@ -68,6 +79,8 @@ class SpindleEstimate(Document):
     memory_limit_gib: float | None = None
     utilization: float | None = None
     module_grad_sync_s: dict[str, float] = Field(default_factory=dict)
+    weight_reshard: dict[str, WeightReshardDoc] = Field(
+        default_factory=dict, description="per module trained and run for generation (RL): the weight reshard")
     speedup_vs_sequential: float | None = None
 
 

@@ -126,7 +126,10 @@ def estimate_dict(problem: Problem, ev: Evaluation) -> dict[str, Any]:
             "memory_gib_per_device": [m / _GIB for m in ev.memory_bytes] if estimated else [],
             "memory_estimated": estimated, "fits": ev.fits,
             "memory_limit_gib": problem.memory_limit_bytes / _GIB, "utilization": ev.utilization,
-            "module_grad_sync_s": ev.module_sync_s}
+            "module_grad_sync_s": ev.module_sync_s,
+            "weight_reshard": {r.module: {"time_s": r.time_s, "max_gib_per_device": r.max_bytes_per_device / _GIB,
+                                          "generation_devices": r.generation_devices, "colocation": r.colocation}
+                               for r in ev.reshards}}
 
 
 def _exact(problem: Problem, ranges: list[DeviceRange], warm: Planned, opt: SpindleOptions,

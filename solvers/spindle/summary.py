@@ -49,6 +49,9 @@ def summarise(request: Mapping[str, Any], result: SpindleResult) -> list[str]:
         lines.append(f"peak memory {est.peak_memory_gib:.1f} GiB per device{limit}")
     elif not est.memory_estimated:
         lines.append("memory not estimated: explicit per-layer times, no module shapes")
+    for module, move in est.weight_reshard.items():
+        lines.append(f"weight reshard of {module} into the generation layout: {seconds(move.time_s)} "
+                     f"({move.colocation}, up to {move.max_gib_per_device:.2f} GiB per generation device)")
     if result.search.exact is not None:
         lines.append(exact_line(result.search.exact))
     if not result.search.reproducible:
