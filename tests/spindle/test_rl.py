@@ -4,6 +4,7 @@ layout, co-located or on a separate device group, through the public entry point
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,8 +13,10 @@ from solvers import api
 from solvers.documents import SpindleEstimateResult, SpindleResult
 from solvers.spindle.api import build_problem, parse_request
 from solvers.spindle.cost import ACHIEVED_LINK_SHARE, LINK_LATENCY_S
+from solvers.spindle.layouts import Layout
 from solvers.spindle.schedule import Placement, evaluate, timeline
 from solvers.spindle.summary import summarise
+from solvers.strategy import LayerStrategy
 
 POLICY = {"name": "policy", "num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8, "seq_length": 256,
           "causal": True}
@@ -131,3 +134,23 @@ def test_an_off_policy_step_runs_the_update_beside_the_rollout_and_pays_the_resh
     synchronous = api.solve(rl_request(nodes, per_node))
     assert isinstance(synchronous, SpindleResult)
     assert out.estimate.iteration_time_s < synchronous.estimate.iteration_time_s
+
+
+@pytest.mark.parametrize(("strategy", "held"), [(LayerStrategy(tp=2, dp=2, zero=1), 1 / 2),
+                                                 (LayerStrategy(tp=2, dp=2, zero=3), 1 / 4),
+                                                 (LayerStrategy(tp=1, dp=4, zero=2), 1.0)])
+def test_a_sharding_training_layout_gathers_the_rest_of_the_weights(strategy: LayerStrategy, held: float) -> None:
+    request = rl_request(1, 4)
+    problem = build_problem(parse_request(request))
+    wl = problem.workload
+    update = wl.index["update"]
+    layouts = tuple(Layout(strategy, 1.0, 0.0, 0.0, 0.0) if n == 4 else None for n in range(1, 5))
+    ops = tuple(replace(op, layouts=layouts) if i == update else op for i, op in enumerate(wl.ops))
+    problem = replace(problem, workload=replace(wl, ops=ops))
+    slices = timeline(problem, [Placement(i, wl.ops[i].layers, 0, 4) for i in range(3)])
+    (move,) = evaluate(problem, slices).reshards
+    nbytes = (1 - held) * _policy_bytes(request)
+    bandwidth = parse_request(request).cluster.intra_GBps * 1e9 * ACHIEVED_LINK_SHARE
+    assert move.colocation == "co-located"
+    assert move.max_bytes_per_device == pytest.approx(nbytes)
+    assert move.time_s == pytest.approx(nbytes / bandwidth + (LINK_LATENCY_S if nbytes else 0.0))
