@@ -6,7 +6,8 @@
     .venv/bin/python bench/spindle.py --explicit      # time model only: compares 1:1 with the reference planner
 
 Columns: lower bound max(work/N, critical path); the wavefront planner's iteration time and planning time;
-the exact model's (CP-SAT, warm-started from the wavefront plan); the returned plan's ratio to the lower
+the exact model's (CP-SAT, warm-started from the wavefront plan, one worker: what stopped it and its gap to
+its own bound; a deterministic budget stop is reproducible); the returned plan's ratio to the lower
 bound; the best baseline (sequential on the full cluster, uniform or Optimus-style task partitions) and the
 speed-up over sequential. Goals: ratio <= 1.10, never worse than the best baseline, wavefront <= 1 s,
 exact <= 10 s and never worse than its warm start.
@@ -50,14 +51,15 @@ def main() -> int:
     ap.add_argument("--presets", nargs="*", default=sorted(WORKLOAD_PRESETS))
     ap.add_argument("--gpus", nargs="*", type=int, default=[8, 16, 32, 64])
     ap.add_argument("--no-exact", action="store_true")
-    ap.add_argument("--limit", type=float, default=10.0, help="exact model wall-clock limit, s")
+    ap.add_argument("--limit", type=float, default=10.0,
+                    help="exact_time_limit_s: the wall-clock safety net and, through it, the deterministic budget")
     ap.add_argument("--gantt", type=Path, help="write the Gantt SVG of every case into this folder")
     ap.add_argument("--explicit", action="store_true",
                     help="presets as explicit per-layer times only (no memory / communication terms)")
     args = ap.parse_args()
-    head = (f"{'preset':15} {'GPUs':>4} {'LB s':>8} {'ref/LB':>6} {'heur s':>8} {'/LB':>5} {'plan s':>6} "
-            f"{'exact s':>8} {'cp s':>5} {'final s':>8} {'/LB':>5} {'best base s':>11} {'vs base':>7} "
-            f"{'vs seq':>6}  solver")
+    head = (f"{'preset':18} {'GPUs':>4} {'LB s':>8} {'ref/LB':>6} {'heur s':>8} {'/LB':>5} {'plan s':>6} "
+            f"{'exact s':>8} {'cp s':>5} {'stop':>5} {'gap':>6} {'final s':>8} {'/LB':>5} {'best base s':>11} "
+            f"{'vs base':>7} {'vs seq':>6}  solver")
     print(head)
     print("-" * (len(head) + 24))
     misses = []
@@ -68,7 +70,7 @@ def main() -> int:
             try:
                 r = solve(request(preset, gpus, not args.no_exact, args.limit, args.explicit)).to_json()
             except InfeasibleError as err:  # (the 70B preset on 8-16 A100s: its states alone do not fit)
-                print(f"{preset:15} {gpus:4d}  no plan fits: {err.problems[0].msg}")
+                print(f"{preset:18} {gpus:4d}  no plan fits: {err.problems[0].msg}")
                 continue
             ratios.append(r["ratio_to_lower_bound"])
             if s_ref := r["search"].get("reference_iteration_time_s"):
@@ -91,15 +93,20 @@ def main() -> int:
             if missed:
                 misses.append(f"{preset} @ {gpus}: {', '.join(missed)}")
             ref_txt = f"{ref / lb:6.3f}" if ref is not None else " nofit"
-            print(f"{preset:15} {gpus:4d} {lb:8.4f} {ref_txt} {s['wavefront_iteration_time_s']:8.4f} "
+            stop = {"solved": "opt", "deterministic_limit": "det", "wall_clock": "WALL"}.get(ex.get("stopped_by"), "-")
+            gap = f"{100 * ex['model_gap']:5.2f}%" if ex.get("model_gap") is not None else "     -"
+            print(f"{preset:18} {gpus:4d} {lb:8.4f} {ref_txt} {s['wavefront_iteration_time_s']:8.4f} "
                   f"{s['wavefront_iteration_time_s'] / lb:5.3f} {s['wavefront_s']:6.3f} {ex_t:8.4f} "
-                  f"{ex.get('wall_s', 0.0):5.2f} {final:8.4f} {r['ratio_to_lower_bound']:5.3f} {best:11.4f} "
+                  f"{ex.get('wall_s', 0.0):5.2f} {stop:>5} {gap} {final:8.4f} {r['ratio_to_lower_bound']:5.3f} "
+                  f"{best:11.4f} "
                   f"{best / final:7.3f} {r['estimate'].get('speedup_vs_sequential', 0):6.3f}  {s['solver']}"
                   f"{'' if not missed else '  MISS'}")
             if args.gantt:
                 args.gantt.mkdir(parents=True, exist_ok=True)
                 (args.gantt / f"{preset}-{gpus}.svg").write_text(gantt_svg(r))
-    print("\nref/LB: the reference algorithm alone (fluid wavefront, locality line-up; nofit: over memory); heur: the "
+    print("\nstop: what ended CP-SAT (opt: proved optimal, det: its deterministic budget, reproducible; WALL: the "
+          "wall-clock safety net, not reproducible); gap: (model makespan - CP-SAT bound) / model makespan")
+    print("ref/LB: the reference algorithm alone (fluid wavefront, locality line-up; nofit: over memory); heur: the "
           "planner portfolio + polish; exact: CP-SAT warm-started, never worse than its warm start; final: returned "
           "plan; vs base: best baseline / final")
     if ratios:

@@ -53,6 +53,17 @@ class WaveDoc(Document):
     metaops: list[str]
 
 
+class WeightReshardDoc(Document):
+    """RL post-training: the updated weights of a module that is both trained and run for generation, brought
+    into the generation slices' layout before the next step's rollout (exposed in ``iteration_time_s``)."""
+
+    time_s: float
+    max_gib_per_device: float = Field(description="the most one generation device receives")
+    generation_devices: int
+    colocation: Literal["co-located", "separate", "partly co-located"] = Field(
+        description="whether the generation devices also train the module: co-located (all), separate (none)")
+
+
 class SpindleEstimate(Document):
     iteration_time_s: float
     makespan_s: float | None = None
@@ -68,6 +79,8 @@ class SpindleEstimate(Document):
     memory_limit_gib: float | None = None
     utilization: float | None = None
     module_grad_sync_s: dict[str, float] = Field(default_factory=dict)
+    weight_reshard: dict[str, WeightReshardDoc] = Field(
+        default_factory=dict, description="per module trained and run for generation (RL): the weight reshard")
     speedup_vs_sequential: float | None = None
 
 
@@ -84,14 +97,25 @@ class BaselinePlanDoc(Document):
 
 
 class ExactReport(Document):
-    """The CP-SAT model's run, where the request asked for it."""
+    """The CP-SAT model's run, where the request asked for it. Its objective is the time model's makespan
+    (transfers and gradient sync are added when the solution is timed, ``model_solution_iteration_time_s``)."""
 
     warm_start: str
     warm_start_iteration_time_s: float
-    status: str
+    status: str = Field(description="CP-SAT's: OPTIMAL (proved), FEASIBLE (stopped by a limit), ...")
+    stopped_by: Literal["solved", "deterministic_limit", "wall_clock"] = Field(
+        description="what ended the search: solved (proved optimal), deterministic_limit (the reproducible "
+                    "budget), wall_clock (the safety net: a rerun may differ)")
     wall_s: float
+    workers: int = 1
+    seed: int = 0
+    deterministic_time_limit: float
+    deterministic_time: float = Field(description="CP-SAT's deterministic time spent")
     model_makespan_s: float | None = None
-    model_bound_s: float | None = None
+    model_bound_s: float | None = Field(default=None, description="CP-SAT's best bound on the model's makespan")
+    model_gap: float | None = Field(default=None, description="(model_makespan_s - model_bound_s) / model_makespan_s; "
+                                                              "0: proved optimal for the time model")
+    polish_wall_capped: bool = False
     model_solution_iteration_time_s: float | None = None
     iteration_time_s: float | None = None
 
@@ -109,6 +133,9 @@ class SpindleSearch(Document):
     candidates_iteration_time_s: dict[str, float | None] = Field(
         default_factory=dict, description="every heuristic candidate's iteration time; null: over the memory limit")
     exact: ExactReport | None = None
+    reproducible: bool = Field(default=True, description="every search stopped on a budget of work, none on a "
+                                                        "wall-clock safety net, and CP-SAT ran one worker: the "
+                                                        "same request gives the same plan")
     time_s: float
     solver: str | None = None
 

@@ -13,7 +13,7 @@ from solvers.errors import InfeasibleError, SpecError, shown
 from solvers.request import parse
 from solvers.specs import ClusterSpec, Precision, memory_limit_bytes, memory_limit_note
 from solvers.spindle import baselines, exact, planner
-from solvers.spindle.bounds import device_ranges, lower_bound_s
+from solvers.spindle.bounds import DeviceRange, device_ranges, lower_bound_s
 from solvers.spindle.cost import Topology, device_model, explicit_metaop, module_metaop, slice_memory_bytes
 from solvers.spindle.layouts import LayoutQuery, layout_table
 from solvers.spindle.planner import Planned, better
@@ -29,7 +29,7 @@ from solvers.spindle.schedule import (
     violations,
 )
 from solvers.spindle.summary import summarise as summarise  # (SolverKind.summarise)
-from solvers.spindle.workload import MetaOp, MetaOpSpec, SpindleRequest, build_graph
+from solvers.spindle.workload import MetaOp, MetaOpSpec, SpindleOptions, SpindleRequest, build_graph
 from solvers.unknown_keys import unknown_key_problems
 
 Progress = Callable[[float, str], None]
@@ -121,7 +121,41 @@ def estimate_dict(problem: Problem, ev: Evaluation) -> dict[str, Any]:
             "memory_gib_per_device": [m / _GIB for m in ev.memory_bytes] if estimated else [],
             "memory_estimated": estimated, "fits": ev.fits,
             "memory_limit_gib": problem.memory_limit_bytes / _GIB, "utilization": ev.utilization,
-            "module_grad_sync_s": ev.module_sync_s}
+            "module_grad_sync_s": ev.module_sync_s,
+            "weight_reshard": {r.module: {"time_s": r.time_s, "max_gib_per_device": r.max_bytes_per_device / _GIB,
+                                          "generation_devices": r.generation_devices, "colocation": r.colocation}
+                               for r in ev.reshards}}
+
+
+def _exact(problem: Problem, ranges: list[DeviceRange], warm: Planned, opt: SpindleOptions,
+           seed: int) -> tuple[Planned, dict[str, Any]]:
+    """The CP-SAT model warm-started from ``warm``, its solution polished; the better of the two and the report.
+
+    CP-SAT gets 90 % of the request's limit as a wall-clock safety net and a deterministic budget standing for
+    the whole limit (``exact.deterministic_budget``); the polish after it a work budget of at most the other
+    10 %, so with one worker the outcome depends on the request alone."""
+    dtime = (exact.deterministic_budget(opt.exact_time_limit_s) if opt.exact_deterministic_time is None
+             else opt.exact_deterministic_time)
+    res = exact.solve(problem, ranges, hint=warm.placements, time_limit_s=0.9 * opt.exact_time_limit_s,
+                      deterministic_time=dtime, workers=opt.exact_workers, seed=seed)
+    out: dict[str, Any] = {
+        "warm_start": warm.name, "warm_start_iteration_time_s": warm.evaluation.iteration_time_s,
+        "status": res.status, "stopped_by": res.stopped_by, "wall_s": res.wall_s, "workers": opt.exact_workers,
+        "seed": seed, "deterministic_time_limit": dtime, "deterministic_time": res.deterministic_time,
+        "model_makespan_s": res.makespan_s, "model_bound_s": res.bound_s, "model_gap": res.gap,
+        "polish_wall_capped": False}
+    if res.placements is None:
+        return warm, out
+    slices = timeline(problem, res.placements)
+    polished = polish(problem, ranges, Planned("cp-sat", res.placements, slices, evaluate(problem, slices)),
+                      min(opt.polish_time_s, 0.1 * opt.exact_time_limit_s))
+    cand = polished.plan
+    out["polish_wall_capped"] = polished.wall_capped
+    out["model_solution_iteration_time_s"] = cand.evaluation.iteration_time_s
+    if not better(warm, cand):  # the model ignores gradient sync: keep the warm start if it is better
+        cand = warm
+    out["iteration_time_s"] = cand.evaluation.iteration_time_s
+    return cand, out
 
 
 def validate(request: dict[str, Any]) -> None:
@@ -142,10 +176,12 @@ def solve(request: dict[str, Any], progress: Progress | None = None) -> SpindleR
     # local search from the best plan and from the runners-up (other basins), the budget shared
     starts = [portfolio.best, *portfolio.runners_up]
     heur = portfolio.best
+    wall_capped = False  # a wall-clock safety net ended a search: the plan may differ from run to run
     for start in starts:
-        cand = polish(problem, ranges, start, opt.polish_time_s / len(starts))
-        if better(heur, cand):
-            heur = cand
+        polished = polish(problem, ranges, start, opt.polish_time_s / len(starts))
+        wall_capped |= polished.wall_capped
+        if better(heur, polished.plan):
+            heur = polished.plan
     t_heur = time.perf_counter() - t0
     best = heur
     search: dict[str, Any] = {"wavefront_s": t_heur, "wavefront_iteration_time_s": heur.evaluation.iteration_time_s,
@@ -155,27 +191,15 @@ def solve(request: dict[str, Any], progress: Progress | None = None) -> SpindleR
                               "candidates_iteration_time_s": scores}
     if req.options.exact:
         report(0.2, "exact model (CP-SAT)")
-        t_exact = time.perf_counter()
         # with transfers and gradient sync in the cost, a metaop moving between blocks mid-way costs what
         # the model can only bound; its search does best from a plan that keeps each metaop on one block
         warm = heur if problem.workload.explicit or portfolio.best_single is None else portfolio.best_single
-        search["exact"] = {"warm_start": warm.name, "warm_start_iteration_time_s": warm.evaluation.iteration_time_s}
-        res = exact.solve(problem, ranges, hint=warm.placements, time_limit_s=0.9 * opt.exact_time_limit_s,
-                          deterministic_time=opt.exact_deterministic_time, workers=opt.exact_workers,
-                          seed=req.constraints.seed)
-        search["exact"].update({"status": res.status, "wall_s": res.wall_s, "model_makespan_s": res.makespan_s,
-                                "model_bound_s": res.bound_s})
-        if res.placements is not None:
-            slices = timeline(problem, res.placements)
-            cand = Planned("cp-sat", res.placements, slices, evaluate(problem, slices))
-            left = opt.exact_time_limit_s - (time.perf_counter() - t_exact)
-            cand = polish(problem, ranges, cand, min(opt.polish_time_s, max(0.0, left)))
-            search["exact"]["model_solution_iteration_time_s"] = cand.evaluation.iteration_time_s
-            if not better(warm, cand):  # the model ignores gradient sync: keep the warm start if it is better
-                cand = warm
-            search["exact"]["iteration_time_s"] = cand.evaluation.iteration_time_s
-            if better(best, cand):
-                best = cand
+        found, exact_report = _exact(problem, ranges, warm, opt, req.constraints.seed)
+        search["exact"] = exact_report
+        wall_capped |= exact_report["stopped_by"] == "wall_clock" or exact_report["polish_wall_capped"]
+        if better(best, found):
+            best = found
+    search["reproducible"] = not wall_capped and (not opt.exact or opt.exact_workers == 1)
     report(0.9, "baselines")
     base = baselines.all_baselines(problem, ranges)
     for cand_b in base.values():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from solvers.errors import InfeasibleError
@@ -44,16 +45,60 @@ def op_time_s(op: MetaOp, n: int) -> float:
     return op.layers * op.layer_ms(n) / 1e3
 
 
+def _hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Lower convex hull of (duration, work) points, by increasing duration, cut where work stops falling."""
+    hull: list[tuple[float, float]] = []
+    for d, w in sorted(points):
+        while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (w - hull[-2][1])
+                                  <= (hull[-1][1] - hull[-2][1]) * (d - hull[-2][0])):
+            hull.pop()
+        hull.append((d, w))
+    least = min(range(len(hull)), key=lambda k: hull[k][1])
+    return hull[:least + 1]
+
+
+def _work_within(hull: list[tuple[float, float]], t: float) -> float:
+    """The least device-time that completes the metaop within ``t``: its layers split between two widths (the
+    hull's segment at ``t``), or its least-work width when that is fast enough."""
+    if t >= hull[-1][0]:
+        return hull[-1][1]
+    k = bisect.bisect_right([d for d, _ in hull], t)
+    (d0, w0), (d1, w1) = hull[k - 1], hull[k]
+    return w0 + (w1 - w0) * (t - d0) / (d1 - d0)
+
+
 def lower_bound_s(problem: Problem, ranges: list[DeviceRange] | None = None) -> float:
-    """max(total work / N, critical path): work at each metaop's most efficient width, path at its fastest."""
+    """No schedule of the time model is shorter than the least T with T >= the critical path (each metaop at its
+    fastest width) and sum over metaops of the least work that finishes each within T <= N * T.
+
+    Every metaop of a schedule of makespan T runs within T, on widths (several, when split into stages) whose
+    mix costs at least the lower convex envelope of its (duration, device-time) points at T; the N devices
+    offer N * T. Tighter than max(least work / N, critical path) where the most efficient widths are too slow
+    to fit in the makespan (narrow widths of many metaops on a big cluster)."""
     wl = problem.workload
     ranges = ranges or device_ranges(problem)
-    work = sum(min(n * op_time_s(op, n) for n in range(r.lo, r.hi + 1)) for op, r in zip(wl.ops, ranges, strict=True))
-    fastest = [min(op_time_s(op, n) for n in range(r.lo, r.hi + 1)) for op, r in zip(wl.ops, ranges, strict=True)]
+    hulls = [_hull([(op_time_s(op, n), n * op_time_s(op, n)) for n in range(r.lo, r.hi + 1)])
+             for op, r in zip(wl.ops, ranges, strict=True)]
+    fastest = [h[0][0] for h in hulls]
     finish = [0.0] * len(wl.ops)
     for v in wl.topo:
         finish[v] = fastest[v] + max((finish[u] for u in wl.preds[v]), default=0.0)
-    return max(work / problem.num_devices, max(finish))
+    n_dev = problem.num_devices
+
+    def fits(t: float) -> bool:
+        return sum(_work_within(h, t) for h in hulls) <= n_dev * t
+
+    lo = max(finish)
+    if fits(lo):
+        return lo
+    hi = max(lo, sum(h[-1][1] for h in hulls) / n_dev, max(h[-1][0] for h in hulls))
+    for _ in range(100):
+        if hi - lo <= 1e-12 * hi:
+            break
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    # (lo: the largest T found not to fit: every schedule is longer; the last bits of the bisection go to it)
+    return lo
 
 
 def bottom_levels_s(problem: Problem, ranges: list[DeviceRange]) -> list[float]:

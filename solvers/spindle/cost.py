@@ -7,7 +7,7 @@ a finished schedule (``schedule.evaluate``):
   the slice's data-parallel group (ZeRO-1); frozen / decode modules keep bf16 weights only (2 B/param);
 - activations: Spindle runs every wave's forward, then the backward in reverse, so a device holds the
   activations of all its training slices at the turn (34·s·h bytes per sample per layer with flash attention,
-  Korthikanti et al. 2022); decode slices hold their KV cache;
+  Korthikanti et al. 2022); a decode slice holds its KV cache while it runs (freed before the update);
 - activation transfer between dependent slices on different device blocks (forward + gradient back);
 - gradient all-reduce of each trained layer over every device that hosts it (tasks sharing a module sync
   together), after the module's last slice; NVLink inside a node, the node's NICs across nodes.
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from solvers.specs import ClusterSpec, ModelSpec, Precision
 from solvers.spindle.workload import MetaOp, MetaOpSpec, Mode
 
-_BF16 = 2.0
-_LINK_LATENCY_S = 20e-6
+BF16_BYTES = _BF16 = 2.0
+LINK_LATENCY_S = _LINK_LATENCY_S = 20e-6
 _NARROW = 256.0
-_ACHIEVED = 0.7  # fraction of nominal link bandwidth NCCL collectives reach
+ACHIEVED_LINK_SHARE = _ACHIEVED = 0.7  # fraction of nominal link bandwidth NCCL collectives reach
 
 
 def _flops_fwd_per_sample(model: ModelSpec, seq: int, layer: int) -> float:

@@ -8,6 +8,16 @@ is the makespan of the time model (transfers and gradient sync are added when th
 
 Segments come from the warm start (the wavefront plan's slices), which is given as a complete hint, so the
 solver only ever improves on it; with one segment per metaop and all widths it is exact for the time model.
+
+Reproducibility: one worker with a fixed seed stops at a deterministic-time budget, so two runs of one request
+on one OR-Tools build return the same schedule whatever the machine's load. The budget is derived from the
+request's wall-clock limit at ``DTIME_PER_S``. On this model CP-SAT's deterministic time advances only ~0.02-0.08
+units per wall second (one worker, the shared 2-core development machine: omni 0.044-0.061, clip-imagebind
+0.078, seedance 0.029), far below the nominal one per second; the former budget of 4 units was therefore never
+reached and every run ended on the wall clock, at a load-dependent point. The
+wall limit stays as a safety net; ``stopped_by`` says which limit ended the search. More workers run CP-SAT's
+parallel portfolio, which shares solutions by wall-clock timing (and in interleaved mode still overran its
+deterministic limit in our runs): faster, not reproducible.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from ortools.sat.python import cp_model
 
@@ -23,6 +34,10 @@ from solvers.spindle.cost import worst_transfer_s
 from solvers.spindle.schedule import Placement, Problem
 
 _US = 1e6
+# deterministic-time units per second of the request's limit: about half the slowest rate measured on a loaded
+# 2-core machine (see the module docstring), so the deterministic budget ends the search before the wall clock
+DTIME_PER_S = 0.01
+StoppedBy = Literal["solved", "deterministic_limit", "wall_clock"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,20 @@ class ExactResult:
     makespan_s: float | None
     bound_s: float | None
     wall_s: float
+    deterministic_time: float = 0.0  # CP-SAT's deterministic time spent
+    stopped_by: StoppedBy = "solved"
+
+    @property
+    def gap(self) -> float | None:
+        """(objective - best bound) / objective of the model's makespan; 0 when proved optimal."""
+        if self.makespan_s is None or self.bound_s is None or self.makespan_s <= 0:
+            return None
+        return (self.makespan_s - self.bound_s) / self.makespan_s
+
+
+def deterministic_budget(time_limit_s: float) -> float:
+    """The deterministic-time budget standing for ``time_limit_s`` seconds of search."""
+    return DTIME_PER_S * time_limit_s
 
 
 def _duration_us(problem: Problem, seg: Segment, n: int) -> int:
@@ -103,8 +132,11 @@ def _hint_times(problem: Problem, segs: Sequence[Segment], hint: Sequence[Placem
 
 def solve(problem: Problem, ranges: list[DeviceRange], hint: Sequence[Placement] | None = None,
           segments: Sequence[Segment] | None = None, time_limit_s: float = 10.0,
-          deterministic_time: float | None = None, workers: int = 2, seed: int = 0) -> ExactResult:
-    """Minimise the makespan; ``hint`` (placements in run order) fixes the segments and warm-starts."""
+          deterministic_time: float | None = None, workers: int = 1, seed: int = 0) -> ExactResult:
+    """Minimise the makespan; ``hint`` (placements in run order) fixes the segments and warm-starts.
+
+    Stops at ``deterministic_time`` (default: ``deterministic_budget(time_limit_s)``) or at ``time_limit_s`` of
+    wall clock, whichever comes first; with one worker the first is reproducible, the second is not."""
     wl = problem.workload
     n_dev = problem.num_devices
     if hint is not None:
@@ -174,16 +206,19 @@ def solve(problem: Problem, ranges: list[DeviceRange], hint: Sequence[Placement]
             m.add_hint(same, (hint[a].lo, hint[a].n) == (hint[b].lo, hint[b].n))
         m.add_hint(makespan, max(e for _, e in hint_times))
 
+    dtime_limit = deterministic_budget(time_limit_s) if deterministic_time is None else deterministic_time
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
-    if deterministic_time is not None:
-        solver.parameters.max_deterministic_time = deterministic_time
+    solver.parameters.max_deterministic_time = dtime_limit
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     code = solver.solve(m)
     status = solver.status_name(code)
+    spent = solver.response_proto.deterministic_time
+    stopped: StoppedBy = ("solved" if code in (cp_model.OPTIMAL, cp_model.INFEASIBLE, cp_model.MODEL_INVALID) else
+                          "deterministic_limit" if spent >= dtime_limit else "wall_clock")
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return ExactResult(None, status, None, None, solver.wall_time)
+        return ExactResult(None, status, None, None, solver.wall_time, spent, stopped)
     chosen = []
     for k, seg in enumerate(segs):
         n = next(n for n, lit in choice[k] if solver.value(lit))
@@ -191,4 +226,4 @@ def solve(problem: Problem, ranges: list[DeviceRange], hint: Sequence[Placement]
                                                                               solver.value(xs[k]), n, seg.wave)))
     chosen.sort(key=lambda c: (c[0], c[1], c[2]))
     return ExactResult([c[3] for c in chosen], status, solver.objective_value / _US,
-                       solver.best_objective_bound / _US, solver.wall_time)
+                       solver.best_objective_bound / _US, solver.wall_time, spent, stopped)

@@ -16,7 +16,9 @@ from solvers.spindle.bounds import DeviceRange
 from solvers.spindle.cost import slice_memory_bytes
 from solvers.spindle.listsched import EFFICIENCIES, plan_list
 from solvers.spindle.schedule import Evaluation, Placement, Problem, Slice, evaluate, timeline
-from solvers.spindle.wavefront import ORDERS, SHARES, plan_waves
+from solvers.spindle.wavefront import ORDERS, SHARES, Shares, SplitMemo, plan_waves
+
+SPLIT_SHARES: tuple[Shares, ...] = ("fluid", "mix")  # wave splitting (``wavefront.split_wave``) with these share models
 
 
 @dataclass
@@ -56,6 +58,9 @@ def _candidates(problem: Problem, ranges: list[DeviceRange], shuffles: int, seed
         tuple[str, list[Placement]]]:
     for (name, order), shares in itertools.product(ORDERS.items(), SHARES):
         yield f"wavefront/{shares}/{name}", plan_waves(problem, ranges, order, shares)
+    memos: dict[str, SplitMemo] = {shares: {} for shares in SPLIT_SHARES}
+    for (name, order), shares in itertools.product(ORDERS.items(), SPLIT_SHARES):
+        yield f"wavefront/{shares}/{name}/split", plan_waves(problem, ranges, order, shares, split=memos[shares])
     for eff in EFFICIENCIES:
         yield f"list/eff{eff:g}", plan_list(problem, ranges, eff)
     # which shares sit next to each other decides who waits for whom on a shared device: a few seeded

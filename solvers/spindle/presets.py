@@ -144,8 +144,18 @@ def unigrpo() -> dict[str, Any]:
     return {"metaops": ops, "edges": edges}
 
 
+def unigrpo_off_policy() -> dict[str, Any]:
+    """``unigrpo`` one step off-policy: the update trains on the previous step's scored rollouts, so it need not
+    wait for this step's: it may run beside the rollout on a separate device group, the updated policy then
+    sent to the generation devices (``solvers.spindle.reshard``), or in turn on the same devices."""
+    wl = unigrpo()
+    wl["edges"] = [e for e in wl["edges"] if e[1] != "update/policy"]
+    return wl
+
+
 WORKLOAD_PRESETS = {"clip-imagebind": clip_imagebind, "qwen-vl": qwen_vl, "seedance": seedance, "omni": omni,
-                    "unigrpo": unigrpo, "llm70b-vision-audio": llm70b_vision_audio}
+                    "unigrpo": unigrpo, "unigrpo-off-policy": unigrpo_off_policy,
+                    "llm70b-vision-audio": llm70b_vision_audio}
 
 
 def workload_preset(name: Any, batch_scale: Any = 1, **extra: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from solvers.spindle.cost import (
     state_bytes_per_layer,
     transfer_s,
 )
+from solvers.spindle.reshard import Reshard, reshards
 from solvers.spindle.workload import Workload
 
 _EPS = 1e-9
@@ -128,6 +129,7 @@ class Evaluation:
     fits: bool
     compute_s: float  # device-seconds of computation
     module_sync_s: dict[str, float] = field(default_factory=dict)
+    reshards: list[Reshard] = field(default_factory=list)  # RL: updated weights into the generation layout
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -145,7 +147,8 @@ def _module_grid(problem: Problem, module: str) -> int:
 
 
 def memory_per_device(problem: Problem, slices: Sequence[Slice]) -> list[float]:
-    """Resident bytes per device: states of every hosted layer (once) + activations held at the turn."""
+    """Resident bytes per device: states of every hosted layer (once) + training activations held at the turn
+    + the largest working set (a layer's transient buffers; a generation slice's whole KV cache)."""
     wl = problem.workload
     n_dev = problem.num_devices
     if wl.explicit:
@@ -163,7 +166,10 @@ def memory_per_device(problem: Problem, slices: Sequence[Slice]) -> list[float]:
         l0 = op.layer_offset + s.layer_start
         block = grid[s.lo:s.lo + s.n, l0:l0 + s.layers]
         np.maximum(block, state_bytes_per_layer(op, s.n), out=block)
-        held[s.lo:s.lo + s.n] += act
+        if op.mode == "train":
+            held[s.lo:s.lo + s.n] += act
+        else:  # a KV cache lives while its slice decodes (then freed, as RL engines do before the update)
+            work += act
         transient[s.lo:s.lo + s.n] = np.maximum(transient[s.lo:s.lo + s.n], work)
     total = held + transient + RESERVE_BYTES
     for grid in states.values():
@@ -212,16 +218,25 @@ def _allreduce_row_s(nbytes: float, hosts: np.ndarray, topo: Topology) -> float:
 
 
 def evaluate(problem: Problem, slices: Sequence[Slice]) -> Evaluation:
+    wl = problem.workload
     makespan = max((s.end_s for s in slices), default=0.0)
     compute = sum(slice_time_s(problem, s.op, s.layers, s.n) * s.n for s in slices)
     sync: dict[str, float] = {}
     finish = makespan
+    moves: list[Reshard] = []
     if problem.costs_comm:
         sync, ready = grad_sync(problem, slices)
         finish = max([makespan, *(ready[m] + t for m, t in sync.items())])
+        moves = reshards(problem, slices)
+        for move in moves:
+            # after the module's gradient sync (its last training slice, when a layout carries the sync)
+            trained = max(s.end_s for s in slices
+                          if wl.ops[s.op].module == move.module and wl.ops[s.op].mode == "train")
+            start = ready[move.module] + sync[move.module] if move.module in sync else trained
+            finish = max(finish, max(start, trained) + move.time_s)
     mem = memory_per_device(problem, slices)
     fits = problem.workload.explicit or max(mem) <= problem.memory_limit_bytes
-    return Evaluation(finish, makespan, finish - makespan, mem, fits, compute, sync)
+    return Evaluation(finish, makespan, finish - makespan, mem, fits, compute, sync, moves)
 
 
 def violations(problem: Problem, slices: Sequence[Slice], tol: float = 1e-7) -> list[str]:

@@ -136,10 +136,14 @@ class WorkloadSpec(_Spec):
 class SpindleOptions(_Spec):
     exact: bool = True  # run the CP-SAT model after the wavefront planner and keep the better plan
     exact_time_limit_s: float = Field(default=10.0, gt=0, le=600)
-    # CP-SAT deterministic time (reproducible across machines); wall time is still capped by the limit above.
-    exact_deterministic_time: float = Field(default=4.0, gt=0)
-    exact_workers: int = Field(default=2, ge=1, le=64)
-    polish_time_s: float = Field(default=0.3, ge=0, le=60)  # local search after each planner
+    # CP-SAT's deterministic-time budget: it, not the wall clock, ends the search, so a request gives the same
+    # plan on any load; null: derived from exact_time_limit_s (solvers.spindle.exact.deterministic_budget).
+    # The wall clock (exact_time_limit_s) is still a safety net; search.exact.stopped_by says which one stopped.
+    exact_deterministic_time: float | None = Field(default=None, gt=0)
+    # 1: reproducible; more run CP-SAT's parallel portfolio, faster but different from run to run
+    exact_workers: int = Field(default=1, ge=1, le=64)
+    # local search after each planner, a budget of work (SLICE_EVALS_PER_S slice evaluations a second), not time
+    polish_time_s: float = Field(default=0.3, ge=0, le=60)
     # a training metaop of a module shape may run tensor / context / expert parallel and ZeRO-3 layouts at a
     # width where they beat plain data parallelism or place what it cannot (false: data parallelism only)
     hybrid_layouts: bool = True
