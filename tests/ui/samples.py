@@ -11,11 +11,18 @@ from typing import Any
 import numpy as np
 
 
-def hybrid(num_layers: int = 32, pp: int = 2, micro_batches: int = 8) -> tuple[dict[str, Any], dict[str, Any]]:
+def hybrid(num_layers: int = 32, pp: int = 2, micro_batches: int = 8, runnable: bool = False
+           ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A hybrid plan document and its request (1 node of 8 A100s). By default its layers mix layouts, ZeRO stages
+    and recomputation; ``runnable``: one layout on every layer and the embedding, which the worker runs exactly."""
     per_stage = [num_layers // pp + (1 if s < num_layers % pp else 0) for s in range(pp)]
     layers = [{"tp": 2 if i % 3 else 4, "dp": 4 if i % 3 else 2, "sp": "megatron" if i % 2 else None, "cp": 1,
                "zero": 3 if i < num_layers // 2 else 1, "recompute": ("none", "selective", "full")[i % 3]}
               for i in range(num_layers)]
+    embedding = {"tp": 2, "dp": 4, "zero": 2}
+    if runnable:
+        one = {"tp": 2, "dp": 8 // (2 * pp), "sp": "megatron", "cp": 1, "zero": 3, "recompute": "none"}
+        layers, embedding = [one] * num_layers, {"tp": 2, "dp": one["dp"], "zero": 3}
     mem_parts = [{"parameters": 4.0 + s, "gradients": 2.0, "optimizer": 6.0, "activations": 10.0 - s,
                   "buffers": 1.5} for s in range(pp)]
     stage_time = [0.05 + 0.01 * s for s in range(pp)]
@@ -33,7 +40,7 @@ def hybrid(num_layers: int = 32, pp: int = 2, micro_batches: int = 8) -> tuple[d
                              "mfu": 0.39, "breakdown_s": {**breakdown, "compute": 1.1}}}
     result = {"estimate": estimate,
               "strategy": {"pp": pp, "micro_batches": micro_batches, "schedule": "1f1b", "stage_layers": per_stage,
-                           "layers": layers, "embedding": {"tp": 2, "dp": 4, "zero": 2}},
+                           "layers": layers, "embedding": embedding},
               "baselines": {"megatron": megatron, "zero3_dp": None},
               "search": {"time_s": 0.4, "solver": "dp", "lower_bound_step_time_s": step / 1.02,
                          "optimality_gap": 0.02}}

@@ -71,8 +71,8 @@ def _open(browser: Any, url: str, name: str) -> Any:
     return page
 
 
-def _plan(db: Database, num_layers: int, pp: int, batch: int) -> str:
-    request, result = samples.hybrid(num_layers=num_layers, pp=pp, micro_batches=2 * pp)
+def _plan(db: Database, num_layers: int, pp: int, batch: int, runnable: bool = False) -> str:
+    request, result = samples.hybrid(num_layers=num_layers, pp=pp, micro_batches=2 * pp, runnable=runnable)
     request["training"]["global_batch_size"] = batch  # a distinct request, so a distinct plan
     return store_plan(db, request, result)
 
@@ -147,7 +147,7 @@ def test_the_memory_limit_line_crosses_the_whole_plot(browser: Any, stored: tupl
 def test_run_this_plan_then_the_runs_and_workers_pages(browser: Any, stored: tuple[LiveServer, Database]) -> None:
     """(Before any worker of this module's server registers.)"""
     live, db = stored
-    plan_id = _plan(db, 4, 1, 130)
+    plan_id = _plan(db, 4, 1, 136, runnable=True)
     page = _open(browser, f"{live.url}/plans/{plan_id}", "plan-run-form")
     assert "no worker is online" in page.locator("#run-plan").inner_text()
     page.fill("#run-plan input[name=steps]", "12")
@@ -182,14 +182,14 @@ def test_run_this_plan_then_the_runs_and_workers_pages(browser: Any, stored: tup
 
 def test_legends_are_in_the_colours_the_charts_draw(browser: Any, stored: tuple[LiveServer, Database]) -> None:
     live, db = stored
-    plan_id = _plan(db, 8, 2, 120)
+    plan_id = _plan(db, 8, 2, 120, runnable=True)
     found = _legend_matches(_open(browser, f"{live.url}/plans/{plan_id}", "legend-hybrid"))
     # the throughput chart: the plan's bar blue, the baselines' grey, each named in the legend
     assert [(i["label"], i["colour"]) for i in found["baseline-chart"]["legend"]] == [
         ("this plan", "#0072b2"), ("baselines", "#9aa5b1")]
     admin = Principal(None, "admin")
     with db.writing() as session:
-        worker_id = register_worker(session, {"name": "w", "host": "h", "gpus": 2}, admin).id
+        worker_id = register_worker(session, {"name": "w", "host": "h", "gpus": 8}, admin).id
         run_id = str(runs.create_run(session, plan_id, steps=3, max_attempts=1)["id"])
     assert runs.claim_run(db, worker_id, admin, lease_s=60) is not None
     runs.complete_run(db, run_id, worker_id, admin, {"step_time_s": 1.4, "peak_memory_gib_per_rank": [20.0, 21.5],

@@ -22,7 +22,7 @@ from tests.ui.conftest import store_plan
 
 
 def _solved(db: Database, batch: int) -> str:
-    request, result = samples.hybrid(num_layers=4, pp=1)
+    request, result = samples.hybrid(num_layers=4, pp=1, micro_batches=2, runnable=True)
     request["training"]["global_batch_size"] = batch  # a distinct request, so a distinct plan
     return store_plan(db, request, result)
 
@@ -40,7 +40,7 @@ def test_run_this_plan_queues_a_run_a_worker_then_claims(ui_client: TestClient, 
     # the run is a real queued run: the worker functions claim it
     admin = Principal(None, "admin")
     with ui_db.writing() as session:
-        worker_id = register_worker(session, {"name": "node-a", "host": "gpu-host-1", "gpus": 4}, admin).id
+        worker_id = register_worker(session, {"name": "node-a", "host": "gpu-host-1", "gpus": 8}, admin).id
     claimed = runs.claim_run(ui_db, worker_id, admin, lease_s=60)
     assert claimed is not None and claimed["id"] == run_id and claimed["steps"] == 7
 
@@ -101,13 +101,14 @@ def test_running_a_plan_needs_a_submit_token_once_tokens_exist(tmp_path: Path) -
 CPU_REQUEST = {"kind": "hybrid", "model": {"name": "tiny", "num_layers": 4, "hidden_size": 64,
                                            "num_attention_heads": 4, "vocab_size": 128},
                "cluster": {"gpu": "cpu", "nodes": 1, "gpus_per_node": 2},
-               "training": {"global_batch_size": 4, "seq_length": 32, "precision": "fp32"}}
+               "training": {"global_batch_size": 4, "seq_length": 32, "precision": "fp32"},
+               "constraints": {"target": "torchtitan"}}  # a plan the worker runs exactly (as the README's tour)
 
 
 def _completed_run(db: Database, plan_id: str, device: str) -> str:
     admin = Principal(None, "admin")
     with db.writing() as session:
-        worker_id = register_worker(session, {"name": "w", "host": "h", "gpus": 2}, admin).id
+        worker_id = register_worker(session, {"name": "w", "host": "h", "gpus": 8}, admin).id
         run_id = str(runs.create_run(session, plan_id, steps=3, max_attempts=1)["id"])
     assert runs.claim_run(db, worker_id, admin, lease_s=60) is not None
     runs.complete_run(db, run_id, worker_id, admin, {"step_time_s": 0.5, "device": device,
