@@ -20,10 +20,8 @@ from service.migrate import upgrade
 from solvers.api import available_kinds
 from solvers.kinds import OPTIONAL_KINDS, kind_load_errors
 from tests.conftest import LiveServer, start_server
+from tests.ui.conftest import CHROMIUM
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run"]
 SOLVE_TIMEOUT_MS = 120_000
 
 pytestmark = [
@@ -53,16 +51,6 @@ def server() -> Iterator[LiveServer]:
     yield live
     live.stop()
     shutil.rmtree(workdir, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 def submit_and_open(browser: Any, server: LiveServer, kind: str) -> tuple[Any, dict[str, Any], list[str]]:

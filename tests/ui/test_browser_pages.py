@@ -25,8 +25,7 @@ from service.tokens import Principal
 from service.workers import register_worker
 from tests.conftest import LiveServer, start_server
 from tests.ui import samples
-from tests.ui.conftest import store_plan
-from tests.ui.test_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.ui.conftest import CHROMIUM, store_plan
 
 pytestmark = [
     pytest.mark.browser,
@@ -45,16 +44,6 @@ def stored() -> Iterator[tuple[LiveServer, Database]]:
     yield live, db
     live.stop()
     db.dispose()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 def _open(browser: Any, url: str, name: str) -> Any:
