@@ -87,10 +87,15 @@ class HeteroCostModel(CostModel):
         # the slower side's network when no inter-group bandwidth is given
         self.networks_Gbps = [own_network(g) for g in self.groups]
         self.inter_group_Gbps = ig if ig is not None else min(self.networks_Gbps)
+        self._stages: dict[int, list[StageGPUs]] = {}
 
     # --- where a stage runs ------------------------------------------------------------------------
     def stages(self, pp: int) -> list[StageGPUs]:
-        return stage_groups(self.groups, self.order, pp)
+        # asked on every cost query of the planner's hot loops: worked out once per pipeline depth
+        hit = self._stages.get(pp)
+        if hit is None:
+            hit = self._stages[pp] = stage_groups(self.groups, self.order, pp)
+        return hit
 
     def _models(self, ctx: StageContext) -> list[AnalyticCostModel]:
         gpus = self.stages(ctx.pp)[ctx.stage]

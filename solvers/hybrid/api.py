@@ -18,7 +18,7 @@ from solvers.hybrid.cached import CachedStages
 from solvers.hybrid.certificate import certify
 from solvers.hybrid.min_memory import min_memory_bytes
 from solvers.hybrid.planner import Planner, PlannerOptions
-from solvers.hybrid.space import SearchSpace, build_space, layer_kinds, space_mode
+from solvers.hybrid.space import SearchSpace, build_space, expert_layers, layer_kinds, space_mode
 from solvers.hybrid.summary import summarise as summarise  # (SolverKind.summarise)
 from solvers.request import HybridRequest, parse
 from solvers.strategy import PlanStrategy
@@ -113,7 +113,7 @@ def quick_plan(request: dict[str, Any]) -> tuple[PlanStrategy, HybridEstimate]:
     cm = CachedStages(make_cost_model(req))
     space = build_space(req, space_mode(req))
     kinds = layer_kinds(req.model)
-    uniform = baselines.megatron(cm, space, kinds, [req.model.is_moe_layer(i) for i in range(len(kinds))])
+    uniform = baselines.megatron(cm, space, kinds, expert_layers(req.model))
     planner = Planner(cm, space, kinds, PlannerOptions(time_limit_s=req.constraints.time_limit_s or
                                                        DEFAULT_TIME_LIMIT_S))
     try:
@@ -136,7 +136,7 @@ def _solve(req: HybridRequest, request: dict[str, Any], model: CostModel, progre
     if progress:
         progress(0.0, "baselines")
     base = {
-        "megatron": (baselines.megatron(cm, space, kinds, [req.model.is_moe_layer(i) for i in range(len(kinds))]),
+        "megatron": (baselines.megatron(cm, space, kinds, expert_layers(req.model)),
                      "no uniform Megatron-style plan fits"),
         "zero3_dp": (baselines.zero3_dp(cm, space, kinds), "ZeRO-3 data parallelism does not fit"),
         "pure_dp": (baselines.pure_dp(cm, space, kinds), "plain data parallelism does not fit"),
@@ -237,8 +237,7 @@ def _solve_for(req: HybridRequest, request: dict[str, Any], cm: CostModel, space
     c1 = time.process_time()
     if progress:
         progress(0.5, f"uniform plans {target} runs")
-    expert_layers = [req.model.is_moe_layer(i) for i in range(len(kinds))]
-    found = targets.solve_target(target, cm, space, kinds, expert_layers, request)
+    found = targets.solve_target(target, cm, space, kinds, expert_layers(req.model), request)
     if found is None:
         raise InfeasibleError([FieldProblem(("constraints", "target"), targets.why_none(target, space, cm))])
     est = cm.evaluate(found.plan)

@@ -15,7 +15,7 @@ from solvers.documents.hybrid import HeteroDoc, HybridResult
 from solvers.errors import SpecError
 from solvers.hybrid import baselines
 from solvers.hybrid.cached import CachedStages
-from solvers.hybrid.space import build_space, layer_kinds, space_mode
+from solvers.hybrid.space import build_space, expert_layers, layer_kinds, space_mode
 from solvers.request import HybridRequest, parse
 from solvers.specs import NodeGroup
 
@@ -65,10 +65,8 @@ def _type_oblivious(req: HybridRequest, request: dict[str, Any], cm: HeteroCostM
                     ) -> dict[str, Any]:
     c = req.cluster
     blind: HybridRequest = parse(HybridRequest, homogeneous(request, c.gpu.model_dump(), c.nodes, c.gpus_per_node))
-    kinds = layer_kinds(blind.model)
-    moe = [blind.model.is_moe_layer(i) for i in range(len(kinds))]
-    chosen = baselines.megatron(CachedStages(make_cost_model(blind)), build_space(blind, space_mode(blind)), kinds,
-                                moe)
+    chosen = baselines.megatron(CachedStages(make_cost_model(blind)), build_space(blind, space_mode(blind)),
+                                layer_kinds(blind.model), expert_layers(blind.model))
     if chosen is None:
         return {"fits": False, "note": f"no uniform plan fits {c.num_gpus} {c.gpu.name} GPUs"}
     est = cm.evaluate(chosen.plan)

@@ -246,6 +246,11 @@ def layer_kinds(model: ModelSpec) -> list[Hashable]:
     return ["moe" if model.is_moe_layer(i) else "dense" for i in range(model.num_layers)]
 
 
+def expert_layers(model: ModelSpec) -> list[bool]:
+    """Which layers are MoE (the uniform baselines give only those the experts' layout)."""
+    return [model.is_moe_layer(i) for i in range(model.num_layers)]
+
+
 def space_mode(req: HybridRequest) -> SpaceMode:
     return "galvatron" if req.cost_model.kind == "galvatron" else "full"
 
@@ -298,7 +303,7 @@ def build_space(req: HybridRequest, mode: SpaceMode = "full") -> SearchSpace:
         schedules=schedules,
         micro_batches=micro,
         num_experts=m.moe.num_experts if (m.moe is not None and mode == "full") else 1,
-        ffn=m.ffn_size if not all(m.is_moe_layer(i) for i in range(m.num_layers)) else 0,
+        ffn=m.ffn_size if not all(expert_layers(m)) else 0,
         allow_approximate=c.allow_approximate,
         virtual_stage_options=tuple(range(2, (c.max_virtual_stages or 2) + 1)),
         notes=notes,
