@@ -1,11 +1,13 @@
 """What paraplan's training runtime (``worker.runtime``) executes for a plan, and whether that is the plan exactly.
 
-The runtime lays ranks out on one device mesh ``pp x dp x tp`` with one layout for every layer. A plan is run
-only when that mesh *is* the plan: a plan the runtime would have to approximate (a per-layer mix, context
-parallelism, ZeRO-1, ZeRO-0 with TP or a pipeline, an interleaved split other than the runtime's, MoE layers,
-bf16 on CPU ranks) is refused with the field and the reason, never run as something else. The service checks
-a run request with ``check_runnable`` and the worker builds its mesh from ``run_layout``: one function decides
-both, so a run the service accepts is a run the worker executes as planned.
+The runtime runs every layer in its own layout, as planned: each transformer layer lays the ``N / pp`` ranks of
+its pipeline stage out as ``dp x cp x tp`` (tp varying fastest) with its own sequence-parallel kind and ZeRO
+stage (``LayerLayout``), the embedding and the LM head as the plan's embedding strategy says; activations are
+re-laid out between neighbours whose layouts differ. A plan the runtime would have to approximate (context
+parallelism, an interleaved split other than the runtime's, MoE layers, bf16 on CPU ranks) is refused with the
+field and the reason, never run as something else. The service checks a run request with ``check_runnable`` and
+the worker builds its meshes from ``run_layout``: one function decides both, so a run the service accepts is a
+run the worker executes as planned.
 
 Pure: no torch. ``worker.runtime.plan`` adds the model and device details.
 """
@@ -21,8 +23,8 @@ from solvers.errors import FieldProblem, SpecError
 from solvers.exports.layout import front_loaded_split
 from solvers.kinds import kind_of
 from solvers.request import HybridRequest, parse
-from solvers.specs import Precision
-from solvers.strategy import LayerStrategy, PlanStrategy, Schedule, SpKind
+from solvers.specs import ModelSpec, Precision
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule, SpKind
 
 STRATEGY = ("result", "strategy")
 TokenDtype = Literal["uint16", "uint32"]
@@ -30,14 +32,61 @@ TOKEN_DTYPES: tuple[str, ...] = get_args(TokenDtype)
 
 
 @dataclass(frozen=True)
+class LayerLayout:
+    """How one transformer layer (or the embedding / the LM head) lays out the ``dp * cp * tp`` ranks of its
+    pipeline stage: local rank ``r`` is ``(dp_rank, cp_rank, tp_rank)`` with tp varying fastest.
+
+    ``sp``: None (plain Megatron TP over the tp ranks; they hold copies of the activations between layers),
+    "megatron" (TP + sequence parallelism: the tp ranks hold slices of the sequence between sub-layers) or
+    "ulysses" (the tp ranks split the sequence and replicate the weights). ``cp`` is a slot for ring-attention
+    context parallelism (``run_layout`` refuses cp > 1 until it has a runtime)."""
+
+    dp: int = 1
+    cp: int = 1
+    tp: int = 1
+    sp: SpKind = None
+    zero: int = 0
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.cp * self.tp
+
+    @property
+    def tensor_parallel(self) -> int:
+        """The degree the weights are split by (Megatron TP); 1 under Ulysses."""
+        return 1 if self.sp == "ulysses" else self.tp
+
+    @property
+    def ulysses(self) -> int:
+        """The Ulysses degree (the tp ranks split the sequence, weights replicated); 1 otherwise."""
+        return self.tp if self.sp == "ulysses" else 1
+
+    @property
+    def data_ranks(self) -> int:
+        """The ranks that hold the same weights and each train on their own tokens: they average gradients (over
+        dp, cp and the Ulysses ranks), and the ZeRO stage shards over them."""
+        return self.dp * self.cp * self.ulysses
+
+    def describe(self) -> str:
+        parts = [f"dp{self.dp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.tp > 1:
+            parts.append(f"{'sp' if self.sp == 'ulysses' else 'tp'}{self.tp}")
+        if self.sp == "megatron":
+            parts.append("megatron-sp")
+        parts.append(f"zero{self.zero}")
+        return "-".join(parts)
+
+
+@dataclass(frozen=True)
 class RunLayout:
-    """The mesh and schedule one run executes (every field as the plan says, nothing approximated)."""
+    """The layouts and schedule one run executes (every field as the plan says, nothing approximated)."""
 
     pp: int
-    dp: int
-    tp: int
-    sp: SpKind  # None, "megatron" (TP + sequence parallel) or "ulysses" (the tp dim of the mesh runs Ulysses)
-    zero: int
+    layers: tuple[LayerLayout, ...]  # per transformer layer, by global index
+    embedding: LayerLayout  # the token embedding; the input batch is dealt to ranks as it says
+    head: LayerLayout  # the final norm and LM head (the plan's embedding strategy, as ``embedding``)
     recompute: tuple[str, ...]  # per layer
     micro_batches: int
     schedule: Schedule
@@ -49,7 +98,7 @@ class RunLayout:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.embedding.world
 
     @property
     def ranks_per_node(self) -> int:
@@ -116,18 +165,83 @@ def interleaved_split(num_layers: int, pp: int, virtual_stages: int) -> tuple[in
     return front_loaded_split(num_layers, pp * virtual_stages)
 
 
-def _layout_key(layer: LayerStrategy) -> tuple[int, int, int, SpKind, int]:
-    return layer.tp, layer.dp, layer.cp, layer.sp, layer.zero
+def layer_layout(layer: LayerStrategy) -> LayerLayout:
+    """A layer's layout as the runtime runs it (a sequence-parallel kind on one tp rank does nothing: dropped)."""
+    return LayerLayout(dp=layer.dp, cp=layer.cp, tp=layer.tp, sp=layer.sp if layer.tp > 1 else None,
+                       zero=layer.zero)
+
+
+def end_layouts(embedding: EmbeddingStrategy, layers: tuple[LayerLayout, ...]) -> tuple[LayerLayout, LayerLayout]:
+    """The embedding's and the LM head's layouts: the plan's embedding strategy (tp, dp, ZeRO; ``sp="ulysses"``:
+    the tp ranks split the sequence and replicate the vocabulary, Galvatron's ``vsp``). With a split vocabulary,
+    the activations beside it are sequence-sharded (Megatron SP: a reduce-scatter out of the embedding, an
+    all-gather into the head) when the plan's embedding says ``"megatron"`` or the neighbouring layer runs Megatron
+    SP, as Megatron and Galvatron apply their sequence-parallel flag to the embedding with the layers."""
+    def end(neighbour: LayerLayout | None) -> LayerLayout:
+        sp: SpKind = embedding.sp
+        if sp is None and neighbour is not None and neighbour.sp == "megatron":
+            sp = "megatron"
+        return LayerLayout(dp=embedding.dp, cp=1, tp=embedding.tp, sp=sp if embedding.tp > 1 else None,
+                           zero=embedding.zero)
+
+    return end(layers[0] if layers else None), end(layers[-1] if layers else None)
+
+
+def _spans(indices: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _layer_problems(layout: LayerLayout, pp: int, expected: int) -> list[tuple[tuple[str, ...], str]]:
+    """What one layer's layout cannot run as: (field under the layer, reason)."""
+    out: list[tuple[tuple[str, ...], str]] = []
+    if pp * layout.world != expected:
+        out.append(((), f"pp*dp*tp*cp = {pp * layout.world} but the run has {expected} processes"))
+    if layout.cp > 1:
+        out.append((("cp",), f"cp={layout.cp}: the worker has no ring attention yet"))
+    if layout.zero not in (0, 1, 2, 3):
+        out.append((("zero",), f"zero={layout.zero}: one of 0, 1, 2, 3"))
+    return out
+
+
+def _shape_problems(layout: LayerLayout, model: ModelSpec, seq_length: int, micro_rows: int | None,
+                    transformer: bool) -> list[tuple[tuple[str, ...], str]]:
+    """What the model's or the training's shape does not split into for ``layout``: (request field, reason)."""
+    out: list[tuple[tuple[str, ...], str]] = []
+    if layout.tensor_parallel > 1 or layout.ulysses > 1:
+        if transformer:
+            need = {"num_attention_heads": model.num_attention_heads, "num_kv_heads": model.kv_heads}
+            if layout.tensor_parallel > 1:
+                need["ffn_hidden_size"] = model.ffn_size
+        else:  # the vocabulary-parallel embedding and LM head; under Ulysses they split nothing but the sequence
+            need = {"vocab_size": model.vocab_size} if layout.tensor_parallel > 1 else {}
+        out += [(("model", name), f"{value} is not divisible by tp={layout.tp}") for name, value in need.items()
+                if value % layout.tp]
+    if layout.sp is not None and seq_length % layout.tp:
+        out.append((("training", "seq_length"), f"{seq_length} is not divisible by the sequence split {layout.tp}"))
+    if micro_rows is not None and micro_rows % layout.dp:
+        out.append((("training", "global_batch_size"), f"dp={layout.dp}: a micro-batch of {micro_rows} samples does "
+                                                       "not split into equal data-parallel shares"))
+    return out
 
 
 def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | None = None) -> RunLayout:
     """The layout that runs ``plan`` exactly, or SpecError naming each field the runtime cannot honour (or that is
-    invalid). ``world_size``: the processes of the run (default: the request's cluster, every node)."""
+    invalid). ``world_size``: the processes of the run (default: the request's cluster, every node).
+
+    A problem shared by several layers is reported once, at the first of them, naming them all."""
     model, cluster, training = request.model, request.cluster, request.training
     problems: list[FieldProblem] = []
 
     def refuse(loc: tuple[str | int, ...], msg: str) -> None:
-        problems.append(FieldProblem(loc, msg))
+        if all(p.loc != loc or p.msg != msg for p in problems):
+            problems.append(FieldProblem(loc, msg))
 
     layers = plan.layers
     if len(layers) != model.num_layers:
@@ -137,57 +251,31 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
                                             "runtime); the plan would run them as dense layers")
     if model.vocab_size <= 0:
         refuse(("request", "model", "vocab_size"), "the runtime trains a language model: > 0")
-    first = layers[0] if layers else LayerStrategy()
-    differ = next((i for i, x in enumerate(layers) if _layout_key(x) != _layout_key(first)), None)
-    if differ is not None:
-        refuse((*STRATEGY, "layers", differ),
-               f"layer {differ} is laid out tp={layers[differ].tp} dp={layers[differ].dp} cp={layers[differ].cp} "
-               f"sp={layers[differ].sp} zero={layers[differ].zero}, layer 0 tp={first.tp} dp={first.dp} "
-               f"cp={first.cp} sp={first.sp} zero={first.zero}: the worker runs one layout on every layer (per-layer "
-               "mixes have no runtime yet)")
-    tp, dp, cp, zero = first.tp, first.dp, first.cp, first.zero
-    sp: SpKind = None if first.sp == "ulysses" and tp == 1 else first.sp
-    if cp > 1:
-        refuse((*STRATEGY, "layers", 0, "cp"), f"cp={cp}: the worker has no ring attention yet")
-    ulysses = sp == "ulysses"
-    dp_ranks = dp * (tp if ulysses else 1)  # the ranks that average gradients (Ulysses ranks replicate weights)
-    tensor_parallel = 1 if ulysses else tp
-    if dp_ranks > 1 and zero == 1:
-        refuse((*STRATEGY, "layers", 0, "zero"), "ZeRO-1 (optimizer state sharded alone) has no runtime: FSDP2 "
-                                                 "would shard the gradients too (ZeRO-2)")
-    if dp_ranks > 1 and zero == 0 and (tensor_parallel > 1 or plan.pp > 1):
-        why = "tensor parallelism" if tensor_parallel > 1 else "a pipeline"
-        refuse((*STRATEGY, "layers", 0, "zero"), f"ZeRO-0 with {why}: DDP does not compose with it in the runtime "
-                                                 "(choose zero 2 or 3)")
-    emb = plan.embedding
-    emb_tp_ok = emb.tp == tp and emb.sp != "ulysses" if not ulysses else emb.tp in (1, tp) and emb.sp != "megatron"
-    if not emb_tp_ok and model.vocab_size > 0:
-        want = f"tp={tp}" + (" with sp=\"ulysses\" (or tp=1)" if ulysses else "")
-        refuse((*STRATEGY, "embedding", "tp"), f"the runtime lays the embedding and LM head out as the layers "
-                                               f"({want}); the plan has tp={emb.tp} sp={emb.sp}")
-    if dp_ranks > 1 and emb.zero != zero and zero in (0, 2, 3):
-        refuse((*STRATEGY, "embedding", "zero"), f"the runtime shards the embedding and LM head as the layers "
-                                                 f"(zero={zero}); the plan has zero={emb.zero}")
-    world = plan.pp * dp * tp * cp
     expected = world_size if world_size is not None else cluster.nodes * cluster.gpus_per_node
-    if world != expected:
-        refuse(STRATEGY, f"pp*dp*tp*cp = {world} but the run has {expected} processes")
     gbs = training.global_batch_size
-    if gbs % (dp * plan.micro_batches):
+    if gbs % plan.micro_batches:
         refuse(("request", "training", "global_batch_size"),
-               f"{gbs} is not divisible by dp*micro_batches = {dp * plan.micro_batches}")
-    if tp > 1:
-        if ulysses:
-            need = {"num_attention_heads": model.num_attention_heads, "num_kv_heads": model.kv_heads}
-        else:
-            need = {"num_attention_heads": model.num_attention_heads, "num_kv_heads": model.kv_heads,
-                    "ffn_hidden_size": model.ffn_size, "vocab_size": model.vocab_size}
-        for name, value in need.items():
-            if value % tp:
-                refuse(("request", "model", name), f"{value} is not divisible by tp={tp}")
-        if sp is not None and training.seq_length % tp:
-            refuse(("request", "training", "seq_length"),
-                   f"{training.seq_length} is not divisible by the sequence split {tp}")
+               f"{gbs} is not divisible by micro_batches = {plan.micro_batches}")
+    micro_rows = gbs // plan.micro_batches if gbs % plan.micro_batches == 0 else None
+    layouts = tuple(layer_layout(x) for x in layers)
+    embedding, head = end_layouts(plan.embedding, layouts)
+    per_layer: dict[tuple[tuple[str, ...], str], list[int]] = {}  # (field under a layer, reason) -> its layers
+    for i, layout in enumerate(layouts):
+        for problem in _layer_problems(layout, plan.pp, expected):
+            per_layer.setdefault(problem, []).append(i)
+        for field, msg in _shape_problems(layout, model, training.seq_length, micro_rows, transformer=True):
+            refuse(("request", *field), msg)
+    for (field, msg), which in per_layer.items():
+        refuse((*STRATEGY, "layers", which[0], *field), msg if len(which) == 1 else f"{msg} (layers {_spans(which)})")
+    emb = plan.embedding
+    if plan.pp * emb.tp * emb.dp != expected:
+        refuse((*STRATEGY, "embedding"), f"the embedding and LM head are laid out pp*tp*dp = "
+                                         f"{plan.pp * emb.tp * emb.dp} ranks but the run has {expected} processes")
+    if emb.zero not in (0, 1, 2, 3):
+        refuse((*STRATEGY, "embedding", "zero"), f"zero={emb.zero}: one of 0, 1, 2, 3")
+    for end in (embedding, head):
+        for field, msg in _shape_problems(end, model, training.seq_length, micro_rows, transformer=False):
+            refuse(("request", *field), msg)
     stage_layers: tuple[int, ...] = plan.stage_layers
     virtual = plan.virtual_stages if plan.pp > 1 else 1
     if plan.pp > 1 and plan.schedule == "interleaved":
@@ -212,7 +300,8 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
         refuse(("request", "training", "precision"), f"{precision}: CPU ranks compute in fp32 (ask for \"fp32\")")
     if problems:
         raise SpecError(problems)
-    return RunLayout(pp=plan.pp, dp=dp, tp=tp, sp=sp, zero=zero, recompute=tuple(x.recompute for x in layers),
+    return RunLayout(pp=plan.pp, layers=layouts, embedding=embedding, head=head,
+                     recompute=tuple(x.recompute for x in layers),
                      micro_batches=plan.micro_batches, schedule=plan.schedule,
                      virtual_stages=virtual if plan.pp > 1 and plan.schedule == "interleaved" else 1,
                      stage_layers=stage_layers, precision=precision, nodes=cluster.nodes,

@@ -8,7 +8,7 @@ from typing import Any
 from solvers.exports.layout import front_loaded_split
 from tests.documents import hybrid_result
 
-TINY_MODEL = {"name": "tiny-llama", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+TINY_MODEL: dict[str, Any] = {"name": "tiny-llama", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
               "num_kv_heads": 2, "ffn_hidden_size": 128, "vocab_size": 128, "mlp": "swiglu"}
 
 
@@ -17,13 +17,14 @@ def plan_doc(world: int = 4, gbs: int = 8, seq: int = 32, model: dict[str, Any] 
              embedding: dict[str, Any] | None = None, **layer: Any) -> dict[str, Any]:
     """A plan document whose result puts one layer strategy (``tp=2, sp="megatron"`` ...) on every layer, split
     evenly into ``pp`` stages; one micro-batch per stage unless given; the embedding and LM head laid out as the
-    layers unless given. Nothing is checked here: the plans the worker must refuse are made alike."""
+    layers unless given (cp ranks folded into its dp, as the planner does). Nothing is checked here: the plans the
+    worker must refuse are made alike."""
     model = model or TINY_MODEL
     layers = model["num_layers"]
     strategy = {"pp": pp, "micro_batches": micro_batches or pp, "schedule": schedule,
                 "virtual_stages": virtual_stages, "stage_layers": list(front_loaded_split(layers, pp)),
                 "layers": [layer] * layers,
-                "embedding": embedding or {"tp": layer.get("tp", 1), "dp": layer.get("dp", 1),
+                "embedding": embedding or {"tp": layer.get("tp", 1), "dp": layer.get("dp", 1) * layer.get("cp", 1),
                                            "zero": layer.get("zero", 0),
                                            **({"sp": "ulysses"} if layer.get("sp") == "ulysses" else {})}}
     return {
@@ -35,10 +36,38 @@ def plan_doc(world: int = 4, gbs: int = 8, seq: int = 32, model: dict[str, Any] 
     }
 
 
+# Per-layer mixes run tp=4 layers: 8 query / 4 key-value heads (still grouped-query attention).
+MIX_MODEL: dict[str, Any] = {**TINY_MODEL, "name": "tiny-llama-8h", "num_attention_heads": 8, "num_kv_heads": 4}
+
+
+def mixed_doc(layers: list[dict[str, Any]], embedding: dict[str, Any], **pipeline: Any) -> dict[str, Any]:
+    """A plan of ``MIX_MODEL`` (4 ranks) whose layer ``i`` is laid out as ``layers[i]``, the embedding and LM head
+    as ``embedding``."""
+    doc = plan_doc(model=MIX_MODEL, **pipeline)
+    doc["result"]["strategy"]["layers"] = layers
+    doc["result"]["strategy"]["embedding"] = embedding
+    return doc
+
+
+# name -> per-layer plan on 4 ranks: every layer its own tp / sp / dp / ZeRO, the embedding its own layout.
+MIXED_PLANS: dict[str, dict[str, Any]] = {
+    # TP changes between neighbours (tp2 x dp2 -> tp4 -> Ulysses 4 -> dp4), ZeRO-0 with TP
+    "mix-tp2dp2-tp4-ulysses4-dp4": mixed_doc(
+        [{"tp": 2, "dp": 2}, {"tp": 4, "sp": "megatron"}, {"tp": 4, "sp": "ulysses"}, {"dp": 4}], {"dp": 4}),
+    # ZeRO-3, -2, -0 and -1 in one model, each layer over its own data-parallel ranks; a tp4 embedding and head
+    "mix-zero3-zero2-zero0-zero1-embedding-tp4": mixed_doc(
+        [{"dp": 4, "zero": 3}, {"tp": 2, "dp": 2, "sp": "megatron", "zero": 2}, {"tp": 4},
+         {"tp": 2, "dp": 2, "sp": "ulysses", "zero": 1}], {"tp": 4}),
+    # re-layouts across the stage boundary of a pipeline, ZeRO-0 / -1 beside FSDP in a stage
+    "mix-pp2-1f1b": mixed_doc(
+        [{"tp": 2, "sp": "megatron"}, {"dp": 2, "zero": 1}, {"tp": 2, "sp": "ulysses", "zero": 3},
+         {"dp": 2, "zero": 2}], {"dp": 2}, pp=2, micro_batches=2),
+}
+
 # name -> plan on 4 ranks; together they cover every parallelism and the combinations the issue names.
 EQUIVALENCE_PLANS: dict[str, dict[str, Any]] = {
-    "ddp": plan_doc(dp=4),
-    "ddp-accumulate-recompute": plan_doc(dp=4, micro_batches=2, recompute="full"),
+    "dp4-zero0": plan_doc(dp=4),
+    "dp4-zero0-accumulate-recompute": plan_doc(dp=4, micro_batches=2, recompute="full"),
     "fsdp-zero3": plan_doc(dp=4, zero=3),
     "fsdp-zero2-selective": plan_doc(dp=4, zero=2, recompute="selective"),
     "tp2-dp2-zero2": plan_doc(tp=2, dp=2, zero=2),
@@ -48,13 +77,22 @@ EQUIVALENCE_PLANS: dict[str, dict[str, Any]] = {
     "pp2-tp2-1f1b": plan_doc(pp=2, tp=2, sp="megatron", micro_batches=4, schedule="1f1b"),
     "pp2-dp2-1f1b-zero2": plan_doc(pp=2, dp=2, zero=2, micro_batches=2, schedule="1f1b"),
     "pp2-interleaved-fsdp2": plan_doc(pp=2, dp=2, zero=3, micro_batches=2, schedule="interleaved", virtual_stages=2),
+    "zero1": plan_doc(dp=4, zero=1),
+    "zero0-tp2-dp2": plan_doc(tp=2, dp=2),
+    "zero0-pp2-dp2": plan_doc(pp=2, dp=2, micro_batches=2),
+    **MIXED_PLANS,
 }
 
+# Plans whose every gradient of the first step is compared with the single-process model's (a gradient scaled
+# wrongly by a constant barely moves an AdamW loss curve; it shows here).
+GRADIENT_CHECKED = ["zero1", "zero0-tp2-dp2", *MIXED_PLANS]
 
-def _mixed_layers() -> dict[str, Any]:
-    doc = plan_doc(tp=2, dp=2, zero=3)
-    doc["result"]["strategy"]["layers"][2] = {"tp": 1, "dp": 4, "zero": 3}
-    return doc
+# name -> (plan, what the equivalence harness breaks in the runtime): negative controls that must be caught.
+SABOTAGED: dict[str, tuple[str, str]] = {
+    "no re-layout": ("mix-tp2dp2-tp4-ulysses4-dp4", "skip-relayout"),
+    "one layer's gradients not synced": ("mix-zero3-zero2-zero0-zero1-embedding-tp4", "skip-replicated-sync"),
+    "re-layout gradients unscaled": ("mix-tp2dp2-tp4-ulysses4-dp4", "unscaled-relayout"),
+}
 
 
 def _uneven_interleaved() -> dict[str, Any]:
@@ -72,17 +110,16 @@ def _with(doc: dict[str, Any], section: str, **fields: Any) -> dict[str, Any]:
 
 # name -> (plan the worker would have to approximate, the field naming it, words of the reason)
 REFUSED: dict[str, tuple[dict[str, Any], list[Any], str]] = {
-    "per-layer mix": (_mixed_layers(), ["result", "strategy", "layers", 2], "one layout on every layer"),
     "cp": (plan_doc(dp=2, cp=2, zero=3), ["result", "strategy", "layers", 0, "cp"], "ring attention"),
-    "zero-1": (plan_doc(dp=4, zero=1), ["result", "strategy", "layers", 0, "zero"], "ZeRO-1"),
-    "zero-0 with tp": (plan_doc(tp=2, dp=2), ["result", "strategy", "layers", 0, "zero"], "ZeRO-0 with tensor"),
-    "zero-0 with pp": (plan_doc(pp=2, dp=2, micro_batches=2), ["result", "strategy", "layers", 0, "zero"],
-                       "ZeRO-0 with a pipeline"),
+    "cp on one layer": (mixed_doc([{"dp": 4}, {"dp": 4}, {"tp": 2, "cp": 2}, {"dp": 4}], {"dp": 4}),
+                        ["result", "strategy", "layers", 2, "cp"], "ring attention"),
+    "a layer off its stage's ranks": (mixed_doc([{"dp": 4}, {"tp": 2}, {"dp": 4}, {"dp": 4}], {"dp": 4}),
+                                      ["result", "strategy", "layers", 1], "but the run has 4 processes"),
+    "the embedding off its stage's ranks": (mixed_doc([{"dp": 4}] * 4, {"tp": 2}),
+                                            ["result", "strategy", "embedding"], "embedding and LM head"),
     "uneven interleaved": (_uneven_interleaved(), ["result", "strategy", "stage_layers"], "[3, 3] layers per rank"),
     "interleaved, 1 virtual stage": (plan_doc(pp=2, dp=2, zero=3, micro_batches=2, schedule="interleaved"),
                                      ["result", "strategy", "virtual_stages"], "one virtual stage"),
-    "embedding": (plan_doc(tp=2, dp=2, zero=3, embedding={"tp": 1, "dp": 4, "zero": 3}),
-                  ["result", "strategy", "embedding", "tp"], "embedding and LM head"),
     "moe": (_with(plan_doc(dp=4), "model", moe={"num_experts": 4, "top_k": 2}), ["request", "model", "moe"], "MoE"),
     "bf16 on cpu": (_with(plan_doc(dp=4), "training", precision="bf16"), ["request", "training", "precision"],
                     "CPU ranks compute in fp32"),

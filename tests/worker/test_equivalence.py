@@ -1,8 +1,12 @@
-"""A plan's loss on synthetic data equals the single-process model's, step by step, for the same seed.
+"""A plan's loss on synthetic data equals the single-process model's, step by step, for the same seed; for the
+per-layer plans, ZeRO-1 and ZeRO-0 with TP every first-step gradient does too.
 
 Tolerance: 2e-4 absolute on a loss of ~4.85 (fp32; reductions are reordered by sharding, and Adam's
-normalisation amplifies the difference a little in later steps). A missing gradient sync moves the loss
-by more than 20x that within four steps (the negative control below)."""
+normalisation amplifies the difference a little in later steps); gradient norms within 1e-4 relative. A missing
+gradient sync moves the loss by more than 10x that within four steps (the negative controls below: in one
+process, and in the runtime with a re-layout skipped or one layer's gradient sync skipped). A re-layout whose
+backward forgets to rescale between data-parallel sizes scales whole layers' gradients, which AdamW all but
+normalises away: that control is caught by the gradients."""
 
 from __future__ import annotations
 
@@ -10,17 +14,19 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from tests.worker.plans import EQUIVALENCE_PLANS, plan_doc
+from tests.worker.plans import EQUIVALENCE_PLANS, GRADIENT_CHECKED, SABOTAGED, plan_doc
 from worker.runtime.data import global_batch
 from worker.runtime.model import build_model, lm_loss
 from worker.runtime.plan import from_document, load_plan
 
 STEPS = 4
 TOL = 2e-4
+GRAD_RTOL = 1e-4
 
 
 def reference_losses(doc: dict, steps: int, seed: int = 0, grad_rows: int | None = None) -> list[float]:
@@ -41,35 +47,94 @@ def reference_losses(doc: dict, steps: int, seed: int = 0, grad_rows: int | None
     return out
 
 
+def reference_gradients(doc: dict, seed: int = 0) -> dict[str, float]:
+    """Norm of every parameter's gradient in the single-process model's first step."""
+    plan = from_document(*load_plan(doc))
+    model = build_model(plan.model, seed)
+    tokens = global_batch(plan.model.vocab_size, plan.global_batch_size, plan.seq_length, seed, 0)
+    lm_loss(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+    return {name: float(p.grad.norm()) for name, p in model.named_parameters() if p.grad is not None}
+
+
+def _single_process(doc: dict) -> dict:
+    """The same model, batch and sequence on one process."""
+    request = doc["request"]
+    return plan_doc(world=1, model=request["model"], gbs=request["training"]["global_batch_size"],
+                    seq=request["training"]["seq_length"])
+
+
 @pytest.fixture(scope="module")
-def distributed_losses(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def distributed_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("equiv")
     (tmp / "plans.json").write_text(json.dumps(EQUIVALENCE_PLANS))
+    (tmp / "options.json").write_text(json.dumps({"gradients": GRADIENT_CHECKED, "sabotage": SABOTAGED}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
            str(Path(__file__).with_name("equivalence_harness.py")), str(tmp / "plans.json"), str(STEPS),
-           str(tmp / "out.json")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=Path(__file__).parents[2])
+           str(tmp / "out.json"), str(tmp / "options.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((tmp / "out.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def reference() -> list[float]:
-    return reference_losses(plan_doc(world=1), STEPS)
+_references: dict[str, Any] = {}
+
+
+def reference(doc: dict, what: str) -> Any:
+    """``reference_losses`` / ``reference_gradients`` of the plan's model on one process, computed once per model."""
+    single = _single_process(doc)
+    key = what + json.dumps(single["request"], sort_keys=True)
+    if key not in _references:
+        _references[key] = reference_losses(single, STEPS) if what == "loss" else reference_gradients(single)
+    return _references[key]
+
+
+def gradient_mismatches(ranks: list[dict[str, float]], expected: dict[str, float]) -> list[str]:
+    """Every (rank, parameter) whose gradient norm is off the reference's (each parameter must be seen)."""
+    seen = {name for grads in ranks for name in grads}
+    out = [f"{name}: on no rank" for name in expected if name not in seen]
+    for rank, grads in enumerate(ranks):
+        for name, norm in grads.items():
+            if abs(norm - expected[name]) > GRAD_RTOL * expected[name] + 1e-8:
+                out.append(f"rank {rank} {name}: {norm} vs {expected[name]}")
+    return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(EQUIVALENCE_PLANS))
-def test_plan_loss_matches_single_process(name: str, distributed_losses: dict, reference: list[float]) -> None:
-    got = distributed_losses[name]
+def test_plan_loss_matches_single_process(name: str, distributed_runs: dict) -> None:
+    got = distributed_runs[name]
     assert "error" not in got, got.get("error")
     assert got["notes"] == []  # ran as planned: nothing approximated on the way
     assert len(got["loss"]) == STEPS
-    assert got["loss"] == pytest.approx(reference, abs=TOL), f"{name}: {got['loss']} vs {reference}"
+    expected = reference(EQUIVALENCE_PLANS[name], "loss")
+    assert got["loss"] == pytest.approx(expected, abs=TOL), f"{name}: {got['loss']} vs {expected}"
 
 
-def test_tolerance_catches_a_missing_gradient_sync(reference: list[float]) -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize("name", GRADIENT_CHECKED)
+def test_every_gradient_matches_single_process(name: str, distributed_runs: dict) -> None:
+    """Each layer's gradient, reduced over its own data-parallel ranks, is the single-process gradient."""
+    mismatches = gradient_mismatches(distributed_runs[name]["grads"], reference(EQUIVALENCE_PLANS[name], "grads"))
+    assert mismatches == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("control", list(SABOTAGED))
+def test_a_broken_runtime_is_caught(control: str, distributed_runs: dict) -> None:
+    """Negative controls: the same plans with the runtime broken on purpose fail the checks above (measured: no
+    re-layout moves the loss by ~40x the tolerance, one layer unsynced by ~16x; every control moves gradients)."""
+    plan, fault = SABOTAGED[control]
+    got, doc = distributed_runs[control], EQUIVALENCE_PLANS[plan]
+    assert gradient_mismatches(got["grads"], reference(doc, "grads"))
+    if fault != "unscaled-relayout":  # a gradient off by a constant factor per layer: AdamW's update hardly moves
+        loss_gap = max(abs(a - b) for a, b in zip(got["loss"], reference(doc, "loss"), strict=True))
+        assert loss_gap > 10 * TOL
+
+
+def test_tolerance_catches_a_missing_gradient_sync() -> None:
     """Negative control: a rank training on its own quarter of the batch (no all-reduce) is caught."""
-    unsynced = reference_losses(plan_doc(world=1), STEPS, grad_rows=2)
-    assert reference[-1] < reference[0]
-    assert max(abs(a - b) for a, b in zip(reference, unsynced, strict=True)) > 20 * TOL
+    single = plan_doc(world=1)
+    expected = reference(single, "loss")
+    unsynced = reference_losses(single, STEPS, grad_rows=2)
+    assert expected[-1] < expected[0]
+    assert max(abs(a - b) for a, b in zip(expected, unsynced, strict=True)) > 20 * TOL

@@ -1,21 +1,52 @@
-"""Mapping a contract plan to the runtime: mesh degrees, per-layer recompute, and SpecError naming the field
-for plans this node cannot run."""
+"""Mapping a contract plan to the runtime: each layer's layout, the embedding's, per-layer recompute, and SpecError
+naming the field for plans this node cannot run."""
 
 from __future__ import annotations
 
 import pytest
 
 from solvers.errors import SpecError
-from solvers.run_layout import check_runnable
-from tests.worker.plans import EQUIVALENCE_PLANS, REFUSED, TINY_MODEL, plan_doc
+from solvers.run_layout import LayerLayout, check_runnable
+from tests.worker.plans import EQUIVALENCE_PLANS, REFUSED, TINY_MODEL, mixed_doc, plan_doc
 from worker.runtime.plan import from_document, load_plan
 
 
 def test_uniform_shorthand_maps_to_mesh() -> None:
     plan = from_document(*load_plan(plan_doc(pp=2, tp=2, sp="megatron", micro_batches=4)))
-    assert (plan.pp, plan.dp, plan.tp, plan.sp, plan.micro_batches) == (2, 1, 2, "megatron", 4)
+    one = LayerLayout(dp=1, tp=2, sp="megatron")
+    assert plan.uniform() == one and plan.layers == (one,) * 4 and (plan.pp, plan.micro_batches) == (2, 4)
     assert plan.stage_layers == (2, 2) and plan.world_size == 4
     assert plan.describe() == "pp2-dp1-tp2-megatron-sp-zero0-1f1bx4"
+
+
+def test_a_per_layer_mix_runs_layer_by_layer() -> None:
+    """Each layer keeps its own layout (a no-op sp on one tp rank dropped); the embedding and head theirs, sequence
+    sharded beside a Megatron-SP neighbour; ``describe`` lists runs of equal layouts."""
+    doc = mixed_doc([{"tp": 4, "sp": "megatron"}, {"tp": 2, "dp": 2, "zero": 1}, {"tp": 2, "dp": 2, "zero": 1},
+                     {"dp": 4, "sp": "ulysses", "zero": 3}], {"tp": 4})
+    plan = from_document(*load_plan(doc))
+    assert plan.layers == (LayerLayout(tp=4, sp="megatron"), LayerLayout(dp=2, tp=2, zero=1),
+                           LayerLayout(dp=2, tp=2, zero=1), LayerLayout(dp=4, zero=3))
+    assert plan.embedding == LayerLayout(tp=4, sp="megatron") and plan.head == LayerLayout(tp=4)
+    assert plan.uniform() is None and plan.dp == 1 and plan.world_size == 4
+    assert plan.describe() == ("pp1-layers[0:dp1-tp4-megatron-sp-zero0,1-2:dp2-tp2-zero1,3:dp4-zero3]"
+                               "-embedding[dp1-tp4-megatron-sp-zero0]-head[dp1-tp4-zero0]")
+
+
+def test_data_parallel_ranks_per_layout() -> None:
+    """The ranks that average a layer's gradients: dp, times the Ulysses ranks (weights replicated there)."""
+    assert LayerLayout(dp=2, tp=2).data_ranks == 2
+    assert LayerLayout(dp=2, tp=2, sp="megatron").data_ranks == 2
+    assert LayerLayout(dp=2, tp=2, sp="ulysses").data_ranks == 4
+    assert LayerLayout(dp=2, tp=2, sp="ulysses").tensor_parallel == 1
+
+
+def test_a_problem_of_several_layers_is_named_once() -> None:
+    with pytest.raises(SpecError) as err:
+        check_runnable(mixed_doc([{"dp": 4}, {"dp": 2, "cp": 2}, {"dp": 2, "cp": 2}, {"dp": 2, "cp": 2}], {"dp": 4}))
+    cp = [p for p in err.value.problems if p.loc[-1] == "cp"]
+    assert [(p.loc, p.msg) for p in cp] == [(("result", "strategy", "layers", 1, "cp"),
+                                             "cp=2: the worker has no ring attention yet (layers 1-3)")]
 
 
 def test_recompute_stays_per_layer() -> None:
@@ -25,7 +56,7 @@ def test_recompute_stays_per_layer() -> None:
     doc["result"]["strategy"] = {"pp": 1, "micro_batches": 1, "stage_layers": [4], "layers": layers,
                                  "embedding": {"tp": 2, "dp": 2, "zero": 3}}
     plan = from_document(*load_plan(doc))
-    assert (plan.tp, plan.dp, plan.zero) == (2, 2, 3)
+    assert plan.uniform() == LayerLayout(dp=2, tp=2, zero=3)
     assert plan.recompute == ("full", "none", "none", "selective")
 
 
@@ -63,14 +94,20 @@ def test_the_worker_refuses_what_the_service_refuses(name: str) -> None:
 
 @pytest.mark.parametrize("name", list(EQUIVALENCE_PLANS))
 def test_an_accepted_plan_runs_its_own_layout(name: str) -> None:
-    """What the worker builds for an accepted plan is the plan: its degrees, ZeRO stage, per-layer recompute, and
-    per rank the plan's layers (for interleaving: the rank's virtual stages together)."""
+    """What the worker builds for an accepted plan is the plan: each layer's degrees and ZeRO stage, the
+    embedding's, per-layer recompute, and per rank the plan's layers (for interleaving: the rank's virtual stages
+    together)."""
     doc = EQUIVALENCE_PLANS[name]
     plan = from_document(*load_plan(doc))
     strategy = doc["result"]["strategy"]
-    layer = strategy["layers"][0]
-    assert (plan.pp, plan.dp, plan.tp, plan.zero) == (strategy["pp"], layer.get("dp", 1), layer.get("tp", 1),
+    assert plan.pp == strategy["pp"]
+    for got, layer in zip(plan.layers, strategy["layers"], strict=True):
+        assert (got.dp, got.cp, got.tp, got.zero) == (layer.get("dp", 1), layer.get("cp", 1), layer.get("tp", 1),
                                                       layer.get("zero", 0))
+        assert got.sp == (layer.get("sp") if got.tp > 1 else None)
+    emb = strategy["embedding"]
+    assert (plan.embedding.dp, plan.embedding.tp, plan.embedding.zero) == (emb.get("dp", 1), emb.get("tp", 1),
+                                                                          emb.get("zero", 0))
     assert plan.recompute == tuple(x.get("recompute", "none") for x in strategy["layers"])
     per_rank = [sum(plan.stage_layers[s::plan.pp]) for s in range(plan.pp)]
     assert per_rank == strategy["stage_layers"] and plan.micro_batches == strategy["micro_batches"]

@@ -1,5 +1,6 @@
-"""Apply a RuntimePlan to the model on this rank: mesh, then TP / Ulysses, recompute, data parallelism and
-pipeline stages, in torchtitan's order (TP -> activation checkpointing -> FSDP/DDP -> pipeline schedule).
+"""Apply a RuntimePlan to the model on this rank, layer by layer: meshes, then TP / Ulysses, recompute, re-layouts
+between neighbouring layers, data parallelism and pipeline stages, in torchtitan's order (TP -> activation
+checkpointing -> FSDP / gradient all-reduce -> pipeline schedule).
 
 ``ParallelModel.train_step`` runs one optimizer step over the global batch (all micro-batches) and returns
 the global mean loss, identical on every rank.
@@ -16,67 +17,136 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from worker.runtime.checkpointing import apply_checkpointing
 from worker.runtime.data import local_batch
-from worker.runtime.data_parallel import apply_ddp, apply_fsdp, set_gradient_sync
-from worker.runtime.model import build_model, lm_loss
+from worker.runtime.data_parallel import ReplicatedParameters, apply_fsdp, set_gradient_sync
+from worker.runtime.layouts import apply_relayouts
+from worker.runtime.model import blocks, build_model, lm_loss
 from worker.runtime.pipeline import Schedule, build_schedule, cut_stage, stage_ids
-from worker.runtime.plan import RuntimePlan
-from worker.runtime.tensor_parallel import apply_tensor_parallel
+from worker.runtime.plan import LayerLayout, RuntimePlan
+from worker.runtime.tensor_parallel import tensor_parallel_block, tensor_parallel_ends
 from worker.runtime.ulysses import apply_ulysses
 
-
-def build_mesh(plan: RuntimePlan, device_type: str) -> DeviceMesh:
-    """pp x dp x tp over the world, tp varying fastest (neighbouring ranks share a tensor group)."""
-    return init_device_mesh(device_type, (plan.pp, plan.dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
+MeshShape = tuple[int, int, int]  # (dp, cp, tp) of a layout
 
 
-def data_parallel_mesh(mesh: DeviceMesh, plan: RuntimePlan) -> DeviceMesh:
-    """The ranks that average gradients: dp, and with Ulysses also the sequence ranks (replicated weights)."""
-    if plan.sp == "ulysses":
-        return mesh["dp", "tp"]._flatten("dp_sp")
-    return mesh["dp"]
+def _shape(layout: LayerLayout) -> MeshShape:
+    return layout.dp, layout.cp, layout.tp
+
+
+def _data_dims(layout: LayerLayout) -> tuple[str, ...]:
+    """The mesh dimensions whose ranks average a layout's gradients (``LayerLayout.data_ranks``)."""
+    return ("dp", "cp", "tp") if layout.ulysses > 1 else ("dp", "cp")
+
+
+class Meshes:
+    """One device mesh ``pp x dp x cp x tp`` over the whole world per distinct (dp, cp, tp) of the plan's layouts,
+    every one of them created on every rank in the same order (creating a process group is collective). Each rank
+    uses the sub-meshes of its own pipeline stage; local rank ``r`` of a stage is the same process under every
+    layout, which is what lets activations move between layouts (``layouts.relayout``)."""
+
+    def __init__(self, plan: RuntimePlan, device_type: str) -> None:
+        every = [*plan.layers, plan.embedding, plan.head]
+        self._meshes: dict[MeshShape, DeviceMesh] = {}
+        for shape in sorted({_shape(x) for x in every}):
+            self._meshes[shape] = init_device_mesh(device_type, (plan.pp, *shape), mesh_dim_names=("pp", "dp", "cp",
+                                                                                                   "tp"))
+        self._data: dict[tuple[MeshShape, tuple[str, ...]], DeviceMesh] = {}
+        for shape, dims in sorted({(_shape(x), _data_dims(x)) for x in every}):
+            self._data[shape, dims] = self._flatten(self._meshes[shape], dims)
+        base = self._meshes[_shape(plan.embedding)]
+        self.pp: DeviceMesh = base["pp"]
+        self.stage: DeviceMesh = base["dp", "cp", "tp"]._flatten("stage")  # local rank = dp * cp * tp index
+
+    @staticmethod
+    def _flatten(mesh: DeviceMesh, dims: tuple[str, ...]) -> DeviceMesh:
+        used = tuple(d for d in dims if mesh[d].size() > 1) or dims[:1]
+        return mesh[used[0]] if len(used) == 1 else mesh[used]._flatten("_".join(used))
+
+    def of(self, layout: LayerLayout) -> DeviceMesh:
+        return self._meshes[_shape(layout)]
+
+    def data(self, layout: LayerLayout) -> DeviceMesh:
+        """The 1-D mesh of the ranks that average ``layout``'s gradients (its ZeRO stage shards over them)."""
+        return self._data[_shape(layout), _data_dims(layout)]
+
+
+def apply_model_parallel(plan: RuntimePlan, model: nn.Module, meshes: Meshes) -> None:
+    """Tensor parallelism and Ulysses, each layer in its own layout, and the embedding / LM head in theirs."""
+    for key, block in blocks(model).items():
+        layout = plan.layers[int(key)]
+        if layout.tensor_parallel > 1:
+            tensor_parallel_block(block, meshes.of(layout)["tp"], sequence_parallel=layout.sp == "megatron")
+        if layout.ulysses > 1:
+            apply_ulysses(block, meshes.of(layout)["tp"].get_group())
+    if plan.embedding.tensor_parallel > 1:
+        tensor_parallel_ends(model, meshes.of(plan.embedding)["tp"], embedding_sp=plan.embedding.sp == "megatron",
+                             head_sp=plan.head.sp == "megatron", vocab_parallel_loss=vocab_parallel_loss(plan))
+
+
+def apply_data_parallel(plan: RuntimePlan, model: nn.Module, meshes: Meshes, param_dtype: torch.dtype | None
+                        ) -> list[ReplicatedParameters]:
+    """Each block's gradients reduced over its own data-parallel ranks at its own ZeRO stage, the embedding, final
+    norm and LM head's over theirs: FSDP2 for ZeRO-2/3 (the module itself becomes the FSDP root, keeping off the
+    parameters that are not sharded), ``ReplicatedParameters`` for ZeRO-0/1 (returned: the step reduces them)."""
+    replicated: dict[tuple[DeviceMesh, int], list[nn.Parameter]] = {}  # (data mesh, ZeRO stage) -> parameters
+    kept_off: set[nn.Parameter] = set()  # parameters no FSDP module shards
+    sharded_any = False
+    parts: list[tuple[LayerLayout, list[nn.Parameter], nn.Module | None]] = [
+        (plan.layers[int(key)], list(block.parameters()), block) for key, block in blocks(model).items()]
+    ends = [p for name, p in model.named_parameters() if not name.startswith("layers.")]
+    parts.append((plan.embedding, ends, None))  # the root: sharded by the fully_shard of the model below
+    for layout, params, module in parts:
+        mesh = meshes.data(layout)
+        if mesh.size() > 1 and layout.zero >= 2:
+            sharded_any = True
+            if module is not None:
+                apply_fsdp(module, mesh, layout.zero, param_dtype)
+            continue
+        kept_off.update(params)
+        if mesh.size() > 1:
+            replicated.setdefault((mesh, layout.zero), []).extend(params)
+    if sharded_any:
+        emb = plan.embedding
+        apply_fsdp(model, meshes.data(emb), emb.zero if emb.zero >= 2 else 2, param_dtype, ignored_params=kept_off)
+    return [ReplicatedParameters(params, mesh.get_group(), zero) for (mesh, zero), params in replicated.items()
+            if params]
 
 
 def vocab_parallel_loss(plan: RuntimePlan) -> bool:
-    """Cross-entropy on vocabulary-sharded logits (no logits all-gather) whenever tensor parallelism is on."""
-    return plan.tensor_parallel > 1
+    """Cross-entropy on vocabulary-sharded logits (no logits all-gather) whenever the LM head is tensor-parallel."""
+    return plan.head.tensor_parallel > 1
 
 
-def parallelize_module_for(plan: RuntimePlan, model: nn.Module, mesh: DeviceMesh,
-                           param_dtype: torch.dtype | None, notes: list[str]) -> nn.Module:
+def parallelize_module_for(plan: RuntimePlan, model: nn.Module, meshes: Meshes, param_dtype: torch.dtype | None
+                           ) -> tuple[nn.Module, list[ReplicatedParameters]]:
     """Every parallelism except the pipeline, applied to ``model`` (the whole model or one stage)."""
-    if plan.tensor_parallel > 1:
-        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=plan.sp == "megatron",
-                              vocab_parallel_loss=vocab_parallel_loss(plan))
-    if plan.sequence_parallel > 1:
-        apply_ulysses(model, mesh["tp"].get_group())
+    apply_model_parallel(plan, model, meshes)
     apply_checkpointing(model, plan.recompute)
-    dp_mesh = data_parallel_mesh(mesh, plan)
-    if dp_mesh.size() == 1 and plan.tensor_parallel == 1:
-        return model
-    zero = plan.zero
-    if zero == 0 and dp_mesh.size() > 1 and (plan.tensor_parallel > 1 or plan.pp > 1):
-        # DDP takes no DTensor parameters, and its bucket rebuilding breaks on the first step when a pipeline
-        # runs several backward passes under no_sync; FSDP2 without resharding is the closest equivalent.
-        why = "TP" if plan.tensor_parallel > 1 else "pipeline micro-batching"
-        notes.append(f"zero=0 ran as FSDP2 reshard_after_forward=False (DDP does not compose with {why})")
-        zero = 2
-    if zero == 0:
-        return apply_ddp(model, dp_mesh) if dp_mesh.size() > 1 else model
-    if dp_mesh.size() == 1:
-        return model
-    return apply_fsdp(model, dp_mesh, zero, param_dtype)
+    apply_relayouts(model, plan.layers, plan.embedding, plan.head, meshes.stage.get_group())
+    return model, apply_data_parallel(plan, model, meshes, param_dtype)
+
+
+def optimizer_param_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
+    """One AdamW param group per kind of tensor (plain, or DTensor on a given mesh): the foreach kernels take
+    one kind at a time, and a per-layer plan mixes them."""
+    groups: dict[object, list[nn.Parameter]] = {}
+    for p in params:
+        key = ("dtensor", id(p.device_mesh)) if isinstance(p, DTensor) else "plain"
+        groups.setdefault(key, []).append(p)
+    return [{"params": ps} for ps in groups.values()]
 
 
 @dataclass
 class ParallelModel:
     plan: RuntimePlan
-    mesh: DeviceMesh
+    meshes: Meshes
     device: torch.device
     modules: list[nn.Module]  # what this rank trains: the model, or its pipeline stages
+    replicated: list[ReplicatedParameters]  # ZeRO-0/1 parameter groups, reduced by the step itself
     schedule: Schedule | None = None
     has_first: bool = True
     has_last: bool = True
@@ -87,13 +157,21 @@ class ParallelModel:
         for m in self.modules:
             yield from m.parameters()
 
+    def release_others_state(self) -> None:
+        """ZeRO-1: keep optimizer state only for this rank's own share (after loading a checkpoint)."""
+        assert self.optimizer is not None
+        for group in self.replicated:
+            group.release_others_state(self.optimizer)
+
     @property
     def dp_rank(self) -> int:
-        return self.mesh["dp"].get_local_rank()
+        """This rank's share of the input batch's rows (the embedding's data-parallel rank)."""
+        return self.meshes.of(self.plan.embedding)["dp"].get_local_rank()
 
     @property
     def sp_rank(self) -> int:
-        return self.mesh["tp"].get_local_rank() if self.plan.sp == "ulysses" else 0
+        """This rank's share of the input sequence (the embedding's Ulysses rank)."""
+        return self.meshes.of(self.plan.embedding)["tp"].get_local_rank() if self.plan.embedding.ulysses > 1 else 0
 
     def _autocast(self) -> torch.autocast:
         enabled = self.device.type == "cuda" and self.plan.precision in ("bf16", "fp16")
@@ -106,7 +184,7 @@ class ParallelModel:
         assert self.optimizer is not None
         plan = self.plan
         dp_rank, dp = (0, 1) if rows_are_local else (self.dp_rank, plan.dp)
-        inputs, labels = local_batch(tokens, dp_rank, dp, self.sp_rank, plan.sequence_parallel)
+        inputs, labels = local_batch(tokens, dp_rank, dp, self.sp_rank, plan.embedding.ulysses)
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         loss_sum, count = 0.0, 0
         # Forward and backward of a vocabulary-parallel loss must both run inside loss_parallel().
@@ -124,12 +202,16 @@ class ParallelModel:
                 model = self.modules[0]
                 micro = plan.micro_batches
                 for i, (x, y) in enumerate(zip(inputs.chunk(micro), labels.chunk(micro), strict=True)):
-                    set_gradient_sync(model, i == micro - 1)
+                    set_gradient_sync(self.modules, i == micro - 1)
                     loss = lm_loss(model(x), y) / micro
                     loss.backward()
                     loss_sum += float(loss.detach())
                 count = 1
+        for group in self.replicated:
+            group.reduce_gradients()
         self.optimizer.step()
+        for group in self.replicated:
+            group.broadcast_owned()
         self.optimizer.zero_grad(set_to_none=True)
         # Every rank that computed a loss holds the mean over its tokens, and every such rank has as many
         # tokens as the others: the global mean is the mean of those.
@@ -146,22 +228,23 @@ def parallelize(plan: RuntimePlan, seed: int, device: torch.device, lr: float = 
 def apply_plan(plan: RuntimePlan, model: nn.Module, device: torch.device, lr: float = 1e-3) -> ParallelModel:
     """Apply ``plan`` to ``model`` (the full model, identical on every rank, Decoder-style names) on this
     rank; with pipeline parallelism the stages are cut from it. Needs an initialised process group."""
-    mesh = build_mesh(plan, device.type)
-    notes: list[str] = []
+    meshes = Meshes(plan, device.type)
     param_dtype = torch.bfloat16 if device.type == "cuda" and plan.precision == "bf16" else None
     if plan.pp == 1:
-        modules = [parallelize_module_for(plan, model, mesh, param_dtype, notes)]
-        pm = ParallelModel(plan, mesh, device, modules, notes=notes)
+        module, replicated = parallelize_module_for(plan, model, meshes, param_dtype)
+        pm = ParallelModel(plan, meshes, device, [module], replicated)
     else:
-        pp_rank = mesh["pp"].get_local_rank()
-        ids = stage_ids(pp_rank, plan.pp, plan.virtual_stages)
+        ids = stage_ids(meshes.pp.get_local_rank(), plan.pp, plan.virtual_stages)
         num_stages = plan.pp * plan.virtual_stages
-        stages = [parallelize_module_for(plan, cut_stage(model, i, plan.stage_layers), mesh, param_dtype, notes)
-                  for i in ids]
+        stages, replicated = [], []
+        for i in ids:
+            stage, groups = parallelize_module_for(plan, cut_stage(model, i, plan.stage_layers), meshes, param_dtype)
+            stages.append(stage)
+            replicated.extend(groups)
         del model
-        schedule = build_schedule(stages, ids, num_stages, mesh["pp"].get_group(), device, plan.micro_batches,
+        schedule = build_schedule(stages, ids, num_stages, meshes.pp.get_group(), device, plan.micro_batches,
                                   plan.schedule, lm_loss)
-        pm = ParallelModel(plan, mesh, device, stages, schedule, has_first=0 in ids,
-                           has_last=num_stages - 1 in ids, notes=notes)
-    pm.optimizer = torch.optim.AdamW(list(pm.parameters()), lr=lr, weight_decay=0.0)
+        pm = ParallelModel(plan, meshes, device, stages, replicated, schedule, has_first=0 in ids,
+                           has_last=num_stages - 1 in ids)
+    pm.optimizer = torch.optim.AdamW(optimizer_param_groups(list(pm.parameters())), lr=lr, weight_decay=0.0)
     return pm

@@ -1,22 +1,24 @@
 """A contract plan (request + hybrid result document) mapped to what one node's runtime executes.
 
-The runtime lays ranks out on one device mesh ``pp x dp x tp`` (tp varying fastest, so tensor-parallel
-ranks are neighbours, as in Megatron), one layout on every layer; per-layer recompute is honoured layer by
-layer. Which plans that mesh runs exactly is decided by ``solvers.run_layout`` (the service asks the same
-function before it queues a run): any other plan is refused with the field and the reason, never approximated.
+Every transformer layer runs in its own layout (``solvers.run_layout.LayerLayout``: dp x cp x tp over the ranks of
+its pipeline stage, tp varying fastest so that tensor-parallel ranks are neighbours, as in Megatron; its
+sequence-parallel kind and ZeRO stage), the embedding and the LM head in the plan's embedding layout; per-layer
+recompute is honoured layer by layer. Which plans run exactly is decided by ``solvers.run_layout`` (the service
+asks the same function before it queues a run): any other plan is refused with the field and the reason, never
+approximated.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from solvers.documents import HybridResult
 from solvers.request import HybridRequest
-from solvers.run_layout import load_plan, plan_of, run_layout
+from solvers.run_layout import LayerLayout, load_plan, plan_of, run_layout
 from solvers.strategy import PlanStrategy, Schedule
 from worker.runtime.model import ModelConfig
 
-__all__ = ["RuntimePlan", "from_document", "load_plan", "plan_of"]
+__all__ = ["LayerLayout", "RuntimePlan", "from_document", "load_plan", "plan_of"]
 
 
 @dataclass(frozen=True)
@@ -25,10 +27,9 @@ class RuntimePlan:
     global_batch_size: int
     seq_length: int
     pp: int = 1
-    dp: int = 1
-    tp: int = 1
-    sp: str | None = None  # None, "megatron" (TP + sequence parallel) or "ulysses" (the tp dim runs Ulysses)
-    zero: int = 0
+    layers: tuple[LayerLayout, ...] = ()  # per transformer layer, by global index
+    embedding: LayerLayout = field(default_factory=LayerLayout)  # the token embedding; the batch is dealt as it says
+    head: LayerLayout = field(default_factory=LayerLayout)  # the final norm and LM head (and how the labels are)
     recompute: tuple[str, ...] = ()  # per layer: "none" | "selective" | "full"
     micro_batches: int = 1
     schedule: Schedule = "1f1b"
@@ -39,25 +40,43 @@ class RuntimePlan:
     gpu_name: str = "cpu"
 
     @property
+    def stage_ranks(self) -> int:
+        """Ranks per pipeline stage (every layout of the plan spans them)."""
+        return self.embedding.world
+
+    @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.stage_ranks
 
     @property
-    def tensor_parallel(self) -> int:
-        return 1 if self.sp == "ulysses" else self.tp
+    def dp(self) -> int:
+        """Data-parallel degree of the input: the embedding's (the batch's rows are dealt to its dp ranks)."""
+        return self.embedding.dp
 
-    @property
-    def sequence_parallel(self) -> int:
-        """Ulysses degree (the sequence is split over the tp dim of the mesh)."""
-        return self.tp if self.sp == "ulysses" else 1
+    def uniform(self) -> LayerLayout | None:
+        """The one layout of every layer, the embedding and the head, if they share one."""
+        every = {*self.layers, self.embedding, self.head}
+        return self.embedding if len(every) == 1 else None
 
     def describe(self) -> str:
-        parts = [f"pp{self.pp}", f"dp{self.dp}"]
-        if self.tp > 1:
-            parts.append(f"{'sp' if self.sp == 'ulysses' else 'tp'}{self.tp}")
-        if self.sp == "megatron":
-            parts.append("megatron-sp")
-        parts.append(f"zero{self.zero}")
+        """``pp2-dp1-tp2-megatron-sp-zero0-1f1bx4`` for one layout everywhere; with a per-layer mix the layers'
+        runs of equal layouts, then the embedding's (and the head's, where its sequence split differs)."""
+        parts = [f"pp{self.pp}"]
+        one = self.uniform()
+        if one is not None:
+            parts.append(one.describe())
+        else:
+            runs: list[tuple[int, int, LayerLayout]] = []
+            for i, x in enumerate(self.layers):
+                if runs and runs[-1][2] == x:
+                    runs[-1] = (runs[-1][0], i, x)
+                else:
+                    runs.append((i, i, x))
+            parts.append("layers[" + ",".join(f"{a}{'' if a == b else f'-{b}'}:{x.describe()}" for a, b, x in runs)
+                         + "]")
+            parts.append(f"embedding[{self.embedding.describe()}]")
+            if self.head != self.embedding:
+                parts.append(f"head[{self.head.describe()}]")
         if any(r != "none" for r in self.recompute):
             parts.append("recompute")
         if self.pp > 1:
@@ -80,8 +99,8 @@ def _runtime_plan(request: HybridRequest, strategy: PlanStrategy, world_size: in
     cluster = request.cluster
     return RuntimePlan(
         model=ModelConfig.from_spec(request.model), global_batch_size=request.training.global_batch_size,
-        seq_length=request.training.seq_length, pp=layout.pp, dp=layout.dp, tp=layout.tp, sp=layout.sp,
-        zero=layout.zero, recompute=layout.recompute, micro_batches=layout.micro_batches, schedule=layout.schedule,
+        seq_length=request.training.seq_length, pp=layout.pp, layers=layout.layers, embedding=layout.embedding,
+        head=layout.head, recompute=layout.recompute, micro_batches=layout.micro_batches, schedule=layout.schedule,
         virtual_stages=layout.virtual_stages, stage_layers=layout.stage_layers, precision=layout.precision,
         peak_flops_per_rank=cluster.gpu.peak_flops(layout.precision), gpu_name=cluster.gpu.name,
     )

@@ -25,40 +25,58 @@ from worker.runtime.model import blocks
 
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool,
                           vocab_parallel_loss: bool = False) -> None:
-    """Shard ``model`` (a Decoder or a pipeline stage of one) over the 1-D ``mesh`` in place.
+    """Shard ``model`` (a Decoder or a pipeline stage of one) over the 1-D ``mesh`` in place, every layer and the
+    embedding / LM head alike (see ``tensor_parallel_ends`` and ``tensor_parallel_block``)."""
+    tensor_parallel_ends(model, mesh, sequence_parallel, sequence_parallel, vocab_parallel_loss)
+    for block in blocks(model).values():
+        tensor_parallel_block(block, mesh, sequence_parallel)
 
+
+def tensor_parallel_ends(model: nn.Module, mesh: DeviceMesh, embedding_sp: bool, head_sp: bool,
+                         vocab_parallel_loss: bool = False) -> None:
+    """Vocabulary-parallel embedding and LM head of ``model`` (those it has) over the 1-D ``mesh``, in place.
+
+    ``embedding_sp``: the embedding's output is sharded over the sequence (reduce-scatter), else replicated
+    (all-reduce); ``head_sp``: the final norm takes a sequence shard (Megatron SP) and the head gathers it.
     With ``vocab_parallel_loss`` the LM head returns logits sharded over the vocabulary (a DTensor) and the
     loss must run under ``torch.distributed.tensor.parallel.loss_parallel()`` (Megatron's vocab-parallel
     cross-entropy: no all-gather of the logits); otherwise the logits are all-gathered."""
-    residual = Shard(1) if sequence_parallel else Replicate()
     top: dict[str, Any] = {}
     if getattr(model, "tok_embeddings", None) is not None:
-        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
-    if getattr(model, "norm", None) is not None and sequence_parallel:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(),
+                                                output_layouts=Shard(1) if embedding_sp else Replicate())
+    head_input = Shard(1) if head_sp else Replicate()
+    if getattr(model, "norm", None) is not None and head_sp:
         top["norm"] = SequenceParallel()
     if getattr(model, "output", None) is not None:
         if vocab_parallel_loss:
-            top["output"] = ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False)
+            top["output"] = ColwiseParallel(input_layouts=head_input, output_layouts=Shard(-1),
+                                            use_local_output=False)
         else:
-            top["output"] = ColwiseParallel(input_layouts=residual, output_layouts=Replicate())
+            top["output"] = ColwiseParallel(input_layouts=head_input, output_layouts=Replicate())
     if top:
         parallelize_module(model, mesh, top)
-    for block in blocks(model).values():
-        plan: dict[str, Any] = {
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=residual),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=residual),
-        }
-        if getattr(block.get_submodule("feed_forward"), "w3", None) is not None:
-            plan["feed_forward.w3"] = ColwiseParallel()
-        # The sub-layer input becomes one DTensor at the attention / MLP boundary (all-gathered from the
-        # sequence shards under SP), so backward reduces its gradient once per sub-layer as in Megatron,
-        # not once per projection that reads it (q, k, v; w1, w3).
-        enter = PrepareModuleInput(input_layouts=(residual,), desired_input_layouts=(Replicate(),))
-        plan.update({"attention": enter, "feed_forward": enter})
-        if sequence_parallel:
-            plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()})
-        parallelize_module(block, mesh, plan)
+
+
+def tensor_parallel_block(block: nn.Module, mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Megatron TP of one transformer block over the 1-D ``mesh``, in place; with ``sequence_parallel`` its input
+    and output are sequence shards."""
+    residual = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, Any] = {
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=residual),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=residual),
+    }
+    if getattr(block.get_submodule("feed_forward"), "w3", None) is not None:
+        plan["feed_forward.w3"] = ColwiseParallel()
+    # The sub-layer input becomes one DTensor at the attention / MLP boundary (all-gathered from the
+    # sequence shards under SP), so backward reduces its gradient once per sub-layer as in Megatron,
+    # not once per projection that reads it (q, k, v; w1, w3).
+    enter = PrepareModuleInput(input_layouts=(residual,), desired_input_layouts=(Replicate(),))
+    plan.update({"attention": enter, "feed_forward": enter})
+    if sequence_parallel:
+        plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()})
+    parallelize_module(block, mesh, plan)

@@ -67,6 +67,7 @@ def run_plan(plan: RuntimePlan, steps: int, device: torch.device, seed: int = 0,
         resumed = train_checkpoint.resume(checkpoint_dir, pm.modules, pm.optimizer)
         if resumed is not None:
             start, losses, resumed_from = resumed.step, list(resumed.losses), resumed.step
+            pm.release_others_state()
     times: list[float] = []
     dist.barrier()
     for step in range(start, steps):
