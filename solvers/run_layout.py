@@ -1,11 +1,12 @@
 """What paraplan's training runtime (``worker.runtime``) executes for a plan, and whether that is the plan exactly.
 
-The runtime lays ranks out on one device mesh ``pp x dp x tp`` with one layout for every layer. A plan is run
-only when that mesh *is* the plan: a plan the runtime would have to approximate (a per-layer mix, context
-parallelism, ZeRO-1, ZeRO-0 with TP or a pipeline, an interleaved split other than the runtime's, MoE layers,
-bf16 on CPU ranks) is refused with the field and the reason, never run as something else. The service checks
-a run request with ``check_runnable`` and the worker builds its mesh from ``run_layout``: one function decides
-both, so a run the service accepts is a run the worker executes as planned.
+The runtime lays ranks out on one device mesh ``pp x dp x cp x tp`` with one layout for every layer (cp: ring
+attention over load-balanced sequence chunks, ``worker.runtime.ring_attention``). A plan is run only when that
+mesh *is* the plan: a plan the runtime would have to approximate (a per-layer mix, ZeRO-1, ZeRO-0 with TP or a
+pipeline, an interleaved split other than the runtime's, MoE layers, bf16 on CPU ranks) is refused with the field
+and the reason, never run as something else. The service checks a run request with ``check_runnable`` and the
+worker builds its mesh from ``run_layout``: one function decides both, so a run the service accepts is a run the
+worker executes as planned.
 
 Pure: no torch. ``worker.runtime.plan`` adds the model and device details.
 """
@@ -36,6 +37,7 @@ class RunLayout:
     pp: int
     dp: int
     tp: int
+    cp: int  # ring-attention context parallelism: rank i of cp holds sequence chunks i and 2cp-1-i of 2cp
     sp: SpKind  # None, "megatron" (TP + sequence parallel) or "ulysses" (the tp dim of the mesh runs Ulysses)
     zero: int
     recompute: tuple[str, ...]  # per layer
@@ -49,7 +51,7 @@ class RunLayout:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
 
     @property
     def ranks_per_node(self) -> int:
@@ -147,10 +149,9 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
                "mixes have no runtime yet)")
     tp, dp, cp, zero = first.tp, first.dp, first.cp, first.zero
     sp: SpKind = None if first.sp == "ulysses" and tp == 1 else first.sp
-    if cp > 1:
-        refuse((*STRATEGY, "layers", 0, "cp"), f"cp={cp}: the worker has no ring attention yet")
     ulysses = sp == "ulysses"
-    dp_ranks = dp * (tp if ulysses else 1)  # the ranks that average gradients (Ulysses ranks replicate weights)
+    # The ranks that average gradients: cp and Ulysses ranks replicate the weights while splitting the sequence.
+    dp_ranks = dp * cp * (tp if ulysses else 1)
     tensor_parallel = 1 if ulysses else tp
     if dp_ranks > 1 and zero == 1:
         refuse((*STRATEGY, "layers", 0, "zero"), "ZeRO-1 (optimizer state sharded alone) has no runtime: FSDP2 "
@@ -185,9 +186,13 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
         for name, value in need.items():
             if value % tp:
                 refuse(("request", "model", name), f"{value} is not divisible by tp={tp}")
-        if sp is not None and training.seq_length % tp:
-            refuse(("request", "training", "seq_length"),
-                   f"{training.seq_length} is not divisible by the sequence split {tp}")
+    seq = training.seq_length
+    if cp > 1 and seq % (2 * cp):
+        refuse(("request", "training", "seq_length"), f"{seq} is not divisible by 2*cp = {2 * cp} (ring attention "
+                                                      "gives each cp rank two equal, load-balanced chunks)")
+    elif tp > 1 and sp is not None and (seq // cp) % tp:
+        local = f"the {seq // cp} tokens of a cp rank" if cp > 1 else str(seq)
+        refuse(("request", "training", "seq_length"), f"{local} is not divisible by the sequence split {tp}")
     stage_layers: tuple[int, ...] = plan.stage_layers
     virtual = plan.virtual_stages if plan.pp > 1 else 1
     if plan.pp > 1 and plan.schedule == "interleaved":
@@ -212,7 +217,7 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
         refuse(("request", "training", "precision"), f"{precision}: CPU ranks compute in fp32 (ask for \"fp32\")")
     if problems:
         raise SpecError(problems)
-    return RunLayout(pp=plan.pp, dp=dp, tp=tp, sp=sp, zero=zero, recompute=tuple(x.recompute for x in layers),
+    return RunLayout(pp=plan.pp, dp=dp, tp=tp, cp=cp, sp=sp, zero=zero, recompute=tuple(x.recompute for x in layers),
                      micro_batches=plan.micro_batches, schedule=plan.schedule,
                      virtual_stages=virtual if plan.pp > 1 and plan.schedule == "interleaved" else 1,
                      stage_layers=stage_layers, precision=precision, nodes=cluster.nodes,

@@ -8,7 +8,7 @@ from typing import Any
 from solvers.exports.layout import front_loaded_split
 from tests.documents import hybrid_result
 
-TINY_MODEL = {"name": "tiny-llama", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+TINY_MODEL: dict[str, Any] = {"name": "tiny-llama", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
               "num_kv_heads": 2, "ffn_hidden_size": 128, "vocab_size": 128, "mlp": "swiglu"}
 
 
@@ -48,6 +48,19 @@ EQUIVALENCE_PLANS: dict[str, dict[str, Any]] = {
     "pp2-tp2-1f1b": plan_doc(pp=2, tp=2, sp="megatron", micro_batches=4, schedule="1f1b"),
     "pp2-dp2-1f1b-zero2": plan_doc(pp=2, dp=2, zero=2, micro_batches=2, schedule="1f1b"),
     "pp2-interleaved-fsdp2": plan_doc(pp=2, dp=2, zero=3, micro_batches=2, schedule="interleaved", virtual_stages=2),
+    # ring-attention context parallelism (GQA: 4 heads, 2 K/V heads), alone and with each other parallelism
+    "cp2-dp2-ddp-selective": plan_doc(cp=2, dp=2, recompute="selective"),
+    "cp4-fsdp-zero3": plan_doc(cp=4, zero=3),
+    "cp2-tp2-sp-fsdp2": plan_doc(cp=2, tp=2, sp="megatron", zero=2),
+    "cp2-ulysses2": plan_doc(cp=2, tp=2, sp="ulysses"),
+    "pp2-cp2-1f1b-zero2": plan_doc(pp=2, cp=2, zero=2, micro_batches=2, schedule="1f1b"),
+}
+
+# name -> (plan, fault): a context-parallel plan run with one part of context parallelism broken on purpose
+# (``cp_faults.FAULTS``); its loss must leave the reference by far more than the tolerance.
+CP_CONTROLS: dict[str, tuple[dict[str, Any], str]] = {
+    "control-cp4-ring-unmerged": (EQUIVALENCE_PLANS["cp4-fsdp-zero3"], "ring-unmerged"),
+    "control-cp4-grads-unsynced": (EQUIVALENCE_PLANS["cp4-fsdp-zero3"], "cp-grads-unsynced"),
 }
 
 
@@ -73,7 +86,8 @@ def _with(doc: dict[str, Any], section: str, **fields: Any) -> dict[str, Any]:
 # name -> (plan the worker would have to approximate, the field naming it, words of the reason)
 REFUSED: dict[str, tuple[dict[str, Any], list[Any], str]] = {
     "per-layer mix": (_mixed_layers(), ["result", "strategy", "layers", 2], "one layout on every layer"),
-    "cp": (plan_doc(dp=2, cp=2, zero=3), ["result", "strategy", "layers", 0, "cp"], "ring attention"),
+    "cp: sequence not in 2*cp chunks": (plan_doc(dp=2, cp=2, zero=3, seq=30), ["request", "training", "seq_length"],
+                                        "not divisible by 2*cp = 4"),
     "zero-1": (plan_doc(dp=4, zero=1), ["result", "strategy", "layers", 0, "zero"], "ZeRO-1"),
     "zero-0 with tp": (plan_doc(tp=2, dp=2), ["result", "strategy", "layers", 0, "zero"], "ZeRO-0 with tensor"),
     "zero-0 with pp": (plan_doc(pp=2, dp=2, micro_batches=2), ["result", "strategy", "layers", 0, "zero"],

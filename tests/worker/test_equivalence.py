@@ -2,7 +2,9 @@
 
 Tolerance: 2e-4 absolute on a loss of ~4.85 (fp32; reductions are reordered by sharding, and Adam's
 normalisation amplifies the difference a little in later steps). A missing gradient sync moves the loss
-by more than 20x that within four steps (the negative control below)."""
+by more than 20x that within four steps (the negative control below), and so does context parallelism with its
+gradients not averaged over the cp ranks or with the ring's other K/V never merged (``cp_faults``, run in the
+same launch)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.worker.plans import EQUIVALENCE_PLANS, plan_doc
+from tests.worker.plans import CP_CONTROLS, EQUIVALENCE_PLANS, plan_doc
 from worker.runtime.data import global_batch
 from worker.runtime.model import build_model, lm_loss
 from worker.runtime.plan import from_document, load_plan
@@ -45,10 +47,11 @@ def reference_losses(doc: dict, steps: int, seed: int = 0, grad_rows: int | None
 def distributed_losses(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("equiv")
     (tmp / "plans.json").write_text(json.dumps(EQUIVALENCE_PLANS))
+    (tmp / "controls.json").write_text(json.dumps(CP_CONTROLS))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
            str(Path(__file__).with_name("equivalence_harness.py")), str(tmp / "plans.json"), str(STEPS),
-           str(tmp / "out.json")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=Path(__file__).parents[2])
+           str(tmp / "out.json"), str(tmp / "controls.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[2])
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((tmp / "out.json").read_text())
 
@@ -73,3 +76,12 @@ def test_tolerance_catches_a_missing_gradient_sync(reference: list[float]) -> No
     unsynced = reference_losses(plan_doc(world=1), STEPS, grad_rows=2)
     assert reference[-1] < reference[0]
     assert max(abs(a - b) for a, b in zip(reference, unsynced, strict=True)) > 20 * TOL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CP_CONTROLS))
+def test_tolerance_catches_broken_context_parallelism(name: str, distributed_losses: dict,
+                                                      reference: list[float]) -> None:
+    """Negative controls of the cp plans: the same plan with one part of context parallelism broken."""
+    got = distributed_losses[name]["loss"]
+    assert max(abs(a - b) for a, b in zip(reference, got, strict=True)) > 20 * TOL, f"{name}: {got}"

@@ -69,9 +69,41 @@ def test_an_accepted_plan_runs_its_own_layout(name: str) -> None:
     plan = from_document(*load_plan(doc))
     strategy = doc["result"]["strategy"]
     layer = strategy["layers"][0]
-    assert (plan.pp, plan.dp, plan.tp, plan.zero) == (strategy["pp"], layer.get("dp", 1), layer.get("tp", 1),
-                                                      layer.get("zero", 0))
+    assert (plan.pp, plan.dp, plan.tp, plan.cp, plan.zero) == (
+        strategy["pp"], layer.get("dp", 1), layer.get("tp", 1), layer.get("cp", 1), layer.get("zero", 0))
     assert plan.recompute == tuple(x.get("recompute", "none") for x in strategy["layers"])
     per_rank = [sum(plan.stage_layers[s::plan.pp]) for s in range(plan.pp)]
     assert per_rank == strategy["stage_layers"] and plan.micro_batches == strategy["micro_batches"]
     assert check_runnable(doc).world_size == plan.world_size == 4
+
+
+@pytest.mark.parametrize(("strategy", "layout"), [
+    ({"cp": 2, "dp": 2}, "pp1-dp2-cp2-zero0"),
+    ({"cp": 4, "zero": 3}, "pp1-dp1-cp4-zero3"),
+    ({"cp": 2, "tp": 2, "sp": "megatron", "zero": 2}, "pp1-dp1-cp2-tp2-megatron-sp-zero2"),
+    ({"cp": 2, "tp": 2, "sp": "ulysses"}, "pp1-dp1-cp2-sp2-zero0"),
+])
+def test_context_parallel_plans_run_on_a_cp_mesh_dim(strategy: dict, layout: str) -> None:
+    """cp is a mesh dimension of its own (ring attention), not extra data parallelism: the world counts it once."""
+    doc = plan_doc(**strategy)
+    plan = from_document(*load_plan(doc))
+    assert (plan.cp, plan.world_size, plan.describe()) == (strategy["cp"], 4, layout)
+    assert check_runnable(doc).cp == strategy["cp"] and check_runnable(doc).world_size == 4
+
+
+@pytest.mark.parametrize(("strategy", "seq", "msg"), [
+    ({"cp": 4, "zero": 3}, 36, "36 is not divisible by 2*cp = 8"),
+    ({"cp": 2, "dp": 2}, 30, "30 is not divisible by 2*cp = 4"),
+    # 8 ranks: each cp rank's 6 tokens cannot be split 4 ways by Megatron's sequence parallelism
+    ({"cp": 2, "tp": 4, "sp": "megatron", "zero": 2}, 12,
+     "the 6 tokens of a cp rank is not divisible by the sequence split 4"),
+])
+def test_context_parallel_plans_need_the_sequence_in_equal_chunks(strategy: dict, seq: int, msg: str) -> None:
+    world = strategy["cp"] * strategy.get("tp", 1) * strategy.get("dp", 1)
+    model = {**TINY_MODEL, "num_attention_heads": 8, "num_kv_heads": 4}
+    with pytest.raises(SpecError) as err:
+        check_runnable(plan_doc(world=world, seq=seq, model=model, **strategy))
+    assert [p.loc for p in err.value.problems] == [("request", "training", "seq_length")]
+    assert msg in err.value.problems[0].msg
+    check_runnable(plan_doc(world=world, seq=2 * strategy["cp"] * strategy.get("tp", 1) * 4, model=model,
+                            **strategy))

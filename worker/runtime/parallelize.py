@@ -1,5 +1,6 @@
-"""Apply a RuntimePlan to the model on this rank: mesh, then TP / Ulysses, recompute, data parallelism and
-pipeline stages, in torchtitan's order (TP -> activation checkpointing -> FSDP/DDP -> pipeline schedule).
+"""Apply a RuntimePlan to the model on this rank: mesh, then TP / Ulysses / ring attention, recompute, data
+parallelism and pipeline stages, in torchtitan's order (TP -> activation checkpointing -> FSDP/DDP -> pipeline
+schedule).
 
 ``ParallelModel.train_step`` runs one optimizer step over the global batch (all micro-batches) and returns
 the global mean loss, identical on every rank.
@@ -24,20 +25,25 @@ from worker.runtime.data_parallel import apply_ddp, apply_fsdp, set_gradient_syn
 from worker.runtime.model import build_model, lm_loss
 from worker.runtime.pipeline import Schedule, build_schedule, cut_stage, stage_ids
 from worker.runtime.plan import RuntimePlan
+from worker.runtime.ring_attention import apply_context_parallel
 from worker.runtime.tensor_parallel import apply_tensor_parallel
 from worker.runtime.ulysses import apply_ulysses
 
 
 def build_mesh(plan: RuntimePlan, device_type: str) -> DeviceMesh:
-    """pp x dp x tp over the world, tp varying fastest (neighbouring ranks share a tensor group)."""
-    return init_device_mesh(device_type, (plan.pp, plan.dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
+    """pp x dp x cp x tp over the world, tp varying fastest (neighbouring ranks share a tensor group), then the
+    context-parallel ring (as torchtitan's pp, dp, cp, tp)."""
+    return init_device_mesh(device_type, (plan.pp, plan.dp, plan.cp, plan.tp),
+                            mesh_dim_names=("pp", "dp", "cp", "tp"))
 
 
 def data_parallel_mesh(mesh: DeviceMesh, plan: RuntimePlan) -> DeviceMesh:
-    """The ranks that average gradients: dp, and with Ulysses also the sequence ranks (replicated weights)."""
-    if plan.sp == "ulysses":
-        return mesh["dp", "tp"]._flatten("dp_sp")
-    return mesh["dp"]
+    """The ranks that average gradients: dp, and the ranks that replicate the weights while splitting the
+    sequence: the cp ring's and, with Ulysses, the sequence ranks of the tp dim."""
+    dims = ("dp",) + (("cp",) if plan.cp > 1 else ()) + (("tp",) if plan.sp == "ulysses" else ())
+    if len(dims) == 1:
+        return mesh["dp"]
+    return mesh[dims]._flatten("_".join(dims))
 
 
 def vocab_parallel_loss(plan: RuntimePlan) -> bool:
@@ -53,6 +59,8 @@ def parallelize_module_for(plan: RuntimePlan, model: nn.Module, mesh: DeviceMesh
                               vocab_parallel_loss=vocab_parallel_loss(plan))
     if plan.sequence_parallel > 1:
         apply_ulysses(model, mesh["tp"].get_group())
+    if plan.cp > 1:
+        apply_context_parallel(model, mesh["cp"].get_group())
     apply_checkpointing(model, plan.recompute)
     dp_mesh = data_parallel_mesh(mesh, plan)
     if dp_mesh.size() == 1 and plan.tensor_parallel == 1:
@@ -95,6 +103,10 @@ class ParallelModel:
     def sp_rank(self) -> int:
         return self.mesh["tp"].get_local_rank() if self.plan.sp == "ulysses" else 0
 
+    @property
+    def cp_rank(self) -> int:
+        return self.mesh["cp"].get_local_rank()
+
     def _autocast(self) -> torch.autocast:
         enabled = self.device.type == "cuda" and self.plan.precision in ("bf16", "fp16")
         dtype = torch.float16 if self.plan.precision == "fp16" else torch.bfloat16
@@ -106,7 +118,7 @@ class ParallelModel:
         assert self.optimizer is not None
         plan = self.plan
         dp_rank, dp = (0, 1) if rows_are_local else (self.dp_rank, plan.dp)
-        inputs, labels = local_batch(tokens, dp_rank, dp, self.sp_rank, plan.sequence_parallel)
+        inputs, labels = local_batch(tokens, dp_rank, dp, self.sp_rank, plan.sequence_parallel, self.cp_rank, plan.cp)
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         loss_sum, count = 0.0, 0
         # Forward and backward of a vocabulary-parallel loss must both run inside loss_parallel().

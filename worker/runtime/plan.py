@@ -1,9 +1,10 @@
 """A contract plan (request + hybrid result document) mapped to what one node's runtime executes.
 
-The runtime lays ranks out on one device mesh ``pp x dp x tp`` (tp varying fastest, so tensor-parallel
-ranks are neighbours, as in Megatron), one layout on every layer; per-layer recompute is honoured layer by
-layer. Which plans that mesh runs exactly is decided by ``solvers.run_layout`` (the service asks the same
-function before it queues a run): any other plan is refused with the field and the reason, never approximated.
+The runtime lays ranks out on one device mesh ``pp x dp x cp x tp`` (tp varying fastest, so tensor-parallel
+ranks are neighbours, as in Megatron; cp is ring-attention context parallelism), one layout on every layer;
+per-layer recompute is honoured layer by layer. Which plans that mesh runs exactly is decided by
+``solvers.run_layout`` (the service asks the same function before it queues a run): any other plan is refused
+with the field and the reason, never approximated.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class RuntimePlan:
     pp: int = 1
     dp: int = 1
     tp: int = 1
+    cp: int = 1  # ring-attention context parallelism (the sequence in 2*cp load-balanced chunks)
     sp: str | None = None  # None, "megatron" (TP + sequence parallel) or "ulysses" (the tp dim runs Ulysses)
     zero: int = 0
     recompute: tuple[str, ...] = ()  # per layer: "none" | "selective" | "full"
@@ -40,7 +42,7 @@ class RuntimePlan:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
 
     @property
     def tensor_parallel(self) -> int:
@@ -53,6 +55,8 @@ class RuntimePlan:
 
     def describe(self) -> str:
         parts = [f"pp{self.pp}", f"dp{self.dp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
         if self.tp > 1:
             parts.append(f"{'sp' if self.sp == 'ulysses' else 'tp'}{self.tp}")
         if self.sp == "megatron":
@@ -80,8 +84,9 @@ def _runtime_plan(request: HybridRequest, strategy: PlanStrategy, world_size: in
     cluster = request.cluster
     return RuntimePlan(
         model=ModelConfig.from_spec(request.model), global_batch_size=request.training.global_batch_size,
-        seq_length=request.training.seq_length, pp=layout.pp, dp=layout.dp, tp=layout.tp, sp=layout.sp,
-        zero=layout.zero, recompute=layout.recompute, micro_batches=layout.micro_batches, schedule=layout.schedule,
+        seq_length=request.training.seq_length, pp=layout.pp, dp=layout.dp, tp=layout.tp, cp=layout.cp,
+        sp=layout.sp, zero=layout.zero, recompute=layout.recompute, micro_batches=layout.micro_batches,
+        schedule=layout.schedule,
         virtual_stages=layout.virtual_stages, stage_layers=layout.stage_layers, precision=layout.precision,
         peak_flops_per_rank=cluster.gpu.peak_flops(layout.precision), gpu_name=cluster.gpu.name,
     )
