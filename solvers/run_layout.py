@@ -1,11 +1,12 @@
 """What paraplan's training runtime (``worker.runtime``) executes for a plan, and whether that is the plan exactly.
 
 The runtime runs every layer in its own layout, as planned: each transformer layer lays the ``N / pp`` ranks of
-its pipeline stage out as ``dp x cp x tp`` (tp varying fastest) with its own sequence-parallel kind and ZeRO
-stage (``LayerLayout``), the embedding and the LM head as the plan's embedding strategy says; activations are
-re-laid out between neighbours whose layouts differ. A plan the runtime would have to approximate (context
-parallelism, an interleaved split other than the runtime's, MoE layers, bf16 on CPU ranks) is refused with the
-field and the reason, never run as something else. The service checks a run request with ``check_runnable`` and
+its pipeline stage out as ``dp x cp x tp`` (tp varying fastest; cp: ring attention over load-balanced sequence
+chunks, ``worker.runtime.ring_attention``) with its own sequence-parallel kind and ZeRO stage (``LayerLayout``),
+the embedding and the LM head as the plan's embedding strategy says; activations are re-laid out between
+neighbours whose layouts differ. A plan the runtime would have to approximate (an interleaved split other than
+the runtime's, MoE layers, bf16 on CPU ranks) or cannot split (a sequence not in 2*cp equal chunks) is refused
+with the field and the reason, never run as something else. The service checks a run request with ``check_runnable`` and
 the worker builds its meshes from ``run_layout``: one function decides both, so a run the service accepts is a
 run the worker executes as planned.
 
@@ -38,8 +39,9 @@ class LayerLayout:
 
     ``sp``: None (plain Megatron TP over the tp ranks; they hold copies of the activations between layers),
     "megatron" (TP + sequence parallelism: the tp ranks hold slices of the sequence between sub-layers) or
-    "ulysses" (the tp ranks split the sequence and replicate the weights). ``cp`` is a slot for ring-attention
-    context parallelism (``run_layout`` refuses cp > 1 until it has a runtime)."""
+    "ulysses" (the tp ranks split the sequence and replicate the weights). ``cp``: ring-attention context
+    parallelism; cp rank ``i`` holds sequence chunks ``i`` and ``2cp - 1 - i`` of ``2cp`` (load-balanced), and
+    under SP or Ulysses its tp ranks split those two chunks, concatenated."""
 
     dp: int = 1
     cp: int = 1
@@ -176,12 +178,19 @@ def end_layouts(embedding: EmbeddingStrategy, layers: tuple[LayerLayout, ...]) -
     the tp ranks split the sequence and replicate the vocabulary, Galvatron's ``vsp``). With a split vocabulary,
     the activations beside it are sequence-sharded (Megatron SP: a reduce-scatter out of the embedding, an
     all-gather into the head) when the plan's embedding says ``"megatron"`` or the neighbouring layer runs Megatron
-    SP, as Megatron and Galvatron apply their sequence-parallel flag to the embedding with the layers."""
+    SP, as Megatron and Galvatron apply their sequence-parallel flag to the embedding with the layers.
+
+    The plan's embedding has no cp (the planner counts a layer's cp ranks in the embedding's dp: to the embedding
+    and head, sequence chunks and rows are alike). Where the first and last layers share one cp degree that
+    divides the embedding's dp, the embedding and head take it too (dp / cp rows, the layers' chunks): the same
+    data-parallel ranks, and no re-layout between them and the layers."""
+    cp = layers[0].cp if layers and layers[0].cp == layers[-1].cp and embedding.dp % layers[0].cp == 0 else 1
+
     def end(neighbour: LayerLayout | None) -> LayerLayout:
         sp: SpKind = embedding.sp
         if sp is None and neighbour is not None and neighbour.sp == "megatron":
             sp = "megatron"
-        return LayerLayout(dp=embedding.dp, cp=1, tp=embedding.tp, sp=sp if embedding.tp > 1 else None,
+        return LayerLayout(dp=embedding.dp // cp, cp=cp, tp=embedding.tp, sp=sp if embedding.tp > 1 else None,
                            zero=embedding.zero)
 
     return end(layers[0] if layers else None), end(layers[-1] if layers else None)
@@ -203,8 +212,6 @@ def _layer_problems(layout: LayerLayout, pp: int, expected: int) -> list[tuple[t
     out: list[tuple[tuple[str, ...], str]] = []
     if pp * layout.world != expected:
         out.append(((), f"pp*dp*tp*cp = {pp * layout.world} but the run has {expected} processes"))
-    if layout.cp > 1:
-        out.append((("cp",), f"cp={layout.cp}: the worker has no ring attention yet"))
     if layout.zero not in (0, 1, 2, 3):
         out.append((("zero",), f"zero={layout.zero}: one of 0, 1, 2, 3"))
     return out
@@ -223,8 +230,13 @@ def _shape_problems(layout: LayerLayout, model: ModelSpec, seq_length: int, micr
             need = {"vocab_size": model.vocab_size} if layout.tensor_parallel > 1 else {}
         out += [(("model", name), f"{value} is not divisible by tp={layout.tp}") for name, value in need.items()
                 if value % layout.tp]
-    if layout.sp is not None and seq_length % layout.tp:
-        out.append((("training", "seq_length"), f"{seq_length} is not divisible by the sequence split {layout.tp}"))
+    cp, tp = layout.cp, layout.tp
+    if cp > 1 and seq_length % (2 * cp):
+        out.append((("training", "seq_length"), f"{seq_length} is not divisible by 2*cp = {2 * cp} (ring attention "
+                                                "gives each cp rank two equal, load-balanced chunks)"))
+    elif layout.sp is not None and (seq_length // cp) % tp:
+        local = f"the {seq_length // cp} tokens of a cp rank" if cp > 1 else str(seq_length)
+        out.append((("training", "seq_length"), f"{local} is not divisible by the sequence split {tp}"))
     if micro_rows is not None and micro_rows % layout.dp:
         out.append((("training", "global_batch_size"), f"dp={layout.dp}: a micro-batch of {micro_rows} samples does "
                                                        "not split into equal data-parallel shares"))

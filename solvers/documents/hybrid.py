@@ -175,8 +175,12 @@ class SizingDoc(Document):
                                                                "the deadline (None: none does, or no deadline)")
     clusters_tried: int
     clusters_without_plan: list[str] = Field(default_factory=list, description="tried sizes no plan fits, and why")
+    clusters_pruned: int = Field(0, description="tried clusters not planned: a plan found beats their floor (the step "
+                                                "their matrix multiplies alone take at the best GEMM efficiency) on "
+                                                "both time and cost, so none of their plans is on the front")
+    workers: int = Field(1, description="processes that planned the sizes in parallel")
     time_s: float
-    cpu_s: float
+    cpu_s: float = Field(description="CPU seconds of the sizing, its worker processes' included")
 
 
 class HybridResult(ResultDocument):

@@ -215,7 +215,9 @@ def _hetero(hetero: HeteroDoc) -> list[str]:
 
 def _front(front: Sequence[FrontPoint], sizing: SizingDoc) -> list[str]:
     """The sizing front, fastest first, and the cheapest cluster that meets the deadline."""
-    out = [f"sizing front ({len(front)} of {sizing.clusters_tried} clusters tried; estimates):"]
+    pruned = f", {sizing.clusters_pruned} of them beaten without planning (their floor)" if sizing.clusters_pruned \
+        else ""
+    out = [f"sizing front ({len(front)} of {sizing.clusters_tried} clusters tried{pruned}; estimates):"]
     for i, p in enumerate(front):
         mark = " <- cheapest in the deadline" if i == sizing.cheapest_in_deadline else ""
         late = " (misses the deadline)" if p.meets_deadline is False else ""

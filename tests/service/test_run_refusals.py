@@ -1,6 +1,7 @@
 """A run is queued only for a plan the worker executes exactly: every plan the runtime would approximate (per-layer
-mixes, cp, ZeRO-1, ZeRO-0 with TP or PP, an uneven interleaved split, MoE, bf16 on CPU ranks) and
-every FlexSP / Spindle plan is refused over HTTP with 422 naming the plan's field, on both run endpoints."""
+mixes, cp with a sequence not in 2*cp chunks, ZeRO-1, ZeRO-0 with TP or PP, an uneven interleaved split, MoE, bf16
+on CPU ranks) and every FlexSP / Spindle plan is refused over HTTP with 422 naming the plan's field, on both run
+endpoints."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """Run by torchrun from test_equivalence.py: train every plan of a JSON list in one process group (one
 start-up for many plans) and write {name: {"loss", "notes"[, "grads"]}} from rank 0.
 
-An optional fourth argument names a JSON file of options:
-- ``"gradients": [names]``: also record, per parameter name, the norm of its whole gradient in the first step
-  (after the step's gradient reduction, before the optimizer uses it);
-- ``"sabotage": {run name: [plan name, fault]}``: run that plan again under ``run name`` with one part of the
-  runtime broken (``FAULTS``), the negative controls of the test.
+An optional fourth argument names a JSON file {name: [plan, fault]}: negative controls, each plan trained with
+one part of the runtime broken on purpose (``faults``), in the same launch; an optional fifth a JSON list of plan
+names whose first-step gradients to record too (every control's are): per parameter name, the norm of its whole
+gradient after the step's gradient reduction, before the optimizer uses it, on every rank.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -22,31 +21,22 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from solvers.run_layout import LayerLayout
+from tests.worker.faults import fault
 from worker.runtime import train
-from worker.runtime.data_parallel import ReplicatedParameters
 from worker.runtime.parallelize import ParallelModel
 from worker.runtime.plan import from_document, load_plan
 from worker.runtime.train import run_plan
 
-FAULTS: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
-    # every layer takes its input as the previous layer left it
-    "skip-relayout": lambda: mock.patch("worker.runtime.layouts.relayout", lambda x, *_: x),
-    # ZeRO-0/1 parameters keep each rank's own gradient
-    "skip-replicated-sync": lambda: mock.patch.object(ReplicatedParameters, "reduce_gradients", lambda self: None),
-    # the re-layouts' backward does not rescale between layouts of different data-parallel sizes
-    "unscaled-relayout": lambda: mock.patch.object(LayerLayout, "data_ranks", property(lambda self: 1)),
-}
-
 
 def _gradient_norms(pm: ParallelModel) -> dict[str, float]:
     """Norm of each parameter's whole gradient (collective over each DTensor's mesh: every rank of a stage walks
-    the same parameters in the same order)."""
+    the same parameters in the same order); under ZeRO-1 only the parameters this rank steps have one."""
     out = {}
     for module in pm.modules:
         for name, p in module.named_parameters():
             g = p.grad
-            assert g is not None, name
+            if g is None:
+                continue
             whole = g.full_tensor() if isinstance(g, DTensor) else g
             out[name.replace("inner.", "")] = float(whole.norm())  # full recompute wraps a block in ``inner``
     return out
@@ -76,18 +66,17 @@ def _recording_gradients(into: dict[str, float]) -> Iterator[None]:
 
 def main() -> None:
     plans, steps, out = json.loads(Path(sys.argv[1]).read_text()), int(sys.argv[2]), Path(sys.argv[3])
-    options = json.loads(Path(sys.argv[4]).read_text()) if len(sys.argv) > 4 else {}
-    runs = [(name, doc, None) for name, doc in plans.items()]
-    runs += [(name, plans[plan], fault) for name, (plan, fault) in options.get("sabotage", {}).items()]
+    controls = json.loads(Path(sys.argv[4]).read_text()) if len(sys.argv) > 4 else {}
+    gradients = set(json.loads(Path(sys.argv[5]).read_text())) if len(sys.argv) > 5 else set()
+    runs = [(name, doc, None) for name, doc in plans.items()] + [(n, d, f) for n, (d, f) in controls.items()]
     dist.init_process_group("gloo")
     results: dict[str, dict[str, Any]] = {}
-    for name, doc, fault in runs:
+    for name, doc, broken in runs:
         # No per-plan try/except: an exception on some ranks only would leave the others waiting in a
         # collective. A crash ends the whole launch (torchrun stops every rank) and the test shows stderr.
         grads: dict[str, float] = {}
-        record = name in options.get("gradients", []) or fault is not None
-        with FAULTS[fault]() if fault else contextlib.nullcontext(), \
-                _recording_gradients(grads) if record else contextlib.nullcontext():
+        record = name in gradients or broken is not None
+        with fault(broken), _recording_gradients(grads) if record else contextlib.nullcontext():
             metrics = run_plan(from_document(*load_plan(doc), world_size=dist.get_world_size()), steps,
                                torch.device("cpu"))
         results[name] = {"loss": metrics["loss"], "notes": metrics["notes"]}

@@ -62,6 +62,10 @@ MIXED_PLANS: dict[str, dict[str, Any]] = {
     "mix-pp2-1f1b": mixed_doc(
         [{"tp": 2, "sp": "megatron"}, {"dp": 2, "zero": 1}, {"tp": 2, "sp": "ulysses", "zero": 3},
          {"dp": 2, "zero": 2}], {"dp": 2}, pp=2, micro_batches=2),
+    # ring attention on some layers: cp2 x dp2 -> tp4 -> cp2 x Ulysses 2 -> cp4, chunks re-dealt between them
+    "mix-cp2dp2-tp4-cp2ulysses2-cp4": mixed_doc(
+        [{"cp": 2, "dp": 2}, {"tp": 4, "sp": "megatron"}, {"cp": 2, "tp": 2, "sp": "ulysses", "zero": 1},
+         {"cp": 4, "zero": 3}], {"dp": 4}),
 }
 
 # name -> plan on 4 ranks; together they cover every parallelism and the combinations the issue names.
@@ -77,6 +81,12 @@ EQUIVALENCE_PLANS: dict[str, dict[str, Any]] = {
     "pp2-tp2-1f1b": plan_doc(pp=2, tp=2, sp="megatron", micro_batches=4, schedule="1f1b"),
     "pp2-dp2-1f1b-zero2": plan_doc(pp=2, dp=2, zero=2, micro_batches=2, schedule="1f1b"),
     "pp2-interleaved-fsdp2": plan_doc(pp=2, dp=2, zero=3, micro_batches=2, schedule="interleaved", virtual_stages=2),
+    # ring-attention context parallelism (GQA: 4 heads, 2 K/V heads), alone and with each other parallelism
+    "cp2-dp2-zero0-selective": plan_doc(cp=2, dp=2, recompute="selective"),
+    "cp4-fsdp-zero3": plan_doc(cp=4, zero=3),
+    "cp2-tp2-sp-fsdp2": plan_doc(cp=2, tp=2, sp="megatron", zero=2),
+    "cp2-ulysses2": plan_doc(cp=2, tp=2, sp="ulysses"),
+    "pp2-cp2-1f1b-zero2": plan_doc(pp=2, cp=2, zero=2, micro_batches=2, schedule="1f1b"),
     "zero1": plan_doc(dp=4, zero=1),
     "zero0-tp2-dp2": plan_doc(tp=2, dp=2),
     "zero0-pp2-dp2": plan_doc(pp=2, dp=2, micro_batches=2),
@@ -87,12 +97,20 @@ EQUIVALENCE_PLANS: dict[str, dict[str, Any]] = {
 # wrongly by a constant barely moves an AdamW loss curve; it shows here).
 GRADIENT_CHECKED = ["zero1", "zero0-tp2-dp2", *MIXED_PLANS]
 
-# name -> (plan, what the equivalence harness breaks in the runtime): negative controls that must be caught.
-SABOTAGED: dict[str, tuple[str, str]] = {
-    "no re-layout": ("mix-tp2dp2-tp4-ulysses4-dp4", "skip-relayout"),
-    "one layer's gradients not synced": ("mix-zero3-zero2-zero0-zero1-embedding-tp4", "skip-replicated-sync"),
-    "re-layout gradients unscaled": ("mix-tp2dp2-tp4-ulysses4-dp4", "unscaled-relayout"),
+# name -> (plan, fault): a plan run with one part of the runtime broken on purpose (``faults.FAULTS``); its
+# gradients must leave the reference's, and its loss the reference by far more than the tolerance.
+CP_CONTROLS: dict[str, tuple[dict[str, Any], str]] = {
+    "control-cp4-ring-unmerged": (EQUIVALENCE_PLANS["cp4-fsdp-zero3"], "ring-unmerged"),
+    "control-cp4-grads-unsynced": (EQUIVALENCE_PLANS["cp4-fsdp-zero3"], "cp-grads-unsynced"),
 }
+LAYOUT_CONTROLS: dict[str, tuple[dict[str, Any], str]] = {
+    "control-mix-no-relayout": (MIXED_PLANS["mix-tp2dp2-tp4-ulysses4-dp4"], "skip-relayout"),
+    # the only ZeRO-0/1 parameters of this plan are layer 3's
+    "control-mix-layer3-unsynced": (MIXED_PLANS["mix-zero3-zero2-zero0-zero1-embedding-tp4"], "skip-replicated-sync"),
+    # caught by the gradients only (see GRADIENT_CHECKED)
+    "control-mix-relayout-unscaled": (MIXED_PLANS["mix-tp2dp2-tp4-ulysses4-dp4"], "unscaled-relayout"),
+}
+CONTROLS = {**CP_CONTROLS, **LAYOUT_CONTROLS}
 
 
 def _uneven_interleaved() -> dict[str, Any]:
@@ -110,9 +128,8 @@ def _with(doc: dict[str, Any], section: str, **fields: Any) -> dict[str, Any]:
 
 # name -> (plan the worker would have to approximate, the field naming it, words of the reason)
 REFUSED: dict[str, tuple[dict[str, Any], list[Any], str]] = {
-    "cp": (plan_doc(dp=2, cp=2, zero=3), ["result", "strategy", "layers", 0, "cp"], "ring attention"),
-    "cp on one layer": (mixed_doc([{"dp": 4}, {"dp": 4}, {"tp": 2, "cp": 2}, {"dp": 4}], {"dp": 4}),
-                        ["result", "strategy", "layers", 2, "cp"], "ring attention"),
+    "cp: sequence not in 2*cp chunks": (plan_doc(dp=2, cp=2, zero=3, seq=30), ["request", "training", "seq_length"],
+                                        "not divisible by 2*cp = 4"),
     "a layer off its stage's ranks": (mixed_doc([{"dp": 4}, {"tp": 2}, {"dp": 4}, {"dp": 4}], {"dp": 4}),
                                       ["result", "strategy", "layers", 1], "but the run has 4 processes"),
     "the embedding off its stage's ranks": (mixed_doc([{"dp": 4}] * 4, {"tp": 2}),

@@ -4,9 +4,10 @@ per-layer plans, ZeRO-1 and ZeRO-0 with TP every first-step gradient does too.
 Tolerance: 2e-4 absolute on a loss of ~4.85 (fp32; reductions are reordered by sharding, and Adam's
 normalisation amplifies the difference a little in later steps); gradient norms within 1e-4 relative. A missing
 gradient sync moves the loss by more than 10x that within four steps (the negative controls below: in one
-process, and in the runtime with a re-layout skipped or one layer's gradient sync skipped). A re-layout whose
-backward forgets to rescale between data-parallel sizes scales whole layers' gradients, which AdamW all but
-normalises away: that control is caught by the gradients."""
+process, and in the runtime with a re-layout skipped, one layer's gradient sync skipped, context parallelism's
+gradients not averaged over the cp ranks or the ring's other K/V never merged: ``faults``, run in the same
+launch). A re-layout whose backward forgets to rescale between data-parallel sizes scales whole layers'
+gradients, which AdamW all but normalises away: that control is caught by the gradients."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.worker.plans import EQUIVALENCE_PLANS, GRADIENT_CHECKED, SABOTAGED, plan_doc
+from tests.worker.plans import CONTROLS, EQUIVALENCE_PLANS, GRADIENT_CHECKED, plan_doc
 from worker.runtime.data import global_batch
 from worker.runtime.model import build_model, lm_loss
 from worker.runtime.plan import from_document, load_plan
@@ -67,10 +68,11 @@ def _single_process(doc: dict) -> dict:
 def distributed_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("equiv")
     (tmp / "plans.json").write_text(json.dumps(EQUIVALENCE_PLANS))
-    (tmp / "options.json").write_text(json.dumps({"gradients": GRADIENT_CHECKED, "sabotage": SABOTAGED}))
+    (tmp / "controls.json").write_text(json.dumps(CONTROLS))
+    (tmp / "gradients.json").write_text(json.dumps(GRADIENT_CHECKED))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
            str(Path(__file__).with_name("equivalence_harness.py")), str(tmp / "plans.json"), str(STEPS),
-           str(tmp / "out.json"), str(tmp / "options.json")]
+           str(tmp / "out.json"), str(tmp / "controls.json"), str(tmp / "gradients.json")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((tmp / "out.json").read_text())
@@ -119,12 +121,12 @@ def test_every_gradient_matches_single_process(name: str, distributed_runs: dict
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("control", list(SABOTAGED))
+@pytest.mark.parametrize("control", list(CONTROLS))
 def test_a_broken_runtime_is_caught(control: str, distributed_runs: dict) -> None:
     """Negative controls: the same plans with the runtime broken on purpose fail the checks above (measured: no
     re-layout moves the loss by ~40x the tolerance, one layer unsynced by ~16x; every control moves gradients)."""
-    plan, fault = SABOTAGED[control]
-    got, doc = distributed_runs[control], EQUIVALENCE_PLANS[plan]
+    doc, fault = CONTROLS[control]
+    got = distributed_runs[control]
     assert gradient_mismatches(got["grads"], reference(doc, "grads"))
     if fault != "unscaled-relayout":  # a gradient off by a constant factor per layer: AdamW's update hardly moves
         loss_gap = max(abs(a - b) for a, b in zip(got["loss"], reference(doc, "loss"), strict=True))

@@ -12,14 +12,16 @@ import torch
 from solvers.run_layout import LayerLayout
 from worker.runtime.layouts import Block, block_of, exchange_plan, relayout
 
-WORLD, ROWS, SEQ = 4, 8, 12
+WORLD, ROWS, SEQ = 4, 8, 16
 
 
 def _layouts() -> list[LayerLayout]:
+    """Every 4-rank layout: dp x cp x tp, each sequence-parallel kind."""
     out = []
-    for dp in (1, 2, 4):
-        tp = WORLD // dp
-        out += [LayerLayout(dp=dp, tp=tp, sp=sp) for sp in ((None, "megatron", "ulysses") if tp > 1 else (None,))]
+    for dp, cp in ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4)):
+        tp = WORLD // (dp * cp)
+        out += [LayerLayout(dp=dp, cp=cp, tp=tp, sp=sp) for sp in ((None, "megatron", "ulysses") if tp > 1
+                                                                    else (None,))]
     return out
 
 
@@ -31,11 +33,27 @@ def _held(block: Block) -> torch.Tensor:
     return torch.cat([ACTIVATION[block.rows[0]:block.rows[1], a:b] for a, b in block.seq], dim=1)
 
 
+def _where(block: Block, rows: tuple[int, int], seq: tuple[int, int]) -> tuple[slice, slice]:
+    """Local index of a global (rows, seq) range in ``block``'s tensor (written independently of the runtime's)."""
+    offset = 0
+    for a, b in block.seq:
+        if a <= seq[0] and seq[1] <= b:
+            return slice(rows[0] - block.rows[0], rows[1] - block.rows[0]), slice(offset + seq[0] - a,
+                                                                                offset + seq[1] - a)
+        offset += b - a
+    raise AssertionError(f"{seq} not held")
+
+
 def test_blocks_of_a_layout() -> None:
-    """tp varies fastest: under plain TP neighbours hold copies of a dp share; under SP slices of the sequence."""
-    assert block_of(LayerLayout(dp=2, tp=2), 3, ROWS, SEQ) == Block((4, 8), ((0, 12),), copy=1, copies=2)
-    assert block_of(LayerLayout(dp=2, tp=2, sp="megatron"), 3, ROWS, SEQ) == Block((4, 8), ((6, 12),), 0, 1)
-    assert block_of(LayerLayout(dp=4), 2, ROWS, SEQ) == Block((4, 6), ((0, 12),), 0, 1)
+    """tp varies fastest: under plain TP neighbours hold copies of a dp share; under SP slices of the sequence
+    (of their cp rank's chunks)."""
+    assert block_of(LayerLayout(dp=2, tp=2), 3, ROWS, SEQ) == Block((4, 8), ((0, 16),), copy=1, copies=2)
+    assert block_of(LayerLayout(dp=2, tp=2, sp="megatron"), 3, ROWS, SEQ) == Block((4, 8), ((8, 16),), 0, 1)
+    assert block_of(LayerLayout(dp=4), 2, ROWS, SEQ) == Block((4, 6), ((0, 16),), 0, 1)
+    # cp rank 0 of 2 holds chunks 0 and 3 of 4 (ring attention's load balance); its 2 SP ranks one each
+    assert block_of(LayerLayout(cp=2, tp=2), 0, ROWS, SEQ) == Block((0, 8), ((0, 4), (12, 16)), 0, 2)
+    assert block_of(LayerLayout(cp=2, tp=2, sp="ulysses"), 1, ROWS, SEQ) == Block((0, 8), ((12, 16),), 0, 1)
+    assert block_of(LayerLayout(cp=4), 3, ROWS, SEQ) == Block((0, 8), ((6, 8), (8, 10)), 0, 1)
 
 
 @pytest.mark.parametrize(("src", "dst"), list(itertools.product(LAYOUTS, LAYOUTS)), ids=str)
@@ -46,13 +64,7 @@ def test_every_rank_ends_with_its_block_of_the_new_layout(src: LayerLayout, dst:
         for i, sender in enumerate(plans):
             assert sender.send[j] == receiver.recv[i]  # both sides agree on what travels
             for rows, seq in sender.send[j]:
-                ((a, _),) = [s for s in sender.src.seq if s[0] <= seq[0] and seq[1] <= s[1]]
-                piece = _held(sender.src)[rows[0] - sender.src.rows[0]:rows[1] - sender.src.rows[0],
-                                          seq[0] - a:seq[1] - a]
-                ((c, d),) = [s for s in receiver.dst.seq if s[0] <= seq[0] and seq[1] <= s[1]]
-                offset = sum(y - x for x, y in receiver.dst.seq[:receiver.dst.seq.index((c, d))])
-                out[rows[0] - receiver.dst.rows[0]:rows[1] - receiver.dst.rows[0],
-                    offset + seq[0] - c:offset + seq[1] - c] = piece
+                out[_where(receiver.dst, rows, seq)] = _held(sender.src)[_where(sender.src, rows, seq)]
         assert torch.equal(out, _held(receiver.dst)), (src, dst, j)
 
 

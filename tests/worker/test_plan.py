@@ -43,10 +43,9 @@ def test_data_parallel_ranks_per_layout() -> None:
 
 def test_a_problem_of_several_layers_is_named_once() -> None:
     with pytest.raises(SpecError) as err:
-        check_runnable(mixed_doc([{"dp": 4}, {"dp": 2, "cp": 2}, {"dp": 2, "cp": 2}, {"dp": 2, "cp": 2}], {"dp": 4}))
-    cp = [p for p in err.value.problems if p.loc[-1] == "cp"]
-    assert [(p.loc, p.msg) for p in cp] == [(("result", "strategy", "layers", 1, "cp"),
-                                             "cp=2: the worker has no ring attention yet (layers 1-3)")]
+        check_runnable(mixed_doc([{"dp": 4}, {"dp": 2}, {"dp": 2}, {"dp": 2}], {"dp": 4}))
+    assert [(p.loc, p.msg) for p in err.value.problems] == [
+        (("result", "strategy", "layers", 1), "pp*dp*tp*cp = 2 but the run has 4 processes (layers 1-3)")]
 
 
 def test_recompute_stays_per_layer() -> None:
@@ -105,10 +104,42 @@ def test_an_accepted_plan_runs_its_own_layout(name: str) -> None:
         assert (got.dp, got.cp, got.tp, got.zero) == (layer.get("dp", 1), layer.get("cp", 1), layer.get("tp", 1),
                                                       layer.get("zero", 0))
         assert got.sp == (layer.get("sp") if got.tp > 1 else None)
-    emb = strategy["embedding"]
-    assert (plan.embedding.dp, plan.embedding.tp, plan.embedding.zero) == (emb.get("dp", 1), emb.get("tp", 1),
-                                                                          emb.get("zero", 0))
+    emb, end = strategy["embedding"], plan.embedding  # the planner's embedding dp counts the layers' cp ranks
+    assert (end.dp * end.cp, end.tp, end.zero) == (emb.get("dp", 1), emb.get("tp", 1), emb.get("zero", 0))
     assert plan.recompute == tuple(x.get("recompute", "none") for x in strategy["layers"])
     per_rank = [sum(plan.stage_layers[s::plan.pp]) for s in range(plan.pp)]
     assert per_rank == strategy["stage_layers"] and plan.micro_batches == strategy["micro_batches"]
     assert check_runnable(doc).world_size == plan.world_size == 4
+
+
+@pytest.mark.parametrize(("strategy", "layout"), [
+    ({"cp": 2, "dp": 2}, "pp1-dp2-cp2-zero0"),
+    ({"cp": 4, "zero": 3}, "pp1-dp1-cp4-zero3"),
+    ({"cp": 2, "tp": 2, "sp": "megatron", "zero": 2}, "pp1-dp1-cp2-tp2-megatron-sp-zero2"),
+    ({"cp": 2, "tp": 2, "sp": "ulysses"}, "pp1-dp1-cp2-sp2-zero0"),
+])
+def test_context_parallel_plans_run_on_a_cp_mesh_dim(strategy: dict, layout: str) -> None:
+    """cp is a mesh dimension of its own (ring attention), not extra data parallelism: the world counts it once."""
+    doc = plan_doc(**strategy)
+    plan = from_document(*load_plan(doc))
+    one = plan.uniform()  # the embedding and head take the layers' cp (the planner counts it in their dp)
+    assert one is not None and (one.cp, plan.world_size, plan.describe()) == (strategy["cp"], 4, layout)
+    assert {x.cp for x in check_runnable(doc).layers} == {strategy["cp"]} and check_runnable(doc).world_size == 4
+
+
+@pytest.mark.parametrize(("strategy", "seq", "msg"), [
+    ({"cp": 4, "zero": 3}, 36, "36 is not divisible by 2*cp = 8"),
+    ({"cp": 2, "dp": 2}, 30, "30 is not divisible by 2*cp = 4"),
+    # 8 ranks: each cp rank's 6 tokens cannot be split 4 ways by Megatron's sequence parallelism
+    ({"cp": 2, "tp": 4, "sp": "megatron", "zero": 2}, 12,
+     "the 6 tokens of a cp rank is not divisible by the sequence split 4"),
+])
+def test_context_parallel_plans_need_the_sequence_in_equal_chunks(strategy: dict, seq: int, msg: str) -> None:
+    world = strategy["cp"] * strategy.get("tp", 1) * strategy.get("dp", 1)
+    model = {**TINY_MODEL, "num_attention_heads": 8, "num_kv_heads": 4}
+    with pytest.raises(SpecError) as err:
+        check_runnable(plan_doc(world=world, seq=seq, model=model, **strategy))
+    assert [p.loc for p in err.value.problems] == [("request", "training", "seq_length")]
+    assert msg in err.value.problems[0].msg
+    check_runnable(plan_doc(world=world, seq=2 * strategy["cp"] * strategy.get("tp", 1) * 4, model=model,
+                            **strategy))

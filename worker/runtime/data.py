@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from solvers.run_layout import TOKEN_DTYPES
+from worker.runtime.ring_attention import shard_sequence
 
 
 def global_batch(vocab_size: int, batch: int, seq_length: int, seed: int, step: int) -> torch.Tensor:
@@ -21,12 +22,14 @@ def global_batch(vocab_size: int, batch: int, seq_length: int, seed: int, step: 
     return torch.randint(0, vocab_size, (batch, seq_length + 1), generator=gen)
 
 
-def local_batch(tokens: torch.Tensor, dp_rank: int, dp: int, sp_rank: int = 0, sp: int = 1
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's (inputs, labels): rows of its data-parallel slice, columns of its sequence slice."""
+def local_batch(tokens: torch.Tensor, dp_rank: int, dp: int, sp_rank: int = 0, sp: int = 1, cp_rank: int = 0,
+                cp: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's (inputs, labels): rows of its data-parallel slice; of their columns, its context-parallel
+    rank's two load-balanced chunks (``ring_attention.shard_sequence``), and of those its Ulysses slice."""
     rows = tokens.shape[0] // dp
     part = tokens[dp_rank * rows:(dp_rank + 1) * rows]
-    inputs, labels = part[:, :-1], part[:, 1:]
+    # Inputs and labels are cut at the same positions, so every label stays with the token that predicts it.
+    inputs, labels = (shard_sequence(t, 1, cp_rank, cp) for t in (part[:, :-1], part[:, 1:]))
     cols = inputs.shape[1] // sp
     sl = slice(sp_rank * cols, (sp_rank + 1) * cols)
     return inputs[:, sl].contiguous(), labels[:, sl].contiguous()

@@ -5,8 +5,9 @@ Between two transformer layers the residual stream of one micro-batch is a (rows
 layout (``solvers.run_layout.LayerLayout``) says which block of it each rank of the pipeline stage holds:
 
 - rows: the ``dp`` ranks take equal consecutive shares of the micro-batch's rows (``dp_rank``-th share);
-- sequence: the ``tp`` ranks take consecutive shares of the sequence under Megatron SP and Ulysses, and all of it
-  (copies, identical on every tp rank) under plain TP; ``cp`` is a slot for ring attention (no runtime yet);
+- sequence: cp rank ``i`` takes chunks ``i`` and ``2cp - 1 - i`` of ``2cp`` (ring attention's load-balanced
+  split); of those two, concatenated, the ``tp`` ranks take consecutive shares under Megatron SP and Ulysses, and
+  all (copies, identical on every tp rank) under plain TP;
 - hidden: always whole.
 
 ``relayout`` moves one micro-batch's activation from layout A to layout B with one all-to-all over the stage: each
@@ -57,17 +58,34 @@ def _share(total: int, parts: int, index: int) -> Span:
     return index * size, (index + 1) * size
 
 
+def _context_chunks(seq: int, cp_rank: int, cp: int) -> tuple[Span, ...]:
+    """The sequence ranges cp rank ``cp_rank`` holds, in local order (``ring_attention.shard_sequence``)."""
+    if cp == 1:
+        return ((0, seq),)
+    return _share(seq, 2 * cp, cp_rank), _share(seq, 2 * cp, 2 * cp - 1 - cp_rank)
+
+
+def _slice(ranges: tuple[Span, ...], start: int, stop: int) -> tuple[Span, ...]:
+    """Local positions [start, stop) of a tensor holding ``ranges`` back to global ranges."""
+    out, offset = [], 0
+    for a, b in ranges:
+        lo, hi = max(start, offset), min(stop, offset + b - a)
+        if lo < hi:
+            out.append((a + lo - offset, a + hi - offset))
+        offset += b - a
+    return tuple(out)
+
+
 def block_of(layout: LayerLayout, rank: int, rows: int, seq: int) -> Block:
     """What local rank ``rank`` of the stage holds under ``layout`` of a (rows, seq, ...) micro-batch activation."""
     tp_rank = rank % layout.tp
     cp_rank = rank // layout.tp % layout.cp
     dp_rank = rank // (layout.tp * layout.cp)
-    if layout.cp > 1:  # ring attention's load-balanced chunks go here; run_layout refuses cp > 1 until then
-        raise NotImplementedError(f"cp={layout.cp}: context parallelism has no runtime yet")
-    del cp_rank
-    if layout.sp is not None:  # Megatron SP or Ulysses: the tp ranks split the sequence
-        return Block(_share(rows, layout.dp, dp_rank), (_share(seq, layout.tp, tp_rank),), 0, 1)
-    return Block(_share(rows, layout.dp, dp_rank), ((0, seq),), tp_rank, layout.tp)
+    chunks = _context_chunks(seq, cp_rank, layout.cp)
+    if layout.sp is not None:  # Megatron SP or Ulysses: the tp ranks split the cp rank's chunks
+        local = seq // layout.cp
+        return Block(_share(rows, layout.dp, dp_rank), _slice(chunks, *_share(local, layout.tp, tp_rank)), 0, 1)
+    return Block(_share(rows, layout.dp, dp_rank), chunks, tp_rank, layout.tp)
 
 
 def _overlap(a: Span, b: Span) -> Span | None:
@@ -151,7 +169,7 @@ class _Relayout(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, src: LayerLayout, dst: LayerLayout, group: dist.ProcessGroup
                 ) -> torch.Tensor:
         rank, world = dist.get_rank(group), dist.get_world_size(group)
-        rows, seq = x.shape[0] * src.dp, x.shape[1] * (src.tp if src.sp is not None else 1)
+        rows, seq = x.shape[0] * src.dp, x.shape[1] * src.cp * (src.tp if src.sp is not None else 1)
         ctx.backward_plan = exchange_plan(dst, src, rank, world, rows, seq)
         ctx.group, ctx.scale = group, src.data_ranks / dst.data_ranks
         return _exchange(x, exchange_plan(src, dst, rank, world, rows, seq), group)

@@ -13,10 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from solvers.specs import ModelSpec
+from worker.runtime.ring_attention import chunk_positions, ring_attention
 from worker.runtime.ulysses import gather_heads_scatter_sequence, gather_sequence_scatter_heads
 
 
@@ -62,11 +64,13 @@ class ModelConfig:
         return 6.0 * matmul_params + attention
 
 
-def rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding of x (batch, seq, heads, head_dim) for positions 0..seq-1."""
+def rotary(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotary position embedding of x (batch, seq, heads, head_dim) for ``positions`` (default 0..seq-1)."""
     seq, dim = x.shape[1], x.shape[-1]
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
-    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv)
+    if positions is None:
+        positions = torch.arange(seq, device=x.device)
+    angles = torch.outer(positions.to(device=x.device, dtype=torch.float32), inv)
     cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
     x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
@@ -84,6 +88,8 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.num_heads * d, h, bias=False)
         # Set by worker.runtime.ulysses: a process group over which the sequence is split.
         self.sequence_group: torch.distributed.ProcessGroup | None = None
+        # Set by worker.runtime.ring_attention: the cp group; this rank holds two load-balanced chunks.
+        self.context_group: torch.distributed.ProcessGroup | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.wq(x), self.wk(x), self.wv(x)
@@ -91,10 +97,18 @@ class Attention(nn.Module):
         q, k, v = (t.reshape(b, s, -1, self.head_dim) for t in (q, k, v))
         if self.sequence_group is not None:
             q, k, v = (gather_sequence_scatter_heads(t, self.sequence_group) for t in (q, k, v))
-        # RoPE after the Ulysses exchange: every rank then holds whole sequences, so positions are global.
-        q, k = rotary(q, self.rope_theta), rotary(k, self.rope_theta)
+        # RoPE after the Ulysses exchange: every rank then holds whole sequences (of its cp chunks), so the
+        # positions are global; under context parallelism they are those of the rank's chunks.
+        group = self.context_group
+        positions = None if group is None else chunk_positions(q.shape[1], dist.get_rank(group),
+                                                               dist.get_world_size(group), q.device)
+        q, k = rotary(q, self.rope_theta, positions), rotary(k, self.rope_theta, positions)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=k.shape[1] != q.shape[1])
+        if group is not None:
+            out = ring_attention(q, k, v, group, causal=self.causal)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
+                                                 enable_gqa=k.shape[1] != q.shape[1])
         out = out.transpose(1, 2)
         if self.sequence_group is not None:
             out = gather_heads_scatter_sequence(out, self.sequence_group)

@@ -1,6 +1,6 @@
-"""Apply a RuntimePlan to the model on this rank, layer by layer: meshes, then TP / Ulysses, recompute, re-layouts
-between neighbouring layers, data parallelism and pipeline stages, in torchtitan's order (TP -> activation
-checkpointing -> FSDP / gradient all-reduce -> pipeline schedule).
+"""Apply a RuntimePlan to the model on this rank, layer by layer: meshes, then TP / Ulysses / ring attention,
+recompute, re-layouts between neighbouring layers, data parallelism and pipeline stages, in torchtitan's order
+(TP -> activation checkpointing -> FSDP / gradient all-reduce -> pipeline schedule).
 
 ``ParallelModel.train_step`` runs one optimizer step over the global batch (all micro-batches) and returns
 the global mean loss, identical on every rank.
@@ -27,6 +27,7 @@ from worker.runtime.layouts import apply_relayouts
 from worker.runtime.model import blocks, build_model, lm_loss
 from worker.runtime.pipeline import Schedule, build_schedule, cut_stage, stage_ids
 from worker.runtime.plan import LayerLayout, RuntimePlan
+from worker.runtime.ring_attention import apply_context_parallel
 from worker.runtime.tensor_parallel import tensor_parallel_block, tensor_parallel_ends
 from worker.runtime.ulysses import apply_ulysses
 
@@ -37,8 +38,9 @@ def _shape(layout: LayerLayout) -> MeshShape:
     return layout.dp, layout.cp, layout.tp
 
 
-def _data_dims(layout: LayerLayout) -> tuple[str, ...]:
-    """The mesh dimensions whose ranks average a layout's gradients (``LayerLayout.data_ranks``)."""
+def data_dims(layout: LayerLayout) -> tuple[str, ...]:
+    """The mesh dimensions whose ranks average a layout's gradients (``LayerLayout.data_ranks``): dp, and the ranks
+    that replicate the weights while splitting the sequence: the cp ring's and, with Ulysses, the tp dim's."""
     return ("dp", "cp", "tp") if layout.ulysses > 1 else ("dp", "cp")
 
 
@@ -55,7 +57,7 @@ class Meshes:
             self._meshes[shape] = init_device_mesh(device_type, (plan.pp, *shape), mesh_dim_names=("pp", "dp", "cp",
                                                                                                    "tp"))
         self._data: dict[tuple[MeshShape, tuple[str, ...]], DeviceMesh] = {}
-        for shape, dims in sorted({(_shape(x), _data_dims(x)) for x in every}):
+        for shape, dims in sorted({(_shape(x), data_dims(x)) for x in every}):
             self._data[shape, dims] = self._flatten(self._meshes[shape], dims)
         base = self._meshes[_shape(plan.embedding)]
         self.pp: DeviceMesh = base["pp"]
@@ -71,17 +73,20 @@ class Meshes:
 
     def data(self, layout: LayerLayout) -> DeviceMesh:
         """The 1-D mesh of the ranks that average ``layout``'s gradients (its ZeRO stage shards over them)."""
-        return self._data[_shape(layout), _data_dims(layout)]
+        return self._data[_shape(layout), data_dims(layout)]
 
 
 def apply_model_parallel(plan: RuntimePlan, model: nn.Module, meshes: Meshes) -> None:
-    """Tensor parallelism and Ulysses, each layer in its own layout, and the embedding / LM head in theirs."""
+    """Tensor parallelism, Ulysses and ring attention, each layer in its own layout, and the embedding / LM head in
+    theirs."""
     for key, block in blocks(model).items():
         layout = plan.layers[int(key)]
         if layout.tensor_parallel > 1:
             tensor_parallel_block(block, meshes.of(layout)["tp"], sequence_parallel=layout.sp == "megatron")
         if layout.ulysses > 1:
             apply_ulysses(block, meshes.of(layout)["tp"].get_group())
+        if layout.cp > 1:
+            apply_context_parallel(block, meshes.of(layout)["cp"].get_group())
     if plan.embedding.tensor_parallel > 1:
         tensor_parallel_ends(model, meshes.of(plan.embedding)["tp"], embedding_sp=plan.embedding.sp == "megatron",
                              head_sp=plan.head.sp == "megatron", vocab_parallel_loss=vocab_parallel_loss(plan))
@@ -170,8 +175,13 @@ class ParallelModel:
 
     @property
     def sp_rank(self) -> int:
-        """This rank's share of the input sequence (the embedding's Ulysses rank)."""
+        """This rank's share of its context chunks (the embedding's Ulysses rank)."""
         return self.meshes.of(self.plan.embedding)["tp"].get_local_rank() if self.plan.embedding.ulysses > 1 else 0
+
+    @property
+    def cp_rank(self) -> int:
+        """Which context chunks of the input sequence this rank takes (the embedding's cp rank)."""
+        return self.meshes.of(self.plan.embedding)["cp"].get_local_rank()
 
     def _autocast(self) -> torch.autocast:
         enabled = self.device.type == "cuda" and self.plan.precision in ("bf16", "fp16")
@@ -184,7 +194,8 @@ class ParallelModel:
         assert self.optimizer is not None
         plan = self.plan
         dp_rank, dp = (0, 1) if rows_are_local else (self.dp_rank, plan.dp)
-        inputs, labels = local_batch(tokens, dp_rank, dp, self.sp_rank, plan.embedding.ulysses)
+        emb = plan.embedding
+        inputs, labels = local_batch(tokens, dp_rank, dp, self.sp_rank, emb.ulysses, self.cp_rank, emb.cp)
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         loss_sum, count = 0.0, 0
         # Forward and backward of a vocabulary-parallel loss must both run inside loss_parallel().

@@ -1,0 +1,63 @@
+"""Sizing's shared work: the floor that prunes clusters is a true lower bound of every plan, and planning the sizes
+in parallel processes gives the front planning them one by one gives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from solvers.errors import SpecError
+from solvers.hybrid import sizing
+from solvers.hybrid.api import quick_plan, solve
+from solvers.request import HybridRequest, parse
+
+DENSE: dict[str, Any] = {"kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 8},
+         "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 4},
+         "training": {"global_batch_size": 48, "seq_length": 2048}}
+MOE: dict[str, Any] = {"kind": "hybrid", "model": {"preset": "mixtral-8x7b", "num_layers": 4},
+       "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
+       "training": {"global_batch_size": 32, "seq_length": 2048}}
+
+
+@pytest.mark.parametrize(("base", "gpu", "nodes"), [
+    (DENSE, "H100-SXM", 1), (DENSE, "A100-80GB", 2), (DENSE, "B200", 3), (DENSE, "L40S", 2),
+    (MOE, "H100-SXM", 1), (MOE, "H200", 2),
+])
+def test_the_floor_is_below_the_plan_and_its_every_strategy(base: dict[str, Any], gpu: str, nodes: int) -> None:
+    """The floor (matrix multiplies at the GEMM curve's best, spread over every GPU) never exceeds the planner's
+    plan, nor the baselines' uniform plans; for a dense model it is not vacuous: within 3x of the plan (an MoE
+    model's floor leaves its experts out)."""
+    request = {**base, "cluster": {**base["cluster"], "gpu": gpu, "nodes": nodes}}
+    floor = sizing.step_floor_s(request)
+    plan_s = quick_plan(request)[1].step_time_s
+    assert 0 < floor <= plan_s
+    assert base is MOE or plan_s < 3 * floor
+    for name, b in solve(request).baselines.items():
+        if b is not None and b.estimate is not None:
+            assert floor <= b.estimate.step_time_s, name
+
+
+def test_parallel_sizing_gives_the_serial_front_and_prunes_only_beaten_clusters() -> None:
+    request: dict[str, Any] = {**DENSE, "sizing": {"tokens": 2e10, "nodes": [1, 2, 3, 4],
+                                   "price_per_gpu_hour": {"A100-80GB": 1.2, "H100-SXM": 2.5, "L40S": 1.0}}}
+    req: HybridRequest = parse(HybridRequest, request)
+    serial, doc1 = sizing.front(req, request, quick_plan, workers=1)
+    parallel, doc2 = sizing.front(req, request, quick_plan, workers=2)
+    assert (doc1.workers, doc2.workers) == (1, 2)
+    assert [p.model_dump() for p in serial] == [p.model_dump() for p in parallel]
+    assert doc1.clusters_pruned == doc2.clusters_pruned > 0
+    # every pruned cluster: its plan, had it been planned, is beaten on both time and cost by a front point
+    planned = {(p.cluster["gpu"], p.cluster["nodes"]) for p in serial}
+    per_step = 2e10 / (48 * 2048) / 86_400
+    for gpu, price in request["sizing"]["price_per_gpu_hour"].items():
+        for nodes in request["sizing"]["nodes"]:
+            if (gpu, nodes) in planned:
+                continue
+            alone = {**DENSE, "cluster": {**DENSE["cluster"], "gpu": gpu, "nodes": nodes}}
+            try:
+                days = per_step * quick_plan(alone)[1].step_time_s
+            except SpecError:  # nothing fits: on no front
+                continue
+            cost = days * 24 * nodes * 4 * price
+            assert any(p.days <= days and p.cost <= cost for p in serial), (gpu, nodes)
