@@ -2,9 +2,14 @@
 start-up for many plans) and write {name: {"loss", "notes"[, "grads"]}} from rank 0.
 
 An optional fourth argument names a JSON file {name: [plan, fault]}: negative controls, each plan trained with
-one part of the runtime broken on purpose (``faults``), in the same launch; an optional fifth a JSON list of plan
-names whose first-step gradients to record too (every control's are): per parameter name, the norm of its whole
-gradient after the step's gradient reduction, before the optimizer uses it, on every rank.
+one part of the runtime broken on purpose (``faults``), in the same launch. An optional fifth names a JSON file
+with
+- ``"gradients": [plan names]`` whose first-step gradients to record too (every control's are): per parameter
+  name, the norm of its whole gradient after the step's gradient reduction, before the optimizer uses it, on
+  every rank;
+- ``"resumed": [plan names]`` to train again as ``resumed:<name>``: 2 steps with a checkpoint after each, then a
+  second run resuming from it to the end (its whole loss curve, and per rank how many parameters the optimizer
+  holds state for against how many it lists).
 """
 
 from __future__ import annotations
@@ -43,18 +48,20 @@ def _gradient_norms(pm: ParallelModel) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def _recording_gradients(into: dict[str, float]) -> Iterator[None]:
-    """While active, the first optimizer step of the run that ``train.parallelize`` builds records its gradients."""
+def _built(into: list[ParallelModel], gradients: dict[str, float] | None = None) -> Iterator[None]:
+    """While active, what ``train.parallelize`` builds is appended to ``into``; with ``gradients``, the first
+    optimizer step of the first one records its gradients there."""
     build = train.parallelize
 
     def parallelize(*args: Any, **kwargs: Any) -> ParallelModel:
         pm = build(*args, **kwargs)
+        into.append(pm)
         assert pm.optimizer is not None
         step = pm.optimizer.step
 
         def recorded(*a: Any, **k: Any) -> Any:
-            if not into:
-                into.update(_gradient_norms(pm))
+            if gradients is not None and not gradients:
+                gradients.update(_gradient_norms(pm))
             return step(*a, **k)
 
         pm.optimizer.step = recorded  # type: ignore[method-assign]
@@ -64,10 +71,26 @@ def _recording_gradients(into: dict[str, float]) -> Iterator[None]:
         yield
 
 
+def _resumed(doc: dict[str, Any], steps: int, checkpoints: Path) -> dict[str, Any]:
+    plan = from_document(*load_plan(doc), world_size=dist.get_world_size())
+    run_plan(plan, 2, torch.device("cpu"), checkpoint_dir=checkpoints, checkpoint_every=1)  # saves after step 1
+    built: list[ParallelModel] = []
+    with _built(built):
+        metrics = run_plan(plan, steps, torch.device("cpu"), checkpoint_dir=checkpoints, checkpoint_every=1)
+    optimizer = built[0].optimizer
+    assert optimizer is not None
+    held = [len(optimizer.state), sum(len(g["params"]) for g in optimizer.param_groups)]
+    every: list[list[int]] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(every, held)
+    return {"loss": metrics["loss"], "notes": metrics["notes"], "resumed_from_step": metrics["resumed_from_step"],
+            "optimizer_state_of": every}
+
+
 def main() -> None:
     plans, steps, out = json.loads(Path(sys.argv[1]).read_text()), int(sys.argv[2]), Path(sys.argv[3])
     controls = json.loads(Path(sys.argv[4]).read_text()) if len(sys.argv) > 4 else {}
-    gradients = set(json.loads(Path(sys.argv[5]).read_text())) if len(sys.argv) > 5 else set()
+    extra = json.loads(Path(sys.argv[5]).read_text()) if len(sys.argv) > 5 else {}
+    gradients = set(extra.get("gradients", []))
     runs = [(name, doc, None) for name, doc in plans.items()] + [(n, d, f) for n, (d, f) in controls.items()]
     dist.init_process_group("gloo")
     results: dict[str, dict[str, Any]] = {}
@@ -76,7 +99,7 @@ def main() -> None:
         # collective. A crash ends the whole launch (torchrun stops every rank) and the test shows stderr.
         grads: dict[str, float] = {}
         record = name in gradients or broken is not None
-        with fault(broken), _recording_gradients(grads) if record else contextlib.nullcontext():
+        with fault(broken), _built([], grads) if record else contextlib.nullcontext():
             metrics = run_plan(from_document(*load_plan(doc), world_size=dist.get_world_size()), steps,
                                torch.device("cpu"))
         results[name] = {"loss": metrics["loss"], "notes": metrics["notes"]}
@@ -84,6 +107,8 @@ def main() -> None:
             every: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
             dist.all_gather_object(every, grads)
             results[name]["grads"] = every
+    for name in extra.get("resumed", []):
+        results[f"resumed:{name}"] = _resumed(plans[name], steps, out.parent / f"checkpoints-{name}")
     if dist.get_rank() == 0:
         out.write_text(json.dumps(results))
     dist.destroy_process_group()

@@ -97,6 +97,9 @@ EQUIVALENCE_PLANS: dict[str, dict[str, Any]] = {
 # wrongly by a constant barely moves an AdamW loss curve; it shows here).
 GRADIENT_CHECKED = ["zero1", "zero0-tp2-dp2", *MIXED_PLANS]
 
+# Plans trained again, interrupted after a checkpoint and resumed (test_equivalence.py).
+RESUMED = ["mix-pp2-1f1b", "zero1"]
+
 # name -> (plan, fault): a plan run with one part of the runtime broken on purpose (``faults.FAULTS``); its
 # gradients must leave the reference's, and its loss the reference by far more than the tolerance.
 CP_CONTROLS: dict[str, tuple[dict[str, Any], str]] = {

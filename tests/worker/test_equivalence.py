@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.worker.plans import CONTROLS, EQUIVALENCE_PLANS, GRADIENT_CHECKED, plan_doc
+from tests.worker.plans import CONTROLS, EQUIVALENCE_PLANS, GRADIENT_CHECKED, RESUMED, plan_doc
 from worker.runtime.data import global_batch
 from worker.runtime.model import build_model, lm_loss
 from worker.runtime.plan import from_document, load_plan
@@ -69,10 +69,10 @@ def distributed_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("equiv")
     (tmp / "plans.json").write_text(json.dumps(EQUIVALENCE_PLANS))
     (tmp / "controls.json").write_text(json.dumps(CONTROLS))
-    (tmp / "gradients.json").write_text(json.dumps(GRADIENT_CHECKED))
+    (tmp / "extra.json").write_text(json.dumps({"gradients": GRADIENT_CHECKED, "resumed": RESUMED}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
            str(Path(__file__).with_name("equivalence_harness.py")), str(tmp / "plans.json"), str(STEPS),
-           str(tmp / "out.json"), str(tmp / "controls.json"), str(tmp / "gradients.json")]
+           str(tmp / "out.json"), str(tmp / "controls.json"), str(tmp / "extra.json")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((tmp / "out.json").read_text())
@@ -131,6 +131,19 @@ def test_a_broken_runtime_is_caught(control: str, distributed_runs: dict) -> Non
     if fault != "unscaled-relayout":  # a gradient off by a constant factor per layer: AdamW's update hardly moves
         loss_gap = max(abs(a - b) for a, b in zip(got["loss"], reference(doc, "loss"), strict=True))
         assert loss_gap > 10 * TOL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RESUMED)
+def test_a_resumed_run_continues_exactly(name: str, distributed_runs: dict) -> None:
+    """Interrupted after a checkpoint and resumed, a pipelined per-layer plan and a ZeRO-1 plan continue the
+    single-process curve; under ZeRO-1 each rank again holds optimizer state for its own parameters only."""
+    got = distributed_runs[f"resumed:{name}"]
+    assert got["resumed_from_step"] == 1
+    assert got["loss"] == pytest.approx(reference(EQUIVALENCE_PLANS[name], "loss"), abs=TOL)
+    held = got["optimizer_state_of"]  # per rank: [parameters with state, parameters listed]
+    if name == "zero1":  # dp4: every parameter's state on exactly one rank (39 parameters: none is left without)
+        assert sum(n for n, _ in held) == held[0][1] and all(0 < n < listed for n, listed in held)
 
 
 def test_tolerance_catches_a_missing_gradient_sync() -> None:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 MARKER = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -48,11 +48,16 @@ def newest_complete(root: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
+# The optimizer's state and hyper-parameters keyed by parameter name, not by position in its param groups: ranks
+# of different pipeline stages hold different parameters in their group 0, whose positional keys would collide.
+OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def _state(modules: list[nn.Module], optimizer: torch.optim.Optimizer) -> tuple[nn.Module, dict[str, object]]:
     # One module over this rank's stages: parameter names carry global layer indices, so no two ranks' differ only
     # by position, and replicated parameters (data parallelism) share their name as they should.
     holder = nn.ModuleList(modules)
-    model_sd, optim_sd = get_state_dict(holder, optimizer)
+    model_sd, optim_sd = get_state_dict(holder, optimizer, options=OPTIONS)
     return holder, {"model": model_sd, "optimizer": optim_sd}
 
 
@@ -84,7 +89,7 @@ def resume(root: Path, modules: list[nn.Module], optimizer: torch.optim.Optimize
     holder, state = _state(modules, optimizer)
     dcp.load(state, checkpoint_id=str(source))
     set_state_dict(holder, optimizer, model_state_dict=state["model"],  # type: ignore[arg-type]
-                   optim_state_dict=state["optimizer"])  # type: ignore[arg-type]
+                   optim_state_dict=state["optimizer"], options=OPTIONS)  # type: ignore[arg-type]
     rng = source / f"rng-{dist.get_rank()}.pt"
     if rng.is_file():
         torch.set_rng_state(torch.load(rng))
