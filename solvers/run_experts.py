@@ -63,6 +63,10 @@ def expert_layouts(request: HybridRequest, plan: PlanStrategy) -> tuple[tuple[Ex
             problems.append(FieldProblem((*loc, "etp" if x.etp is not None else "tp"),
                                          f"expert TP {layout.etp} must divide the expert FFN width "
                                          f"{model.expert_ffn_size}"))
+        elif x.zero == 1 and layout.edp(ranks) > 1:
+            problems.append(FieldProblem((*loc, "zero"), f"ZeRO-1 over the {layout.edp(ranks)} ranks holding the "
+                                                         "same experts has no runtime (FSDP2 would shard the gradients "
+                                                         "too: ZeRO-2)"))
         out.append(layout)
     first = plan.layers[0] if plan.layers else LayerStrategy()
     if moe is not None and first.tp > 1 and first.sp is None and any(out):

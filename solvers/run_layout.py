@@ -3,7 +3,8 @@
 The runtime lays ranks out on one device mesh ``pp x dp x tp`` with one layout for every layer. A plan is run
 only when that mesh *is* the plan: a plan the runtime would have to approximate (a per-layer mix, context
 parallelism, ZeRO-1, ZeRO-0 with TP or a pipeline, an interleaved split other than the runtime's, an expert
-layout it cannot fold onto the layer's ranks, bf16 on CPU ranks) is refused with the field and the reason, never run as something else. The service checks
+layout it cannot fold onto the layer's ranks, bf16 on CPU ranks) is refused with the field and the reason,
+never run as something else. The service checks
 a run request with ``check_runnable`` and the worker builds its mesh from ``run_layout``: one function decides
 both, so a run the service accepts is a run the worker executes as planned.
 

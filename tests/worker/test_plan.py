@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from solvers.errors import SpecError
+from solvers.run_experts import ExpertLayout
 from solvers.run_layout import check_runnable
-from tests.worker.plans import EQUIVALENCE_PLANS, REFUSED, TINY_MODEL, plan_doc
+from tests.worker.plans import EQUIVALENCE_PLANS, MOE_PLANS, REFUSED, TINY_MODEL, moe_plan_doc, plan_doc
 from worker.runtime.plan import from_document, load_plan
 
 
@@ -75,3 +76,21 @@ def test_an_accepted_plan_runs_its_own_layout(name: str) -> None:
     per_rank = [sum(plan.stage_layers[s::plan.pp]) for s in range(plan.pp)]
     assert per_rank == strategy["stage_layers"] and plan.micro_batches == strategy["micro_batches"]
     assert check_runnable(doc).world_size == plan.world_size == 4
+
+
+@pytest.mark.parametrize("name", list(MOE_PLANS))
+def test_an_accepted_moe_plan_runs_its_expert_layout(name: str) -> None:
+    """Each MoE layer gets the plan's ep and expert TP (etp, else the layer's tp; 1 under Ulysses), dense layers
+    none; the service accepts what the worker builds."""
+    doc = MOE_PLANS[name]
+    plan = from_document(*load_plan(doc))
+    layers = doc["result"]["strategy"]["layers"]
+    want = tuple(ExpertLayout(ep=x["ep"], etp=x.get("etp", 1 if x.get("sp") == "ulysses" else x.get("tp", 1)))
+                 if i % 2 else None for i, x in enumerate(layers))
+    assert plan.experts == want and check_runnable(doc).experts == want
+    assert f"ep{want[1].ep}" in plan.describe()  # type: ignore[union-attr]
+
+
+def test_lsh_is_run_where_the_plan_says() -> None:
+    plan = from_document(*load_plan(moe_plan_doc({"ep": 2, "lsh": True}, dp=4)))
+    assert plan.experts[1] == ExpertLayout(ep=2, etp=1, lsh=True) and plan.experts[0] is None
