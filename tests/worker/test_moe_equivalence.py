@@ -56,6 +56,15 @@ def reference_losses(doc: dict[str, Any], routing_groups: int = 1, lsh: bool = F
     """Single-process losses, and how many token copies the MoE layers dropped at step 0. ``routing_groups``: each
     MoE layer routes that many equal consecutive groups of tokens on its own (as that many data-parallel ranks do);
     ``lsh``: with the plan's LSH compression."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only contend on a loaded host (10x slower there)
+    try:
+        return _reference_losses(doc, routing_groups, lsh)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _reference_losses(doc: dict[str, Any], routing_groups: int, lsh: bool) -> tuple[list[float], int]:
     plan = from_document(*load_plan(doc))
     model = build_model(plan.model, seed=0)
     layers = [(int(k), b.get_submodule("feed_forward")) for k, b in blocks(model).items()]
