@@ -3,10 +3,10 @@
 The runtime lays ranks out on one device mesh ``pp x dp x cp x tp`` with one layout for every layer (cp: ring
 attention over load-balanced sequence chunks, ``worker.runtime.ring_attention``). A plan is run only when that
 mesh *is* the plan: a plan the runtime would have to approximate (a per-layer mix, ZeRO-1, ZeRO-0 with TP or a
-pipeline, an interleaved split other than the runtime's, MoE layers, bf16 on CPU ranks) is refused with the field
-and the reason, never run as something else. The service checks a run request with ``check_runnable`` and the
-worker builds its mesh from ``run_layout``: one function decides both, so a run the service accepts is a run the
-worker executes as planned.
+pipeline, an interleaved split other than the runtime's, an expert layout it cannot fold onto the layer's ranks,
+MoE layers under context parallelism, bf16 on CPU ranks) is refused with the field and the reason, never run as
+something else. The service checks a run request with ``check_runnable`` and the worker builds its mesh from
+``run_layout``: one function decides both, so a run the service accepts is a run the worker executes as planned.
 
 Pure: no torch. ``worker.runtime.plan`` adds the model and device details.
 """
@@ -22,6 +22,7 @@ from solvers.errors import FieldProblem, SpecError
 from solvers.exports.layout import front_loaded_split
 from solvers.kinds import kind_of
 from solvers.request import HybridRequest, parse
+from solvers.run_experts import ExpertLayout, expert_layouts
 from solvers.specs import Precision
 from solvers.strategy import LayerStrategy, PlanStrategy, Schedule, SpKind
 
@@ -48,6 +49,7 @@ class RunLayout:
     precision: Precision
     nodes: int
     vocab_size: int
+    experts: tuple[ExpertLayout | None, ...] = ()  # per layer: the MoE layers' expert layout, None where dense
 
     @property
     def world_size(self) -> int:
@@ -134,9 +136,6 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
     layers = plan.layers
     if len(layers) != model.num_layers:
         refuse((*STRATEGY, "layers"), f"{len(layers)} layer strategies for a {model.num_layers}-layer model")
-    if model.moe is not None:
-        refuse(("request", "model", "moe"), "the worker cannot run MoE layers yet (expert parallelism has no "
-                                            "runtime); the plan would run them as dense layers")
     if model.vocab_size <= 0:
         refuse(("request", "model", "vocab_size"), "the runtime trains a language model: > 0")
     first = layers[0] if layers else LayerStrategy()
@@ -212,6 +211,12 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
                        f"the plan's split {list(plan.stage_layers)} has no runtime yet")
     elif plan.pp > 1 and any(n == 0 for n in stage_layers):
         refuse((*STRATEGY, "stage_layers"), "every pipeline stage needs at least one layer")
+    experts, expert_problems = expert_layouts(request, plan)
+    problems.extend(expert_problems)
+    if cp > 1 and any(x is not None for x in experts):
+        refuse((*STRATEGY, "layers", 0, "cp"), f"cp={cp} with MoE layers: the runtime folds a layer's experts over its "
+                                               "tp x dp ranks only (expert parallelism across cp ranks has no runtime "
+                                               "yet)")
     precision = training.precision
     if cluster.gpu.name.lower() == "cpu" and precision != "fp32":
         refuse(("request", "training", "precision"), f"{precision}: CPU ranks compute in fp32 (ask for \"fp32\")")
@@ -221,7 +226,7 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
                      micro_batches=plan.micro_batches, schedule=plan.schedule,
                      virtual_stages=virtual if plan.pp > 1 and plan.schedule == "interleaved" else 1,
                      stage_layers=stage_layers, precision=precision, nodes=cluster.nodes,
-                     vocab_size=model.vocab_size)
+                     vocab_size=model.vocab_size, experts=experts)
 
 
 def dataset_problems(path: str, dtype: str, vocab_size: int) -> list[FieldProblem]:

@@ -17,21 +17,28 @@ from torch.nn.parallel import DistributedDataParallel
 from worker.runtime.model import blocks
 
 
-def apply_ddp(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
-    """Wrap in DDP over the 1-D data-parallel ``mesh``; returns the wrapper (train through it)."""
+def apply_ddp(model: nn.Module, mesh: DeviceMesh, ignored: set[nn.Parameter] | None = None) -> nn.Module:
+    """Wrap in DDP over the 1-D data-parallel ``mesh``; returns the wrapper (train through it). ``ignored``:
+    parameters whose gradients are reduced elsewhere (expert shards: ``expert_parallel``)."""
+    if ignored:
+        names = [name for name, p in model.named_parameters() if p in ignored]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
     device_ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
     return DistributedDataParallel(model, process_group=mesh.get_group(), device_ids=device_ids)
 
 
-def apply_fsdp(model: nn.Module, mesh: DeviceMesh, zero: int, param_dtype: torch.dtype | None = None) -> nn.Module:
-    """Shard ``model`` in place with FSDP2 over ``mesh`` (1-D dp, or 2-D dp x tp for HSDP-free 2-D)."""
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, zero: int, param_dtype: torch.dtype | None = None,
+               ignored: set[nn.Parameter] | None = None) -> nn.Module:
+    """Shard ``model`` in place with FSDP2 over ``mesh`` (1-D dp, or 2-D dp x tp for HSDP-free 2-D), leaving the
+    ``ignored`` parameters (expert shards) alone."""
     reshard = zero >= 3
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
     for module in [*blocks(model).values(), model]:
         if policy is None:
-            fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored or None)
         else:
-            fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy,
+                        ignored_params=ignored or None)
     return model
 
 

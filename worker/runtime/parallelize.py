@@ -1,6 +1,7 @@
 """Apply a RuntimePlan to the model on this rank: mesh, then TP / Ulysses / ring attention, recompute, data
 parallelism and pipeline stages, in torchtitan's order (TP -> activation checkpointing -> FSDP/DDP -> pipeline
-schedule).
+schedule). MoE layers are sharded first (``expert_parallel``: experts over their own fold of the stage's ranks),
+and their expert gradients are reduced over expert-dp, apart from the dense parameters.
 
 ``ParallelModel.train_step`` runs one optimizer step over the global batch (all micro-batches) and returns
 the global mean loss, identical on every rank.
@@ -9,7 +10,7 @@ the global mean loss, identical on every rank.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,13 @@ from torch.distributed.tensor.parallel import loss_parallel
 from worker.runtime.checkpointing import apply_checkpointing
 from worker.runtime.data import local_batch
 from worker.runtime.data_parallel import apply_ddp, apply_fsdp, set_gradient_sync
+from worker.runtime.expert_parallel import (
+    ExpertMeshes,
+    apply_expert_parallel,
+    build_expert_meshes,
+    expert_data_parallel,
+    expert_parameters,
+)
 from worker.runtime.model import build_model, lm_loss
 from worker.runtime.pipeline import Schedule, build_schedule, cut_stage, stage_ids
 from worker.runtime.plan import RuntimePlan
@@ -52,8 +60,13 @@ def vocab_parallel_loss(plan: RuntimePlan) -> bool:
 
 
 def parallelize_module_for(plan: RuntimePlan, model: nn.Module, mesh: DeviceMesh,
-                           param_dtype: torch.dtype | None, notes: list[str]) -> nn.Module:
-    """Every parallelism except the pipeline, applied to ``model`` (the whole model or one stage)."""
+                           param_dtype: torch.dtype | None, notes: list[str],
+                           expert_meshes: ExpertMeshes | None = None,
+                           before_step: list[Callable[[], None]] | None = None) -> nn.Module:
+    """Every parallelism except the pipeline, applied to ``model`` (the whole model or one stage). An MoE plan
+    needs the ``expert_meshes`` (``build_expert_meshes``); what reduces expert gradients outside the data-parallel
+    wrapper is appended to ``before_step`` (to run after the last backward of a step)."""
+    shards = apply_expert_parallel(model, plan, expert_meshes or {}, mesh["tp"]) if any(plan.experts) else []
     if plan.tensor_parallel > 1:
         apply_tensor_parallel(model, mesh["tp"], sequence_parallel=plan.sp == "megatron",
                               vocab_parallel_loss=vocab_parallel_loss(plan))
@@ -63,6 +76,12 @@ def parallelize_module_for(plan: RuntimePlan, model: nn.Module, mesh: DeviceMesh
         apply_context_parallel(model, mesh["cp"].get_group())
     apply_checkpointing(model, plan.recompute)
     dp_mesh = data_parallel_mesh(mesh, plan)
+    if shards:
+        reduce = expert_data_parallel(shards, plan.zero, dp_mesh.size(), param_dtype)
+        if reduce is not None:
+            assert before_step is not None, "an MoE plan's expert gradients need the training step's hook"
+            before_step.append(reduce)
+    ignored = expert_parameters(shards)
     if dp_mesh.size() == 1 and plan.tensor_parallel == 1:
         return model
     zero = plan.zero
@@ -73,10 +92,10 @@ def parallelize_module_for(plan: RuntimePlan, model: nn.Module, mesh: DeviceMesh
         notes.append(f"zero=0 ran as FSDP2 reshard_after_forward=False (DDP does not compose with {why})")
         zero = 2
     if zero == 0:
-        return apply_ddp(model, dp_mesh) if dp_mesh.size() > 1 else model
+        return apply_ddp(model, dp_mesh, ignored) if dp_mesh.size() > 1 else model
     if dp_mesh.size() == 1:
         return model
-    return apply_fsdp(model, dp_mesh, zero, param_dtype)
+    return apply_fsdp(model, dp_mesh, zero, param_dtype, ignored)
 
 
 @dataclass
@@ -90,6 +109,7 @@ class ParallelModel:
     has_last: bool = True
     optimizer: torch.optim.Optimizer | None = None
     notes: list[str] = field(default_factory=list)
+    before_step: list[Callable[[], None]] = field(default_factory=list)  # after the last backward of a step
 
     def parameters(self) -> Iterator[nn.Parameter]:
         for m in self.modules:
@@ -141,6 +161,8 @@ class ParallelModel:
                     loss.backward()
                     loss_sum += float(loss.detach())
                 count = 1
+        for reduce in self.before_step:
+            reduce()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         # Every rank that computed a loss holds the mean over its tokens, and every such rank has as many
@@ -159,21 +181,23 @@ def apply_plan(plan: RuntimePlan, model: nn.Module, device: torch.device, lr: fl
     """Apply ``plan`` to ``model`` (the full model, identical on every rank, Decoder-style names) on this
     rank; with pipeline parallelism the stages are cut from it. Needs an initialised process group."""
     mesh = build_mesh(plan, device.type)
+    expert_meshes = build_expert_meshes(plan, device.type)
     notes: list[str] = []
+    before_step: list[Callable[[], None]] = []
     param_dtype = torch.bfloat16 if device.type == "cuda" and plan.precision == "bf16" else None
     if plan.pp == 1:
-        modules = [parallelize_module_for(plan, model, mesh, param_dtype, notes)]
-        pm = ParallelModel(plan, mesh, device, modules, notes=notes)
+        modules = [parallelize_module_for(plan, model, mesh, param_dtype, notes, expert_meshes, before_step)]
+        pm = ParallelModel(plan, mesh, device, modules, notes=notes, before_step=before_step)
     else:
         pp_rank = mesh["pp"].get_local_rank()
         ids = stage_ids(pp_rank, plan.pp, plan.virtual_stages)
         num_stages = plan.pp * plan.virtual_stages
-        stages = [parallelize_module_for(plan, cut_stage(model, i, plan.stage_layers), mesh, param_dtype, notes)
-                  for i in ids]
+        stages = [parallelize_module_for(plan, cut_stage(model, i, plan.stage_layers), mesh, param_dtype, notes,
+                                         expert_meshes, before_step) for i in ids]
         del model
         schedule = build_schedule(stages, ids, num_stages, mesh["pp"].get_group(), device, plan.micro_batches,
                                   plan.schedule, lm_loss)
         pm = ParallelModel(plan, mesh, device, stages, schedule, has_first=0 in ids,
-                           has_last=num_stages - 1 in ids, notes=notes)
+                           has_last=num_stages - 1 in ids, notes=notes, before_step=before_step)
     pm.optimizer = torch.optim.AdamW(list(pm.parameters()), lr=lr, weight_decay=0.0)
     return pm

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from solvers.documents import HybridResult
 from solvers.request import HybridRequest
+from solvers.run_experts import ExpertLayout
 from solvers.run_layout import load_plan, plan_of, run_layout
 from solvers.strategy import PlanStrategy, Schedule
 from worker.runtime.model import ModelConfig
@@ -39,6 +40,7 @@ class RuntimePlan:
     precision: str = "bf16"
     peak_flops_per_rank: float = 1e12  # of the precision the run computes in, for MFU
     gpu_name: str = "cpu"
+    experts: tuple[ExpertLayout | None, ...] = ()  # per layer: an MoE layer's expert layout, None where dense
 
     @property
     def world_size(self) -> int:
@@ -64,6 +66,8 @@ class RuntimePlan:
         parts.append(f"zero{self.zero}")
         if any(r != "none" for r in self.recompute):
             parts.append("recompute")
+        moe = sorted({(x.ep, x.etp, x.lsh) for x in self.experts if x is not None})
+        parts.extend(f"ep{ep}" + (f"-etp{etp}" if etp > 1 else "") + ("-lsh" if lsh else "") for ep, etp, lsh in moe)
         if self.pp > 1:
             parts.append(f"{self.schedule}x{self.micro_batches}")
         return "-".join(parts)
@@ -89,4 +93,5 @@ def _runtime_plan(request: HybridRequest, strategy: PlanStrategy, world_size: in
         schedule=layout.schedule,
         virtual_stages=layout.virtual_stages, stage_layers=layout.stage_layers, precision=layout.precision,
         peak_flops_per_rank=cluster.gpu.peak_flops(layout.precision), gpu_name=cluster.gpu.name,
+        experts=layout.experts,
     )
