@@ -4,11 +4,12 @@ The runtime runs every layer in its own layout, as planned: each transformer lay
 its pipeline stage out as ``dp x cp x tp`` (tp varying fastest; cp: ring attention over load-balanced sequence
 chunks, ``worker.runtime.ring_attention``) with its own sequence-parallel kind and ZeRO stage (``LayerLayout``),
 the embedding and the LM head as the plan's embedding strategy says; activations are re-laid out between
-neighbours whose layouts differ. A plan the runtime would have to approximate (an interleaved split other than
-the runtime's, MoE layers, bf16 on CPU ranks) or cannot split (a sequence not in 2*cp equal chunks) is refused
-with the field and the reason, never run as something else. The service checks a run request with ``check_runnable`` and
-the worker builds its meshes from ``run_layout``: one function decides both, so a run the service accepts is a
-run the worker executes as planned.
+neighbours whose layouts differ; MoE layers fold their experts over the layer's ranks (``solvers.run_experts``).
+A plan the runtime would have to approximate (an interleaved split other than the runtime's, an expert layout it
+cannot fold onto a layer's ranks, MoE layers under context parallelism, bf16 on CPU ranks) or cannot split (a
+sequence not in 2*cp equal chunks) is refused with the field and the reason, never run as something else. The
+service checks a run request with ``check_runnable`` and the worker builds its meshes from ``run_layout``: one
+function decides both, so a run the service accepts is a run the worker executes as planned.
 
 Pure: no torch. ``worker.runtime.plan`` adds the model and device details.
 """
@@ -24,6 +25,7 @@ from solvers.errors import FieldProblem, SpecError
 from solvers.exports.layout import front_loaded_split
 from solvers.kinds import kind_of
 from solvers.request import HybridRequest, parse
+from solvers.run_experts import ExpertLayout, expert_layouts
 from solvers.specs import ModelSpec, Precision
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule, SpKind
 
@@ -97,6 +99,7 @@ class RunLayout:
     precision: Precision
     nodes: int
     vocab_size: int
+    experts: tuple[ExpertLayout | None, ...] = ()  # per layer: the MoE layers' expert layout, None where dense
 
     @property
     def world_size(self) -> int:
@@ -258,9 +261,6 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
     layers = plan.layers
     if len(layers) != model.num_layers:
         refuse((*STRATEGY, "layers"), f"{len(layers)} layer strategies for a {model.num_layers}-layer model")
-    if model.moe is not None:
-        refuse(("request", "model", "moe"), "the worker cannot run MoE layers yet (expert parallelism has no "
-                                            "runtime); the plan would run them as dense layers")
     if model.vocab_size <= 0:
         refuse(("request", "model", "vocab_size"), "the runtime trains a language model: > 0")
     expected = world_size if world_size is not None else cluster.nodes * cluster.gpus_per_node
@@ -307,6 +307,9 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
                        f"the plan's split {list(plan.stage_layers)} has no runtime yet")
     elif plan.pp > 1 and any(n == 0 for n in stage_layers):
         refuse((*STRATEGY, "stage_layers"), "every pipeline stage needs at least one layer")
+    experts, expert_problems = expert_layouts(request, plan)
+    for found in expert_problems:
+        refuse(found.loc, found.msg)
     precision = training.precision
     if cluster.gpu.name.lower() == "cpu" and precision != "fp32":
         refuse(("request", "training", "precision"), f"{precision}: CPU ranks compute in fp32 (ask for \"fp32\")")
@@ -317,7 +320,7 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
                      micro_batches=plan.micro_batches, schedule=plan.schedule,
                      virtual_stages=virtual if plan.pp > 1 and plan.schedule == "interleaved" else 1,
                      stage_layers=stage_layers, precision=precision, nodes=cluster.nodes,
-                     vocab_size=model.vocab_size)
+                     vocab_size=model.vocab_size, experts=experts)
 
 
 def dataset_problems(path: str, dtype: str, vocab_size: int) -> list[FieldProblem]:

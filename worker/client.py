@@ -8,7 +8,9 @@
 ``apply_plan`` works on any model laid out like ``worker.runtime.model.Decoder``: ``tok_embeddings``,
 ``layers`` (a ModuleDict of blocks keyed by layer index, each with ``attention.{wq,wk,wv,wo}``,
 ``feed_forward.{w1,w2[,w3]}``, ``attention_norm``, ``ffn_norm``), ``norm`` and ``output`` - the torchtitan
-naming that the tensor-parallel and pipeline functions address.
+naming that the tensor-parallel and pipeline functions address. For an MoE plan, the blocks the model spec makes
+MoE have a whole ``worker.runtime.moe.MoELayer`` as ``feed_forward`` (identical on every rank: each keeps its
+shard).
 """
 
 from __future__ import annotations

@@ -331,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     from solvers.specs import ModelSpec
 
     raw = json.loads(args.model) if args.model.strip().startswith("{") else {"preset": args.model}
-    cfg = ModelConfig.from_spec(ModelSpec.model_validate(raw))
+    # Dense layers only, as before MoE models had a runtime: the profile's layers are "dense" ones.
+    cfg = replace(ModelConfig.from_spec(ModelSpec.model_validate(raw)), moe=None)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:

@@ -97,6 +97,11 @@ class AnalyticCostModel(CostModel):
         self.memory_limit_bytes = memory_limit_bytes(cluster, constraints)
         self.memory_limit_note = memory_limit_note(cluster, constraints)
         self.peak_flops = cluster.gpu.peak_flops(training.precision)
+        # Under fp8 only the linear layers' GEMMs run in FP8: Transformer Engine quantises its linear modules (FP8
+        # attention is opt-in) and Megatron's output layer is no TE module; torchtitan's float8 converter swaps
+        # the blocks' nn.Linear and its configs leave the output layer out. The attention core and the LM head
+        # run at the 16-bit peak.
+        self.peak_flops_16 = cluster.gpu.peak_flops("bf16") if training.precision == "fp8" else self.peak_flops
         self.hbm_Bps = cluster.gpu.memory_bandwidth_GBps * 1e9 * calibration.hbm_efficiency
         self.links = comm.Links.of(cluster, calibration.intra_efficiency, calibration.inter_efficiency,
                                    calibration.intra_latency_s, calibration.inter_latency_s)
@@ -121,8 +126,23 @@ class AnalyticCostModel(CostModel):
         self._edge_states: dict[tuple[object, ...], tuple[dict[str, float], dict[str, float], float]] = {}
 
     # --- building blocks --------------------------------------------------------------------------
-    def _gemm(self, m: np.ndarray | float, n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
-        return self.cal.gemm.time_s(m, n, k, self.peak_flops, self.hbm_Bps)
+    def _gemm(self, m: np.ndarray | float, n: np.ndarray | float, k: np.ndarray | float,
+              peak_flops: float | None = None) -> np.ndarray:
+        return self.cal.gemm.time_s(m, n, k, peak_flops or self.peak_flops, self.hbm_Bps)
+
+    def _attention_head(self, sq: np.ndarray | float, s: float, d: int) -> np.ndarray:
+        """One head's attention core (QK^T and AV) for ``sq`` queries against ``s`` keys, forward, at the 16-bit
+        peak: two GEMMs through the efficiency curve, of which a fused causal kernel computes only the unmasked
+        fraction.
+
+        Approximation: a fused kernel (FlashAttention, cuDNN) keeps the sq x s scores on chip, yet it is priced
+        with the GEMMs' HBM roofline, which counts them as written and read; at long sequences that roofline
+        binds (at s = 8192 about twice the tensor-core time). The term stands in for how far fused attention
+        kernels fall short of the GEMM curve, which was fitted on A100 GEMMs: with it removed, and nothing in its
+        place, the held-out modern tables of ``bench/fidelity.py`` are predicted faster still (bench/data/fidelity/
+        README.md)."""
+        pair = self._gemm(sq, s, d, self.peak_flops_16) + self._gemm(sq, d, s, self.peak_flops_16)
+        return self.causal_fraction * pair if self.stack.fused_attention else pair
 
     def _mlp(self, tokens: np.ndarray, split: np.ndarray, shape: LayerShape) -> np.ndarray:
         h = shape.hidden
@@ -139,19 +159,19 @@ class AnalyticCostModel(CostModel):
         measured = self.profile.collective_s(op, nbytes, size, across)
         return np.where(np.isfinite(measured) & (np.asarray(size) > 1), measured, analytic)
 
-    def _measured_layer(self, shape: LayerShape, b: np.ndarray, c: Candidates, fwd: np.ndarray
+    def _measured_layer(self, shape: LayerShape, b: np.ndarray, c: Candidates, fwd: np.ndarray, bwd: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray]:
-        """(forward, backward) seconds: profiled where this layout was measured, else the analytic forward
-        and twice it. Profiles hold Megatron-TP layers, so CP and Ulysses layouts stay analytic."""
+        """(forward, backward) seconds: profiled where this layout was measured, else the analytic ones.
+        Profiles hold Megatron-TP layers, so CP and Ulysses layouts stay analytic."""
         if self.profile is None or not self.profile.layer_times:
-            return fwd, 2.0 * fwd
+            return fwd, bwd
         kind = "moe" if shape.is_moe else "dense"
         seq = self.training.seq_length
         sp = c.sp == mem.SP_MEGATRON
         f = self.profile.layer_s(b, seq, c.tp, kind, sp=sp)
         bw = self.profile.layer_s(b, seq, c.tp, kind, backward=True, sp=sp)
         use = (c.cp == 1) & (c.sp != mem.SP_ULYSSES) & np.isfinite(f)
-        return np.where(use, f, fwd), np.where(use, bw, 2.0 * fwd)
+        return np.where(use, f, fwd), np.where(use, bw, bwd)
 
     def _wrapper_overhead(self, c: Candidates, ctx: StageContext) -> tuple[np.ndarray, np.ndarray]:
         """Host time the FSDP2 wrapper adds per layer: (per micro-batch, per step); profiled, zero without a
@@ -218,8 +238,7 @@ class AnalyticCostModel(CostModel):
         expert = self._moe_terms(shape, c, tok / split) if shape.is_moe else None
         mlp = expert.compute_fwd_s if expert is not None else self._mlp(tok, split, shape)
         heads, sq = shape.heads / c.tp, s / c.cp
-        scores = self._gemm(sq, s, shape.head_dim) + self._gemm(sq, shape.head_dim, s)
-        core = b * heads * self.causal_fraction * scores
+        core = b * heads * self._attention_head(sq, s, shape.head_dim)
         kept_none, _ = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, mem.RC_NONE, e, fused)
         kept_sel, _ = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, mem.RC_SELECTIVE, e, fused)
         core_elem = self._hbm(cal.elementwise_traffic * (kept_none - kept_sel))
@@ -227,7 +246,11 @@ class AnalyticCostModel(CostModel):
         if self.stack.fp8_cast_bytes:  # quantising each GEMM's input (backward: its output gradient) to FP8
             gemm_inputs = tok * (2 * h + (shape.q_width + shape.ffn * shape.top_k) / split)
             elem = elem + self._hbm(self.stack.fp8_cast_bytes * gemm_inputs)
-        fwd, bwd = self._measured_layer(shape, np.broadcast_to(b, c.tp.shape), c, qkv + out + mlp + core + elem)
+        # backward = twice the forward (input and weight gradients); a fused attention kernel recomputes the scores
+        # from Q and K besides (FlashAttention: five matmuls backward to two forward, 2.5 times the forward)
+        fwd_s = qkv + out + mlp + core + elem
+        bwd_s = 2.0 * fwd_s + (0.5 * core if fused else 0.0)
+        fwd, bwd = self._measured_layer(shape, np.broadcast_to(b, c.tp.shape), c, fwd_s, bwd_s)
         compute = fwd + bwd
 
         # tensor / sequence parallel collectives (one direction = forward)
@@ -396,7 +419,7 @@ class AnalyticCostModel(CostModel):
             act += tokens * h * (e + (1 if self.model.hidden_dropout > 0 else 0))
         if last and V:
             m = tokens
-            logits = float(self._gemm(m, V / tp_e, h))
+            logits = float(self._gemm(m, V / tp_e, h, self.peak_flops_16))
             head = 3.0 * logits + float(self._hbm(cal.elementwise_traffic * m * V / tp_e * 4.0))
             parts["compute"] = parts.get("compute", 0.0) + head
             parts["tp_comm"] = parts.get("tp_comm", 0.0) + 2.0 * float(

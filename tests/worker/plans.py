@@ -40,10 +40,11 @@ def plan_doc(world: int = 4, gbs: int = 8, seq: int = 32, model: dict[str, Any] 
 MIX_MODEL: dict[str, Any] = {**TINY_MODEL, "name": "tiny-llama-8h", "num_attention_heads": 8, "num_kv_heads": 4}
 
 
-def mixed_doc(layers: list[dict[str, Any]], embedding: dict[str, Any], **pipeline: Any) -> dict[str, Any]:
-    """A plan of ``MIX_MODEL`` (4 ranks) whose layer ``i`` is laid out as ``layers[i]``, the embedding and LM head
-    as ``embedding``."""
-    doc = plan_doc(model=MIX_MODEL, **pipeline)
+def mixed_doc(layers: list[dict[str, Any]], embedding: dict[str, Any], model: dict[str, Any] | None = None,
+              **pipeline: Any) -> dict[str, Any]:
+    """A plan of ``model`` (default ``MIX_MODEL``; 4 ranks) whose layer ``i`` is laid out as ``layers[i]``, the
+    embedding and LM head as ``embedding``."""
+    doc = plan_doc(model=model or MIX_MODEL, **pipeline)
     doc["result"]["strategy"]["layers"] = layers
     doc["result"]["strategy"]["embedding"] = embedding
     return doc
@@ -116,6 +117,44 @@ LAYOUT_CONTROLS: dict[str, tuple[dict[str, Any], str]] = {
 CONTROLS = {**CP_CONTROLS, **LAYOUT_CONTROLS}
 
 
+# 4 layers, the 2nd and 4th MoE: 4 experts, top-2. A capacity factor of num_experts / top_k can never drop a
+# token (an expert's capacity is then every token of its routing group), so any layout computes the reference's
+# function; MOE_DROPPING's factor 1.0 drops (tests/worker/test_moe_equivalence.py tests what).
+MOE_MODEL: dict[str, Any] = {**TINY_MODEL, "name": "tiny-moe",
+                              "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 64,
+                                      "capacity_factor": 2.0, "moe_layer_frequency": 2}}
+MOE_DROPPING: dict[str, Any] = {**MOE_MODEL, "moe": {**MOE_MODEL["moe"], "capacity_factor": 1.0}}
+
+
+def moe_plan_doc(experts: dict[str, Any], model: dict[str, Any] | None = None, **layer: Any) -> dict[str, Any]:
+    """``plan_doc`` on an MoE model, the expert fields (``ep``, ``etp``, ``lsh``) on its MoE layers only."""
+    model = model or MOE_MODEL
+    doc = plan_doc(model=model, **layer)
+    layers = doc["result"]["strategy"]["layers"]
+    every = model["moe"].get("moe_layer_frequency", 1)
+    doc["result"]["strategy"]["layers"] = [{**x, **experts} if (i + 1) % every == 0 else x
+                                           for i, x in enumerate(layers)]
+    return doc
+
+
+# name -> MoE plan on 4 ranks whose loss must equal the single-process model's
+MOE_PLANS: dict[str, dict[str, Any]] = {
+    "ep4-dp4-zero0": moe_plan_doc({"ep": 4}, dp=4),
+    "ep2-edp2-fsdp3": moe_plan_doc({"ep": 2}, dp=4, zero=3),
+    "ep2-etp2-tp2-zero2": moe_plan_doc({"ep": 2}, tp=2, dp=2, zero=2),  # etp = the layer's tp
+    "ep2-etp2-tp2-sp-zero3-recompute": moe_plan_doc({"ep": 2}, tp=2, dp=2, sp="megatron", zero=3, recompute="full"),
+    "ep2-etp2-dp4-zero2": moe_plan_doc({"ep": 2, "etp": 2}, dp=4, zero=2),
+    "ep2-ulysses2-dp2": moe_plan_doc({"ep": 2}, tp=2, dp=2, sp="ulysses"),
+    "pp2-ep2-dp2-1f1b": moe_plan_doc({"ep": 2}, pp=2, dp=2, zero=2, micro_batches=2),
+    # ZeRO-1 over expert-dp (dense and expert parameters), and a per-layer mix: a dense TP+SP layer, an MoE layer
+    # on dp4 ZeRO-1 (ep2 x edp2), a Ulysses layer, an MoE layer on tp2 x dp2 ZeRO-3 (ep2 x etp2)
+    "ep2-edp2-zero1": moe_plan_doc({"ep": 2}, dp=4, zero=1),
+    "mix-moe-per-layer": mixed_doc([{"tp": 2, "dp": 2, "sp": "megatron", "zero": 2}, {"dp": 4, "zero": 1, "ep": 2},
+                                    {"tp": 2, "dp": 2, "sp": "ulysses"}, {"tp": 2, "dp": 2, "zero": 3, "ep": 2}],
+                                   {"dp": 4}, model=MOE_MODEL),
+}
+
+
 def _uneven_interleaved() -> dict[str, Any]:
     doc = plan_doc(model={**TINY_MODEL, "num_layers": 6}, pp=2, dp=2, zero=3, micro_batches=2,
                    schedule="interleaved", virtual_stages=2)
@@ -140,7 +179,20 @@ REFUSED: dict[str, tuple[dict[str, Any], list[Any], str]] = {
     "uneven interleaved": (_uneven_interleaved(), ["result", "strategy", "stage_layers"], "[3, 3] layers per rank"),
     "interleaved, 1 virtual stage": (plan_doc(pp=2, dp=2, zero=3, micro_batches=2, schedule="interleaved"),
                                      ["result", "strategy", "virtual_stages"], "one virtual stage"),
-    "moe": (_with(plan_doc(dp=4), "model", moe={"num_experts": 4, "top_k": 2}), ["request", "model", "moe"], "MoE"),
+    "expert fields on a dense layer": (plan_doc(model=MOE_MODEL, dp=4, ep=2), ["result", "strategy", "layers", 0, "ep"],
+                                       "expert fields need an MoE layer"),
+    "ep not dividing the experts": (moe_plan_doc({"ep": 3}, dp=4), ["result", "strategy", "layers", 1, "ep"],
+                                    "must divide the 4 experts"),
+    "ep*etp not dividing the ranks": (moe_plan_doc({"ep": 4, "etp": 2}, dp=4),
+                                      ["result", "strategy", "layers", 1, "ep"], "parallel folding"),
+    "etp not dividing the expert ffn": (
+        moe_plan_doc({"etp": 4}, model={**MOE_MODEL, "moe": {**MOE_MODEL["moe"], "expert_ffn_hidden_size": 66}},
+                     dp=4), ["result", "strategy", "layers", 1, "etp"], "expert FFN width 66"),
+    "moe layer under cp": (mixed_doc([{"cp": 2, "dp": 2}, {"cp": 2, "dp": 2, "ep": 2}, {"dp": 4}, {"dp": 4, "ep": 2}],
+                                     {"dp": 4}, model=MOE_MODEL), ["result", "strategy", "layers", 1, "cp"],
+                           "cp=2 on an MoE layer"),
+    "moe tokens not splitting over tp": (moe_plan_doc({"ep": 2}, tp=2, dp=2, zero=2, gbs=2, seq=33),
+                                         ["request", "training", "seq_length"], "do not split evenly over tp=2"),
     "bf16 on cpu": (_with(plan_doc(dp=4), "training", precision="bf16"), ["request", "training", "precision"],
                     "CPU ranks compute in fp32"),
 }

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from solvers.errors import SpecError
+from solvers.run_experts import ExpertLayout
 from solvers.run_layout import LayerLayout, check_runnable
-from tests.worker.plans import EQUIVALENCE_PLANS, REFUSED, TINY_MODEL, mixed_doc, plan_doc
+from tests.worker.plans import EQUIVALENCE_PLANS, MOE_PLANS, REFUSED, TINY_MODEL, mixed_doc, moe_plan_doc, plan_doc
 from worker.runtime.plan import from_document, load_plan
 
 
@@ -143,3 +144,29 @@ def test_context_parallel_plans_need_the_sequence_in_equal_chunks(strategy: dict
     assert msg in err.value.problems[0].msg
     check_runnable(plan_doc(world=world, seq=2 * strategy["cp"] * strategy.get("tp", 1) * 4, model=model,
                             **strategy))
+
+
+@pytest.mark.parametrize("name", list(MOE_PLANS))
+def test_an_accepted_moe_plan_runs_its_expert_layout(name: str) -> None:
+    """Each MoE layer gets the plan's ep and expert TP (etp, else the layer's tp; 1 under Ulysses), dense layers
+    none; the service accepts what the worker builds."""
+    doc = MOE_PLANS[name]
+    plan = from_document(*load_plan(doc))
+    layers = doc["result"]["strategy"]["layers"]
+    want = tuple(ExpertLayout(ep=x["ep"], etp=x.get("etp", 1 if x.get("sp") == "ulysses" else x.get("tp", 1)))
+                 if i % 2 else None for i, x in enumerate(layers))
+    assert plan.experts == want and check_runnable(doc).experts == want
+    assert f"ep{want[1].ep}" in plan.describe()  # type: ignore[union-attr]
+
+
+def test_lsh_is_run_where_the_plan_says() -> None:
+    plan = from_document(*load_plan(moe_plan_doc({"ep": 2, "lsh": True}, dp=4)))
+    assert plan.experts[1] == ExpertLayout(ep=2, etp=1, lsh=True) and plan.experts[0] is None
+
+
+def test_moe_layers_under_context_parallelism_are_refused_naming_cp() -> None:
+    """Experts fold over a layer's tp x dp ranks; an MoE layer with cp is refused, not run as something else (the
+    dense layers 0 and 2 may run ring attention)."""
+    with pytest.raises(SpecError) as err:
+        check_runnable(moe_plan_doc({"ep": 2}, cp=2, dp=2))
+    assert [p.loc for p in err.value.problems] == [("result", "strategy", "layers", i, "cp") for i in (1, 3)]

@@ -9,6 +9,8 @@
 - ``apply_context_parallel`` (``ring_attention``): causal ring attention over a layer's cp group
 - ``build_schedule`` / ``cut_stage`` (``pipeline``): pipeline stages and GPipe / 1F1B / interleaved schedules
 - ``apply_checkpointing`` (``checkpointing``): per-layer full or selective activation recompute
+- ``apply_expert_parallel`` / ``expert_data_parallel`` (``expert_parallel``, layers in ``moe``, ``lsh``): MoE layers
+  as the plan lays them out (expert parallelism, expert TP, expert-dp gradients, LSH-compressed all-to-alls)
 - ``apply_plan`` / ``parallelize`` (``parallelize``): all of the above for a plan (on a given model / a built
   one); ``train.run_plan`` trains and measures
 - ``train_checkpoint``: model / optimizer / RNG / position checkpoints with torch.distributed.checkpoint, resumed

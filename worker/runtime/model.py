@@ -1,4 +1,6 @@
-"""A Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU or GELU MLP) of a plan's shape.
+"""A Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU or GELU MLP) of a plan's shape; with
+``ModelConfig.moe`` every ``frequency``-th block's MLP is a mixture of experts (``moe.MoELayer``, whole here:
+the plan's expert parallelism shards it afterwards).
 
 Module names follow torchtitan's (``tok_embeddings``, ``layers.<i>.attention.wq`` ...) so that tensor-parallel
 plans address them by name. ``layers`` is a ModuleDict keyed by the global layer index so a pipeline stage
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from solvers.specs import ModelSpec
+from worker.runtime.moe import MoEConfig, MoELayer, is_expert_parameter
 from worker.runtime.ring_attention import chunk_positions, ring_attention
 from worker.runtime.ulysses import gather_heads_scatter_sequence, gather_sequence_scatter_heads
 
@@ -35,9 +38,11 @@ class ModelConfig:
     causal: bool = True
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    moe: MoEConfig | None = None
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> ModelConfig:
+        moe = spec.moe
         return cls(
             num_layers=spec.num_layers,
             hidden_size=spec.hidden_size,
@@ -48,18 +53,31 @@ class ModelConfig:
             vocab_size=spec.vocab_size,
             mlp=spec.mlp,
             causal=spec.causal,
+            moe=None if moe is None else MoEConfig(
+                num_experts=moe.num_experts, top_k=moe.top_k, ffn_hidden_size=spec.expert_ffn_size,
+                capacity_factor=moe.capacity_factor, frequency=moe.moe_layer_frequency),
         )
 
-    def layer_params(self) -> int:
+    def is_moe_layer(self, index: int) -> bool:
+        return self.moe is not None and self.moe.is_moe_layer(index)
+
+    def layer_params(self, index: int = 0) -> int:
+        """Parameters a token passes through in layer ``index`` (an MoE layer: its router and top_k experts)."""
         h, d = self.hidden_size, self.head_dim
         attention = h * d * (2 * self.num_heads + 2 * self.num_kv_heads)
-        mlp = (3 if self.mlp == "swiglu" else 2) * h * self.ffn_hidden_size
+        mats = 3 if self.mlp == "swiglu" else 2
+        if self.moe is not None and self.moe.is_moe_layer(index):
+            mlp = self.moe.top_k * mats * h * self.moe.ffn_hidden_size + h * self.moe.num_experts
+        else:
+            mlp = mats * h * self.ffn_hidden_size
         return attention + mlp + 2 * h
 
     def flops_per_token(self, seq_length: int) -> float:
         """Model FLOPs per trained token (forward + backward, no recompute), PaLM's convention:
-        6 x matmul parameters (layers and LM head) + 12 x layers x attention width x sequence."""
-        matmul_params = self.num_layers * self.layer_params() + self.hidden_size * self.vocab_size
+        6 x matmul parameters a token passes through (layers and LM head) + 12 x layers x attention width x
+        sequence."""
+        layers = sum(self.layer_params(i) for i in range(self.num_layers))
+        matmul_params = layers + self.hidden_size * self.vocab_size
         attention = 12 * self.num_layers * self.num_heads * self.head_dim * seq_length
         return 6.0 * matmul_params + attention
 
@@ -130,12 +148,15 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, index: int = 0) -> None:
         super().__init__()
         self.attention_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg)
+        moe = cfg.moe
+        self.feed_forward: nn.Module = (
+            MoELayer(cfg.hidden_size, moe.ffn_hidden_size, moe.num_experts, moe.top_k, cfg.mlp == "swiglu",
+                     moe.capacity_factor) if moe is not None and moe.is_moe_layer(index) else FeedForward(cfg))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x))
@@ -149,7 +170,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.num_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(cfg, i) for i in range(cfg.num_layers)})
         self.norm: nn.RMSNorm | None = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.output: nn.Linear | None = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.reset_parameters()
@@ -159,6 +180,8 @@ class Decoder(nn.Module):
         # Small, depth-scaled init keeps the untrained loss near ln(vocab) for any shape.
         std = 0.02
         for name, p in self.named_parameters():
+            if ".feed_forward.router." in name or is_expert_parameter(name):
+                continue  # MoE layers keep their own init (see moe.Experts)
             if p.dim() == 1:
                 p.fill_(1.0)
             elif name.endswith(("wo.weight", "w2.weight")):

@@ -1,14 +1,24 @@
 """A mixture-of-experts feed-forward layer with expert parallelism (drop-in for ``model.FeedForward``).
 
 Per forward, on each rank of the expert-parallel group (``ep`` ranks, ``num_experts / ep`` experts each):
+0. with ``token_group`` (attention under tensor parallelism without sequence parallelism leaves every rank of
+   that group the same tokens) each rank keeps its 1/tp of the tokens, and the outputs are gathered back at
+   the end, so that no token is routed twice;
 1. the router picks ``top_k`` experts per token (Mixtral's gating: softmax over the top-k logits);
-2. token copies are sorted by expert; with a capacity factor, copies beyond an expert's capacity on this
-   rank are dropped (their token keeps only the block's residual path, as in Switch/GShard);
+2. token copies are sorted by expert; with a capacity factor, copies beyond an expert's capacity in their
+   routing group are dropped (their token keeps only the block's residual path, as in Switch/GShard);
 3. a ``compression`` may replace the rows bound for each expert by fewer rows (LSH-MoE, ``lsh.py``);
 4. per-expert row counts are exchanged first (an all-to-all of ``ep * local_experts`` integers), so that
    both data all-to-alls know their variable splits;
-5. dispatch all-to-all, local experts run on rows grouped by expert, combine all-to-all back;
+5. dispatch all-to-all, local experts run on rows grouped by expert, combine all-to-all back. With expert
+   tensor parallelism (``etp_group``: each expert's MLP split over ``etp`` ranks, Megatron's ETP) the rows a
+   rank received are first gathered from the ranks of its ETP group, each rank computes its slice of every
+   expert's MLP for all of them, and the partial outputs are reduce-scattered back to the rows' owners;
 6. the compression restores one output per token copy, outputs are weighted by the gate and summed.
+
+A routing group is what one forward routes on one rank: capacity and compression act within it. A rank's
+group is its tokens of one micro-batch; a single-process layer with ``routing_groups = G`` splits its tokens
+into G equal consecutive groups and routes each on its own, which is what G such ranks compute together.
 
 Both all-to-alls are autograd functions (the backward of an all-to-all is the all-to-all with the splits
 swapped), so gradients reach the experts on other ranks and the router. ``stats`` accumulates the bytes
@@ -19,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,8 +39,23 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The MoE layers of a model (``solvers.specs.MoESpec``): every ``frequency``-th layer."""
+
+    num_experts: int
+    top_k: int
+    ffn_hidden_size: int  # one expert's MLP width
+    capacity_factor: float | None = None  # None: no token is dropped
+    frequency: int = 1
+
+    def is_moe_layer(self, index: int) -> bool:
+        return (index + 1) % self.frequency == 0
 
 
 @dataclass
@@ -91,6 +117,55 @@ def all_to_all(x: torch.Tensor, in_splits: list[int], out_splits: list[int], gro
     return out
 
 
+def _all_gather_rows(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts)
+
+
+class _KeepOwnRows(torch.autograd.Function):
+    """Forward: this rank's 1/n of the rows, which every rank of ``group`` holds alike. Backward: the gradients
+    of every rank's rows gathered (each rank's rows reach the loss only through that rank)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        n, rank = dist.get_world_size(group), dist.get_rank(group)
+        if x.shape[0] % n:
+            raise ValueError(f"{x.shape[0]} tokens do not split evenly over {n} tensor-parallel ranks")
+        size = x.shape[0] // n
+        return x[rank * size:(rank + 1) * size].contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _all_gather_rows(grad, ctx.group), None
+
+
+class _GatherRows(torch.autograd.Function):
+    """Forward: every rank's rows, concatenated in rank order. Backward: this rank's slice (what follows runs
+    replicated on every rank of ``group``, so the incoming gradient is the same on all of them)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group, ctx.size = group, x.shape[0]
+        return _all_gather_rows(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        rank = dist.get_rank(ctx.group)
+        return grad[rank * ctx.size:(rank + 1) * ctx.size].contiguous(), None
+
+
+def keep_own_rows(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    out: torch.Tensor = _KeepOwnRows.apply(x, group)
+    return out
+
+
+def gather_rows(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    out: torch.Tensor = _GatherRows.apply(x, group)
+    return out
+
+
 @dataclass
 class Compressed:
     """Rows to send (grouped by expert, ascending) and how to get one output per original row back."""
@@ -124,12 +199,27 @@ class Router(nn.Module):
         return F.softmax(top.float(), dim=-1).type_as(tokens), idx
 
 
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None
+
+
 class Experts(nn.Module):
-    """``count`` expert MLPs stored as stacked weights (gelu: w1, w2; swiglu: w1, w3 gated, w2)."""
+    """``count`` expert MLPs stored as stacked weights (gelu: w1, w2; swiglu: w1, w3 gated, w2).
+
+    ``grad_scale`` multiplies the weights' gradients (set by expert parallelism, whose gradient reduction
+    averages over the ranks holding the same experts while an expert's gradient sums their tokens')."""
 
     def __init__(self, count: int, hidden: int, ffn: int, gated: bool) -> None:
         super().__init__()
         self.gated = gated
+        self.grad_scale = 1.0
         self.w1 = nn.Parameter(torch.empty(count, hidden, ffn))
         self.w2 = nn.Parameter(torch.empty(count, ffn, hidden))
         self.w3 = nn.Parameter(torch.empty(count, hidden, ffn)) if gated else None
@@ -149,11 +239,15 @@ class Experts(nn.Module):
 
     def forward(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """``rows`` grouped by local expert, ``counts[e]`` rows for expert e."""
+        w1, w2, w3 = self.w1, self.w2, self.w3
+        if self.grad_scale != 1.0:
+            w1, w2 = _ScaleGrad.apply(w1, self.grad_scale), _ScaleGrad.apply(w2, self.grad_scale)
+            w3 = _ScaleGrad.apply(w3, self.grad_scale) if w3 is not None else None
         outs = []
         for e, chunk in enumerate(torch.split(rows, counts)):
-            a = chunk @ self.w1[e]
-            a = F.silu(a) * (chunk @ self.w3[e]) if self.w3 is not None else F.gelu(a)
-            outs.append(a @ self.w2[e])
+            a = chunk @ w1[e]
+            a = F.silu(a) * (chunk @ w3[e]) if w3 is not None else F.gelu(a)
+            outs.append(a @ w2[e])
         return torch.cat(outs) if outs else rows.new_zeros((0, rows.shape[1]))
 
 
@@ -166,34 +260,61 @@ class _Routed:
 
 
 class MoELayer(nn.Module):
-    """Top-k MoE feed-forward over (..., hidden) inputs; expert parallel when ``group`` is set."""
+    """Top-k MoE feed-forward over (..., hidden) inputs; expert parallel over ``group``, each expert's MLP split
+    over ``etp_group``, tokens replicated over ``token_group`` routed once (see the module's docstring)."""
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int = 2, gated: bool = True,
-                 capacity_factor: float | None = None, group: dist.ProcessGroup | None = None) -> None:
+                 capacity_factor: float | None = None, group: dist.ProcessGroup | None = None, *,
+                 etp_group: dist.ProcessGroup | None = None, token_group: dist.ProcessGroup | None = None,
+                 routing_groups: int = 1) -> None:
         super().__init__()
         ep = dist.get_world_size(group) if group is not None else 1
+        etp = dist.get_world_size(etp_group) if etp_group is not None else 1
         if num_experts % ep:
             raise ValueError(f"num_experts ({num_experts}) must be a multiple of the expert-parallel size ({ep})")
-        self.hidden, self.num_experts, self.top_k = hidden, num_experts, top_k
+        if ffn % etp:
+            raise ValueError(f"the expert FFN width ({ffn}) must be a multiple of the expert-TP size ({etp})")
+        self.hidden, self.ffn, self.num_experts, self.top_k = hidden, ffn, num_experts, top_k
         self.capacity_factor, self.group, self.ep = capacity_factor, group, ep
+        self.etp_group, self.etp, self.token_group, self.routing_groups = etp_group, etp, token_group, routing_groups
         self.ep_rank = dist.get_rank(group) if group is not None else 0
+        self.etp_rank = dist.get_rank(etp_group) if etp_group is not None else 0
         self.router = Router(hidden, num_experts, top_k)
-        self.experts = Experts(num_experts // ep, hidden, ffn, gated)
+        # A shard's parameters are named after it, so that a checkpoint keeps every shard: ranks holding the same
+        # shard (expert data parallelism) share the names, others do not.
+        self.experts_name = "experts" if ep == etp == 1 else f"experts_ep{self.ep_rank}of{ep}_etp{self.etp_rank}of{etp}"
+        self.add_module(self.experts_name, Experts(num_experts // ep, hidden, ffn // etp, gated))
         self.compression: Compression | None = None
         self.stats = AllToAllStats()
+        self.dropped_copies = 0  # token copies over capacity, over all forwards
+
+    @property
+    def experts(self) -> Experts:
+        experts = self._modules.get(self.__dict__.get("experts_name", ""))
+        if not isinstance(experts, Experts):  # (while nn.Module registers it: hasattr() must see none)
+            raise AttributeError("experts")
+        return experts
 
     @classmethod
-    def sharded_from(cls, full: MoELayer, group: dist.ProcessGroup | None) -> MoELayer:
-        """This rank's expert-parallel shard of a full (single-process) layer: same router, its experts."""
+    def sharded_from(cls, full: MoELayer, group: dist.ProcessGroup | None,
+                     etp_group: dist.ProcessGroup | None = None,
+                     token_group: dist.ProcessGroup | None = None) -> MoELayer:
+        """This rank's shard of a full (single-process) layer: the same router; its experts (``group``), and of
+        each its slice of the MLP's hidden units (``etp_group``)."""
         w = full.experts
-        layer = cls(full.hidden, w.w1.shape[2], full.num_experts, full.top_k, w.gated, full.capacity_factor, group)
-        lo = layer.ep_rank * layer.experts.count
+        with torch.random.fork_rng(devices=[]):  # the shard's own init is overwritten: leave the RNG as it was
+            layer = cls(full.hidden, full.ffn, full.num_experts, full.top_k, w.gated, full.capacity_factor, group,
+                        etp_group=etp_group, token_group=token_group)
+        layer.to(w.w1.device)
+        lo, n = layer.ep_rank * layer.experts.count, layer.experts.count
+        width = full.ffn // layer.etp
+        cols = slice(layer.etp_rank * width, (layer.etp_rank + 1) * width)
         with torch.no_grad():
             layer.router.gate.weight.copy_(full.router.gate.weight)
             for name in ("w1", "w2", "w3"):
                 src, dst = getattr(w, name), getattr(layer.experts, name)
-                if dst is not None:
-                    dst.copy_(src[lo:lo + layer.experts.count])
+                if dst is not None:  # w1, w3: (expert, hidden, ffn); w2: (expert, ffn, hidden)
+                    dst.copy_(src[lo:lo + n, :, cols] if name != "w2" else src[lo:lo + n, cols, :])
         return layer
 
     def _route(self, tokens: torch.Tensor) -> _Routed:
@@ -206,24 +327,40 @@ class MoELayer(nn.Module):
             counts = torch.bincount(expert, minlength=self.num_experts)
             start = torch.cumsum(counts, 0) - counts
             keep = torch.arange(expert.numel(), device=expert.device) - start[expert] < capacity
+            self.dropped_copies += int(expert.numel() - int(keep.sum()))
             expert, token, weight = expert[keep], token[keep], weight[keep]
         return _Routed(tokens[token], expert, token, weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, DTensor):  # Megatron SP hands the sub-layer its sequence shard as a DTensor
+            x = x.to_local()
         tokens = x.reshape(-1, self.hidden)
+        if self.token_group is not None:
+            tokens = keep_own_rows(tokens, self.token_group)
+        if self.routing_groups > 1:
+            if tokens.shape[0] % self.routing_groups:
+                raise ValueError(f"{tokens.shape[0]} tokens do not split into {self.routing_groups} routing groups")
+            out = torch.cat([self._moe(group) for group in tokens.chunk(self.routing_groups)])
+        else:
+            out = self._moe(tokens)
+        if self.token_group is not None:
+            out = gather_rows(out, self.token_group)
+        return out.reshape(x.shape)
+
+    def _moe(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One routing group: route (capacity), compress, run the experts wherever they are, combine."""
         r = self._route(tokens)
         packed = (self.compression.compress if self.compression is not None else _identity)(
             r.rows, r.expert, self.num_experts)
         raw_counts = torch.bincount(r.expert, minlength=self.num_experts)
         y = self._experts_everywhere(packed.rows, packed.counts, raw_counts)
-        out = tokens.new_zeros(tokens.shape).index_add(0, r.token, packed.restore(y) * r.weight[:, None])
-        return out.reshape(x.shape)
+        return tokens.new_zeros(tokens.shape).index_add(0, r.token, packed.restore(y) * r.weight[:, None])
 
     def _experts_everywhere(self, rows: torch.Tensor, counts: torch.Tensor, raw_counts: torch.Tensor) -> torch.Tensor:
         """Expert outputs for ``rows`` (grouped by global expert, ``counts`` per expert), wherever they live."""
-        if self.group is None:
-            return self.experts(rows, counts.tolist())
         ep, local = self.ep, self.experts.count
+        if self.group is None:
+            return self._local_experts(rows, counts.view(1, local))
         # counts first: every rank learns how many rows per local expert each source sends
         recv_counts = torch.empty_like(counts)
         _timed_all_to_all(recv_counts, counts, None, None, self.group, self.stats)
@@ -232,11 +369,28 @@ class MoELayer(nn.Module):
         raw_send = raw_counts.view(ep, local).sum(1).tolist()
         self._account(rows, send, raw_send, counts.numel() * counts.element_size())
         got = all_to_all(rows, send, recv_by.sum(1).tolist(), self.group, self.stats)
-        # rows arrive grouped by (source, expert); the experts want them by (expert, source)
-        chunk_expert = torch.arange(local, device=rows.device).repeat(ep)
-        by_expert = torch.argsort(torch.repeat_interleave(chunk_expert, recv_by.reshape(-1)), stable=True)
-        y = torch.empty_like(got).index_copy(0, by_expert, self.experts(got[by_expert], recv_by.sum(0).tolist()))
+        y = self._local_experts(got, recv_by)
         return all_to_all(y, recv_by.sum(1).tolist(), send, self.group, self.stats)
+
+    def _local_experts(self, got: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
+        """This rank's experts on ``got``: rows in chunks (source, local expert), ``chunks[s, e]`` rows each."""
+        local, mine = self.experts.count, got.shape[0]
+        sizes: list[int] = []
+        if self.etp_group is not None:  # gather the ETP group's rows: every rank runs its MLP slice on all of them
+            peers = [torch.empty_like(chunks) for _ in range(self.etp)]
+            dist.all_gather(peers, chunks.contiguous(), group=self.etp_group)
+            sizes = [int(p.sum()) for p in peers]
+            got = all_to_all(got.repeat(self.etp, 1), [mine] * self.etp, sizes, self.etp_group, self.stats)
+            chunks = torch.cat(peers)
+        # rows arrive grouped by (source, expert); the experts want them by (expert, source)
+        chunk_expert = torch.arange(local, device=got.device).repeat(chunks.shape[0])
+        by_expert = torch.argsort(torch.repeat_interleave(chunk_expert, chunks.reshape(-1)), stable=True)
+        y = torch.empty_like(got).index_copy(0, by_expert, self.experts(got[by_expert], chunks.sum(0).tolist()))
+        if self.etp_group is None:
+            return y
+        # partial sums over the MLP's hidden units: reduce-scatter them back to the rows' owners
+        parts = all_to_all(y, sizes, [mine] * self.etp, self.etp_group, self.stats)
+        return parts.view(self.etp, mine, -1).sum(0)
 
     def _account(self, rows: torch.Tensor, send: list[int], raw_send: list[int], count_bytes: int) -> None:
         """Off-rank bytes of both data all-to-alls (dispatch and combine move the same rows) and of the count
@@ -288,6 +442,9 @@ def use_moe(model: nn.Module, num_experts: int, top_k: int = 2, group: dist.Proc
     return out
 
 
+_EXPERT_PARAMETER = re.compile(r"(^|\.)experts(_ep\d+of\d+_etp\d+of\d+)?\.")
+
+
 def is_expert_parameter(name: str) -> bool:
     """Expert weights live on one rank of the expert-parallel group: they are not averaged with the others."""
-    return ".experts." in name or name.startswith("experts.")
+    return _EXPERT_PARAMETER.search(name) is not None

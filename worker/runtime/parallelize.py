@@ -1,6 +1,8 @@
 """Apply a RuntimePlan to the model on this rank, layer by layer: meshes, then TP / Ulysses / ring attention,
 recompute, re-layouts between neighbouring layers, data parallelism and pipeline stages, in torchtitan's order
-(TP -> activation checkpointing -> FSDP / gradient all-reduce -> pipeline schedule).
+(TP -> activation checkpointing -> FSDP / gradient all-reduce -> pipeline schedule). MoE layers are sharded first
+(``expert_parallel``: experts over their own fold of the stage's ranks), and their expert gradients are reduced
+over expert-dp, apart from the dense parameters.
 
 ``ParallelModel.train_step`` runs one optimizer step over the global batch (all micro-batches) and returns
 the global mean loss, identical on every rank.
@@ -23,6 +25,14 @@ from torch.distributed.tensor.parallel import loss_parallel
 from worker.runtime.checkpointing import apply_checkpointing
 from worker.runtime.data import local_batch
 from worker.runtime.data_parallel import ReplicatedParameters, apply_fsdp, set_gradient_sync
+from worker.runtime.expert_parallel import (
+    ExpertMeshes,
+    ExpertShard,
+    apply_expert_parallel,
+    build_expert_meshes,
+    expert_data_parallel,
+    expert_parameters,
+)
 from worker.runtime.layouts import apply_relayouts
 from worker.runtime.model import blocks, build_model, lm_loss
 from worker.runtime.pipeline import Schedule, build_schedule, cut_stage, stage_ids
@@ -92,16 +102,23 @@ def apply_model_parallel(plan: RuntimePlan, model: nn.Module, meshes: Meshes) ->
                              head_sp=plan.head.sp == "megatron", vocab_parallel_loss=vocab_parallel_loss(plan))
 
 
-def apply_data_parallel(plan: RuntimePlan, model: nn.Module, meshes: Meshes, param_dtype: torch.dtype | None
-                        ) -> list[ReplicatedParameters]:
+def apply_data_parallel(plan: RuntimePlan, model: nn.Module, meshes: Meshes, param_dtype: torch.dtype | None,
+                        shards: list[ExpertShard]) -> list[ReplicatedParameters]:
     """Each block's gradients reduced over its own data-parallel ranks at its own ZeRO stage, the embedding, final
     norm and LM head's over theirs: FSDP2 for ZeRO-2/3 (the module itself becomes the FSDP root, keeping off the
-    parameters that are not sharded), ``ReplicatedParameters`` for ZeRO-0/1 (returned: the step reduces them)."""
+    parameters that are not sharded), ``ReplicatedParameters`` for ZeRO-0/1 (returned: the step reduces them).
+    An MoE layer's expert ``shards`` first, over expert-dp (``expert_data_parallel``)."""
+    groups: list[ReplicatedParameters] = []
+    for shard in shards:
+        layout = plan.layers[shard.index]
+        groups += expert_data_parallel([shard], layout.zero, layout.data_ranks, param_dtype) or []
+    experts = expert_parameters(shards)  # as they are now (FSDP2 replaced the sharded ones)
     replicated: dict[tuple[DeviceMesh, int], list[nn.Parameter]] = {}  # (data mesh, ZeRO stage) -> parameters
-    kept_off: set[nn.Parameter] = set()  # parameters no FSDP module shards
+    kept_off: set[nn.Parameter] = set(experts)  # parameters no dense FSDP module shards
     sharded_any = False
     parts: list[tuple[LayerLayout, list[nn.Parameter], nn.Module | None]] = [
-        (plan.layers[int(key)], list(block.parameters()), block) for key, block in blocks(model).items()]
+        (plan.layers[int(key)], [p for p in block.parameters() if p not in experts], block)
+        for key, block in blocks(model).items()]
     ends = [p for name, p in model.named_parameters() if not name.startswith("layers.")]
     parts.append((plan.embedding, ends, None))  # the root: sharded by the fully_shard of the model below
     for layout, params, module in parts:
@@ -109,7 +126,7 @@ def apply_data_parallel(plan: RuntimePlan, model: nn.Module, meshes: Meshes, par
         if mesh.size() > 1 and layout.zero >= 2:
             sharded_any = True
             if module is not None:
-                apply_fsdp(module, mesh, layout.zero, param_dtype)
+                apply_fsdp(module, mesh, layout.zero, param_dtype, ignored_params=experts or None)
             continue
         kept_off.update(params)
         if mesh.size() > 1:
@@ -117,8 +134,8 @@ def apply_data_parallel(plan: RuntimePlan, model: nn.Module, meshes: Meshes, par
     if sharded_any:
         emb = plan.embedding
         apply_fsdp(model, meshes.data(emb), emb.zero if emb.zero >= 2 else 2, param_dtype, ignored_params=kept_off)
-    return [ReplicatedParameters(params, mesh.get_group(), zero) for (mesh, zero), params in replicated.items()
-            if params]
+    return groups + [ReplicatedParameters(params, mesh.get_group(), zero) for (mesh, zero), params in replicated.items()
+                      if params]
 
 
 def vocab_parallel_loss(plan: RuntimePlan) -> bool:
@@ -126,13 +143,18 @@ def vocab_parallel_loss(plan: RuntimePlan) -> bool:
     return plan.head.tensor_parallel > 1
 
 
-def parallelize_module_for(plan: RuntimePlan, model: nn.Module, meshes: Meshes, param_dtype: torch.dtype | None
-                           ) -> tuple[nn.Module, list[ReplicatedParameters]]:
-    """Every parallelism except the pipeline, applied to ``model`` (the whole model or one stage)."""
+def parallelize_module_for(plan: RuntimePlan, model: nn.Module, meshes: Meshes, param_dtype: torch.dtype | None,
+                           expert_meshes: ExpertMeshes | None = None) -> tuple[nn.Module, list[ReplicatedParameters]]:
+    """Every parallelism except the pipeline, applied to ``model`` (the whole model or one stage). An MoE plan
+    needs the ``expert_meshes`` (``build_expert_meshes``)."""
+    shards: list[ExpertShard] = []
+    if any(plan.experts):
+        tp_meshes = {int(key): meshes.of(plan.layers[int(key)])["tp"] for key in blocks(model)}
+        shards = apply_expert_parallel(model, plan, expert_meshes or {}, tp_meshes)
     apply_model_parallel(plan, model, meshes)
     apply_checkpointing(model, plan.recompute)
     apply_relayouts(model, plan.layers, plan.embedding, plan.head, meshes.stage.get_group())
-    return model, apply_data_parallel(plan, model, meshes, param_dtype)
+    return model, apply_data_parallel(plan, model, meshes, param_dtype, shards)
 
 
 def optimizer_param_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
@@ -240,16 +262,18 @@ def apply_plan(plan: RuntimePlan, model: nn.Module, device: torch.device, lr: fl
     """Apply ``plan`` to ``model`` (the full model, identical on every rank, Decoder-style names) on this
     rank; with pipeline parallelism the stages are cut from it. Needs an initialised process group."""
     meshes = Meshes(plan, device.type)
+    expert_meshes = build_expert_meshes(plan, device.type)
     param_dtype = torch.bfloat16 if device.type == "cuda" and plan.precision == "bf16" else None
     if plan.pp == 1:
-        module, replicated = parallelize_module_for(plan, model, meshes, param_dtype)
+        module, replicated = parallelize_module_for(plan, model, meshes, param_dtype, expert_meshes)
         pm = ParallelModel(plan, meshes, device, [module], replicated)
     else:
         ids = stage_ids(meshes.pp.get_local_rank(), plan.pp, plan.virtual_stages)
         num_stages = plan.pp * plan.virtual_stages
         stages, replicated = [], []
         for i in ids:
-            stage, groups = parallelize_module_for(plan, cut_stage(model, i, plan.stage_layers), meshes, param_dtype)
+            stage, groups = parallelize_module_for(plan, cut_stage(model, i, plan.stage_layers), meshes, param_dtype,
+                                                   expert_meshes)
             stages.append(stage)
             replicated.extend(groups)
         del model

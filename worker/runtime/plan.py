@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from solvers.documents import HybridResult
 from solvers.request import HybridRequest
+from solvers.run_experts import ExpertLayout
 from solvers.run_layout import LayerLayout, load_plan, plan_of, run_layout
 from solvers.strategy import PlanStrategy, Schedule
 from worker.runtime.model import ModelConfig
@@ -38,6 +39,7 @@ class RuntimePlan:
     precision: str = "bf16"
     peak_flops_per_rank: float = 1e12  # of the precision the run computes in, for MFU
     gpu_name: str = "cpu"
+    experts: tuple[ExpertLayout | None, ...] = ()  # per layer: an MoE layer's expert layout, None where dense
 
     @property
     def stage_ranks(self) -> int:
@@ -79,6 +81,8 @@ class RuntimePlan:
                 parts.append(f"head[{self.head.describe()}]")
         if any(r != "none" for r in self.recompute):
             parts.append("recompute")
+        moe = sorted({(x.ep, x.etp, x.lsh) for x in self.experts if x is not None})
+        parts.extend(f"ep{ep}" + (f"-etp{etp}" if etp > 1 else "") + ("-lsh" if lsh else "") for ep, etp, lsh in moe)
         if self.pp > 1:
             parts.append(f"{self.schedule}x{self.micro_batches}")
         return "-".join(parts)
@@ -103,4 +107,5 @@ def _runtime_plan(request: HybridRequest, strategy: PlanStrategy, world_size: in
         head=layout.head, recompute=layout.recompute, micro_batches=layout.micro_batches, schedule=layout.schedule,
         virtual_stages=layout.virtual_stages, stage_layers=layout.stage_layers, precision=layout.precision,
         peak_flops_per_rank=cluster.gpu.peak_flops(layout.precision), gpu_name=cluster.gpu.name,
+        experts=layout.experts,
     )

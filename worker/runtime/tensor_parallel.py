@@ -20,7 +20,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from worker.runtime.model import blocks
+from worker.runtime.model import FeedForward, blocks
 
 
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool,
@@ -67,16 +67,20 @@ def tensor_parallel_block(block: nn.Module, mesh: DeviceMesh, sequence_parallel:
         "attention.wk": ColwiseParallel(),
         "attention.wv": ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=residual),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=residual),
     }
-    if getattr(block.get_submodule("feed_forward"), "w3", None) is not None:
+    # An MoE MLP (``moe.MoELayer``) is laid out by ``expert_parallel`` instead: it takes the residual
+    # layout as it is (this rank's sequence shard under SP) and returns it so.
+    dense = isinstance(block.get_submodule("feed_forward"), FeedForward)
+    if dense:
+        plan.update({"feed_forward.w1": ColwiseParallel(),
+                     "feed_forward.w2": RowwiseParallel(output_layouts=residual)})
+    if dense and getattr(block.get_submodule("feed_forward"), "w3", None) is not None:
         plan["feed_forward.w3"] = ColwiseParallel()
     # The sub-layer input becomes one DTensor at the attention / MLP boundary (all-gathered from the
     # sequence shards under SP), so backward reduces its gradient once per sub-layer as in Megatron,
     # not once per projection that reads it (q, k, v; w1, w3).
     enter = PrepareModuleInput(input_layouts=(residual,), desired_input_layouts=(Replicate(),))
-    plan.update({"attention": enter, "feed_forward": enter})
+    plan.update({"attention": enter, **({"feed_forward": enter} if dense else {})})
     if sequence_parallel:
         plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()})
     parallelize_module(block, mesh, plan)

@@ -31,6 +31,7 @@ from solvers.errors import SpecError
 from solvers.request import HybridRequest
 from worker.runtime import train_checkpoint
 from worker.runtime.data import TokenFile, global_batch
+from worker.runtime.expert_parallel import alltoall_metrics
 from worker.runtime.metrics import peak_memory_gib, summarize
 from worker.runtime.parallelize import parallelize
 from worker.runtime.plan import RuntimePlan, from_document, load_plan
@@ -91,6 +92,8 @@ def run_plan(plan: RuntimePlan, steps: int, device: torch.device, seed: int = 0,
     dist.all_gather_object(memory, peak_memory_gib(device))
     metrics = summarize(plan, times, min(warmup, max(len(times) - 1, 0)), losses, memory, pm.notes)
     metrics["resumed_from_step"] = resumed_from
+    if any(plan.experts):  # the MoE layers' all-to-all traffic (LSH-MoE's compression shows here)
+        metrics["moe_alltoall"] = alltoall_metrics(pm.modules, device)
     return metrics
 
 
