@@ -2,27 +2,29 @@
 
 The runtime lays ranks out on one device mesh ``pp x dp x tp`` with one layout for every layer. A plan is run
 only when that mesh *is* the plan: a plan the runtime would have to approximate (a per-layer mix, context
-parallelism, ZeRO-1, ZeRO-0 with TP or a pipeline, an interleaved split other than the runtime's, MoE layers,
-bf16 on CPU ranks) is refused with the field and the reason, never run as something else. The service checks
-a run request with ``check_runnable`` and the worker builds its mesh from ``run_layout``: one function decides
-both, so a run the service accepts is a run the worker executes as planned.
+parallelism, ZeRO-1, ZeRO-0 with TP or a pipeline, MoE layers, bf16 on CPU ranks) is refused with the field and
+the reason, never run as something else. Pipelines run the plan's own ``stage_layers``, interleaved ones cut
+into virtual stages as ``solvers.cost_model.pipeline.virtual_stage_layers`` says. The service checks a run
+request with ``check_runnable`` and the worker builds its mesh from ``run_layout``: one function decides both,
+so a run the service accepts is a run the worker executes as planned.
 
 Pure: no torch. ``worker.runtime.plan`` adds the model and device details.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Literal, get_args
 
+from solvers.cost_model.pipeline import model_layer_order, virtual_stage_layers
 from solvers.documents import DocumentError, HybridResult, load_result
 from solvers.errors import FieldProblem, SpecError
-from solvers.exports.layout import front_loaded_split
 from solvers.kinds import kind_of
 from solvers.request import HybridRequest, parse
 from solvers.specs import Precision
-from solvers.strategy import LayerStrategy, PlanStrategy, Schedule, SpKind
+from solvers.strategy import SCHEDULES, LayerStrategy, PlanStrategy, Schedule, SpKind
 
 STRATEGY = ("result", "strategy")
 TokenDtype = Literal["uint16", "uint32"]
@@ -38,11 +40,11 @@ class RunLayout:
     tp: int
     sp: SpKind  # None, "megatron" (TP + sequence parallel) or "ulysses" (the tp dim of the mesh runs Ulysses)
     zero: int
-    recompute: tuple[str, ...]  # per layer
+    recompute: tuple[str, ...]  # per layer of the model, in model order (``model_layer_order``)
     micro_batches: int
     schedule: Schedule
     virtual_stages: int
-    stage_layers: tuple[int, ...]  # layers per (virtual) pipeline stage, in stage order
+    stage_layers: tuple[int, ...]  # layers per virtual stage in model order (``virtual_stage_layers``)
     precision: Precision
     nodes: int
     vocab_size: int
@@ -108,12 +110,6 @@ def check_runnable(doc: Any) -> RunLayout:
     plan document) where the worker cannot run it exactly."""
     request, result = load_plan(doc)
     return run_layout(request, plan_of(request, result))
-
-
-def interleaved_split(num_layers: int, pp: int, virtual_stages: int) -> tuple[int, ...]:
-    """Layers per virtual stage as the runtime cuts an interleaved pipeline: front-loaded, in stage order
-    (virtual stage ``s + k * pp`` runs on rank ``s``)."""
-    return front_loaded_split(num_layers, pp * virtual_stages)
 
 
 def _layout_key(layer: LayerStrategy) -> tuple[int, int, int, SpKind, int]:
@@ -188,35 +184,48 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
         if sp is not None and training.seq_length % tp:
             refuse(("request", "training", "seq_length"),
                    f"{training.seq_length} is not divisible by the sequence split {tp}")
-    stage_layers: tuple[int, ...] = plan.stage_layers
-    virtual = plan.virtual_stages if plan.pp > 1 else 1
-    if plan.pp > 1 and plan.schedule == "interleaved":
-        if virtual < 2:
-            refuse((*STRATEGY, "virtual_stages"), "the interleaved schedule with one virtual stage per rank has no "
-                                                  "runtime (torch's interleaved 1F1B needs at least 2)")
-        elif plan.micro_batches % plan.pp:
-            refuse((*STRATEGY, "micro_batches"), "interleaved 1F1B needs a multiple of pp")
-        elif model.num_layers < plan.pp * virtual:
-            refuse((*STRATEGY, "virtual_stages"), "fewer layers than virtual stages")
-        else:
-            stage_layers = interleaved_split(model.num_layers, plan.pp, virtual)
-            per_rank = tuple(sum(stage_layers[s::plan.pp]) for s in range(plan.pp))
-            if per_rank != plan.stage_layers:
-                refuse((*STRATEGY, "stage_layers"),
-                       f"the runtime splits an interleaved pipeline evenly ({list(per_rank)} layers per rank); "
-                       f"the plan's split {list(plan.stage_layers)} has no runtime yet")
-    elif plan.pp > 1 and any(n == 0 for n in stage_layers):
-        refuse((*STRATEGY, "stage_layers"), "every pipeline stage needs at least one layer")
+    stage_layers, order, virtual = _pipeline(plan, refuse)
     precision = training.precision
     if cluster.gpu.name.lower() == "cpu" and precision != "fp32":
         refuse(("request", "training", "precision"), f"{precision}: CPU ranks compute in fp32 (ask for \"fp32\")")
     if problems:
         raise SpecError(problems)
-    return RunLayout(pp=plan.pp, dp=dp, tp=tp, sp=sp, zero=zero, recompute=tuple(x.recompute for x in layers),
-                     micro_batches=plan.micro_batches, schedule=plan.schedule,
-                     virtual_stages=virtual if plan.pp > 1 and plan.schedule == "interleaved" else 1,
+    return RunLayout(pp=plan.pp, dp=dp, tp=tp, sp=sp, zero=zero, recompute=tuple(layers[i].recompute for i in order),
+                     micro_batches=plan.micro_batches, schedule=plan.schedule, virtual_stages=virtual,
                      stage_layers=stage_layers, precision=precision, nodes=cluster.nodes,
                      vocab_size=model.vocab_size)
+
+
+def _pipeline(plan: PlanStrategy, refuse: Callable[[tuple[str | int, ...], str], None]
+              ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """The pipeline the runtime cuts for ``plan``: layers per virtual stage in model order, the plan's layer
+    strategy of each model layer (``model_layer_order``) and the virtual stages per rank; refuses (through
+    ``refuse``) a schedule the runtime has not. Every schedule the planner emits runs: GPipe and 1F1B with any
+    split and any number of micro-batches, interleaved 1F1B with the plan's own split over >= 2 virtual stages
+    and micro-batches a multiple of pp (the planner's space)."""
+    pp, v, schedule = plan.pp, plan.virtual_stages, plan.schedule
+    identity = tuple(range(sum(plan.stage_layers)))
+    if schedule not in SCHEDULES:
+        refuse((*STRATEGY, "schedule"), f"{schedule!r}: the runtime runs the schedules {', '.join(SCHEDULES)}")
+        return plan.stage_layers, identity, 1
+    if pp > 1 and any(n < 1 for n in plan.stage_layers):
+        refuse((*STRATEGY, "stage_layers"), "every pipeline stage needs at least one layer")
+    if v != 1 and (pp == 1 or schedule != "interleaved"):
+        why = "a pipeline of pp >= 2 stages" if pp == 1 else "the interleaved schedule"
+        refuse((*STRATEGY, "virtual_stages"), f"{v} virtual stages need {why}")
+        return plan.stage_layers, identity, 1
+    if pp == 1 or schedule != "interleaved":
+        return plan.stage_layers, identity, 1
+    if v < 2:
+        refuse((*STRATEGY, "virtual_stages"), "the interleaved schedule with one virtual stage per rank has no "
+                                              "runtime (torch's interleaved 1F1B needs at least 2)")
+    elif plan.micro_batches % pp:
+        refuse((*STRATEGY, "micro_batches"), "interleaved 1F1B needs a multiple of pp")
+    elif min(plan.stage_layers) < v:
+        refuse((*STRATEGY, "stage_layers"), f"a stage has fewer layers than its {v} virtual stages")
+    else:
+        return virtual_stage_layers(plan.stage_layers, v), model_layer_order(plan.stage_layers, v), v
+    return plan.stage_layers, identity, 1
 
 
 def dataset_problems(path: str, dtype: str, vocab_size: int) -> list[FieldProblem]:

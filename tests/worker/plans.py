@@ -8,7 +8,7 @@ from typing import Any
 from solvers.exports.layout import front_loaded_split
 from tests.documents import hybrid_result
 
-TINY_MODEL = {"name": "tiny-llama", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+TINY_MODEL: dict[str, Any] = {"name": "tiny-llama", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
               "num_kv_heads": 2, "ffn_hidden_size": 128, "vocab_size": 128, "mlp": "swiglu"}
 
 
@@ -48,19 +48,32 @@ EQUIVALENCE_PLANS: dict[str, dict[str, Any]] = {
     "pp2-tp2-1f1b": plan_doc(pp=2, tp=2, sp="megatron", micro_batches=4, schedule="1f1b"),
     "pp2-dp2-1f1b-zero2": plan_doc(pp=2, dp=2, zero=2, micro_batches=2, schedule="1f1b"),
     "pp2-interleaved-fsdp2": plan_doc(pp=2, dp=2, zero=3, micro_batches=2, schedule="interleaved", virtual_stages=2),
+    "pp4-1f1b-fewer-micro-batches": plan_doc(pp=4, micro_batches=2, schedule="1f1b"),
+}
+
+
+def _split(doc: dict[str, Any], stage_layers: list[int]) -> dict[str, Any]:
+    doc["result"]["strategy"]["stage_layers"] = stage_layers
+    return doc
+
+
+# Pipelines cut as their plans say, not evenly: name -> plan; ``PLANNED_LAYERS[name]`` is the layers each rank
+# must hold, per virtual stage (4 ranks: pp x dp, dp varying fastest).
+EQUIVALENCE_PLANS["pp2-dp2-uneven-1f1b"] = _split(plan_doc(pp=2, dp=2, zero=2, micro_batches=2), [3, 1])
+# 7 layers as [5, 2]: rank 0 runs chunks of 3 and 2 layers, rank 1 of 1 and 1 (model order [3, 1, 2, 1]); an
+# even cut of 7 layers into 4 virtual stages ([2, 2, 2, 1]) would give the ranks 4 and 3.
+EQUIVALENCE_PLANS["pp2-interleaved-uneven"] = _split(
+    plan_doc(model={**TINY_MODEL, "num_layers": 7}, pp=2, dp=2, zero=3, micro_batches=2, schedule="interleaved",
+             virtual_stages=2), [5, 2])
+PLANNED_LAYERS: dict[str, list[list[list[int]]]] = {
+    "pp2-dp2-uneven-1f1b": [[[0, 1, 2]]] * 2 + [[[3]]] * 2,
+    "pp2-interleaved-uneven": [[[0, 1, 2], [4, 5]]] * 2 + [[[3], [6]]] * 2,
 }
 
 
 def _mixed_layers() -> dict[str, Any]:
     doc = plan_doc(tp=2, dp=2, zero=3)
     doc["result"]["strategy"]["layers"][2] = {"tp": 1, "dp": 4, "zero": 3}
-    return doc
-
-
-def _uneven_interleaved() -> dict[str, Any]:
-    doc = plan_doc(model={**TINY_MODEL, "num_layers": 6}, pp=2, dp=2, zero=3, micro_batches=2,
-                   schedule="interleaved", virtual_stages=2)
-    doc["result"]["strategy"]["stage_layers"] = [4, 2]  # the runtime cuts 6 layers as [2, 1, 2, 1]: 3 per rank
     return doc
 
 
@@ -78,7 +91,12 @@ REFUSED: dict[str, tuple[dict[str, Any], list[Any], str]] = {
     "zero-0 with tp": (plan_doc(tp=2, dp=2), ["result", "strategy", "layers", 0, "zero"], "ZeRO-0 with tensor"),
     "zero-0 with pp": (plan_doc(pp=2, dp=2, micro_batches=2), ["result", "strategy", "layers", 0, "zero"],
                        "ZeRO-0 with a pipeline"),
-    "uneven interleaved": (_uneven_interleaved(), ["result", "strategy", "stage_layers"], "[3, 3] layers per rank"),
+    "interleaved, a stage short of chunks": (
+        _split(plan_doc(model={**TINY_MODEL, "num_layers": 6}, pp=2, dp=2, zero=3, micro_batches=2,
+                        schedule="interleaved", virtual_stages=2), [5, 1]),
+        ["result", "strategy", "stage_layers"], "fewer layers than its 2 virtual stages"),
+    "virtual stages without interleaving": (plan_doc(pp=2, dp=2, zero=3, micro_batches=2, virtual_stages=2),
+                                            ["result", "strategy", "virtual_stages"], "the interleaved schedule"),
     "interleaved, 1 virtual stage": (plan_doc(pp=2, dp=2, zero=3, micro_batches=2, schedule="interleaved"),
                                      ["result", "strategy", "virtual_stages"], "one virtual stage"),
     "embedding": (plan_doc(tp=2, dp=2, zero=3, embedding={"tp": 1, "dp": 4, "zero": 3}),

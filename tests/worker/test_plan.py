@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from solvers.cost_model.pipeline import model_layer_order
 from solvers.errors import SpecError
 from solvers.run_layout import check_runnable
 from tests.worker.plans import EQUIVALENCE_PLANS, REFUSED, TINY_MODEL, plan_doc
@@ -27,6 +28,20 @@ def test_recompute_stays_per_layer() -> None:
     plan = from_document(*load_plan(doc))
     assert (plan.tp, plan.dp, plan.zero) == (2, 2, 3)
     assert plan.recompute == ("full", "none", "none", "selective")
+
+
+def test_interleaved_layers_take_the_strategies_their_stage_was_priced_with() -> None:
+    """The plan lists its layers stage by stage; interleaving runs stage 0's second chunk after stage 1's first,
+    so model layer 3 is plan layer 5 (stage 1's first) and model layers 4-5 are plan layers 3-4."""
+    doc = plan_doc(model={**TINY_MODEL, "num_layers": 7}, pp=2, dp=2, zero=3, micro_batches=2,
+                   schedule="interleaved", virtual_stages=2)
+    strategy = doc["result"]["strategy"]
+    strategy["stage_layers"] = [5, 2]
+    modes = ["none", "none", "none", "full", "full", "selective", "none"]
+    strategy["layers"] = [{**x, "recompute": m} for x, m in zip(strategy["layers"], modes, strict=True)]
+    plan = from_document(*load_plan(doc))
+    assert plan.stage_layers == (3, 1, 2, 1) and plan.virtual_stages == 2
+    assert plan.recompute == ("none", "none", "none", "selective", "full", "full", "none")
 
 
 @pytest.mark.parametrize(("strategy", "field"), [
@@ -71,7 +86,8 @@ def test_an_accepted_plan_runs_its_own_layout(name: str) -> None:
     layer = strategy["layers"][0]
     assert (plan.pp, plan.dp, plan.tp, plan.zero) == (strategy["pp"], layer.get("dp", 1), layer.get("tp", 1),
                                                       layer.get("zero", 0))
-    assert plan.recompute == tuple(x.get("recompute", "none") for x in strategy["layers"])
+    order = model_layer_order(strategy["stage_layers"], plan.virtual_stages)
+    assert plan.recompute == tuple(strategy["layers"][i].get("recompute", "none") for i in order)
     per_rank = [sum(plan.stage_layers[s::plan.pp]) for s in range(plan.pp)]
     assert per_rank == strategy["stage_layers"] and plan.micro_batches == strategy["micro_batches"]
     assert check_runnable(doc).world_size == plan.world_size == 4
