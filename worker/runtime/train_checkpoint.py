@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 MARKER = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -48,11 +48,17 @@ def newest_complete(root: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
+# The optimizer's state keyed by parameter name, its hyperparameters too: unflattened, ``param_groups`` is a list whose
+# entry 0 has the same key on every rank but lists each pipeline stage's own parameters, and the checkpoint keeps
+# one rank's copy of such a key; a resumed pipeline then lost its learning rate and betas (KeyError 'betas').
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def _state(modules: list[nn.Module], optimizer: torch.optim.Optimizer) -> tuple[nn.Module, dict[str, object]]:
     # One module over this rank's stages: parameter names carry global layer indices, so no two ranks' differ only
     # by position, and replicated parameters (data parallelism) share their name as they should.
     holder = nn.ModuleList(modules)
-    model_sd, optim_sd = get_state_dict(holder, optimizer)
+    model_sd, optim_sd = get_state_dict(holder, optimizer, options=_OPTIONS)
     return holder, {"model": model_sd, "optimizer": optim_sd}
 
 
@@ -84,7 +90,7 @@ def resume(root: Path, modules: list[nn.Module], optimizer: torch.optim.Optimize
     holder, state = _state(modules, optimizer)
     dcp.load(state, checkpoint_id=str(source))
     set_state_dict(holder, optimizer, model_state_dict=state["model"],  # type: ignore[arg-type]
-                   optim_state_dict=state["optimizer"])  # type: ignore[arg-type]
+                   optim_state_dict=state["optimizer"], options=_OPTIONS)  # type: ignore[arg-type]
     rng = source / f"rng-{dist.get_rank()}.pt"
     if rng.is_file():
         torch.set_rng_state(torch.load(rng))
