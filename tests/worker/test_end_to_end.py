@@ -231,9 +231,12 @@ def test_a_two_node_run_loses_a_node_and_completes_once_from_its_checkpoint(
     victim = next(w for w in workers if ids[w.name] == node0)
     survivor = next(w for w in workers if w is not victim)
     victim.kill()  # the daemon, its torchrun and ranks: node 0 lost mid-run
-    saved = newest_checkpoint(shared / f"run-{run_id}")  # the newest one complete when it died
-    assert saved is not None and saved < TWO_NODE_STEPS
     workers.append(Worker(server, token, tmp_path / "n2", "n2", "--gpus", "2", checkpoints=shared))
+    # Attempt 1 over (its last checkpoint marker, written after a barrier all ranks passed, is on disk), attempt 2
+    # not yet up to a checkpoint of its own: the newest complete one is the one attempt 2 must start from.
+    wait_run(http, run_id, 60, lambda r: r["status"] != "running" or r["attempts"] > 1)
+    saved = newest_checkpoint(shared / f"run-{run_id}")
+    assert saved is not None and saved < TWO_NODE_STEPS
     run = wait_run(http, run_id, 150, terminal)
     logs = [w.log.read_text(errors="replace")[-3000:] for w in workers]
     assert run["status"] == "succeeded", (run.get("error"), logs)
