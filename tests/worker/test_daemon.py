@@ -105,12 +105,12 @@ def test_a_node_done_with_its_part_holds_its_lease_until_the_run_is_reported(tmp
     t = threading.Thread(target=daemon._hold_lease, args=("r1", lost))
     t.start()
     started = time.monotonic()
-    daemon._await_report(lost)
+    daemon._await_report("r1", lost)
     t.join(5)
     assert lost.is_set() and time.monotonic() - started < 5
     assert [c[1] for c in fake.calls].count("/v1/runs/r1/heartbeat") == 4  # renewed until the 409
     daemon.lease_s = 0.05
-    daemon._await_report(threading.Event())  # no answer at all: gives up after one lease
+    daemon._await_report("r1", threading.Event())  # no answer at all: gives up after one lease
 
 
 def test_invalid_plan_fails_the_run_without_launching(tmp_path: Path) -> None:
