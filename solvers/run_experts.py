@@ -9,6 +9,7 @@ layers carry no expert fields. Pure: no torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from solvers.errors import FieldProblem
@@ -32,16 +33,21 @@ class ExpertLayout:
         return layer_ranks // (self.ep * self.etp)
 
 
-def expert_layouts(request: HybridRequest, plan: PlanStrategy) -> tuple[tuple[ExpertLayout | None, ...],
-                                                                       list[FieldProblem]]:
-    """Per layer: its expert layout (None for a dense layer), and what the runtime cannot run exactly (locations
-    inside the plan document), each MoE layer against its own tp/dp/cp/sp layout."""
+def expert_layouts(request: HybridRequest, plan: PlanStrategy, order: Sequence[int] | None = None
+                   ) -> tuple[tuple[ExpertLayout | None, ...], list[FieldProblem]]:
+    """Per layer of the model, in model order: its expert layout (None for a dense layer), and what the runtime
+    cannot run exactly (locations inside the plan document), each MoE layer against its own tp/dp/cp/sp layout.
+
+    ``order``: for each model layer, the index of its strategy in ``plan.layers``
+    (``solvers.cost_model.pipeline.model_layer_order``; default the identity). Whether a layer is MoE is a
+    property of its place in the model; a problem names the plan's index of the strategy."""
     model, training = request.model, request.training
     moe = model.moe
     problems: list[FieldProblem] = []
     out: list[ExpertLayout | None] = []
-    for i, x in enumerate(plan.layers):
-        loc = (*STRATEGY, "layers", i)
+    for i, j in enumerate(range(len(plan.layers)) if order is None else order):
+        x = plan.layers[j]
+        loc = (*STRATEGY, "layers", j)
         if not model.is_moe_layer(i):
             field = "ep" if x.ep > 1 else "etp" if x.etp is not None else "lsh" if x.lsh else None
             if field is not None:

@@ -5,29 +5,33 @@ its pipeline stage out as ``dp x cp x tp`` (tp varying fastest; cp: ring attenti
 chunks, ``worker.runtime.ring_attention``) with its own sequence-parallel kind and ZeRO stage (``LayerLayout``),
 the embedding and the LM head as the plan's embedding strategy says; activations are re-laid out between
 neighbours whose layouts differ; MoE layers fold their experts over the layer's ranks (``solvers.run_experts``).
-A plan the runtime would have to approximate (an interleaved split other than the runtime's, an expert layout it
-cannot fold onto a layer's ranks, MoE layers under context parallelism, bf16 on CPU ranks) or cannot split (a
-sequence not in 2*cp equal chunks) is refused with the field and the reason, never run as something else. The
-service checks a run request with ``check_runnable`` and the worker builds its meshes from ``run_layout``: one
-function decides both, so a run the service accepts is a run the worker executes as planned.
+Pipelines run the plan's own ``stage_layers``, interleaved ones cut into virtual stages as
+``solvers.cost_model.pipeline.virtual_stage_layers`` says, and each model layer runs the strategy its stage was
+priced with (``model_layer_order``: with interleaving the plan lists its layers stage by stage, not in model
+order). A plan the runtime would have to approximate (an expert layout it cannot fold onto a layer's ranks, MoE
+layers under context parallelism, virtual stages without the interleaved schedule, bf16 on CPU ranks) or cannot
+split (a sequence not in 2*cp equal chunks) is refused with the field and the reason, never run as something
+else. The service checks a run request with ``check_runnable`` and the worker builds its meshes from
+``run_layout``: one function decides both, so a run the service accepts is a run the worker executes as planned.
 
 Pure: no torch. ``worker.runtime.plan`` adds the model and device details.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Literal, get_args
 
+from solvers.cost_model.pipeline import model_layer_order, virtual_stage_layers
 from solvers.documents import DocumentError, HybridResult, load_result
 from solvers.errors import FieldProblem, SpecError
-from solvers.exports.layout import front_loaded_split
 from solvers.kinds import kind_of
 from solvers.request import HybridRequest, parse
 from solvers.run_experts import ExpertLayout, expert_layouts
 from solvers.specs import ModelSpec, Precision
-from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule, SpKind
+from solvers.strategy import SCHEDULES, EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule, SpKind
 
 STRATEGY = ("result", "strategy")
 TokenDtype = Literal["uint16", "uint32"]
@@ -91,11 +95,11 @@ class RunLayout:
     layers: tuple[LayerLayout, ...]  # per transformer layer, by global index
     embedding: LayerLayout  # the token embedding; the input batch is dealt to ranks as it says
     head: LayerLayout  # the final norm and LM head (the plan's embedding strategy, as ``embedding``)
-    recompute: tuple[str, ...]  # per layer
+    recompute: tuple[str, ...]  # per layer of the model, in model order (``model_layer_order``)
     micro_batches: int
     schedule: Schedule
     virtual_stages: int
-    stage_layers: tuple[int, ...]  # layers per (virtual) pipeline stage, in stage order
+    stage_layers: tuple[int, ...]  # layers per virtual stage in model order (``virtual_stage_layers``)
     precision: Precision
     nodes: int
     vocab_size: int
@@ -162,12 +166,6 @@ def check_runnable(doc: Any) -> RunLayout:
     plan document) where the worker cannot run it exactly."""
     request, result = load_plan(doc)
     return run_layout(request, plan_of(request, result))
-
-
-def interleaved_split(num_layers: int, pp: int, virtual_stages: int) -> tuple[int, ...]:
-    """Layers per virtual stage as the runtime cuts an interleaved pipeline: front-loaded, in stage order
-    (virtual stage ``s + k * pp`` runs on rank ``s``)."""
-    return front_loaded_split(num_layers, pp * virtual_stages)
 
 
 def layer_layout(layer: LayerStrategy) -> LayerLayout:
@@ -269,10 +267,14 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
         refuse(("request", "training", "global_batch_size"),
                f"{gbs} is not divisible by micro_batches = {plan.micro_batches}")
     micro_rows = gbs // plan.micro_batches if gbs % plan.micro_batches == 0 else None
-    layouts = tuple(layer_layout(x) for x in layers)
+    stage_layers, order, virtual = _pipeline(plan, refuse)
+    # The plan's layers are checked in the plan's order (problems name the plan's index); the run holds them in
+    # the model's (``order``), which differs from the plan's under interleaving.
+    planned = tuple(layer_layout(x) for x in layers)
+    layouts = tuple(planned[j] for j in order)
     embedding, head = end_layouts(plan.embedding, layouts)
     per_layer: dict[tuple[tuple[str, ...], str], list[int]] = {}  # (field under a layer, reason) -> its layers
-    for i, layout in enumerate(layouts):
+    for i, layout in enumerate(planned):
         for problem in _layer_problems(layout, plan.pp, expected):
             per_layer.setdefault(problem, []).append(i)
         for field, msg in _shape_problems(layout, model, training.seq_length, micro_rows, transformer=True):
@@ -288,26 +290,7 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
     for end in (embedding, head):
         for field, msg in _shape_problems(end, model, training.seq_length, micro_rows, transformer=False):
             refuse(("request", *field), msg)
-    stage_layers: tuple[int, ...] = plan.stage_layers
-    virtual = plan.virtual_stages if plan.pp > 1 else 1
-    if plan.pp > 1 and plan.schedule == "interleaved":
-        if virtual < 2:
-            refuse((*STRATEGY, "virtual_stages"), "the interleaved schedule with one virtual stage per rank has no "
-                                                  "runtime (torch's interleaved 1F1B needs at least 2)")
-        elif plan.micro_batches % plan.pp:
-            refuse((*STRATEGY, "micro_batches"), "interleaved 1F1B needs a multiple of pp")
-        elif model.num_layers < plan.pp * virtual:
-            refuse((*STRATEGY, "virtual_stages"), "fewer layers than virtual stages")
-        else:
-            stage_layers = interleaved_split(model.num_layers, plan.pp, virtual)
-            per_rank = tuple(sum(stage_layers[s::plan.pp]) for s in range(plan.pp))
-            if per_rank != plan.stage_layers:
-                refuse((*STRATEGY, "stage_layers"),
-                       f"the runtime splits an interleaved pipeline evenly ({list(per_rank)} layers per rank); "
-                       f"the plan's split {list(plan.stage_layers)} has no runtime yet")
-    elif plan.pp > 1 and any(n == 0 for n in stage_layers):
-        refuse((*STRATEGY, "stage_layers"), "every pipeline stage needs at least one layer")
-    experts, expert_problems = expert_layouts(request, plan)
+    experts, expert_problems = expert_layouts(request, plan, order)
     for found in expert_problems:
         refuse(found.loc, found.msg)
     precision = training.precision
@@ -316,11 +299,42 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
     if problems:
         raise SpecError(problems)
     return RunLayout(pp=plan.pp, layers=layouts, embedding=embedding, head=head,
-                     recompute=tuple(x.recompute for x in layers),
-                     micro_batches=plan.micro_batches, schedule=plan.schedule,
-                     virtual_stages=virtual if plan.pp > 1 and plan.schedule == "interleaved" else 1,
+                     recompute=tuple(layers[j].recompute for j in order),
+                     micro_batches=plan.micro_batches, schedule=plan.schedule, virtual_stages=virtual,
                      stage_layers=stage_layers, precision=precision, nodes=cluster.nodes,
                      vocab_size=model.vocab_size, experts=experts)
+
+
+def _pipeline(plan: PlanStrategy, refuse: Callable[[tuple[str | int, ...], str], None]
+              ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """The pipeline the runtime cuts for ``plan``: layers per virtual stage in model order, the plan's layer
+    strategy of each model layer (``model_layer_order``) and the virtual stages per rank; refuses (through
+    ``refuse``) a schedule the runtime has not. Every schedule the planner emits runs: GPipe and 1F1B with any
+    split and any number of micro-batches, interleaved 1F1B with the plan's own split over >= 2 virtual stages
+    and micro-batches a multiple of pp (the planner's space)."""
+    pp, v, schedule = plan.pp, plan.virtual_stages, plan.schedule
+    identity = tuple(range(sum(plan.stage_layers)))
+    if schedule not in SCHEDULES:
+        refuse((*STRATEGY, "schedule"), f"{schedule!r}: the runtime runs the schedules {', '.join(SCHEDULES)}")
+        return plan.stage_layers, identity, 1
+    if pp > 1 and any(n < 1 for n in plan.stage_layers):
+        refuse((*STRATEGY, "stage_layers"), "every pipeline stage needs at least one layer")
+    if v != 1 and (pp == 1 or schedule != "interleaved"):
+        why = "a pipeline of pp >= 2 stages" if pp == 1 else "the interleaved schedule"
+        refuse((*STRATEGY, "virtual_stages"), f"{v} virtual stages need {why}")
+        return plan.stage_layers, identity, 1
+    if pp == 1 or schedule != "interleaved":
+        return plan.stage_layers, identity, 1
+    if v < 2:
+        refuse((*STRATEGY, "virtual_stages"), "the interleaved schedule with one virtual stage per rank has no "
+                                              "runtime (torch's interleaved 1F1B needs at least 2)")
+    elif plan.micro_batches % pp:
+        refuse((*STRATEGY, "micro_batches"), "interleaved 1F1B needs a multiple of pp")
+    elif min(plan.stage_layers) < v:
+        refuse((*STRATEGY, "stage_layers"), f"a stage has fewer layers than its {v} virtual stages")
+    else:
+        return virtual_stage_layers(plan.stage_layers, v), model_layer_order(plan.stage_layers, v), v
+    return plan.stage_layers, identity, 1
 
 
 def dataset_problems(path: str, dtype: str, vocab_size: int) -> list[FieldProblem]:

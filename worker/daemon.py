@@ -101,6 +101,8 @@ class Daemon:
         self.unauthorized = threading.Event()
         self.worker_id = ""
         self.heartbeat_s = 5.0
+        self.lease_s = 20.0  # the server's run lease (registration says)
+        self.part_done: set[str] = set()  # multi-node runs whose ranks on this node have finished
         self.runs_done = 0
 
     # --- life cycle --------------------------------------------------------------------------------
@@ -110,6 +112,7 @@ class Daemon:
             info = host_info(self.config.name, self.config.gpus)
             reg = self.api.register(info)
             self.worker_id, self.heartbeat_s = reg["id"], float(reg.get("heartbeat_interval_s", 5.0))
+            self.lease_s = float(reg.get("lease_s", 4 * self.heartbeat_s))
             log.info("registered as %s (%s x %s)", self.worker_id, info["gpus"], info["gpu_name"])
             threading.Thread(target=self._liveness, name="worker-heartbeat", daemon=True).start()
             self._serve()
@@ -229,7 +232,10 @@ class Daemon:
             try:
                 self.api.run_heartbeat(run_id, self.worker_id)
             except LeaseLost:
-                log.warning("run %s: lease lost; aborting it", run_id)
+                if run_id in self.part_done:
+                    log.info("run %s: left this attempt (completed by the node with rank 0, or re-queued)", run_id)
+                else:
+                    log.warning("run %s: lease lost; aborting it", run_id)
                 lost.set()
             except Unauthorized:
                 self.unauthorized.set()
@@ -275,10 +281,22 @@ class Daemon:
             if launch.nnodes > 1 and attempt.poll() == 0:
                 # this node's ranks finished; global rank 0 (on another node) writes and reports the metrics
                 log.info("run %s: node %d done", run_id, launch.node_rank)
+                self._await_report(run_id, lost)
                 return
             last_error = f"launch {number} exited with {attempt.poll()}:\n{attempt.log_tail()}"
             log.warning("run %s: launch %d failed (exit %s)", run_id, number, attempt.poll())
         self._fail(run_id, last_error, retryable=True)
+
+    def _await_report(self, run_id: str, lost: threading.Event) -> None:
+        """Hold this node's lease (the lease thread beats on) until the node with global rank 0 has reported the run:
+        the heartbeat's 409 once the run is completed (or re-queued, cancelled); at most one lease. A finished node
+        that let its lease lapse while rank 0's node was still writing its metrics would send a run about to
+        complete back to the queue."""
+        self.part_done.add(run_id)
+        try:
+            lost.wait(self.lease_s)
+        finally:
+            self.part_done.discard(run_id)
 
     def _relay_progress(self, run_id: str, tail: ProgressTail, lost: threading.Event) -> None:
         for step in tail.new_lines():

@@ -57,6 +57,44 @@ def chunks(schedule: Schedule, virtual_stages: int) -> int:
     return virtual_stages if schedule == "interleaved" else 1
 
 
+def front_loaded_split(items: int, parts: int) -> tuple[int, ...]:
+    """Equal parts, the first ones taking one more item each while a remainder lasts: DeepSpeed's uniform
+    pipeline partition (``partition_uniform``), and the model chunks of an interleaved stage."""
+    base, extra = divmod(items, parts)
+    return tuple(base + (1 if i < extra else 0) for i in range(parts))
+
+
+def virtual_stage_layers(stage_layers: Sequence[int], virtual_stages: int) -> tuple[int, ...]:
+    """Layers of every virtual stage (model chunk) in the order the model runs them, for a pipeline whose stage
+    ``s`` (the ranks of one pipeline position) runs ``stage_layers[s]`` layers as ``virtual_stages`` chunks.
+
+    Each stage keeps the layer count the plan priced for it (the cost model sums a stage's layers and charges
+    each chunk 1/v of them) and splits it as evenly as it divides, the first chunks one layer more
+    (``front_loaded_split``); chunk ``j`` of stage ``s`` is virtual stage ``j * pp + s`` (the looped order of
+    interleaved 1F1B: Megatron-LM's, torchtitan's and torch's). One function, so the torchtitan export and the
+    worker cut the model alike. With one chunk per stage this is ``stage_layers``."""
+    pp = len(stage_layers)
+    per_stage = [front_loaded_split(n, virtual_stages) for n in stage_layers]
+    return tuple(per_stage[k % pp][k // pp] for k in range(pp * virtual_stages))
+
+
+def model_layer_order(stage_layers: Sequence[int], virtual_stages: int) -> tuple[int, ...]:
+    """For every layer in the order the model runs them, the index of its strategy in the plan's ``layers``.
+
+    The plan lists its layers stage by stage (stage 0's chunk by chunk, then stage 1's ...), as the cost model
+    prices them: ``layers[sum(stage_layers[:s]):][:stage_layers[s]]`` are stage ``s``'s. With interleaving a
+    stage's chunks are not adjacent in the model (``virtual_stage_layers``), so the model's layer ``i`` takes the
+    strategy ``layers[model_layer_order(...)[i]]``; without, this is the identity."""
+    pp = len(stage_layers)
+    next_of = [sum(stage_layers[:s]) for s in range(pp)]  # the stage's next strategy not yet placed
+    order: list[int] = []
+    for k, n in enumerate(virtual_stage_layers(stage_layers, virtual_stages)):
+        s = k % pp
+        order.extend(range(next_of[s], next_of[s] + n))
+        next_of[s] += n
+    return tuple(order)
+
+
 def pipeline_time_s(stage_time_s: Sequence[float], micro_batches: int, virtual_stages: int = 1,
                     schedule: Schedule = "1f1b") -> float:
     """Time of the pipelined part of a step (all micro-batches through all stages)."""

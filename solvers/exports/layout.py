@@ -7,8 +7,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
+from solvers.cost_model.pipeline import front_loaded_split
 from solvers.hybrid.baselines import without_experts
 from solvers.strategy import LayerStrategy, PlanStrategy, Recompute
+
+__all__ = ["dominant", "expert_layout", "front_loaded_split", "micro_batch_size", "run_expert_tp", "stage",
+           "with_experts"]
 
 # ties between equally common layouts go to the one needing the least memory
 _ZERO_COST = {3: 0, 2: 1, 1: 2, 0: 3}
@@ -55,13 +59,6 @@ def stage(plan: PlanStrategy, index: int) -> tuple[LayerStrategy, ...]:
     """The layers of pipeline stage ``index``."""
     start = sum(plan.stage_layers[:index])
     return plan.layers[start:start + plan.stage_layers[index]]
-
-
-def front_loaded_split(items: int, parts: int) -> tuple[int, ...]:
-    """Equal parts, the first ones taking one more item each while a remainder lasts: DeepSpeed's uniform
-    pipeline partition (``partition_uniform``), and the chunks of a stage in the torchtitan export."""
-    base, extra = divmod(items, parts)
-    return tuple(base + (1 if i < extra else 0) for i in range(parts))
 
 
 def micro_batch_size(plan: PlanStrategy, batch: int) -> int:

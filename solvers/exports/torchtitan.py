@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from solvers.cost_model.pipeline import chunks
+from solvers.cost_model.pipeline import chunks, virtual_stage_layers
 from solvers.exports.exporter import Exporter
 from solvers.exports.inputs import ExportInput, Request
-from solvers.exports.layout import dominant, expert_layout, front_loaded_split, micro_batch_size, with_experts
+from solvers.exports.layout import dominant, expert_layout, micro_batch_size, with_experts
 from solvers.exports.notes import layout_notes
 from solvers.exports.pricing import as_run_notes, fastest_that_fits
 from solvers.hybrid.baselines import megatron_embedding
@@ -138,11 +138,8 @@ def torchtitan_model_parts(plan: PlanStrategy) -> list[list[str]]:
     split into ``virtual_stages`` parts (as even as they divide) when interleaved; torchtitan's looped schedules
     give rank r the parts r, r + pp, r + 2 pp, ... The embedding goes with the first part, the final norm and
     the LM head with the last."""
-    v = chunks(plan.schedule, plan.virtual_stages)
-    per_rank = [front_loaded_split(n, v) for n in plan.stage_layers]
-    sizes = [per_rank[k % plan.pp][k // plan.pp] for k in range(plan.pp * v)]
     parts, start = [], 0
-    for n in sizes:
+    for n in virtual_stage_layers(plan.stage_layers, chunks(plan.schedule, plan.virtual_stages)):
         parts.append([f"layers.{i}" for i in range(start, start + n)])
         start += n
     parts[0].insert(0, "tok_embeddings")

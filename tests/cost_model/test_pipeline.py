@@ -83,3 +83,19 @@ def test_in_flight_micro_batches() -> None:
     p, v = 4, 2
     assert pipeline.in_flight_micro_batches("interleaved", p, 0, 8, v) == pytest.approx(p * (1 + (p - 1) / (p * v)))
     assert pipeline.in_flight_micro_batches("interleaved", p, p - 1, 8, v) == pytest.approx((v - 1) * p / v + 1 / v)
+
+
+def test_virtual_stages_keep_each_stages_planned_layers() -> None:
+    """Interleaving cuts each stage's own layer count into its chunks (front-loaded), in the looped order: rank s
+    runs virtual stages s, s + pp, ...; the plan's strategies, listed stage by stage, follow their stage."""
+    assert pipeline.virtual_stage_layers((5, 2), 2) == (3, 1, 2, 1)
+    assert pipeline.virtual_stage_layers((4, 4, 3), 3) == (2, 2, 1, 1, 1, 1, 1, 1, 1)
+    assert pipeline.virtual_stage_layers((3, 1), 1) == (3, 1)
+    for split, v in (((5, 2), 2), ((4, 4, 3), 3), ((7, 3, 6), 2)):
+        cut = pipeline.virtual_stage_layers(split, v)
+        assert [sum(cut[s::len(split)]) for s in range(len(split))] == list(split)
+    # model layers 0-2 are stage 0's chunk 0, 3 stage 1's chunk 0 (plan layer 5), 4-5 stage 0's chunk 1
+    assert pipeline.model_layer_order((5, 2), 2) == (0, 1, 2, 5, 3, 4, 6)
+    assert pipeline.model_layer_order((3, 1), 1) == (0, 1, 2, 3)
+    order = pipeline.model_layer_order((4, 4, 3), 3)
+    assert sorted(order) == list(range(11))

@@ -1,5 +1,6 @@
 """Run by torchrun from test_equivalence.py: train every plan of a JSON list in one process group (one
-start-up for many plans) and write {name: {"loss", "notes"[, "grads"]}} from rank 0.
+start-up for many plans) and write {name: {"loss", "notes", "layers"[, "grads"]}} from rank 0 (``layers``: per
+rank, the model layers of each pipeline stage it trains, as ``apply_plan`` cuts them; null without a pipeline).
 
 An optional fourth argument names a JSON file {name: [plan, fault]}: negative controls, each plan trained with
 one part of the runtime broken on purpose (``faults``), in the same launch. An optional fifth names a JSON file
@@ -28,6 +29,7 @@ from torch.distributed.tensor import DTensor
 
 from tests.worker.faults import fault
 from worker.runtime import train
+from worker.runtime.model import blocks
 from worker.runtime.parallelize import ParallelModel
 from worker.runtime.plan import from_document, load_plan
 from worker.runtime.train import run_plan
@@ -99,10 +101,14 @@ def main() -> None:
         # collective. A crash ends the whole launch (torchrun stops every rank) and the test shows stderr.
         grads: dict[str, float] = {}
         record = name in gradients or broken is not None
-        with fault(broken), _built([], grads) if record else contextlib.nullcontext():
-            metrics = run_plan(from_document(*load_plan(doc), world_size=dist.get_world_size()), steps,
-                               torch.device("cpu"))
-        results[name] = {"loss": metrics["loss"], "notes": metrics["notes"]}
+        built: list[ParallelModel] = []
+        with fault(broken), _built(built, grads if record else None):
+            plan = from_document(*load_plan(doc), world_size=dist.get_world_size())
+            metrics = run_plan(plan, steps, torch.device("cpu"))
+        layers: list[object] = [None] * dist.get_world_size()
+        if plan.pp > 1:  # the stages as apply_plan cut them
+            dist.all_gather_object(layers, [sorted(int(k) for k in blocks(m)) for m in built[0].modules])
+        results[name] = {"loss": metrics["loss"], "notes": metrics["notes"], "layers": layers}
         if record:  # every rank's: each holds the gradients of its own pipeline stage
             every: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
             dist.all_gather_object(every, grads)

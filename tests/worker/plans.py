@@ -92,6 +92,26 @@ EQUIVALENCE_PLANS: dict[str, dict[str, Any]] = {
     "zero0-tp2-dp2": plan_doc(tp=2, dp=2),
     "zero0-pp2-dp2": plan_doc(pp=2, dp=2, micro_batches=2),
     **MIXED_PLANS,
+    "pp4-1f1b-fewer-micro-batches": plan_doc(pp=4, micro_batches=2, schedule="1f1b"),
+}
+
+
+def _split(doc: dict[str, Any], stage_layers: list[int]) -> dict[str, Any]:
+    doc["result"]["strategy"]["stage_layers"] = stage_layers
+    return doc
+
+
+# Pipelines cut as their plans say, not evenly: name -> plan; ``PLANNED_LAYERS[name]`` is the layers each rank
+# must hold, per virtual stage (4 ranks: pp x dp, dp varying fastest).
+EQUIVALENCE_PLANS["pp2-dp2-uneven-1f1b"] = _split(plan_doc(pp=2, dp=2, zero=2, micro_batches=2), [3, 1])
+# 7 layers as [5, 2]: rank 0 runs chunks of 3 and 2 layers, rank 1 of 1 and 1 (model order [3, 1, 2, 1]); an
+# even cut of 7 layers into 4 virtual stages ([2, 2, 2, 1]) would give the ranks 4 and 3.
+EQUIVALENCE_PLANS["pp2-interleaved-uneven"] = _split(
+    plan_doc(model={**TINY_MODEL, "num_layers": 7}, pp=2, dp=2, zero=3, micro_batches=2, schedule="interleaved",
+             virtual_stages=2), [5, 2])
+PLANNED_LAYERS: dict[str, list[list[list[int]]]] = {
+    "pp2-dp2-uneven-1f1b": [[[0, 1, 2]]] * 2 + [[[3]]] * 2,
+    "pp2-interleaved-uneven": [[[0, 1, 2], [4, 5]]] * 2 + [[[3], [6]]] * 2,
 }
 
 # Plans whose every gradient of the first step is compared with the single-process model's (a gradient scaled
@@ -155,13 +175,6 @@ MOE_PLANS: dict[str, dict[str, Any]] = {
 }
 
 
-def _uneven_interleaved() -> dict[str, Any]:
-    doc = plan_doc(model={**TINY_MODEL, "num_layers": 6}, pp=2, dp=2, zero=3, micro_batches=2,
-                   schedule="interleaved", virtual_stages=2)
-    doc["result"]["strategy"]["stage_layers"] = [4, 2]  # the runtime cuts 6 layers as [2, 1, 2, 1]: 3 per rank
-    return doc
-
-
 def _with(doc: dict[str, Any], section: str, **fields: Any) -> dict[str, Any]:
     doc = copy.deepcopy(doc)
     doc["request"][section] = {**doc["request"][section], **fields}
@@ -176,7 +189,12 @@ REFUSED: dict[str, tuple[dict[str, Any], list[Any], str]] = {
                                       ["result", "strategy", "layers", 1], "but the run has 4 processes"),
     "the embedding off its stage's ranks": (mixed_doc([{"dp": 4}] * 4, {"tp": 2}),
                                             ["result", "strategy", "embedding"], "embedding and LM head"),
-    "uneven interleaved": (_uneven_interleaved(), ["result", "strategy", "stage_layers"], "[3, 3] layers per rank"),
+    "interleaved, a stage short of chunks": (
+        _split(plan_doc(model={**TINY_MODEL, "num_layers": 6}, pp=2, dp=2, zero=3, micro_batches=2,
+                        schedule="interleaved", virtual_stages=2), [5, 1]),
+        ["result", "strategy", "stage_layers"], "fewer layers than its 2 virtual stages"),
+    "virtual stages without interleaving": (plan_doc(pp=2, dp=2, zero=3, micro_batches=2, virtual_stages=2),
+                                            ["result", "strategy", "virtual_stages"], "the interleaved schedule"),
     "interleaved, 1 virtual stage": (plan_doc(pp=2, dp=2, zero=3, micro_batches=2, schedule="interleaved"),
                                      ["result", "strategy", "virtual_stages"], "one virtual stage"),
     "expert fields on a dense layer": (plan_doc(model=MOE_MODEL, dp=4, ep=2), ["result", "strategy", "layers", 0, "ep"],

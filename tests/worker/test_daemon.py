@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,7 +27,8 @@ class FakeServer:
     """Answers the worker endpoints from a script of (method, path-prefix) -> list of responses."""
 
     def __init__(self, script: dict[tuple[str, str], list[httpx.Response]]) -> None:
-        self.script, self.calls = script, []
+        self.script = script
+        self.calls: list[tuple[str, str, Any]] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content) if request.content else None
@@ -90,6 +92,25 @@ def test_lost_lease_sets_the_abort_event(tmp_path: Path) -> None:
     assert lost.wait(5)
     t.join(5)
     assert [c[1] for c in fake.calls].count("/v1/runs/r1/heartbeat") == 2
+
+
+def test_a_node_done_with_its_part_holds_its_lease_until_the_run_is_reported(tmp_path: Path) -> None:
+    """A node of a multi-node run whose ranks finished keeps renewing its lease until the server answers 409 (the
+    node with global rank 0 completed the run): letting it lapse first would re-queue a finished run."""
+    ok = httpx.Response(200, json={"lease_expires_at": "x"})
+    fake = FakeServer({("POST", "/v1/runs/r1/heartbeat"): [ok, ok, ok, httpx.Response(409, json={"detail": "done"})]})
+    daemon = Daemon(DaemonConfig("http://fake", "t", workdir=tmp_path), api=api_for(fake))
+    daemon.worker_id, daemon.heartbeat_s, daemon.lease_s = "w1", 0.01, 30.0
+    lost = threading.Event()
+    t = threading.Thread(target=daemon._hold_lease, args=("r1", lost))
+    t.start()
+    started = time.monotonic()
+    daemon._await_report("r1", lost)
+    t.join(5)
+    assert lost.is_set() and time.monotonic() - started < 5
+    assert [c[1] for c in fake.calls].count("/v1/runs/r1/heartbeat") == 4  # renewed until the 409
+    daemon.lease_s = 0.05
+    daemon._await_report("r1", threading.Event())  # no answer at all: gives up after one lease
 
 
 def test_invalid_plan_fails_the_run_without_launching(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """Service + worker subprocesses: plans are requested and solved by the service, claimed and executed by
 the worker daemon with 4 gloo ranks, and their measured metrics appear on the run. Killing a worker with
 SIGKILL mid-run: the lease expires, a second worker completes the run, once, resuming from the checkpoint the
-first one wrote (its loss curve continues the first attempt's). Two worker daemons on one host form a 2-node run."""
+first one wrote (its loss curve continues the first attempt's). Two worker daemons on one host form 2-node runs:
+one trains as the single-process model does; in another a node is SIGKILLed and the run, re-queued whole,
+completes once from its checkpoint with the uninterrupted run's losses."""
 
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ class Worker:
     def __init__(self, server: LiveServer, token: str, workdir: Path, name: str, *args: str,
                  checkpoints: Path | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
-        self.log = workdir / "daemon.log"
+        self.name, self.log = name, workdir / "daemon.log"
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PARAPLAN_WORKER_ADDRESS": "127.0.0.1"}
         if checkpoints is not None:
             env["PARAPLAN_CHECKPOINT_DIR"] = str(checkpoints)
@@ -69,18 +71,22 @@ class Worker:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
+
+    def wait(self) -> None:
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.kill()
 
 
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[list[Worker]]:
     started: list[Worker] = []
     yield started
-    for w in started:
+    for w in started:  # all at once: each finishes its long-poll first
         w.stop()
+    for w in started:
+        w.wait()
 
 
 def submit_run(http: httpx.Client, req: dict[str, Any], steps: int, **fields: Any) -> tuple[dict[str, Any], str]:
@@ -176,26 +182,92 @@ def test_sigkilled_worker_run_is_completed_once_by_another(live_server_factory: 
     assert str(tmp_path / "a") not in ps
 
 
+def worker_ids(http: httpx.Client) -> dict[str, str]:
+    return {w["name"]: w["id"] for w in http.get("/v1/workers").json()}
+
+
+def newest_checkpoint(root: Path) -> int | None:
+    """Steps of the newest checkpoint the run has marked complete (``train_checkpoint``), or None."""
+    done = [int(p.parent.name.split("-")[1]) for p in root.glob("step-*/COMPLETE")]
+    return max(done) if done else None
+
+
+TWO_NODE_STEPS, EVERY = 6, 2
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_two_worker_daemons_on_one_host_form_a_two_node_run(live_server_factory: Callable[..., LiveServer],
-                                                            workers: list[Worker], tmp_path: Path) -> None:
-    """``paraplan worker --gpus 2`` twice on one host: the 2-node plan (2 x 2 gloo ranks) is claimed by both, runs
-    as one torch.distributed job of 4 ranks, and trains as the single-process model does."""
+@pytest.mark.timeout(300)
+def test_a_two_node_run_loses_a_node_and_completes_once_from_its_checkpoint(
+        live_server_factory: Callable[..., LiveServer], workers: list[Worker], tmp_path: Path) -> None:
+    """Two ``paraplan worker --gpus 2`` daemons on one host form 2-node runs of a pp2 x tp2 plan (one pipeline stage
+    per node, 4 gloo ranks), checkpointing every 2 steps. The first run, uninterrupted, trains as the single-process
+    model does. In the second, node 0's daemon (the c10d rendezvous host) is SIGKILLed with its torchrun and ranks
+    once a checkpoint is complete: node 1 aborts, the run is re-queued whole, node 1 and a freshly started daemon
+    run attempt 2 from that checkpoint, the run completes exactly once, and its loss curve from the checkpoint on
+    equals the uninterrupted run's within 1e-5."""
     from tests.worker.test_equivalence import reference_losses
 
-    server = live_server_factory()
+    server = live_server_factory(run_lease_s=3)  # heartbeats every 0.75 s
     http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token('admin')}"})
-    req = request(8, max_tp=1, max_pp=1, zero=0)
+    shared, token = tmp_path / "checkpoints", server.token("worker")  # PARAPLAN_CHECKPOINT_DIR: seen by every node
+    for name in ("n0", "n1"):  # starting while the plan is solved
+        workers.append(Worker(server, token, tmp_path / name, name, "--gpus", "2", checkpoints=shared))
+    req = request(2, micro_batches=2, max_pp=2, schedule="1f1b", target="torchtitan")
     req["cluster"] = {"gpu": "cpu", "nodes": 2, "gpus_per_node": 2}
-    plan, run_id = submit_run(http, req, steps=3)
-    for name in ("n0", "n1"):
-        workers.append(Worker(server, server.token("worker"), tmp_path / name, name, "--gpus", "2"))
-    run = wait_run(http, run_id, 180, terminal)
-    logs = [w.log.read_text(errors="replace")[-2000:] for w in workers]
+    plan, plain_id = submit_run(http, req, steps=TWO_NODE_STEPS, checkpoint_every_steps=EVERY)
+    strategy = plan["result"]["strategy"]
+    assert (strategy["pp"], strategy["layers"][0]["tp"]) == (2, 2), strategy
+    posted = http.post(f"/v1/plans/{plan['id']}/runs", json={"steps": TWO_NODE_STEPS, "checkpoint_every_steps": EVERY})
+    assert posted.status_code == 201, posted.text
+    run_id = posted.json()["id"]  # queued behind the uninterrupted one: the same nodes take it next
+
+    deadline = time.monotonic() + 150
+    while (saved := newest_checkpoint(shared / f"run-{run_id}")) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first = http.get(f"/v1/runs/{run_id}").json()
+    assert saved is not None and first["status"] == "running" and first["attempt"] == 1, first
+    ids = worker_ids(http)
+    node0 = next(n["worker_id"] for n in first["nodes"] if n["node_rank"] == 0)
+    victim = next(w for w in workers if ids[w.name] == node0)
+    survivor = next(w for w in workers if w is not victim)
+    victim.kill()  # the daemon, its torchrun and ranks: node 0 lost mid-run
+    workers.append(Worker(server, token, tmp_path / "n2", "n2", "--gpus", "2", checkpoints=shared))
+    # Attempt 1 over (its last checkpoint marker, written after a barrier all ranks passed, is on disk), attempt 2
+    # not yet up to a checkpoint of its own: the newest complete one is the one attempt 2 must start from.
+    wait_run(http, run_id, 60, lambda r: r["status"] != "running" or r["attempts"] > 1)
+    saved = newest_checkpoint(shared / f"run-{run_id}")
+    assert saved is not None and saved < TWO_NODE_STEPS
+    run = wait_run(http, run_id, 150, terminal)
+    logs = [w.log.read_text(errors="replace")[-3000:] for w in workers]
     assert run["status"] == "succeeded", (run.get("error"), logs)
-    assert run["attempts"] == 1 and run["nodes_needed"] == 2
-    assert sorted(n["node_rank"] for n in run["nodes"]) == [0, 1] and len({n["worker_id"] for n in run["nodes"]}) == 2
-    m = run["metrics"]
+    plain = http.get(f"/v1/runs/{plain_id}").json()
+
+    # uninterrupted: one attempt on two nodes, the single-process model's losses
+    assert plain["status"] == "succeeded" and plain["attempts"] == 1 and plain["resumed_from_step"] is None
+    assert plain["nodes_needed"] == 2 and sorted(n["node_rank"] for n in plain["nodes"]) == [0, 1]
+    assert {n["worker_id"] for n in plain["nodes"]} == {ids["n0"], ids["n1"]}
+    m = plain["metrics"]
     assert m["world_size"] == 4 and m["nnodes"] == 2 and len(m["peak_memory_gib_per_rank"]) == 4
-    assert m["loss"] == pytest.approx(reference_losses(plan, 3), abs=1e-4)
+    assert m["loss"] == pytest.approx(reference_losses(plan, TWO_NODE_STEPS), abs=1e-4)
+
+    # faulted: the survivor aborted attempt 1 (its ranks lost their peers, or its heartbeat got 409) and ran
+    # attempt 2 with the new node, from the checkpoint, every later step once
+    aborted = survivor.log.read_text()
+    assert f"run {run_id}: launch 1 failed" in aborted or f"run {run_id}: lease lost" in aborted
+    assert run["attempts"] == run["attempt"] == 2 and run["nodes_needed"] == 2
+    assert {n["worker_id"] for n in run["nodes"]} == {ids[survivor.name], worker_ids(http)["n2"]}
+    assert run["resumed_from_step"] == run["metrics"]["resumed_from_step"] == saved
+    assert sorted(p["step"] for p in run["progress"] if p["attempt"] == 2) == list(range(saved, TWO_NODE_STEPS))
+    curve, uninterrupted = run["metrics"]["loss"], m["loss"]
+    assert len(curve) == TWO_NODE_STEPS
+    assert curve[saved:] == pytest.approx(uninterrupted[saved:], abs=1e-5)
+    # negative control: 1e-5 tells the steps apart (a resume one step off would fail)
+    assert max(abs(a - b) for a, b in zip(uninterrupted[saved:], uninterrupted[saved - 1:], strict=False)) > 1e-3
+    # completed exactly once: one success reported; a repeat completion is refused
+    assert sum(w.log.read_text().count(f"run {run_id} succeeded") for w in workers) == 1
+    again = httpx.post(f"{server.url}/v1/runs/{run_id}/complete", json={"worker_id": run["worker"], "metrics": {}},
+                       headers={"Authorization": f"Bearer {token}"})
+    assert again.status_code in (403, 409)
+    # nothing of the lost node keeps running
+    assert str(tmp_path / victim.name) not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                                             text=True).stdout

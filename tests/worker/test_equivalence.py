@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.worker.plans import CONTROLS, EQUIVALENCE_PLANS, GRADIENT_CHECKED, RESUMED, plan_doc
+from solvers.exports.layout import front_loaded_split
+from tests.worker.plans import CONTROLS, EQUIVALENCE_PLANS, GRADIENT_CHECKED, PLANNED_LAYERS, RESUMED, plan_doc
 from worker.runtime.data import global_batch
 from worker.runtime.model import build_model, lm_loss
 from worker.runtime.plan import from_document, load_plan
@@ -110,6 +111,18 @@ def test_plan_loss_matches_single_process(name: str, distributed_runs: dict) -> 
     assert len(got["loss"]) == STEPS
     expected = reference(EQUIVALENCE_PLANS[name], "loss")
     assert got["loss"] == pytest.approx(expected, abs=TOL), f"{name}: {got['loss']} vs {expected}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(PLANNED_LAYERS))
+def test_each_rank_runs_the_layers_its_plan_gives_it(name: str, distributed_runs: dict) -> None:
+    """The pipeline is cut as planned (the losses alone cannot tell: any cut computes the same model). Negative
+    control: the cut the runtime made before, even over all virtual stages, differs from the plan's here."""
+    assert distributed_runs[name]["layers"] == PLANNED_LAYERS[name]
+    strategy = EQUIVALENCE_PLANS[name]["result"]["strategy"]
+    pp, v = strategy["pp"], strategy["virtual_stages"] if strategy["schedule"] == "interleaved" else 1
+    even = front_loaded_split(sum(strategy["stage_layers"]), pp * v)
+    assert [sum(even[s::pp]) for s in range(pp)] != strategy["stage_layers"]
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from solvers.cost_model.pipeline import model_layer_order
 from solvers.errors import SpecError
 from solvers.run_experts import ExpertLayout
 from solvers.run_layout import LayerLayout, check_runnable
@@ -60,6 +61,20 @@ def test_recompute_stays_per_layer() -> None:
     assert plan.recompute == ("full", "none", "none", "selective")
 
 
+def test_interleaved_layers_take_the_strategies_their_stage_was_priced_with() -> None:
+    """The plan lists its layers stage by stage; interleaving runs stage 0's second chunk after stage 1's first,
+    so model layer 3 is plan layer 5 (stage 1's first) and model layers 4-5 are plan layers 3-4."""
+    doc = plan_doc(model={**TINY_MODEL, "num_layers": 7}, pp=2, dp=2, zero=3, micro_batches=2,
+                   schedule="interleaved", virtual_stages=2)
+    strategy = doc["result"]["strategy"]
+    strategy["stage_layers"] = [5, 2]
+    modes = ["none", "none", "none", "full", "full", "selective", "none"]
+    strategy["layers"] = [{**x, "recompute": m} for x, m in zip(strategy["layers"], modes, strict=True)]
+    plan = from_document(*load_plan(doc))
+    assert plan.stage_layers == (3, 1, 2, 1) and plan.virtual_stages == 2
+    assert plan.recompute == ("none", "none", "none", "selective", "full", "full", "none")
+
+
 @pytest.mark.parametrize(("strategy", "field"), [
     ({"tp": 3}, "num_attention_heads"),
     ({"dp": 2}, "result.strategy"),  # 2 ranks planned, 4 processes on this node
@@ -101,13 +116,15 @@ def test_an_accepted_plan_runs_its_own_layout(name: str) -> None:
     plan = from_document(*load_plan(doc))
     strategy = doc["result"]["strategy"]
     assert plan.pp == strategy["pp"]
-    for got, layer in zip(plan.layers, strategy["layers"], strict=True):
+    order = model_layer_order(strategy["stage_layers"], plan.virtual_stages)
+    planned = [strategy["layers"][i] for i in order]  # the plan's strategy of each model layer
+    for got, layer in zip(plan.layers, planned, strict=True):
         assert (got.dp, got.cp, got.tp, got.zero) == (layer.get("dp", 1), layer.get("cp", 1), layer.get("tp", 1),
                                                       layer.get("zero", 0))
         assert got.sp == (layer.get("sp") if got.tp > 1 else None)
     emb, end = strategy["embedding"], plan.embedding  # the planner's embedding dp counts the layers' cp ranks
     assert (end.dp * end.cp, end.tp, end.zero) == (emb.get("dp", 1), emb.get("tp", 1), emb.get("zero", 0))
-    assert plan.recompute == tuple(x.get("recompute", "none") for x in strategy["layers"])
+    assert plan.recompute == tuple(x.get("recompute", "none") for x in planned)
     per_rank = [sum(plan.stage_layers[s::plan.pp]) for s in range(plan.pp)]
     assert per_rank == strategy["stage_layers"] and plan.micro_batches == strategy["micro_batches"]
     assert check_runnable(doc).world_size == plan.world_size == 4

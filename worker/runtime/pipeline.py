@@ -2,8 +2,10 @@
 
 Stages are cut from the full model torchtitan-style: a rank copies the model once per stage it owns,
 deletes the blocks that stage does not run (``layers`` is keyed by global index, so names survive) and
-drops the embedding / head when it is not the first / last stage. With interleaving, rank r owns virtual
-stages r, r + pp, r + 2pp, ...
+drops the embedding / head when it is not the first / last stage. ``stage_layers`` is the run's layers per
+virtual stage in model order (``RunLayout.stage_layers``: the plan's split, interleaved ones cut by
+``solvers.cost_model.pipeline.virtual_stage_layers``); with interleaving, rank r owns virtual stages
+r, r + pp, r + 2pp, ...
 """
 
 from __future__ import annotations
@@ -45,6 +47,19 @@ def cut_stage(model: nn.Module, stage: int, stage_layers: Sequence[int]) -> nn.M
     return part
 
 
+class OneFOneB(Schedule1F1B):
+    """torch's 1F1B, also with fewer micro-batches than stages (a plan whose global batch is smaller than pp, or
+    whose micro-batches the user fixed): torch refuses that in the constructor only, while its step already
+    handles it (each stage's warm-up is min(m, stages - stage) forwards, what the cost model prices)."""
+
+    def __init__(self, stage: _PipelineStageBase, n_microbatches: int,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        if n_microbatches >= stage.num_stages:
+            super().__init__(stage, n_microbatches=n_microbatches, loss_fn=loss_fn)
+        else:  # Schedule1F1B.__init__ is its parent's plus the refusal
+            PipelineScheduleSingle.__init__(self, stage, n_microbatches=n_microbatches, loss_fn=loss_fn)
+
+
 def build_schedule(stages: Sequence[nn.Module], ids: Sequence[int], num_stages: int, group: ProcessGroup,
                    device: torch.device, micro_batches: int, schedule: str,
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Schedule:
@@ -53,5 +68,7 @@ def build_schedule(stages: Sequence[nn.Module], ids: Sequence[int], num_stages: 
     ]
     if schedule == "interleaved":
         return ScheduleInterleaved1F1B(pipe_stages, n_microbatches=micro_batches, loss_fn=loss_fn)
-    cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
-    return cls(pipe_stages[0], n_microbatches=micro_batches, loss_fn=loss_fn)
+    if schedule == "gpipe":
+        return ScheduleGPipe(pipe_stages[0], n_microbatches=micro_batches, loss_fn=loss_fn)
+    assert schedule == "1f1b", schedule  # run_layout refuses any other
+    return OneFOneB(pipe_stages[0], micro_batches, loss_fn)

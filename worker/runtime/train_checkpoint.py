@@ -48,16 +48,17 @@ def newest_complete(root: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-# The optimizer's state and hyper-parameters keyed by parameter name, not by position in its param groups: ranks
-# of different pipeline stages hold different parameters in their group 0, whose positional keys would collide.
-OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+# The optimizer's state keyed by parameter name, its hyperparameters too: unflattened, ``param_groups`` is a list whose
+# entry 0 has the same key on every rank but lists each pipeline stage's own parameters, and the checkpoint keeps
+# one rank's copy of such a key; a resumed pipeline then lost its learning rate and betas (KeyError 'betas').
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def _state(modules: list[nn.Module], optimizer: torch.optim.Optimizer) -> tuple[nn.Module, dict[str, object]]:
     # One module over this rank's stages: parameter names carry global layer indices, so no two ranks' differ only
     # by position, and replicated parameters (data parallelism) share their name as they should.
     holder = nn.ModuleList(modules)
-    model_sd, optim_sd = get_state_dict(holder, optimizer, options=OPTIONS)
+    model_sd, optim_sd = get_state_dict(holder, optimizer, options=_OPTIONS)
     return holder, {"model": model_sd, "optimizer": optim_sd}
 
 
@@ -89,7 +90,7 @@ def resume(root: Path, modules: list[nn.Module], optimizer: torch.optim.Optimize
     holder, state = _state(modules, optimizer)
     dcp.load(state, checkpoint_id=str(source))
     set_state_dict(holder, optimizer, model_state_dict=state["model"],  # type: ignore[arg-type]
-                   optim_state_dict=state["optimizer"], options=OPTIONS)  # type: ignore[arg-type]
+                   optim_state_dict=state["optimizer"], options=_OPTIONS)  # type: ignore[arg-type]
     rng = source / f"rng-{dist.get_rank()}.pt"
     if rng.is_file():
         torch.set_rng_state(torch.load(rng))
