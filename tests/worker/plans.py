@@ -67,6 +67,11 @@ MIXED_PLANS: dict[str, dict[str, Any]] = {
     "mix-cp2dp2-tp4-cp2ulysses2-cp4": mixed_doc(
         [{"cp": 2, "dp": 2}, {"tp": 4, "sp": "megatron"}, {"cp": 2, "tp": 2, "sp": "ulysses", "zero": 1},
          {"cp": 4, "zero": 3}], {"dp": 4}),
+    # interleaved: the plan lists stage 0's layers (model layers 0 and 2) before stage 1's (1 and 3), so each model
+    # layer re-lays out from a layout on the other stage's ranks
+    "mix-pp2-interleaved": mixed_doc(
+        [{"tp": 2, "sp": "megatron"}, {"dp": 2, "zero": 3}, {"tp": 2, "sp": "ulysses", "zero": 1},
+         {"dp": 2, "zero": 2}], {"dp": 2}, pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2),
 }
 
 # name -> plan on 4 ranks; together they cover every parallelism and the combinations the issue names.

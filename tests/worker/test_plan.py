@@ -9,7 +9,16 @@ from solvers.cost_model.pipeline import model_layer_order
 from solvers.errors import SpecError
 from solvers.run_experts import ExpertLayout
 from solvers.run_layout import LayerLayout, check_runnable
-from tests.worker.plans import EQUIVALENCE_PLANS, MOE_PLANS, REFUSED, TINY_MODEL, mixed_doc, moe_plan_doc, plan_doc
+from tests.worker.plans import (
+    EQUIVALENCE_PLANS,
+    MOE_MODEL,
+    MOE_PLANS,
+    REFUSED,
+    TINY_MODEL,
+    mixed_doc,
+    moe_plan_doc,
+    plan_doc,
+)
 from worker.runtime.plan import from_document, load_plan
 
 
@@ -187,3 +196,28 @@ def test_moe_layers_under_context_parallelism_are_refused_naming_cp() -> None:
     with pytest.raises(SpecError) as err:
         check_runnable(moe_plan_doc({"ep": 2}, cp=2, dp=2))
     assert [p.loc for p in err.value.problems] == [("result", "strategy", "layers", i, "cp") for i in (1, 3)]
+
+
+def _interleaved_moe(layers: list[dict]) -> dict:
+    """The 4-layer MoE model (layers 1 and 3 MoE) as pp2 x dp2, interleaved over 2 virtual stages: the plan lists
+    stage 0's layers (model layers 0 and 2) before stage 1's (model layers 1 and 3)."""
+    return mixed_doc(layers, {"dp": 2}, model=MOE_MODEL, pp=2, micro_batches=2, schedule="interleaved",
+                     virtual_stages=2)
+
+
+def test_interleaved_layers_take_their_layouts_and_experts_from_their_place_in_their_stage() -> None:
+    """Model layer i runs plan layer order[i] (order 0, 2, 1, 3 here): its layout and its expert layout, MoE-ness
+    going by the model layer. Negative control: the expert fields placed in model order (plan layers 1 and 3) are
+    refused, plan layer 1 being model layer 2, a dense layer; refusals name the plan's index."""
+    dense, moe = {"dp": 2, "zero": 2}, {"dp": 2, "zero": 2, "ep": 2}
+    plan = from_document(*load_plan(_interleaved_moe([dense, {"tp": 2, "sp": "megatron"}, moe, moe])))
+    assert plan.layers == (LayerLayout(dp=2, zero=2), LayerLayout(dp=2, zero=2), LayerLayout(tp=2, sp="megatron"),
+                           LayerLayout(dp=2, zero=2))
+    assert plan.experts == (None, ExpertLayout(ep=2), None, ExpertLayout(ep=2))
+    with pytest.raises(SpecError) as err:
+        check_runnable(_interleaved_moe([dense, moe, dense, moe]))
+    assert [p.loc for p in err.value.problems] == [("result", "strategy", "layers", 1, "ep")]
+    assert "layer 2 is dense" in err.value.problems[0].msg
+    with pytest.raises(SpecError) as err:  # cp on plan layer 2: model layer 1, an MoE layer
+        check_runnable(_interleaved_moe([dense, dense, {"cp": 2, "ep": 2}, moe]))
+    assert [p.loc for p in err.value.problems] == [("result", "strategy", "layers", 2, "cp")]
