@@ -38,11 +38,12 @@ from solvers.cost_model.calibration import DEFAULT_CALIBRATION  # noqa: E402
 from worker.launch import run_locally  # noqa: E402
 
 RANKS = 4
-MODEL = {"name": "small-llama", "num_layers": 8, "hidden_size": 256, "num_attention_heads": 8, "num_kv_heads": 4,
-         "ffn_hidden_size": 688, "vocab_size": 1024, "mlp": "swiglu"}
+MODEL: dict[str, Any] = {"name": "small-llama", "num_layers": 8, "hidden_size": 256, "num_attention_heads": 8,
+                         "num_kv_heads": 4, "ffn_hidden_size": 688, "vocab_size": 1024, "mlp": "swiglu"}
 # The same model with every 2nd layer MoE: 4 experts, top-2; a capacity factor of num_experts / top_k drops no token.
-MOE_MODEL = {**MODEL, "name": "small-moe", "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 344,
-                                                   "capacity_factor": 2.0, "moe_layer_frequency": 2}}
+MOE_MODEL: dict[str, Any] = {**MODEL, "name": "small-moe",
+                             "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 344,
+                                     "capacity_factor": 2.0, "moe_layer_frequency": 2}}
 TRAINING = {"global_batch_size": 16, "seq_length": 128, "precision": "fp32"}
 
 
@@ -109,13 +110,14 @@ PLANS_2: dict[str, Plan] = {
 PLANS = {4: PLANS_4, 2: PLANS_2}
 # What a CPU host with gloo does differently from a GPU: nothing overlaps (communication and compute share
 # the cores) and the host cost of launching kernels is inside the measured layer times.
-CPU_CALIBRATION = {"kernel_overhead_s": 0.0, "zero_overlap": 0.0, "dp_overlap": 0.0, "microbatch_overhead_s": 1e-3}
+CPU_CALIBRATION = {"kernel_overhead_s": 0.0, "zero_overlap": 0.0, "dp_overlap": 0.0, "tp_overlap": 0.0,
+                   "cp_overlap": 0.0, "microbatch_overhead_s": 1e-3}
 
 
 def run_profiler(workdir: Path, repeats: int, ranks: int) -> dict[str, Any]:
     out = workdir / "profile.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-           "-m", "worker.profiler", "--model", json.dumps(MODEL), "--seqs", str(TRAINING["seq_length"]),
+           "-m", "worker.profiler", "--model", json.dumps(MOE_MODEL), "--seqs", str(TRAINING["seq_length"]),
            "--batches", "1,2,4,8,16", "--repeats", str(repeats), "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
     doc: dict[str, Any] = json.loads(out.read_text())
@@ -136,9 +138,29 @@ def request(plan: Plan, profiled: dict[str, Any] | None, ranks: int = RANKS) -> 
             hbm_Bps = dev["memory_bandwidth_GBps"] * 1e9 * DEFAULT_CALIBRATION.hbm_efficiency
             calibration["optimizer_traffic_bytes"] = dev["optimizer_s_per_param"] * hbm_Bps
         cost_model = {"kind": "profile", "profile": profiled["profile"], "calibration": calibration}
-    return {"kind": "hybrid", "model": model, "training": TRAINING,
-            "cluster": {"gpu": gpu, "nodes": nodes, "gpus_per_node": ranks // nodes},
+    cluster: dict[str, Any] = {"gpu": gpu, "nodes": nodes, "gpus_per_node": ranks // nodes}
+    if profiled is not None:
+        cluster |= measured_links(profiled["profile"])
+    return {"kind": "hybrid", "model": model, "training": TRAINING, "cluster": cluster,
             "strategy": strategy, "cost_model": cost_model}
+
+
+def measured_links(profile: dict[str, Any]) -> dict[str, float]:
+    """The cluster's links as the profiler measured them: its p2p send/recv between two ranks of this host
+    (gloo over loopback), fitted as latency + bytes / bandwidth. Both "nodes" of a 2-node run are on this host,
+    so the link between them is the same loopback. Without this the cluster would claim the GPU defaults
+    (300 GB/s within a node), which price the analytic parts (ring attention's hops, MoE all-to-alls,
+    re-layouts between layers, collectives across nodes) ~100 times too fast for gloo."""
+    import numpy as np
+
+    pts = [(c["message_bytes"], c["time_ms"] / 1e3) for c in profile["collectives"] if c["op"] == "p2p"]
+    if len(pts) < 2:
+        return {}
+    per_byte, _ = np.polyfit([b for b, _ in pts], [t for _, t in pts], 1)
+    if per_byte <= 0:
+        return {}
+    GBps = 1.0 / float(per_byte) / 1e9
+    return {"intra_node_bandwidth_GBps": GBps, "inter_node_bandwidth_Gbps": 8 * GBps}
 
 
 def predict_with_cost_model(plan: Plan, profiled: dict[str, Any] | None, ranks: int) -> float:
