@@ -130,6 +130,29 @@ def profile_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int]
     return out
 
 
+def profile_moe_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int], device: torch.device,
+                       repeats: int) -> list[dict[str, Any]]:
+    """The model's MoE layer (router, capacity, all its experts on this rank: ep = etp = 1) by batch and sequence,
+    ``layer_type`` "moe", averaged over ranks; none for a dense model. An expert-parallel rank computes the same
+    routed rows of its experts (balanced routing); its all-to-alls are priced from the collectives."""
+    moe_index = next((i for i in range(cfg.num_layers) if cfg.is_moe_layer(i)), None)
+    if moe_index is None:
+        return []
+    out = []
+    for seq in seqs:
+        for batch in batches:
+            torch.manual_seed(0)
+            block = Block(cfg, moe_index).to(device)
+            dist.barrier()
+            f, b = layer_time(cfg, batch, seq, device, repeats, block=block)
+            t = torch.tensor([f, b], dtype=torch.float64, device=device)
+            dist.all_reduce(t)
+            t /= dist.get_world_size()
+            out.append({"batch": batch, "seq": seq, "tp": 1, "forward_ms": 1e3 * float(t[0]),
+                        "backward_ms": 1e3 * float(t[1]), "layer_type": "moe"})
+    return out
+
+
 def host_contention(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int,
                     busy_s: float) -> dict[str, Any] | None:
     """How much slower a layer runs with every rank of the node busy (``busy_s``, measured by
@@ -331,8 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     from solvers.specs import ModelSpec
 
     raw = json.loads(args.model) if args.model.strip().startswith("{") else {"preset": args.model}
-    # Dense layers only, as before MoE models had a runtime: the profile's layers are "dense" ones.
-    cfg = replace(ModelConfig.from_spec(ModelSpec.model_validate(raw)), moe=None)
+    # The dense layers of the model, and (below) its MoE layer if it has one
+    full = ModelConfig.from_spec(ModelSpec.model_validate(raw))
+    cfg = replace(full, moe=None)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
@@ -344,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     layers = profile_layers(cfg, [int(x) for x in args.batches.split(",")], [int(x) for x in args.seqs.split(",")],
                             tps, device, args.repeats)
+    layers += profile_moe_layers(full, [int(x) for x in args.batches.split(",")],
+                                 [int(x) for x in args.seqs.split(",")], device, args.repeats)
     collectives = profile_collectives(world, device, args.repeats)
     # the overheads and the contention at a mid-sized batch of the first sequence length
     seq0 = layers[0]["seq"]

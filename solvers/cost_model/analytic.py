@@ -162,15 +162,24 @@ class AnalyticCostModel(CostModel):
     def _measured_layer(self, shape: LayerShape, b: np.ndarray, c: Candidates, fwd: np.ndarray, bwd: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray]:
         """(forward, backward) seconds: profiled where this layout was measured, else the analytic ones.
-        Profiles hold Megatron-TP layers, so CP and Ulysses layouts stay analytic."""
+
+        Profiles hold Megatron-TP layers at the full sequence. A cp rank's layer does the work of the same layer
+        at ``b / cp`` samples (its GEMMs see ``b s / cp`` tokens; its causal ring attention, queries of ``s / cp``
+        tokens against all ``s`` keys, does ``b / cp`` samples' attention), and a Ulysses rank's that of the
+        tp = 1 layer at ``b / tp`` samples (full weights on ``b s / tp`` tokens, then all ``s`` tokens of
+        ``heads / tp`` heads): they are priced from those measurements. The ring's per-step kernels and merges
+        and the Ulysses all-to-alls are not in them (the all-to-alls are priced from ``collectives``)."""
         if self.profile is None or not self.profile.layer_times:
             return fwd, bwd
         kind = "moe" if shape.is_moe else "dense"
         seq = self.training.seq_length
         sp = c.sp == mem.SP_MEGATRON
-        f = self.profile.layer_s(b, seq, c.tp, kind, sp=sp)
-        bw = self.profile.layer_s(b, seq, c.tp, kind, backward=True, sp=sp)
-        use = (c.cp == 1) & (c.sp != mem.SP_ULYSSES) & np.isfinite(f)
+        uly = c.sp == mem.SP_ULYSSES
+        tp = np.where(uly, 1, c.tp)
+        same_work = b / c.cp / np.where(uly, c.tp, 1)
+        f = self.profile.layer_s(same_work, seq, tp, kind, sp=sp)
+        bw = self.profile.layer_s(same_work, seq, tp, kind, backward=True, sp=sp)
+        use = np.isfinite(f)
         return np.where(use, f, fwd), np.where(use, bw, bwd)
 
     def _wrapper_overhead(self, c: Candidates, ctx: StageContext) -> tuple[np.ndarray, np.ndarray]:

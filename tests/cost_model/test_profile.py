@@ -50,16 +50,19 @@ def test_profiled_layer_times_replace_the_analytic_compute() -> None:
     plain, prof = _models(PROFILE)
     ctx = _ctx(16)  # 16 samples per micro-batch
     cands = [LayerStrategy(tp=1, dp=8), LayerStrategy(tp=2, dp=4), LayerStrategy(tp=4, dp=2),
-             LayerStrategy(tp=2, dp=4, sp="ulysses")]
+             LayerStrategy(tp=2, dp=4, sp="ulysses"), LayerStrategy(tp=1, dp=4, cp=2)]
     got = prof.layer_costs(0, cands, ctx)
     ref = plain.layer_costs(0, cands, ctx)
     # tp=1, 2 samples per rank: forward on the line through (1, 10 ms), (3, 26 ms) -> 18 ms; backward 37 ms
     assert got.parts_s["compute"][0] == pytest.approx(0.018 + 0.037)
     # tp=2, 4 samples per rank, one point at batch 2: proportional -> 18 ms forward, 36 ms backward
     assert got.parts_s["compute"][1] == pytest.approx(0.018 + 0.036)
-    # tp=4 was not profiled, Ulysses is not a Megatron-TP layout: both stay analytic
+    # tp=4 was not profiled: it stays analytic
     assert got.parts_s["compute"][2] == pytest.approx(ref.parts_s["compute"][2])
-    assert got.parts_s["compute"][3] == pytest.approx(ref.parts_s["compute"][3])
+    # Ulysses 2 and cp 2, 4 samples per rank: the work of the tp=1 layer at 2 samples (its 18 + 37 ms)
+    for i in (3, 4):
+        assert got.parts_s["compute"][i] == pytest.approx(0.018 + 0.037)
+        assert got.parts_s["compute"][i] != pytest.approx(ref.parts_s["compute"][i])
     # TP all-reduce on 2 GPUs: 0.01 ms + 1e-7 ms/byte; 2 forward + 2 backward of a 4 x 2048 x 4096 x 2 B message
     msg = 4 * 2048 * 4096 * 2
     assert got.parts_s["tp_comm"][1] == pytest.approx(4 * (0.01 + 1e-7 * msg) / 1e3, rel=1e-6)
