@@ -427,7 +427,7 @@ def deep_galvatron_case(draw: st.DrawFn) -> tuple[SyntheticCostModel, SearchSpac
     return cm, space
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=18, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(deep_galvatron_case())
 def test_bound_ordering_never_loses_a_configuration_the_solver_finds(
         case: tuple[SyntheticCostModel, SearchSpace]) -> None:
