@@ -11,14 +11,25 @@ from solvers.cost_model.shapes import LayerShape, layer_shape
 from solvers.specs import ModelSpec, TrainingSpec
 
 
+def _mlp_flops_per_token(shape: LayerShape) -> float:
+    """Forward FLOPs per token of the MLP (an MoE layer: its top_k experts and the router)."""
+    h = shape.hidden
+    mlp = 2 * h * (shape.mlp_in_width + shape.ffn) * shape.top_k
+    router = 2 * h * shape.num_experts if shape.is_moe else 0
+    return float(mlp + router)
+
+
 def gemm_flops_per_token(shape: LayerShape) -> float:
     """Forward matmul FLOPs per token outside the attention core (QKV, output, MLP, router)."""
     h = shape.hidden
     qkv = 2 * h * (shape.q_width + 2 * shape.kv_width)
     out = 2 * shape.q_width * h
-    mlp = 2 * h * (shape.mlp_in_width + shape.ffn) * shape.top_k
-    router = 2 * h * shape.num_experts if shape.is_moe else 0
-    return float(qkv + out + mlp + router)
+    return float(qkv + out) + _mlp_flops_per_token(shape)
+
+
+def expert_gemm_flops_per_token(shape: LayerShape) -> float:
+    """The part of ``gemm_flops_per_token`` an MoE layer spends in its experts and router (0 for a dense layer)."""
+    return _mlp_flops_per_token(shape) if shape.is_moe else 0.0
 
 
 def attention_core_flops(shape: LayerShape, seq: int, causal_fraction: float = 1.0) -> float:

@@ -33,7 +33,7 @@ from typing import Any
 
 from solvers.cost_model.analytic import AnalyticCostModel
 from solvers.cost_model.factory import make_cost_model
-from solvers.cost_model.flops import gemm_flops_per_token
+from solvers.cost_model.flops import expert_gemm_flops_per_token, gemm_flops_per_token
 from solvers.cost_model.shapes import layer_shape
 from solvers.documents.hybrid import FrontPoint, HybridEstimate, SizingDoc
 from solvers.errors import SpecError
@@ -77,12 +77,8 @@ def step_floor_s(request: dict[str, Any]) -> float:
     if not isinstance(cm, AnalyticCostModel):
         return 0.0
     model = req.model
-    per_token = 0.0
-    for i in range(model.num_layers):
-        shape = layer_shape(model, i)
-        moe_mlp = 2 * shape.hidden * (shape.mlp_in_width + shape.ffn) * shape.top_k + 2 * shape.hidden * \
-            shape.num_experts if shape.is_moe else 0
-        per_token += gemm_flops_per_token(shape) - moe_mlp
+    shapes = [layer_shape(model, i) for i in range(model.num_layers)]
+    per_token = sum(gemm_flops_per_token(x) - expert_gemm_flops_per_token(x) for x in shapes)
     tokens = req.training.global_batch_size * req.training.seq_length
     gpus = req.cluster.nodes * req.cluster.gpus_per_node
     return 3.0 * per_token * tokens / (gpus * cm.peak_flops * cm.cal.gemm.eta_max)
