@@ -107,6 +107,23 @@ def integral_cost(mem: np.ndarray, val: np.ndarray, budget: np.ndarray, k_max: i
     return out
 
 
+def integral_cost_with_switch(mem: np.ndarray, val: np.ndarray, cls: np.ndarray, switch: float, budget: np.ndarray,
+                              k_max: int, cache: Fronts | None = None) -> np.ndarray:
+    """``integral_cost`` for a sequence of layers in which a change of class between neighbours costs at least
+    ``switch`` (``cls``: each candidate's class): k layers of one class, or any k whole candidates plus one
+    switch (a sequence holding two classes changes class at least once). Still a lower bound, never below
+    ``integral_cost``."""
+    least = integral_cost(mem, val, budget, k_max, cache)
+    if not switch > 0:
+        return least
+    pure = np.full(k_max + 1, np.inf)
+    for c in np.unique(cls):
+        pure = np.minimum(pure, integral_cost(mem[cls == c], val[cls == c], budget, k_max, cache))
+    mixed = least + switch
+    mixed[:2] = np.inf  # no layers, or one: a single class
+    return np.minimum(pure, mixed)
+
+
 def mixed_relaxed_cost(kind_of_layer: Sequence[int], period: int, mem: Sequence[np.ndarray],
                        val: Sequence[np.ndarray], budget: float, cache: Envelopes | None = None) -> np.ndarray:
     """Lower bound on the cost of ``count`` consecutive layers of mixed kinds within ``budget`` bytes, by

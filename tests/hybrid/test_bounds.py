@@ -95,6 +95,54 @@ def test_whole_candidate_bound_is_the_exact_optimum_without_transitions(cands: l
         assert got[k] >= lp - 1e-9
 
 
+def _brute_sequence(mem: np.ndarray, val: np.ndarray, cls: np.ndarray, trans: np.ndarray, k: int,
+                    budget: float) -> float:
+    """Least total of k layers in a row, one candidate each, within budget, each change of class between
+    neighbours paying its transition (as the evaluator charges a stage)."""
+    best = np.inf
+    for pick in itertools.product(range(len(mem)), repeat=k):
+        if sum(mem[c] for c in pick) <= budget:
+            moves = sum(trans[cls[a], cls[b]] for a, b in itertools.pairwise(pick))
+            best = min(best, sum(val[c] for c in pick) + moves)
+    return float(best)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 20), st.floats(0.1, 10.0, allow_nan=False), st.integers(0, 2)),
+                min_size=1, max_size=4),
+       st.integers(1, 4), st.integers(0, 60), st.lists(st.floats(0.0, 1.0), min_size=9, max_size=9))
+def test_whole_candidate_bound_with_layout_switches_stays_below_every_sequence(
+        cands: list[tuple[int, float, int]], k_max: int, budget: int, moves: list[float]) -> None:
+    """Charging a stage that mixes layout classes the least class change never rises above the best sequence of
+    whole candidates with its transitions, and never falls below the bound that ignores them."""
+    mem = np.array([float(m) for m, _, _ in cands])
+    val = np.array([v for _, v, _ in cands])
+    cls = np.array([c for _, _, c in cands])
+    trans = np.array(moves).reshape(3, 3)
+    np.fill_diagonal(trans, 0.0)
+    switch = float(np.min(trans[~np.eye(3, dtype=bool)]))
+    caps = np.full(k_max + 1, float(budget))
+    got = bounds.integral_cost_with_switch(mem, val, cls, switch, caps, k_max, cache={})
+    blind = bounds.integral_cost(mem, val, caps, k_max, cache={})
+    for k in range(1, k_max + 1):
+        want = _brute_sequence(mem, val, cls, trans, k, budget)
+        assert got[k] <= want * (1 + 1e-12) + 1e-12, (k, got[k], want)
+        assert got[k] >= blind[k] - 1e-12
+
+
+@pytest.mark.parametrize(("moves", "want"), [((0.3, 0.3), 3.5), ((0.1, 0.4), 3.4)])
+def test_a_stage_that_must_mix_layouts_to_fit_pays_the_least_switch(moves: tuple[float, float], want: float) -> None:
+    """Three fast layers do not fit; the transition-blind bound takes two fast ones and the other layout's lean
+    one (3.3). That mix pays a re-layout: at 0.3 the fast layout with its own slower lean candidate (3.5) is
+    best, at 0.1 into the other layout (0.4 back) the mix ordered to change once (3.4). The bound is exact."""
+    mem, val, cls = np.array([10.0, 4.0, 4.0]), np.array([1.0, 1.3, 1.5]), np.array([0, 1, 0])
+    trans = np.array([[0.0, moves[0]], [moves[1], 0.0]])
+    caps = np.full(4, 24.0)
+    got = bounds.integral_cost_with_switch(mem, val, cls, min(moves), caps, 3, cache={})
+    assert bounds.integral_cost(mem, val, caps, 3, cache={})[3] == pytest.approx(3.3)
+    assert got[3] == pytest.approx(_brute_sequence(mem, val, cls, trans, 3, 24.0)) == pytest.approx(want)
+
+
 def test_a_kind_without_candidates_blocks_only_the_ranges_that_hold_it() -> None:
     """(A cap on transient memory can leave one layer kind nothing: the other ranges keep their bound.)"""
     mem = [np.array([4.0, 2.0]), np.array([8.0])]
