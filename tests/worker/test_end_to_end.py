@@ -1,9 +1,8 @@
 """Service + worker subprocesses: plans are requested and solved by the service, claimed and executed by
-the worker daemon with 4 gloo ranks, and their measured metrics appear on the run. Killing a worker with
-SIGKILL mid-run: the lease expires, a second worker completes the run, once, resuming from the checkpoint the
-first one wrote (its loss curve continues the first attempt's). Two worker daemons on one host form 2-node runs:
-one trains as the single-process model does; in another a node is SIGKILLed and the run, re-queued whole,
-completes once from its checkpoint with the uninterrupted run's losses."""
+the worker daemon with 4 gloo ranks, and their measured metrics appear on the run. Two worker daemons on one
+host form 2-node runs: one trains as the single-process model does; in another a node is SIGKILLed mid-run, its
+lease expires, and the run, re-queued whole, is completed once by the surviving node and a new worker, resuming
+from the checkpoint the first attempt wrote, with the uninterrupted run's losses."""
 
 from __future__ import annotations
 
@@ -136,49 +135,6 @@ def test_service_solves_and_worker_executes_each_layout(live_server_factory: Cal
         assert m["step_time_s"] > 0 and m["tokens_per_s"] > 0 and 0 < m["mfu"] < 1, name
         assert [p["step"] for p in run["progress"]] == [0, 1, 2], name  # relayed while it ran
         assert run["worker"] and run["attempts"] == 1
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_sigkilled_worker_run_is_completed_once_by_another(live_server_factory: Callable[..., LiveServer],
-                                                           workers: list[Worker], tmp_path: Path) -> None:
-    server = live_server_factory(run_lease_s=3)
-    http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token('admin')}"})
-    _, run_id = submit_run(http, request(8, max_tp=1, max_pp=1, zero=0), steps=40, checkpoint_every_steps=5)
-    shared = tmp_path / "checkpoints"  # PARAPLAN_CHECKPOINT_DIR: storage both workers see
-    first = Worker(server, server.token("worker"), tmp_path / "a", "a", checkpoints=shared)
-    workers.append(first)
-    running = wait_run(http, run_id, 120, lambda r: len(r["progress"]) >= 7 or terminal(r))
-    assert running["status"] == "running", running
-    holder = running["worker"]
-    first.kill()  # the daemon, torchrun and the ranks: a node lost mid-run
-    second = Worker(server, server.token("worker"), tmp_path / "b", "b", checkpoints=shared)
-    workers.append(second)
-    run = wait_run(http, run_id, 180, terminal)
-    assert run["status"] == "succeeded", (run.get("error"), second.log.read_text(errors="replace")[-3000:])
-    assert run["attempts"] == 2 and run["attempt"] == 2 and run["worker"] != holder
-    assert [n["worker_id"] for n in run["nodes"]] == [run["worker"]]
-    # attempt 2 started at a checkpoint attempt 1 completed (its ranks may have run ahead of the steps its daemon
-    # relayed before the kill), and the run's curve continues attempt 1's
-    by_attempt = {a: {p["step"]: p["loss"] for p in run["progress"] if p["attempt"] == a} for a in (1, 2)}
-    resumed = run["resumed_from_step"]
-    assert resumed is not None and 0 < resumed < 40 and resumed % 5 == 0
-    assert min(by_attempt[2]) == resumed == run["metrics"]["resumed_from_step"]
-    assert sorted(by_attempt[2]) == list(range(resumed, 40))
-    curve = run["metrics"]["loss"]
-    assert len(curve) == 40 and curve[resumed:] == [by_attempt[2][s] for s in range(resumed, 40)]
-    relayed = sorted(by_attempt[1])
-    assert len(relayed) >= 7 and all(abs(curve[s] - by_attempt[1][s]) <= 1e-5 for s in relayed if s < 40)
-    # Completed exactly once: the second worker reported success once; a repeat completion is refused.
-    assert second.log.read_text().count(f"run {run_id} succeeded") == 1
-    wtoken = server.token("worker")
-    again = httpx.post(f"{server.url}/v1/runs/{run_id}/complete", json={"worker_id": run["worker"], "metrics": {}},
-                       headers={"Authorization": f"Bearer {wtoken}"})
-    assert again.status_code in (403, 409)
-    # No orphaned ranks of the killed worker keep running.
-    time.sleep(2)
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert str(tmp_path / "a") not in ps
 
 
 def worker_ids(http: httpx.Client) -> dict[str, str]:
