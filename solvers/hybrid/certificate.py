@@ -92,11 +92,12 @@ def _deep(planner: Planner, cheap: list[tuple[float, int, PipelineConfig, float,
                                               list[tuple[float, stage_costs.ConfigCosts]]]],
           best: float, levels: int) -> float:
     """The refined pass again with stages of up to ``bound_whole_layers_deep`` layers by whole candidates (the
-    LP's mix of two candidates per stage is what is left loose on the plans measured); costly, so only where
-    the gap shows. Returns its bound (at most ``best``)."""
+    LP's mix of two candidates per stage is what is left loose on the plans measured), a stage mixing layouts
+    charged its least re-layout; costly, so only where the gap shows. Returns its bound (at most ``best``)."""
     if planner.opt.bound_whole_layers_deep <= planner.opt.bound_whole_layers:
         return 0.0
-    opt, planner.opt = planner.opt, replace(planner.opt, bound_whole_layers=planner.opt.bound_whole_layers_deep)
+    opt, planner.opt = planner.opt, replace(planner.opt, bound_whole_layers=planner.opt.bound_whole_layers_deep,
+                                           bound_layout_switch=True)
     try:
         again = best
         for lb, _, _, floor, ccs in cheap:

@@ -84,10 +84,11 @@ class StageRelaxation:
                time_weight: float) -> np.ndarray:
         """By layer count up to ``k``, the least total of whole candidates within ``budget``. The evaluator charges
         a re-layout between consecutive layers of a stage whose layouts differ, so a stage that mixes layout
-        classes pays at least the least class-to-class transition, at ``time_weight`` (without it, the
-        100,000-GPU llama3-405b plan's stage mixing tp4 cp4 with a tp8 cp2 layer bounded 2.1 % below any plan)."""
+        classes pays at least the least class-to-class transition, at ``time_weight``, where the options ask
+        (``bound_layout_switch``; without it, the 100,000-GPU llama3-405b plan's stage mixing tp4 cp4 with a
+        tp8 cp2 layer bounded 2.1 % below any plan)."""
         caps = np.full(k + 1, budget)
-        if time_weight > 0:
+        if time_weight > 0 and self.tables.opt.bound_layout_switch:
             cls, trans = st.transitions()
             if trans.shape[0] > 1 and len(cls) == len(val):
                 switch = float(np.min(trans[~np.eye(trans.shape[0], dtype=bool)]))

@@ -197,6 +197,19 @@ def test_certified_bound_never_exceeds_the_exhaustive_optimum(case: tuple[Synthe
         assert certified_bound(planner, ceiling=found) <= found
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_case())
+def test_certificate_charging_layout_switches_never_exceeds_the_exhaustive_optimum(
+        case: tuple[SyntheticCostModel, SearchSpace]) -> None:
+    """The certificate's deep-pass bound (every stage by whole candidates, a stage that mixes layouts charged its
+    least re-layout), asked on every configuration, is still no higher than the best plan found by enumeration."""
+    cm, space = case
+    truth = best_step_time(cm, space)
+    kinds = None if cm.layer_scale else [0] * cm.num_layers
+    deep = replace(EXACT, bound_whole_layers=16, bound_layout_switch=True)
+    assert certified_bound(Planner(cm, space, kinds=kinds, options=deep)) <= truth * (1 + 1e-12)
+
+
 def test_certified_bound_is_tight_where_the_planner_is_exact() -> None:
     """On the fixed eight-layer case the bound is within a few percent of the optimum, not a vacuous 0."""
     cm = SyntheticCostModel(num_layers=8, num_gpus=8, memory_limit_bytes=1200 * MIB, global_batch=16,

@@ -130,3 +130,14 @@ def test_embedding_variants_bounded_together_bound_each_and_the_solved_step() ->
             assert together <= step * (1 + 1e-12)
         groups += len(distinct) > 1
     assert groups >= 5  # variants that the bounds tell apart
+
+
+def test_a_100000_gpu_plan_is_certified_within_one_percent() -> None:
+    """llama3-405b on 12,500 x 8 H100s (100,000 GPUs, no power of two): the plan mixes tp4 cp4 layers with a tp8
+    cp2 one on its tightest stage, and the certificate charges such a stage its re-layout (without it the gap
+    read 2.14 %). Its CPU time stays within the limit (about 2-4 s here)."""
+    request = {"kind": "hybrid", "model": {"preset": "llama3-405b"}, "cluster": {"gpu": "H100-SXM", "nodes": 12_500},
+               "training": {"global_batch_size": 50_000, "seq_length": 8192}}
+    cpu, out = _cpu(solve, request)
+    assert out["search"]["optimality_gap"] <= 0.01, out["search"]
+    assert cpu < LIMIT_CPU_S
