@@ -9,7 +9,8 @@ Rank 0 appends one JSON line per step to ``--progress`` and writes the metrics t
 (or dataset) writes ``{"error": ..., "problems": [...]}`` and exits with status 2 (not worth retrying).
 With ``--checkpoint-dir`` the run first resumes from the newest complete checkpoint there, and with
 ``--checkpoint-every K`` saves one every K steps (``train_checkpoint``); ``--dataset`` trains on a tokenized
-file instead of synthetic tokens (``data.TokenFile``).
+file instead of synthetic tokens (``data.TokenFile``). A Spindle plan (request ``kind`` spindle) trains with
+``spindle.run_spindle`` instead, a step being one iteration of its slices (no checkpoints, no dataset).
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ import torch.distributed as dist
 from solvers.documents import HybridResult
 from solvers.errors import SpecError
 from solvers.request import HybridRequest
+from solvers.run_spindle import load_program
 from worker.runtime import train_checkpoint
 from worker.runtime.data import TokenFile, global_batch
 from worker.runtime.expert_parallel import alltoall_metrics
 from worker.runtime.metrics import peak_memory_gib, summarize
 from worker.runtime.parallelize import parallelize
 from worker.runtime.plan import RuntimePlan, from_document, load_plan
+from worker.runtime.spindle import run_spindle
 
 EXIT_INVALID_PLAN = 2
 StepCallback = Callable[[int, float, float, int | None], None]  # step, loss, step time, resumed from step
@@ -134,6 +137,57 @@ def _open_dataset(path: Path | None, dtype: str, plan: RuntimePlan) -> TokenFile
         raise SpecError.at(("dataset", "path"), str(err)) from None
 
 
+def is_spindle(doc: object) -> bool:
+    """A plan document of kind spindle (trained by ``worker.runtime.spindle``)."""
+    return isinstance(doc, dict) and isinstance(doc.get("request"), dict) and doc["request"].get("kind") == "spindle"
+
+
+def _write_metrics(out: Path, metrics: dict[str, object], device: torch.device) -> None:
+    metrics["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    metrics["torch_version"] = torch.__version__
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(metrics))
+    tmp.replace(out)
+
+
+def _train_spindle(args: argparse.Namespace, doc: dict[str, object]) -> int:
+    """A Spindle plan: ``args.steps`` iterations of ``spindle.run_spindle`` on synthetic data; one progress line
+    per iteration (its summed task losses as ``loss``, each task's in ``task_loss``). It writes no checkpoints
+    (a relaunch starts again from iteration 0) and takes no dataset."""
+    request = doc["request"]
+    assert isinstance(request, dict)
+    gpu = request.get("cluster", {}).get("gpu", "")
+    device = torch.device("cpu")
+    if str(gpu).lower() != "cpu" and torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    init_distributed(device)
+    rank = dist.get_rank()
+    try:
+        if args.dataset is not None:
+            raise SpecError.at(("dataset",), "a Spindle run trains on synthetic data: it takes no dataset")
+        program = load_program(doc, world_size=dist.get_world_size())
+    except SpecError as err:
+        if rank == 0:
+            args.out.write_text(json.dumps({"error": str(err), "problems": err.as_detail()}))
+        dist.destroy_process_group()
+        return EXIT_INVALID_PLAN
+    progress: Path | None = args.progress
+
+    def write(step: int, loss: float, step_time: float, tasks: dict[str, float]) -> None:
+        assert progress is not None
+        with progress.open("a") as f:
+            f.write(json.dumps({"step": step, "loss": loss, "step_time_s": step_time, "task_loss": tasks}) + "\n")
+
+    metrics = run_spindle(program, args.steps, device, seed=args.seed, warmup=args.warmup,
+                          on_step=write if rank == 0 and progress is not None else None)
+    metrics["resumed_from_step"] = None
+    if rank == 0:
+        _write_metrics(args.out, metrics, device)
+    dist.barrier()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plan", type=Path, required=True)
@@ -148,9 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset-dtype", default="uint16")
     args = ap.parse_args(argv)
     exit_with_launcher()
+    doc = json.loads(args.plan.read_text())
+    if is_spindle(doc):
+        return _train_spindle(args, doc)
     loaded: tuple[HybridRequest, HybridResult | None] | SpecError
     try:
-        loaded = load_plan(json.loads(args.plan.read_text()))
+        loaded = load_plan(doc)
     except SpecError as err:  # reported once the process group is up, by rank 0
         loaded = err
     device = pick_device(None if isinstance(loaded, SpecError) else loaded[0])
@@ -170,11 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                        on_step=_progress_writer(args.progress) if rank == 0 else None,
                        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, dataset=dataset)
     if rank == 0:
-        metrics["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        metrics["torch_version"] = torch.__version__
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(metrics))
-        tmp.replace(args.out)
+        _write_metrics(args.out, metrics, device)
     dist.barrier()
     return 0
 
