@@ -27,6 +27,7 @@ from service.workers import owned_worker, workers_of_token
 from solvers.documents import TERMINAL, FlexSPResult, HybridResult, PlanResult, SpindleResult, load_result
 from solvers.errors import SpecError
 from solvers.run_layout import check_runnable, dataset_problems
+from solvers.run_spindle import SpindleProgram
 
 
 def predicted_of(result: PlanResult | None) -> dict[str, Any]:
@@ -62,6 +63,8 @@ def create_run(session: Session, plan_id: str, steps: int, max_attempts: int, ch
     except SpecError as err:
         raise NotRunnable(err.problems) from None
     if dataset is not None:
+        if isinstance(layout, SpindleProgram):
+            raise SpecError.at(("dataset",), "a Spindle run trains on synthetic data: it takes no dataset")
         problems = dataset_problems(dataset["path"], dataset["dtype"], layout.vocab_size)
         if problems:
             raise SpecError(problems)

@@ -90,7 +90,12 @@ class SpindleProgram:
     world_size: int
     predicted_iteration_time_s: float
     predicted_peak_memory_gib: float | None = None
+    nodes: int = 1
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nodes
 
     def step(self, index: int) -> StepRun:
         return next(s for s in self.steps if s.index == index)
@@ -251,7 +256,8 @@ def spindle_program(request: SpindleRequest, result: SpindleResult, world_size: 
         raise SpecError(problems)
     est = result.estimate
     tasks = tuple(dict.fromkeys(m.task for m in metaops.values() if m.trains))
-    return SpindleProgram(modules, metaops, steps, tasks, world, est.iteration_time_s, est.peak_memory_gib)
+    return SpindleProgram(modules, metaops, steps, tasks, world, est.iteration_time_s, est.peak_memory_gib,
+                          request.cluster.nodes)
 
 
 def _topological(specs: Sequence[MetaOpSpec], preds: dict[str, list[str]]) -> list[int]:
@@ -315,6 +321,11 @@ def _steps(slices: Sequence[SliceDoc], metaops: dict[str, MetaOpRun], modules: d
         out.append(StepRun(i, s.metaop, tuple(s.devices), s.layer_start, s.layers, k == 0, k == len(chain) - 1,
                            sources))
     return tuple(out)
+
+
+def is_spindle_plan(doc: Any) -> bool:
+    """A plan document whose request is of kind spindle."""
+    return isinstance(doc, dict) and isinstance(doc.get("request"), dict) and doc["request"].get("kind") == "spindle"
 
 
 def load_program(doc: Any, world_size: int | None = None) -> SpindleProgram:

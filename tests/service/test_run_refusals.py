@@ -1,7 +1,7 @@
 """A run is queued only for a plan the worker executes exactly: every plan the runtime would approximate (per-layer
 mixes, cp with a sequence not in 2*cp chunks, ZeRO-1, ZeRO-0 with TP or PP, an uneven interleaved split, MoE, bf16
-on CPU ranks) and every FlexSP / Spindle plan is refused over HTTP with 422 naming the plan's field, on both run
-endpoints."""
+on CPU ranks), every FlexSP plan and every Spindle plan the Spindle runtime cannot follow is refused over HTTP
+with 422 naming the plan's field, on both run endpoints."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from service.demo import DEMO_REQUESTS
 from tests.contract_json import solve
 from tests.service.helpers import store_plan
 from tests.worker.plans import REFUSED, plan_doc
+from tests.worker.spindle_plans import planned
 
 pytestmark = pytest.mark.db
 
@@ -33,15 +34,35 @@ def test_a_plan_the_worker_would_approximate_is_refused_naming_the_field(
     assert client.get("/v1/runs", params={"plan_id": plan_id}).json() == []  # nothing was queued
 
 
-@pytest.mark.parametrize("kind", ["flexsp", "spindle"])
-def test_plans_without_a_runtime_are_refused_naming_their_kind(client: Any, db: Database, kind: str) -> None:
-    request = DEMO_REQUESTS[kind]
-    plan_id = store_plan(db, request, solve(request), kind=kind)
+def test_plans_without_a_runtime_are_refused_naming_their_kind(client: Any, db: Database) -> None:
+    request = DEMO_REQUESTS["flexsp"]
+    plan_id = store_plan(db, request, solve(request), kind="flexsp")
     r = client.post(f"/v1/plans/{plan_id}/runs", json={"steps": 3})
     assert r.status_code == 422
     assert r.json()["detail"] == [{"loc": ["plan", "kind"], "type": "value_error",
-                                   "msg": f"a {kind} plan: the worker runs hybrid plans only ({kind} plans have no "
+                                   "msg": "a flexsp plan: the worker runs hybrid plans only (flexsp plans have no "
                                           "runtime yet)"}]
+
+
+def test_a_spindle_plan_is_queued_where_the_runtime_runs_it(client: Any, db: Database) -> None:
+    """The Spindle runtime runs module-shaped workloads (``solvers.run_spindle``): the demo's explicit-time plan has
+    no model to run and is refused naming the metaop's field; a planned captioning workload is queued (one node,
+    its four ranks), without a dataset (it trains on synthetic data)."""
+    request = DEMO_REQUESTS["spindle"]
+    plan_id = store_plan(db, request, solve(request), kind="spindle")
+    r = client.post(f"/v1/plans/{plan_id}/runs", json={"steps": 3})
+    assert r.status_code == 422
+    assert [p["loc"] for p in r.json()["detail"]] == [["plan", "request", "workload", "metaops", i, "module"]
+                                                      for i in range(len(request["workload"]["metaops"]))]
+    doc = planned("captioning")
+    plan_id = store_plan(db, doc["request"], doc["result"], kind="spindle")
+    with_data = client.post(f"/v1/plans/{plan_id}/runs",
+                            json={"steps": 3, "dataset": {"path": "/data/tokens.bin", "dtype": "uint16"}})
+    assert with_data.status_code == 422 and with_data.json()["detail"][0]["loc"] == ["body", "dataset"], with_data.text
+    r = client.post(f"/v1/plans/{plan_id}/runs", json={"steps": 3})
+    assert r.status_code == 201, r.text
+    assert r.json()["nodes_needed"] == 1
+    assert r.json()["predicted"]["step_time_s"] == doc["result"]["estimate"]["iteration_time_s"]
 
 
 def test_an_exact_plan_is_queued_on_both_endpoints(client: Any, db: Database) -> None:

@@ -226,3 +226,29 @@ def test_a_two_node_run_loses_a_node_and_completes_once_from_its_checkpoint(
     # nothing of the lost node keeps running
     assert str(tmp_path / victim.name) not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
                                                              text=True).stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_spindle_plan_is_solved_and_run_by_the_worker(live_server_factory: Callable[..., LiveServer],
+                                                         workers: list[Worker], tmp_path: Path) -> None:
+    """The service plans a captioning + text workload (a vision encoder feeding a decoder the text task shares) with
+    Spindle on 4 CPU "GPUs"; the daemon runs it with the Spindle runtime on 4 gloo ranks: per-iteration progress,
+    per-task losses equal to the tasks run in turn on one process, the plan's prediction beside the measurement."""
+    from tests.worker.spindle_plans import captioning_request
+    from tests.worker.test_spindle_runtime import reference_of
+
+    server = live_server_factory()
+    http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token('admin')}"})
+    plan, run_id = submit_run(http, captioning_request(), steps=3)
+    workers.append(Worker(server, server.token("worker"), tmp_path / "w1", "w1"))
+    run = wait_run(http, run_id, 150, terminal)
+    assert run["status"] == "succeeded", (run.get("error"), workers[0].log.read_text(errors="replace")[-3000:])
+    m = run["metrics"]
+    assert m["world_size"] == 4 and len(m["peak_memory_gib_per_rank"]) == 4 and m["step_time_s"] > 0
+    assert run["predicted"]["step_time_s"] == m["predicted_step_time_s"] == plan["result"]["estimate"][
+        "iteration_time_s"]
+    expected, _ = reference_of(plan, 3)
+    assert m["loss"] == pytest.approx([sum(e.values()) for e in expected], abs=2e-4)
+    assert [p["step"] for p in run["progress"]] == [0, 1, 2]
+    assert run["progress"][0]["task_loss"] == pytest.approx(expected[0], abs=1e-4)

@@ -51,22 +51,27 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 _references: dict[str, tuple[list[dict[str, float]], dict[str, float]]] = {}
 
 
+def reference_of(doc: dict[str, Any], steps: int) -> tuple[list[dict[str, float]], dict[str, float]]:
+    """Per iteration each task's loss, and the first iteration's gradient norms, of a plan document's tasks run
+    in turn on one process (AdamW steps in between)."""
+    program = load_program(doc)
+    stacks = spindle.build_stacks(program, 0)
+    params = [p for s in stacks.values() for p in s.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=spindle.LR, weight_decay=0.0)
+    losses, grads = [], {}
+    for step in range(steps):
+        losses.append(spindle.reference_iteration(program, stacks, step))
+        if step == 0:
+            grads = {f"{m}.{n}": float(p.grad.norm()) for m, s in stacks.items()
+                     for n, p in s.named_parameters() if p.grad is not None}
+        opt.step()
+        opt.zero_grad()
+    return losses, grads
+
+
 def reference(name: str) -> tuple[list[dict[str, float]], dict[str, float]]:
-    """Per iteration each task's loss, and the first iteration's gradient norms, on one process."""
     if name not in _references:
-        program = load_program(planned(name))
-        stacks = spindle.build_stacks(program, 0)
-        params = [p for s in stacks.values() for p in s.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=spindle.LR, weight_decay=0.0)
-        losses, grads = [], {}
-        for step in range(STEPS):
-            losses.append(spindle.reference_iteration(program, stacks, step))
-            if step == 0:
-                grads = {f"{m}.{n}": float(p.grad.norm()) for m, s in stacks.items()
-                         for n, p in s.named_parameters() if p.grad is not None}
-            opt.step()
-            opt.zero_grad()
-        _references[name] = (losses, grads)
+        _references[name] = reference_of(planned(name), STEPS)
     return _references[name]
 
 
