@@ -13,7 +13,8 @@ What runs (anything else is refused with the field and the reason, never approxi
   its successors (``encoder``, it must have some); a ``decode`` metaop of a causal module generates
   ``decode_tokens`` tokens greedily from its task's prompts (``rollout``, no predecessors); a ``forward``
   metaop of a causal module scores the tokens its one generating predecessor made (``score``); ``decode`` and
-  ``forward`` metaops run in one slice;
+  ``forward`` metaops run in one slice, a ``forward`` one in one pass (``steps`` 1); a module trained as a
+  language model is not also generated with (one-step off-policy RL: no rollouts of the previous step are kept);
 - an edge joins metaops of one batch size; the slices' order (by start time) runs every slice after those it
   reads from.
 """
@@ -196,6 +197,9 @@ def spindle_program(request: SpindleRequest, result: SpindleResult, world_size: 
             if len(preds[s.name]) != 1 or specs[index[preds[s.name][0]]].mode == "train":
                 refuse((*loc, "mode"), "a forward metaop scores the tokens of one generating (decode or forward) "
                                        "predecessor")
+            if s.steps != 1:
+                refuse((*loc, "steps"), "a forward metaop of several passes (diffusion denoising) is not run: the "
+                                        "runtime scores in one pass")
         elif not s.module.causal:
             role = "encoder"
             if not succs[s.name]:
@@ -205,6 +209,11 @@ def spindle_program(request: SpindleRequest, result: SpindleResult, world_size: 
                 refuse((*loc, "name"), "an encoder takes patch features only, no predecessor")
         else:
             role = "update" if gen else "lm"
+            generating = {_module_of(o.module, o.name) for o in specs if o.mode != "train"}
+            if not gen and _module_of(s.module, s.name) in generating:
+                refuse((*loc, "name"), "a module trained without reading this step's rollouts but also generating "
+                                       "(one-step off-policy RL) is not run: the runtime keeps no previous step's "
+                                       "rollouts to train on")
             if gen and len(gen) != len(preds[s.name]):
                 refuse((*loc, "name"), "a policy update reads generating / scoring predecessors only")
             if succs[s.name]:

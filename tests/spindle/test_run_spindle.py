@@ -11,7 +11,7 @@ import pytest
 from solvers.api import solve
 from solvers.errors import SpecError
 from solvers.run_spindle import load_program, moves, sample_range
-from tests.worker.spindle_plans import planned
+from tests.worker.spindle_plans import planned, rl_request
 
 
 def locations(doc: Any, world_size: int | None = None) -> list[tuple[str | int, ...]]:
@@ -72,3 +72,17 @@ def test_what_the_runtime_cannot_follow_is_refused_by_field() -> None:
     vit = next(i for i, s in enumerate(gap["result"]["slices"]) if s["metaop"] == "caption/vit")
     assert ("result", "slices", vit, "layers") in locations(gap)
     assert locations({"kind": "spindle", "request": doc["request"]}) == [("result",)]
+
+
+def test_rl_workloads_the_runtime_does_not_model_are_refused() -> None:
+    """One-step off-policy (the update reads no rollout of this step; the runtime keeps none of the previous one)
+    and a multi-pass forward (denoising) would run as something else: refused by field."""
+
+    off = rl_request()
+    off["workload"]["edges"] = [e for e in off["workload"]["edges"] if e[1] != "update/policy"]
+    doc = {"kind": "spindle", "request": off, "result": solve(off).model_dump(mode="json")}
+    assert locations(doc) == [("request", "workload", "metaops", 3, "name")]
+    denoise = rl_request()
+    denoise["workload"]["metaops"][1]["steps"] = 4
+    doc = {"kind": "spindle", "request": denoise, "result": solve(denoise).model_dump(mode="json")}
+    assert locations(doc) == [("request", "workload", "metaops", 1, "steps")]
