@@ -77,7 +77,6 @@ def test_what_the_runtime_cannot_follow_is_refused_by_field() -> None:
 def test_rl_workloads_the_runtime_does_not_model_are_refused() -> None:
     """One-step off-policy (the update reads no rollout of this step; the runtime keeps none of the previous one)
     and a multi-pass forward (denoising) would run as something else: refused by field."""
-
     off = rl_request()
     off["workload"]["edges"] = [e for e in off["workload"]["edges"] if e[1] != "update/policy"]
     doc = {"kind": "spindle", "request": off, "result": solve(off).model_dump(mode="json")}

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from solvers.documents import HybridResult
 from solvers.errors import SpecError
 from solvers.request import HybridRequest
-from solvers.run_spindle import load_program
+from solvers.run_spindle import is_spindle_plan, load_program
 from worker.runtime import train_checkpoint
 from worker.runtime.data import TokenFile, global_batch
 from worker.runtime.expert_parallel import alltoall_metrics
@@ -137,11 +137,6 @@ def _open_dataset(path: Path | None, dtype: str, plan: RuntimePlan) -> TokenFile
         raise SpecError.at(("dataset", "path"), str(err)) from None
 
 
-def is_spindle(doc: object) -> bool:
-    """A plan document of kind spindle (trained by ``worker.runtime.spindle``)."""
-    return isinstance(doc, dict) and isinstance(doc.get("request"), dict) and doc["request"].get("kind") == "spindle"
-
-
 def _write_metrics(out: Path, metrics: dict[str, object], device: torch.device) -> None:
     metrics["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     metrics["torch_version"] = torch.__version__
@@ -203,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     exit_with_launcher()
     doc = json.loads(args.plan.read_text())
-    if is_spindle(doc):
+    if is_spindle_plan(doc):
         return _train_spindle(args, doc)
     loaded: tuple[HybridRequest, HybridResult | None] | SpecError
     try:
