@@ -189,7 +189,8 @@ def payload_spec(program: SpindleProgram, step: StepRun) -> dict[str, tuple[tupl
 
 
 def _exchange(sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]], backward: bool) -> None:
-    """Post every send and receive of one hand-over together and wait for them (recvs fill their buffers)."""
+    """Post every send and receive of one hand-over together and wait for them (recvs fill their buffers).
+    ``backward``: a hand-back of gradients (only the negative controls tell the two apart)."""
     ops = [dist.P2POp(dist.isend, t.contiguous(), peer) for peer, t in sends]
     ops += [dist.P2POp(dist.irecv, t, peer) for peer, t in recvs]
     if ops:
@@ -363,7 +364,7 @@ class SpindleRunner:
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        totals = torch.zeros(len(program.tasks), dtype=torch.float64)
+        totals = torch.zeros(len(program.tasks), dtype=torch.float64, device=self.device)  # (NCCL: on the GPU)
         for index, loss in losses.items():
             totals[program.tasks.index(program.metaops[program.step(index).metaop].task)] += float(loss.detach())
         dist.all_reduce(totals)
