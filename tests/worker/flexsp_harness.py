@@ -34,8 +34,9 @@ def main() -> None:
         losses = []
         with fault(case["fault"]):
             for step, (lengths, micro_batches) in enumerate(zip(case["lengths"], case["grouping"], strict=True)):
-                def tokens_of(i: int, lengths: list[int] = lengths, step: int = step) -> torch.Tensor:
-                    return sequence_tokens(cfg.vocab_size, lengths[i], 0, step, i)
+                def tokens_of(i: int, lengths: list[int] = lengths, step: int = step, vocab: int = cfg.vocab_size
+                              ) -> torch.Tensor:
+                    return sequence_tokens(vocab, lengths[i], 0, step, i)
 
                 losses.append(step_gradients(model, grouping_of(micro_batches), tokens_of, lengths, groups))
                 if step == 0:

@@ -26,7 +26,7 @@ from worker.runtime.flexsp import grouping_of, grouping_problems, pack, sequence
 from worker.runtime.model import ModelConfig, build_model
 
 TOL = 1e-4
-MODEL = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 4, "head_dim": 16,
+MODEL: dict[str, Any] = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 4, "head_dim": 16,
          "ffn_hidden_size": 128, "vocab_size": 128}
 LENGTHS = [[37, 20, 15, 9, 26, 50, 13], [12, 44, 30, 7, 19]]
 

@@ -86,9 +86,12 @@ def grouping_problems(grouping: Grouping, sequences: int, world: int, heads: int
 
 def sequence_tokens(vocab_size: int, length: int, seed: int, step: int, index: int) -> torch.Tensor:
     """Synthetic tokens of sequence ``index`` of ``step``: ``length + 1`` ids (inputs ``[:-1]``, labels ``[1:]``),
-    the same on every rank and in a single-process reference."""
+    the same on every rank and in a single-process reference. A random start, then each token 1-3 above the one
+    before (mod vocab): a model can learn it, so a run's loss falls from ln(vocab) toward ln(3)."""
     gen = torch.Generator().manual_seed((seed * 1_000_003 + step) * 1_000_003 + index)
-    return torch.randint(0, vocab_size, (length + 1,), generator=gen)
+    start = torch.randint(0, vocab_size, (1,), generator=gen)
+    steps = torch.randint(1, 4, (length,), generator=gen)
+    return torch.cat([start, start + steps.cumsum(0)]) % vocab_size
 
 
 @dataclass(frozen=True)
@@ -149,10 +152,11 @@ def all_reduce_gradients(model: nn.Module) -> None:
 
 
 def step_gradients(model: nn.Module, grouping: Grouping, tokens_of: Callable[[int], torch.Tensor],
-                   lengths: Sequence[int], groups: GroupCache) -> float:
+                   lengths: Sequence[int], groups: GroupCache, trace: list[int] | None = None) -> float:
     """Forward and backward of one step: every micro-batch in this rank's group, then the gradients summed over all
     ranks. Returns the step's loss (the token mean over all its sequences; the same on every rank). ``tokens_of(i)``
-    gives sequence ``i``'s ``lengths[i] + 1`` token ids (only those of this rank's groups are asked for)."""
+    gives sequence ``i``'s ``lengths[i] + 1`` token ids (only those of this rank's groups are asked for).
+    ``trace`` gets, per micro-batch, the number of positions this rank's model ran (0 where it idled)."""
     rank = dist.get_rank()
     groups.ensure(grouping)
     total = sum(lengths)  # every sequence trains all its tokens: inputs [:-1] predict labels [1:]
@@ -161,8 +165,12 @@ def step_gradients(model: nn.Module, grouping: Grouping, tokens_of: Callable[[in
     for mb in grouping:
         mine = next((g for g in mb if g.holds(rank)), None)
         if mine is None or not mine.sequences:
+            if trace is not None:
+                trace.append(0)
             continue  # this rank idles in this micro-batch
         packed = pack([tokens_of(i) for i in mine.sequences], mine.sp, rank - mine.first)
+        if trace is not None:
+            trace.append(packed.inputs.numel())
         apply_ulysses(model, groups.of(mine))
         logits = model(packed.inputs.to(device), segments=packed.segments)
         ce = F.cross_entropy(logits.float().flatten(0, 1), packed.labels.to(device).flatten(), ignore_index=IGNORE,
