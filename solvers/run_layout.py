@@ -30,6 +30,7 @@ from solvers.errors import FieldProblem, SpecError
 from solvers.kinds import kind_of
 from solvers.request import HybridRequest, parse
 from solvers.run_experts import ExpertLayout, expert_layouts
+from solvers.run_flexsp import FlexSPRunLayout, check_flexsp_runnable, is_flexsp_plan
 from solvers.specs import ModelSpec, Precision
 from solvers.strategy import SCHEDULES, EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule, SpKind
 
@@ -161,9 +162,11 @@ def plan_of(request: HybridRequest, result: HybridResult | None) -> PlanStrategy
         raise err.under("request") from None
 
 
-def check_runnable(doc: Any) -> RunLayout:
+def check_runnable(doc: Any) -> RunLayout | FlexSPRunLayout:
     """The layout the runtime runs for a plan document on its request's cluster; SpecError (locations inside the
-    plan document) where the worker cannot run it exactly."""
+    plan document) where the worker cannot run it exactly. A FlexSP plan: ``run_flexsp.check_flexsp_runnable``."""
+    if is_flexsp_plan(doc):
+        return check_flexsp_runnable(doc)
     request, result = load_plan(doc)
     return run_layout(request, plan_of(request, result))
 

@@ -206,26 +206,32 @@ class Daemon:
         memory)."""
         import torch
 
+        from solvers.run_flexsp import check_flexsp_runnable, is_flexsp_plan
         from worker.runtime.plan import from_document, load_plan
 
         # SpecError names the bad field, or the kind the runtime cannot run; nothing is launched then
-        request, result = load_plan(plan_doc)
-        plan = from_document(request, result)
-        if plan.gpu_name.lower() == "cpu":
-            return plan.world_size
+        if is_flexsp_plan(plan_doc):
+            layout = check_flexsp_runnable(plan_doc)
+            gpu_name, world, need = layout.gpu_name, layout.world_size, layout.peak_memory_gib
+        else:
+            request, result = load_plan(plan_doc)
+            plan = from_document(request, result)
+            gpu_name, world = plan.gpu_name, plan.world_size
+            need = result.estimate.peak_memory_gib if result is not None else None
+        if gpu_name.lower() == "cpu":
+            return world
         if not torch.cuda.is_available():  # CPU ranks would compute what the plan prices on GPUs in another precision
-            raise NodeTooSmall(f"the plan is for {plan.gpu_name} GPUs; this node has no CUDA device")
-        per_node = plan.world_size // nnodes
+            raise NodeTooSmall(f"the plan is for {gpu_name} GPUs; this node has no CUDA device")
+        per_node = world // nnodes
         if per_node > torch.cuda.device_count():
             raise NodeTooSmall(f"the plan needs {per_node} GPUs on one node; this node has "
                                f"{torch.cuda.device_count()}")
         # a plan sized for a larger device would only run out of memory after the launch and warm-up
-        need = result.estimate.peak_memory_gib if result is not None else None
         have = torch.cuda.get_device_properties(0).total_memory / 2**30
         if need is not None and need > have:
             raise NodeTooSmall(f"the plan's estimate needs {need:.2f} GiB per GPU; this node's GPUs give CUDA "
                                f"{have:.2f} GiB")
-        return plan.world_size
+        return world
 
     def _hold_lease(self, run_id: str, lost: threading.Event) -> None:
         while not lost.wait(self.heartbeat_s):

@@ -1,7 +1,7 @@
 """A run is queued only for a plan the worker executes exactly: every plan the runtime would approximate (per-layer
 mixes, cp with a sequence not in 2*cp chunks, ZeRO-1, ZeRO-0 with TP or PP, an uneven interleaved split, MoE, bf16
-on CPU ranks) and every FlexSP / Spindle plan is refused over HTTP with 422 naming the plan's field, on both run
-endpoints."""
+on CPU ranks) and every Spindle plan is refused over HTTP with 422 naming the plan's field, on both run endpoints;
+a FlexSP plan is queued when its runtime runs it exactly."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_a_plan_the_worker_would_approximate_is_refused_naming_the_field(
     assert client.get("/v1/runs", params={"plan_id": plan_id}).json() == []  # nothing was queued
 
 
-@pytest.mark.parametrize("kind", ["flexsp", "spindle"])
+@pytest.mark.parametrize("kind", ["spindle"])
 def test_plans_without_a_runtime_are_refused_naming_their_kind(client: Any, db: Database, kind: str) -> None:
     request = DEMO_REQUESTS[kind]
     plan_id = store_plan(db, request, solve(request), kind=kind)
@@ -42,6 +42,26 @@ def test_plans_without_a_runtime_are_refused_naming_their_kind(client: Any, db: 
     assert r.json()["detail"] == [{"loc": ["plan", "kind"], "type": "value_error",
                                    "msg": f"a {kind} plan: the worker runs hybrid plans only ({kind} plans have no "
                                           "runtime yet)"}]
+
+
+def test_a_flexsp_plan_the_runtime_runs_is_queued_and_one_it_cannot_is_refused(client: Any, db: Database) -> None:
+    """The FlexSP runtime runs the demo plan (one node, groups within the 32 heads); it takes no dataset or
+    checkpoints (422 naming the run's field), and CPU ranks compute in fp32 only (422 naming the plan's)."""
+    request = DEMO_REQUESTS["flexsp"]
+    plan_id = store_plan(db, request, solve(request), kind="flexsp")
+    queued = client.post("/v1/runs", json={"plan_id": plan_id, "steps": 20})
+    assert queued.status_code == 201, queued.text
+    assert queued.json()["predicted"]["step_time_s"] > 0
+    for extra, loc in (({"checkpoint_every_steps": 5}, ["body", "checkpoint_every_steps"]),
+                       ({"dataset": {"path": "/data/tokens.bin"}}, ["body", "dataset"])):
+        r = client.post(f"/v1/plans/{plan_id}/runs", json={"steps": 3, **extra})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == loc, r.text
+    cpu = {"kind": "flexsp", "cluster": {"gpu": "cpu", "nodes": 1, "gpus_per_node": 4}, "precision": "bf16",
+           "model": {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128},
+           "batch": {"sequence_lengths": [96, 40, 24, 16, 8]}}
+    cpu_id = store_plan(db, cpu, solve(cpu), kind="flexsp")
+    r = client.post(f"/v1/plans/{cpu_id}/runs", json={"steps": 3})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["plan", "request", "precision"], r.text
 
 
 def test_an_exact_plan_is_queued_on_both_endpoints(client: Any, db: Database) -> None:

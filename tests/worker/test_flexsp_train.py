@@ -19,6 +19,7 @@ import pytest
 
 from solvers.errors import SpecError
 from solvers.flexsp.api import solve
+from solvers.run_flexsp import check_flexsp_runnable
 from worker.launch import Launch, run_locally
 from worker.runtime import flexsp_train
 from worker.runtime.flexsp import Group, grouping_of
@@ -143,7 +144,19 @@ def test_the_fallback_keeps_the_blocks_and_deals_every_sequence_once() -> None:
     assert 0 in got[1][0].sequences and 2 in got[0][0].sequences  # longest to the widest block, next to sp2
 
 
-def test_a_plan_for_another_world_size_is_refused_naming_the_field() -> None:
+def test_a_plan_the_runtime_cannot_run_exactly_is_refused_naming_the_field() -> None:
+    doc = plan_doc()
     with pytest.raises(SpecError) as err:
-        FlexSPRun(plan_doc(), 2)
+        FlexSPRun(doc, 2)
     assert err.value.problems[0].loc[:2] == ("request", "cluster")
+    two_nodes = {**doc, "request": {**doc["request"], "cluster": {"gpu": "cpu", "nodes": 2, "gpus_per_node": 2}}}
+    bf16 = {**doc, "request": {**doc["request"], "precision": "bf16"}}
+    wide = json.loads(json.dumps(doc))
+    wide["request"]["model"]["num_attention_heads"] = 2  # an sp4 group cannot split 2 heads
+    wide["result"]["micro_batches"] = [{"time_s": 0.0, "groups": [
+        {"sp": 4, "ranks": [0, 3], "sequences": list(range(SEQUENCES))}]}]
+    for bad, loc in ((two_nodes, ("request", "cluster", "nodes")), (bf16, ("request", "precision")),
+                     (wide, ("result", "micro_batches", 0, "groups", 0, "sp"))):
+        with pytest.raises(SpecError) as err:
+            check_flexsp_runnable(bad)
+        assert [p.loc for p in err.value.problems] == [loc]

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from solvers import run_flexsp
 from worker.runtime.ulysses import apply_ulysses
 
 IGNORE = -100  # label of the padding at the end of a packed sequence (cross-entropy skips it)
@@ -62,26 +63,11 @@ def grouping_to_dicts(grouping: Grouping) -> list[dict[str, Any]]:
 
 
 def grouping_problems(grouping: Grouping, sequences: int, world: int, heads: int, kv_heads: int) -> list[str]:
-    """Why this runtime cannot run ``grouping`` on ``world`` ranks for a batch of ``sequences`` (empty: it can)."""
-    problems = []
-    seen: list[int] = []
-    for m, mb in enumerate(grouping):
-        used: set[int] = set()
-        for q, g in enumerate(mb):
-            where = f"micro_batches[{m}].groups[{q}]"
-            if not 0 <= g.first <= g.last < world or g.last - g.first + 1 != g.sp:
-                problems.append(f"{where}: ranks [{g.first}, {g.last}] are not a block of sp={g.sp} of {world} ranks")
-                continue
-            if used & set(range(g.first, g.last + 1)):
-                problems.append(f"{where}: ranks [{g.first}, {g.last}] overlap another group of the micro-batch")
-            used |= set(range(g.first, g.last + 1))
-            if g.sequences and (heads % g.sp or kv_heads % g.sp):
-                problems.append(f"{where}: Ulysses splits heads, and sp={g.sp} does not divide the model's {heads} "
-                                f"attention and {kv_heads} key/value heads")
-            seen.extend(g.sequences)
-    if sorted(seen) != list(range(sequences)):
-        problems.append(f"the groups do not train each of the batch's {sequences} sequences exactly once")
-    return problems
+    """Why this runtime cannot run ``grouping`` on ``world`` ranks for a batch of ``sequences`` (empty: it can);
+    ``solvers.run_flexsp.grouping_problems``, the service's check."""
+    tuples = [[(g.sp, g.first, g.last, g.sequences) for g in mb] for mb in grouping]
+    return [".".join(str(x) for x in p.loc) + f": {p.msg}"
+            for p in run_flexsp.grouping_problems(tuples, sequences, world, heads, kv_heads)]
 
 
 def sequence_tokens(vocab_size: int, length: int, seed: int, step: int, index: int) -> torch.Tensor:

@@ -29,10 +29,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from solvers.documents.flexsp import FlexSPResult
 from solvers.errors import SpecError
 from solvers.flexsp.api import estimate, solve
-from solvers.flexsp.request import parse_request
+from solvers.run_flexsp import check_flexsp_runnable, load_flexsp_plan
 from worker.runtime.flexsp import (
     Group,
     GroupCache,
@@ -53,29 +52,15 @@ class FlexSPRun:
     """A FlexSP plan document read for the runtime: its request, result, model and first grouping."""
 
     def __init__(self, doc: dict[str, Any], world_size: int) -> None:
-        try:
-            self.request, consts = parse_request(doc["request"])
-        except SpecError as err:
-            raise err.under("request") from None
+        layout = check_flexsp_runnable(doc)  # the service's own check: SpecError names what the runtime refuses
+        self.request, self.result = load_flexsp_plan(doc)
         self.raw_request: dict[str, Any] = dict(doc["request"])
-        if doc.get("result") is None:
-            raise SpecError.at(("result",), "a FlexSP run needs the plan's result (its first step's grouping)")
-        try:
-            self.result = FlexSPResult.model_validate(doc["result"])
-        except ValueError as err:
-            raise SpecError.at(("result",), f"not a FlexSP result: {err}") from None
-        if consts.num_gpus != world_size:
-            raise SpecError.at(("request", "cluster"), f"the plan is for {consts.num_gpus} GPUs; this run starts "
+        if layout.world_size != world_size:
+            raise SpecError.at(("request", "cluster"), f"the plan is for {layout.world_size} GPUs; this run starts "
                                                        f"{world_size} processes")
-        model = self.request.model
-        if model.moe is not None:
-            raise SpecError.at(("request", "model", "moe"), "the FlexSP runtime trains dense models only")
-        self.model = ModelConfig.from_spec(model)
+        self.model = ModelConfig.from_spec(self.request.model)
         self.lengths = list(self.request.batch.sequence_lengths)
         self.grouping = grouping_of(self.result.micro_batches)
-        problems = self.problems(self.grouping, len(self.lengths))
-        if problems:
-            raise SpecError.at(("result", "micro_batches"), "; ".join(problems))
 
     def problems(self, grouping: Grouping, sequences: int) -> list[str]:
         return grouping_problems(grouping, sequences, self.world, self.model.num_heads, self.model.num_kv_heads)
@@ -281,7 +266,4 @@ def summarize_flexsp(run: FlexSPRun, records: list[dict[str, Any]], losses: list
         "groupings": {kind: sum(r["grouping"] == kind for r in records) for kind in ("plan", "planned", "fallback")},
     }
 
-
-def is_flexsp(doc: Any) -> bool:
-    return isinstance(doc, dict) and isinstance(doc.get("request"), dict) and doc["request"].get("kind") == "flexsp"
 

@@ -29,10 +29,11 @@ import torch.distributed as dist
 from solvers.documents import HybridResult
 from solvers.errors import SpecError
 from solvers.request import HybridRequest, PlanRequestBase
+from solvers.run_flexsp import is_flexsp_plan
 from worker.runtime import train_checkpoint
 from worker.runtime.data import TokenFile, global_batch
 from worker.runtime.expert_parallel import alltoall_metrics
-from worker.runtime.flexsp_train import FlexSPRun, is_flexsp, run_flexsp
+from worker.runtime.flexsp_train import FlexSPRun, run_flexsp
 from worker.runtime.metrics import peak_memory_gib, summarize
 from worker.runtime.parallelize import parallelize
 from worker.runtime.plan import RuntimePlan, from_document, load_plan
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     exit_with_launcher()
     doc = json.loads(args.plan.read_text())
-    if is_flexsp(doc):
+    if is_flexsp_plan(doc):
         return _main_flexsp(doc, args)
     loaded: tuple[HybridRequest, HybridResult | None] | SpecError
     try:
