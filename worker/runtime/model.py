@@ -182,7 +182,9 @@ class Block(nn.Module):
                      moe.capacity_factor) if moe is not None and moe.is_moe_layer(index) else FeedForward(cfg))
 
     def forward(self, x: torch.Tensor, segments: Sequence[int] | None = None) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), segments)
+        # (without segments, the one-argument call a recompute wrapper of the attention takes)
+        a = self.attention_norm(x)
+        h = x + (self.attention(a) if segments is None else self.attention(a, segments))
         return h + self.feed_forward(self.ffn_norm(h))
 
 
