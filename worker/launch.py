@@ -52,6 +52,7 @@ class Launch:
     lengths: Path | None = None  # FlexSP: the length stream (flexsp_train)
     max_length: int | None = None
     plan_budget_s: float | None = None
+    static_sp: int | None = None  # FlexSP: the static-SP baseline instead of the planner's groupings
 
 
 def train_command(launch: Launch | int, plan_path: Path, steps: int, out: Path, progress: Path,
@@ -76,6 +77,8 @@ def train_command(launch: Launch | int, plan_path: Path, steps: int, out: Path, 
         cmd += ["--max-length", str(int(spec.max_length))]
     if spec.plan_budget_s is not None:
         cmd += ["--plan-budget-s", str(float(spec.plan_budget_s))]
+    if spec.static_sp is not None:
+        cmd += ["--static-sp", str(int(spec.static_sp))]
     return cmd
 
 

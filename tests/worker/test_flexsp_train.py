@@ -23,7 +23,7 @@ from solvers.run_flexsp import check_flexsp_runnable
 from worker.launch import Launch, run_locally
 from worker.runtime import flexsp_train
 from worker.runtime.flexsp import Group, grouping_of
-from worker.runtime.flexsp_train import FlexSPRun, Planner, fallback_grouping
+from worker.runtime.flexsp_train import FlexSPRun, Planner, fallback_grouping, static_grouping
 
 WIKIPEDIA = Path(__file__).parents[3] / "shared" / "reference" / "flexsp" / "wikipedia_lengths.txt"
 MAX_LENGTH, SEQUENCES, STEPS = 512, 8, 20
@@ -142,6 +142,13 @@ def test_the_fallback_keeps_the_blocks_and_deals_every_sequence_once() -> None:
                                                                     for mb in previous]
     assert sorted(i for mb in got for g in mb for i in g.sequences) == list(range(len(lengths)))
     assert 0 in got[1][0].sequences and 2 in got[0][0].sequences  # longest to the widest block, next to sp2
+
+
+@pytest.mark.parametrize("sp", [1, 2, 4])
+def test_the_static_sp_baseline_groups_every_sequence_in_groups_of_its_degree(sp: int) -> None:
+    run, lengths = FlexSPRun(plan_doc(), 4), stream()[:SEQUENCES]
+    grouping = static_grouping(run, lengths, sp)
+    assert {g.sp for mb in grouping for g in mb} == {sp} and run.problems(grouping, len(lengths)) == []
 
 
 def test_a_plan_the_runtime_cannot_run_exactly_is_refused_naming_the_field() -> None:

@@ -12,8 +12,9 @@ batch's lengths) for step ``k + 1``'s grouping in a thread; the answer is broadc
 ready ``budget_s`` after it was asked for is late: the step runs the previous step's grouping rule instead (its
 rank blocks per micro-batch, the new sequences dealt longest first to the block with the fewest tokens per rank;
 ``fallback_grouping``), and no new plan is asked for until the late one returns. Each step's metrics say which it
-ran (``"grouping": "plan" | "planned" | "fallback"``), its measured time and memory, and the time the FlexSP
-cost model predicts for the grouping it ran (``solvers.flexsp.api.estimate``, computed after the run).
+ran (``"grouping": "plan" | "planned" | "fallback"``, or ``"static-spD"`` in a baseline run of static SP), its
+measured time and memory, and the time the FlexSP cost model predicts for the grouping it ran
+(``solvers.flexsp.api.estimate``, computed after the run).
 """
 
 from __future__ import annotations
@@ -117,6 +118,17 @@ def fallback_grouping(previous: Grouping, lengths: Sequence[int]) -> Grouping:
     return tuple(tuple(mb) for mb in out)
 
 
+def static_grouping(run: FlexSPRun, lengths: Sequence[int], sp: int) -> Grouping:
+    """Static sequence parallelism of degree ``sp`` for a batch: the FlexSP baseline's packing
+    (``solvers.flexsp.api.estimate`` with ``strategy: {"sp": sp}``); SpecError where it cannot hold the batch or
+    the runtime cannot run it."""
+    grouping = grouping_of(estimate({**run.request_for(lengths), "strategy": {"sp": sp}}).micro_batches)
+    problems = run.problems(grouping, len(lengths))
+    if problems:
+        raise SpecError.at(("static_sp",), "; ".join(problems))
+    return grouping
+
+
 class Planner:
     """Rank 0's planner thread: one solve at a time, for the next step's batch."""
 
@@ -165,14 +177,16 @@ class Planner:
 
 def run_flexsp(run: FlexSPRun, steps: int, device: torch.device, seed: int = 0, budget_s: float = 1.0,
                lengths_file: Path | None = None, max_length: int | None = None, warmup: int = 1,
-               on_step: StepCallback | None = None) -> dict[str, Any]:
-    """Train ``steps`` steps of the length stream (every rank; rank 0's result is the run's metrics)."""
+               on_step: StepCallback | None = None, static_sp: int | None = None) -> dict[str, Any]:
+    """Train ``steps`` steps of the length stream (every rank; rank 0's result is the run's metrics). With
+    ``static_sp`` every step, the first too, runs static sequence parallelism of that degree instead of the
+    planner's grouping (the baseline FlexSP is compared with: ``static_grouping``, before the step is timed)."""
     rank = dist.get_rank()
     model = build_model(run.model, seed, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     groups = GroupCache()
     stream = length_stream(lengths_file, run.lengths, max_length, seed) if rank == 0 else None
-    planner = Planner(run) if rank == 0 else None
+    planner = Planner(run) if rank == 0 and static_sp is None else None
     batch, grouping = list(run.lengths), run.grouping
     upcoming = next(stream) if stream is not None else None
     autocast = torch.autocast(device.type, dtype=torch.float16 if run.request.precision == "fp16" else torch.bfloat16,
@@ -182,6 +196,11 @@ def run_flexsp(run: FlexSPRun, steps: int, device: torch.device, seed: int = 0, 
     source, waited, why = "plan", 0.0, None
     dist.barrier()
     for step in range(steps):
+        if rank == 0 and static_sp is not None:
+            if step > 0:
+                assert upcoming is not None and stream is not None
+                batch, upcoming = upcoming, next(stream)
+            grouping, source = static_grouping(run, batch, static_sp), f"static-sp{static_sp}"
         if planner is not None and step > 0:
             assert upcoming is not None and stream is not None
             batch, upcoming = upcoming, next(stream)
@@ -263,7 +282,8 @@ def summarize_flexsp(run: FlexSPRun, records: list[dict[str, Any]], losses: list
         "resumed_from_step": None,
         "predicted_step_time_s": statistics.median(predicted) if predicted else None,
         "flexsp_steps": records,
-        "groupings": {kind: sum(r["grouping"] == kind for r in records) for kind in ("plan", "planned", "fallback")},
+        "groupings": {kind: sum(r["grouping"] == kind for r in records)
+                      for kind in dict.fromkeys(["plan", "planned", "fallback", *(r["grouping"] for r in records)])},
     }
 
 

@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-length", type=int, help="FlexSP: drop longer sequences of the stream")
     ap.add_argument("--plan-budget-s", type=float, default=1.0,
                     help="FlexSP: a step's grouping not planned this long after it was asked for is late")
+    ap.add_argument("--static-sp", type=int, help="FlexSP: run static SP of this degree instead (the baseline)")
     args = ap.parse_args(argv)
     exit_with_launcher()
     doc = json.loads(args.plan.read_text())
@@ -212,7 +213,7 @@ def _main_flexsp(doc: dict[str, object], args: argparse.Namespace) -> int:
         return EXIT_INVALID_PLAN
     metrics = run_flexsp(run, args.steps, device, seed=args.seed, budget_s=args.plan_budget_s,
                          lengths_file=args.lengths, max_length=args.max_length, warmup=args.warmup,
-                         on_step=_progress_writer(args.progress) if rank == 0 else None)
+                         on_step=_progress_writer(args.progress) if rank == 0 else None, static_sp=args.static_sp)
     if rank == 0:
         _write_metrics(args.out, metrics, device)
     dist.barrier()
