@@ -25,7 +25,7 @@ from service.errors import Conflict, Forbidden, NotFound, NotRunnable, get_or_40
 from service.tokens import Principal
 from service.workers import owned_worker, workers_of_token
 from solvers.documents import TERMINAL, FlexSPResult, HybridResult, PlanResult, SpindleResult, load_result
-from solvers.errors import SpecError
+from solvers.errors import FieldProblem, SpecError
 from solvers.run_layout import check_runnable, dataset_problems
 from solvers.run_spindle import SpindleProgram
 
@@ -62,9 +62,15 @@ def create_run(session: Session, plan_id: str, steps: int, max_attempts: int, ch
         layout = check_runnable({"kind": plan.kind, "request": request.request, "result": plan.result})
     except SpecError as err:
         raise NotRunnable(err.problems) from None
+    if plan.kind in ("flexsp", "spindle"):  # their runtimes train synthetic tokens and keep no checkpoints
+        kind = {"flexsp": "FlexSP", "spindle": "Spindle"}[plan.kind]
+        refused = [FieldProblem((name,), f"a {kind} run takes no {name} (its runtime has none yet)")
+                   for name, value in (("dataset", dataset), ("checkpoint_every_steps", checkpoint_every_steps))
+                   if value]
+        if refused:
+            raise SpecError(refused)
     if dataset is not None:
-        if isinstance(layout, SpindleProgram):
-            raise SpecError.at(("dataset",), "a Spindle run trains on synthetic data: it takes no dataset")
+        assert not isinstance(layout, SpindleProgram)  # refused above
         problems = dataset_problems(dataset["path"], dataset["dtype"], layout.vocab_size)
         if problems:
             raise SpecError(problems)

@@ -30,6 +30,7 @@ from solvers.errors import FieldProblem, SpecError
 from solvers.kinds import kind_of
 from solvers.request import HybridRequest, parse
 from solvers.run_experts import ExpertLayout, expert_layouts
+from solvers.run_flexsp import FlexSPRunLayout, check_flexsp_runnable, is_flexsp_plan
 from solvers.run_spindle import SpindleProgram, is_spindle_plan, load_program
 from solvers.specs import ModelSpec, Precision
 from solvers.strategy import SCHEDULES, EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule, SpKind
@@ -162,12 +163,14 @@ def plan_of(request: HybridRequest, result: HybridResult | None) -> PlanStrategy
         raise err.under("request") from None
 
 
-def check_runnable(doc: Any) -> RunLayout | SpindleProgram:
+def check_runnable(doc: Any) -> RunLayout | SpindleProgram | FlexSPRunLayout:
     """The layout the runtime runs for a plan document on its request's cluster (a Spindle plan: its program,
-    ``solvers.run_spindle``); SpecError (locations inside the plan document) where the worker cannot run it
-    exactly."""
+    ``solvers.run_spindle``; a FlexSP plan: ``run_flexsp.check_flexsp_runnable``); SpecError (locations inside
+    the plan document) where the worker cannot run it exactly."""
     if is_spindle_plan(doc):
         return load_program(doc)
+    if is_flexsp_plan(doc):
+        return check_flexsp_runnable(doc)
     request, result = load_plan(doc)
     return run_layout(request, plan_of(request, result))
 

@@ -206,6 +206,7 @@ class Daemon:
         memory)."""
         import torch
 
+        from solvers.run_flexsp import check_flexsp_runnable, is_flexsp_plan
         from solvers.run_spindle import is_spindle_plan, load_program
         from worker.runtime.plan import from_document, load_plan
 
@@ -214,6 +215,9 @@ class Daemon:
             program = load_program(plan_doc)
             gpu, world, need = (str(plan_doc["request"].get("cluster", {}).get("gpu", "A100-80GB")),
                                 program.world_size, program.predicted_peak_memory_gib)
+        elif is_flexsp_plan(plan_doc):
+            layout = check_flexsp_runnable(plan_doc)
+            gpu, world, need = layout.gpu_name, layout.world_size, layout.peak_memory_gib
         else:
             request, result = load_plan(plan_doc)
             plan = from_document(request, result)

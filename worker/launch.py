@@ -49,6 +49,10 @@ class Launch:
     checkpoint_every: int = 0
     dataset: Path | None = None
     dataset_dtype: str = "uint16"
+    lengths: Path | None = None  # FlexSP: the length stream (flexsp_train)
+    max_length: int | None = None
+    plan_budget_s: float | None = None
+    static_sp: int | None = None  # FlexSP: the static-SP baseline instead of the planner's groupings
 
 
 def train_command(launch: Launch | int, plan_path: Path, steps: int, out: Path, progress: Path,
@@ -67,6 +71,14 @@ def train_command(launch: Launch | int, plan_path: Path, steps: int, out: Path, 
         cmd += ["--checkpoint-dir", str(spec.checkpoint_dir), "--checkpoint-every", str(int(spec.checkpoint_every))]
     if spec.dataset is not None:
         cmd += ["--dataset", str(spec.dataset), "--dataset-dtype", spec.dataset_dtype]
+    if spec.lengths is not None:
+        cmd += ["--lengths", str(spec.lengths)]
+    if spec.max_length is not None:
+        cmd += ["--max-length", str(int(spec.max_length))]
+    if spec.plan_budget_s is not None:
+        cmd += ["--plan-budget-s", str(float(spec.plan_budget_s))]
+    if spec.static_sp is not None:
+        cmd += ["--static-sp", str(int(spec.static_sp))]
     return cmd
 
 
@@ -148,7 +160,7 @@ class ProgressTail:
         return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
-def run_locally(plan_doc: dict[str, Any], nproc: int, steps: int, workdir: Path, timeout_s: float = 600.0,
+def run_locally(plan_doc: dict[str, Any], nproc: int | Launch, steps: int, workdir: Path, timeout_s: float = 600.0,
                 max_launches: int = 2) -> dict[str, Any]:
     """Run a plan on this machine without a server (benchmarks, tests); relaunches a failed attempt."""
     last = ""

@@ -129,24 +129,41 @@ def test_invalid_plan_fails_the_run_without_launching(tmp_path: Path) -> None:
     assert not any(tmp_path.rglob("plan.json"))  # nothing was launched
 
 
-@pytest.mark.parametrize("kind", ["flexsp", "spindle"])
-def test_a_plan_of_another_kind_fails_the_run_naming_its_kind(tmp_path: Path, kind: str) -> None:
-    """A FlexSP plan (a valid document of its kind) fails its run, not retryable, saying which kind it is, rather
-    than with the hybrid schema's complaints about its fields; a Spindle plan the Spindle runtime cannot run (the
-    demo's explicit times: no model) names the metaop's field. Nothing is launched."""
-    request = DEMO_REQUESTS[kind]
-    doc = {"id": "p1", "kind": kind, "request": request, "result": solve(request)}
+def test_a_spindle_plan_its_runtime_cannot_run_fails_the_run_naming_the_field(tmp_path: Path) -> None:
+    """A Spindle plan its runtime cannot run (the demo's explicit times: no model) fails its run, not retryable,
+    naming the metaop's field, rather than with the hybrid schema's complaints about its fields. Nothing is
+    launched."""
+    request = DEMO_REQUESTS["spindle"]
+    doc = {"id": "p1", "kind": "spindle", "request": request, "result": solve(request)}
     fake = FakeServer({("POST", "/v1/runs/r1/fail"): [httpx.Response(200, json={})]})
     daemon = Daemon(DaemonConfig("http://fake", "t", workdir=tmp_path), api=api_for(fake))
     daemon.worker_id = "w1"
     daemon.execute({"id": "r1", "plan_id": "p1", "steps": 2, "attempt": 1, "plan": doc})
     fails = [c[2] for c in fake.calls if c[1] == "/v1/runs/r1/fail"]
     assert len(fails) == 1 and fails[0]["retryable"] is False
-    if kind == "flexsp":
-        assert "a flexsp plan: the worker runs hybrid plans only" in fails[0]["error"]
-        assert "model" not in fails[0]["error"]
-    else:
-        assert "request.workload.metaops.0.module" in fails[0]["error"], fails[0]["error"]
+    assert "request.workload.metaops.0.module" in fails[0]["error"], fails[0]["error"]
+    assert not any(tmp_path.rglob("plan.json"))
+
+
+def test_a_flexsp_plan_is_checked_by_its_own_runtime_before_launching(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A FlexSP plan for GPUs on a node without CUDA goes back to the queue (retryable); one its runtime cannot run
+    (bf16 on CPU ranks) fails, not retryable, naming the field; neither launches anything."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    gpu = DEMO_REQUESTS["flexsp"]
+    cpu = {"kind": "flexsp", "cluster": {"gpu": "cpu", "nodes": 1, "gpus_per_node": 4}, "precision": "bf16",
+           "model": {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128},
+           "batch": {"sequence_lengths": [96, 40, 24, 16, 8]}}
+    for request, retryable, says in ((gpu, True, "this node has no CUDA device"), (cpu, False, "request.precision")):
+        doc = {"id": "p1", "kind": "flexsp", "request": request, "result": solve(request)}
+        fake = FakeServer({("POST", "/v1/runs/r1/fail"): [httpx.Response(200, json={})]})
+        daemon = Daemon(DaemonConfig("http://fake", "t", workdir=tmp_path), api=api_for(fake))
+        daemon.worker_id = "w1"
+        daemon.execute({"id": "r1", "plan_id": "p1", "steps": 2, "attempt": 1, "plan": doc})
+        fails = [c[2] for c in fake.calls if c[1] == "/v1/runs/r1/fail"]
+        assert len(fails) == 1 and fails[0]["retryable"] is retryable and says in fails[0]["error"], fails
     assert not any(tmp_path.rglob("plan.json"))
 
 

@@ -151,9 +151,8 @@ def test_context_parallel_plans_run_on_a_cp_mesh_dim(strategy: dict, layout: str
     plan = from_document(*load_plan(doc))
     one = plan.uniform()  # the embedding and head take the layers' cp (the planner counts it in their dp)
     assert one is not None and (one.cp, plan.world_size, plan.describe()) == (strategy["cp"], 4, layout)
-    runs = check_runnable(doc)
-    assert isinstance(runs, RunLayout)
-    assert {x.cp for x in runs.layers} == {strategy["cp"]} and runs.world_size == 4
+    run = check_runnable(doc)
+    assert isinstance(run, RunLayout) and {x.cp for x in run.layers} == {strategy["cp"]} and run.world_size == 4
 
 
 @pytest.mark.parametrize(("strategy", "seq", "msg"), [
@@ -183,8 +182,8 @@ def test_an_accepted_moe_plan_runs_its_expert_layout(name: str) -> None:
     layers = doc["result"]["strategy"]["layers"]
     want = tuple(ExpertLayout(ep=x["ep"], etp=x.get("etp", 1 if x.get("sp") == "ulysses" else x.get("tp", 1)))
                  if i % 2 else None for i, x in enumerate(layers))
-    layout = check_runnable(doc)
-    assert isinstance(layout, RunLayout) and plan.experts == want and layout.experts == want
+    run = check_runnable(doc)
+    assert isinstance(run, RunLayout) and plan.experts == want and run.experts == want
     assert f"ep{want[1].ep}" in plan.describe()  # type: ignore[union-attr]
 
 

@@ -12,6 +12,7 @@ same module runs unchanged after tensor parallelism shards the projections.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +96,21 @@ def rotary(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None)
     return out.type_as(x)
 
 
+def segment_positions(segments: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Positions of a packed sequence whose pieces have the lengths ``segments``: each piece restarts at 0."""
+    return torch.cat([torch.arange(n, device=device) for n in segments])
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[int],
+                     causal: bool) -> torch.Tensor:
+    """Attention of a packed sequence (b, heads, seq, d) whose pieces of lengths ``segments`` never attend to each
+    other (block-diagonal, causal within a piece: what flash-attention's varlen kernels compute)."""
+    gqa = k.shape[1] != q.shape[1]
+    outs = [F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=gqa)
+            for qs, ks, vs in zip(*(t.split(list(segments), dim=2) for t in (q, k, v)), strict=True)]
+    return torch.cat(outs, dim=2)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -109,7 +125,9 @@ class Attention(nn.Module):
         # Set by worker.runtime.ring_attention: the cp group; this rank holds two load-balanced chunks.
         self.context_group: torch.distributed.ProcessGroup | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, segments: Sequence[int] | None = None) -> torch.Tensor:
+        """``segments``: x is a packed sequence of pieces of these lengths (over the whole sequence, before any
+        Ulysses split): positions restart and attention stays within each piece."""
         q, k, v = self.wq(x), self.wk(x), self.wv(x)
         b, s = q.shape[0], q.shape[1]
         q, k, v = (t.reshape(b, s, -1, self.head_dim) for t in (q, k, v))
@@ -118,12 +136,17 @@ class Attention(nn.Module):
         # RoPE after the Ulysses exchange: every rank then holds whole sequences (of its cp chunks), so the
         # positions are global; under context parallelism they are those of the rank's chunks.
         group = self.context_group
+        assert segments is None or group is None, "packed sequences do not run under ring attention"
         positions = None if group is None else chunk_positions(q.shape[1], dist.get_rank(group),
                                                                dist.get_world_size(group), q.device)
+        if segments is not None:
+            positions = segment_positions(segments, q.device)
         q, k = rotary(q, self.rope_theta, positions), rotary(k, self.rope_theta, positions)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if group is not None:
             out = ring_attention(q, k, v, group, causal=self.causal)
+        elif segments is not None:
+            out = varlen_attention(q, k, v, segments, self.causal)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
                                                  enable_gqa=k.shape[1] != q.shape[1])
@@ -158,8 +181,10 @@ class Block(nn.Module):
             MoELayer(cfg.hidden_size, moe.ffn_hidden_size, moe.num_experts, moe.top_k, cfg.mlp == "swiglu",
                      moe.capacity_factor) if moe is not None and moe.is_moe_layer(index) else FeedForward(cfg))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x))
+    def forward(self, x: torch.Tensor, segments: Sequence[int] | None = None) -> torch.Tensor:
+        # (without segments, the one-argument call a recompute wrapper of the attention takes)
+        a = self.attention_norm(x)
+        h = x + (self.attention(a) if segments is None else self.attention(a, segments))
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -189,10 +214,11 @@ class Decoder(nn.Module):
             else:
                 p.normal_(0.0, std)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, segments: Sequence[int] | None = None) -> torch.Tensor:
+        """``segments``: x is one packed sequence of pieces of these lengths (``Attention.forward``)."""
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
         for layer in self.layers.values():
-            h = layer(h)
+            h = layer(h) if segments is None else layer(h, segments)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h

@@ -29,11 +29,13 @@ import torch.distributed as dist
 
 from solvers.documents import HybridResult
 from solvers.errors import SpecError
-from solvers.request import HybridRequest
+from solvers.request import HybridRequest, PlanRequestBase
+from solvers.run_flexsp import is_flexsp_plan
 from solvers.run_spindle import is_spindle_plan, load_program
 from worker.runtime import train_checkpoint
 from worker.runtime.data import TokenFile, global_batch
 from worker.runtime.expert_parallel import alltoall_metrics
+from worker.runtime.flexsp_train import FlexSPRun, run_flexsp
 from worker.runtime.metrics import peak_memory_gib, summarize
 from worker.runtime.parallelize import parallelize
 from worker.runtime.plan import RuntimePlan, from_document, load_plan
@@ -43,7 +45,7 @@ EXIT_INVALID_PLAN = 2
 StepCallback = Callable[[int, float, float, int | None], None]  # step, loss, step time, resumed from step
 
 
-def pick_device(request: HybridRequest | None) -> torch.device:
+def pick_device(request: PlanRequestBase | None) -> torch.device:
     """This rank's GPU for a GPU plan on a node that has them; else the CPU (also for a plan that did not load,
     whose ranks only report why)."""
     if request is not None and request.cluster.gpu.name.lower() != "cpu" and torch.cuda.is_available():
@@ -195,11 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-every", type=int, default=0)
     ap.add_argument("--dataset", type=Path)
     ap.add_argument("--dataset-dtype", default="uint16")
+    ap.add_argument("--lengths", type=Path, help="FlexSP: the length stream, one sequence length per line")
+    ap.add_argument("--max-length", type=int, help="FlexSP: drop longer sequences of the stream")
+    ap.add_argument("--plan-budget-s", type=float, default=1.0,
+                    help="FlexSP: a step's grouping not planned this long after it was asked for is late")
+    ap.add_argument("--static-sp", type=int, help="FlexSP: run static SP of this degree instead (the baseline)")
     args = ap.parse_args(argv)
     exit_with_launcher()
     doc = json.loads(args.plan.read_text())
     if is_spindle_plan(doc):
         return _train_spindle(args, doc)
+    if is_flexsp_plan(doc):
+        return _main_flexsp(doc, args)
     loaded: tuple[HybridRequest, HybridResult | None] | SpecError
     try:
         loaded = load_plan(doc)
@@ -221,6 +230,33 @@ def main(argv: list[str] | None = None) -> int:
     metrics = run_plan(plan, args.steps, device, seed=args.seed, warmup=args.warmup,
                        on_step=_progress_writer(args.progress) if rank == 0 else None,
                        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, dataset=dataset)
+    if rank == 0:
+        _write_metrics(args.out, metrics, device)
+    dist.barrier()
+    return 0
+
+
+def _main_flexsp(doc: dict[str, object], args: argparse.Namespace) -> int:
+    """``main`` for a FlexSP plan (``flexsp_train``)."""
+    from solvers.flexsp.request import parse_request
+
+    try:
+        request: PlanRequestBase | None = parse_request(doc["request"])[0]
+    except SpecError:
+        request = None  # reported below, once the process group is up
+    device = pick_device(request)
+    init_distributed(device)
+    rank = dist.get_rank()
+    try:
+        run = FlexSPRun(doc, dist.get_world_size())
+    except SpecError as err:
+        if rank == 0:
+            args.out.write_text(json.dumps({"error": str(err), "problems": err.as_detail()}))
+        dist.destroy_process_group()
+        return EXIT_INVALID_PLAN
+    metrics = run_flexsp(run, args.steps, device, seed=args.seed, budget_s=args.plan_budget_s,
+                         lengths_file=args.lengths, max_length=args.max_length, warmup=args.warmup,
+                         on_step=_progress_writer(args.progress) if rank == 0 else None, static_sp=args.static_sp)
     if rank == 0:
         _write_metrics(args.out, metrics, device)
     dist.barrier()

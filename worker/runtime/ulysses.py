@@ -54,8 +54,8 @@ def gather_heads_scatter_sequence(x: torch.Tensor, group: dist.ProcessGroup) -> 
     return out
 
 
-def apply_ulysses(model: nn.Module, group: dist.ProcessGroup) -> None:
-    """Make every attention of ``model`` exchange sequence for heads over ``group``.
+def apply_ulysses(model: nn.Module, group: dist.ProcessGroup | None) -> None:
+    """Make every attention of ``model`` exchange sequence for heads over ``group`` (None: no exchange).
 
     The caller feeds each rank its sequence slice (``worker.runtime.data``) and averages gradients over the
     group (data-parallel wrapper over dp x sp)."""
