@@ -248,6 +248,8 @@ def test_a_spindle_plan_is_solved_and_run_by_the_worker(live_server_factory: Cal
     assert m["world_size"] == 4 and len(m["peak_memory_gib_per_rank"]) == 4 and m["step_time_s"] > 0
     assert run["predicted"]["step_time_s"] == m["predicted_step_time_s"] == plan["result"]["estimate"][
         "iteration_time_s"]
+    assert m["predicted_peak_memory_gib"] == plan["result"]["estimate"]["peak_memory_gib"]
+    assert len(m["step_times_s"]) == 3 and all(t > 0 for t in m["step_times_s"]) and m["peak_memory_gib"] > 0
     expected, _ = reference_of(plan, 3)
     assert m["loss"] == pytest.approx([sum(e.values()) for e in expected], abs=2e-4)
     assert [p["step"] for p in run["progress"]] == [0, 1, 2]

@@ -20,7 +20,7 @@ from tests.conftest import LiveServer
 from tests.worker.test_end_to_end import Worker, submit_run, terminal, wait_run
 from tests.worker.test_end_to_end import workers as workers  # the fixture
 
-STEPS = 40
+STEPS = 20  # the issue asks for a run of >= 20 steps
 REQUEST = {"kind": "flexsp", "cluster": {"gpu": "cpu", "nodes": 1, "gpus_per_node": 4}, "precision": "fp32",
            "model": {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128},
            # attention-heavy, fast all-to-all: the planner splits this tiny model's long sequences over groups

@@ -126,27 +126,3 @@ def test_a_broken_runtime_is_caught(control: str, runs: dict[str, Any]) -> None:
     expected, grads = reference(plan)
     assert loss_gap(runs[control]["task_loss"], expected) > 10 * TOL
     assert gradient_mismatches(runs[control]["grads"], grads)
-
-
-@pytest.mark.slow
-def test_a_spindle_run_through_the_launch_path(tmp_path: Path) -> None:
-    """``worker.launch.run_locally`` starts ``worker.runtime.train`` with the plan: per iteration its measured
-    time and the progress line, the plan's predicted iteration time and memory beside them (the hybrid
-    runtime's metric names), each rank's peak memory; the loss is the sum of the tasks' (the first iteration's
-    equals the one-process reference's)."""
-    from worker.launch import run_locally
-
-    doc = planned("captioning")
-    steps = 3
-    metrics = run_locally(doc, nproc=4, steps=steps, workdir=tmp_path, timeout_s=120, max_launches=1)
-    assert len(metrics["step_times_s"]) == steps and all(t > 0 for t in metrics["step_times_s"])
-    assert metrics["step_time_s"] > 0
-    estimate = doc["result"]["estimate"]
-    assert metrics["predicted_step_time_s"] == estimate["iteration_time_s"]
-    assert metrics["predicted_peak_memory_gib"] == estimate["peak_memory_gib"]
-    assert len(metrics["peak_memory_gib_per_rank"]) == 4 and metrics["peak_memory_gib"] > 0
-    expected, _ = reference("captioning")
-    assert metrics["loss"] == pytest.approx([sum(e.values()) for e in expected], abs=2 * TOL)
-    progress = [json.loads(line) for line in (tmp_path / "launch-1" / "progress.jsonl").read_text().splitlines()]
-    assert [p["step"] for p in progress] == list(range(steps))
-    assert progress[0]["task_loss"] == pytest.approx(expected[0], abs=TOL)
