@@ -31,8 +31,15 @@ from solvers.run_spindle import SpindleProgram
 
 
 def predicted_of(result: PlanResult | None) -> dict[str, Any]:
-    """What the plan predicts a run measures: its step (a Spindle iteration) and its peak memory per GPU."""
-    if isinstance(result, HybridResult | FlexSPResult):
+    """What the plan predicts a run measures: its step (a Spindle iteration) and its peak memory per GPU; for a
+    hybrid plan also the constants it was priced with (``calibration_set``: a stored set's name, version and why it
+    was chosen, or null name for the shipped constants)."""
+    if isinstance(result, HybridResult):
+        used = result.estimate.calibration_set
+        return {"step_time_s": result.estimate.step_time_s, "peak_memory_gib": result.estimate.peak_memory_gib,
+                "calibration_set": None if used is None else {"name": used.name, "version": used.version,
+                                                               "chosen_by": used.chosen_by}}
+    if isinstance(result, FlexSPResult):
         return {"step_time_s": result.estimate.step_time_s, "peak_memory_gib": result.estimate.peak_memory_gib}
     if isinstance(result, SpindleResult):
         return {"step_time_s": result.estimate.iteration_time_s, "peak_memory_gib": result.estimate.peak_memory_gib}

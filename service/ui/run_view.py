@@ -81,6 +81,11 @@ def build(run: Mapping[str, Any], request: Mapping[str, Any] | None = None) -> R
     """The run's page; ``request``: its plan's request (what the prediction was made for)."""
     metrics, predicted = run["metrics"], run["predicted"]
     view = RunView(metrics=dict(metrics), notes=prediction_notes(request or {}, metrics))
+    used = predicted.get("calibration_set")
+    if isinstance(used, Mapping):
+        view.notes.insert(0, f"Predicted with calibration set {used.get('name')} v{used.get('version')} (chosen by "
+                             f"{used.get('chosen_by')})." if used.get("name") else
+                             "Predicted with the shipped constants (no calibration set applied).")
     per_rank = _floats(metrics.get("peak_memory_gib_per_rank"))
     measured_peak = max(per_rank) if per_rank else fmt.as_float(metrics.get("peak_memory_gib"))
     per = "rank" if str(metrics.get("device") or "").lower() == "cpu" else "GPU"

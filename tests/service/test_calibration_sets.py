@@ -109,6 +109,18 @@ def test_the_first_run_calibrates_its_cluster_and_the_next_plan_is_priced_closer
     page = client.get(f"/plans/{second['id']}", headers=_auth(submit))
     assert page.status_code == 200 and "calibration set h100-fused v1 (cluster)" in page.text
 
+    # the first plan's request again is now priced with the set, and a run of it says so on its page (the first
+    # run's page: the shipped constants it was predicted with)
+    again = client.post("/v1/plans", json=first["request"] | {"cost_model": {}}, headers=_auth(submit)).json()
+    _solve_queued(client, db, again["id"], submit)
+    rerun = _measured_run(client, db, again["id"], tokens, 1.0)
+    assert client.get(f"/v1/runs/{rerun}", headers=_auth(submit)).json()["predicted"]["calibration_set"] == {
+        "name": "h100-fused", "version": 1, "chosen_by": "cluster"}
+    page = client.get(f"/runs/{rerun}", headers=_auth(submit))
+    assert page.status_code == 200 and "calibration set h100-fused v1 (chosen by cluster)" in page.text
+    page = client.get(f"/runs/{run_id}", headers=_auth(submit))
+    assert "Predicted with the shipped constants" in page.text
+
 
 def _measurements(strategies: list[dict[str, Any]], request: dict[str, Any] = H100) -> list[dict[str, Any]]:
     return [{"request": request, "strategy": s, "step_time_s": measured_s(request, s)} for s in strategies]

@@ -38,7 +38,7 @@ def test_run_lifecycle(client: Any, db: Database, make_token: Callable[[str], st
     r = client.post(f"/v1/plans/{plan_id}/runs", json={"steps": 5}, headers=_auth(submit))
     assert r.status_code == 201 and r.json()["status"] == "queued"
     run_id = r.json()["id"]
-    assert r.json()["predicted"] == {"step_time_s": 4.2, "peak_memory_gib": 30.5}
+    assert r.json()["predicted"] == {"step_time_s": 4.2, "peak_memory_gib": 30.5, "calibration_set": None}
 
     wid = _register(client, worker_token)
     assert client.post(f"/v1/workers/{wid}/heartbeat", headers=_auth(worker_token)).json() == {"ok": True}

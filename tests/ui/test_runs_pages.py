@@ -126,7 +126,8 @@ def test_a_cpu_run_without_a_profile_says_what_its_prediction_is(ui_client: Test
     plan_id = store_plan(ui_db, CPU_REQUEST, result.to_json())
     html = ui_client.get(f"/runs/{_completed_run(ui_db, plan_id, 'cpu')}").text
     notes = re.findall(r'<p class="note prediction-note">(.*?)</p>', html, re.S)
-    assert len(notes) == 2, notes
+    assert len(notes) == 3, notes
+    assert notes.pop(0) == "Predicted with the shipped constants (no calibration set applied)."
     assert notes[0].startswith("The plan was priced for the cpu preset&#39;s nominal speed, without a profile of "
                                "this host: its step time is a placeholder")
     assert "paraplan worker profile" in notes[0]
