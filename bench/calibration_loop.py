@@ -1,0 +1,83 @@
+"""Closed-loop calibration on this machine (issue 34): the first run on a CPU "cluster" calibrates its set; other
+plans on that cluster are then predicted with the set's constants and measured, against their prediction with the
+constants the request started from.
+
+    .venv/bin/python bench/calibration_loop.py              # first run dp4, then four other plans, 4 gloo ranks
+    .venv/bin/python bench/calibration_loop.py --steps 8
+
+The first plan (``FIRST``) is run with the worker runtime (``worker.launch.run_locally``, as a worker daemon
+launches it) and its measured step fits a set exactly as ``POST /v1/calibration-sets`` does
+(``solvers.cost_model.fitting.fit_calibration`` on ``measurement_of`` the run; the set's few constants, from the
+constants the request is priced with: the analytic model with ``bench/closed_loop.py``'s CPU calibration and the
+``cpu`` GPU at a nominal 0.2 TFLOP/s, no profile). Each other plan (``OTHERS``, none of them seen by the fit) is
+predicted before (the starting constants) and after (the set's), then run and measured; the error of each is
+printed, and their mean. Predictions are estimates, measurements are the median step after warm-up; the others
+are held out from the fit. The machine is shared: the load average is printed with the table."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.closed_loop import CPU_CALIBRATION, MODEL, PLANS_4, RANKS, request  # noqa: E402
+from solvers.cost_model.calibration import DEFAULT_CALIBRATION  # noqa: E402
+from solvers.cost_model.fitting import fit_calibration, measurement_of, predict_s  # noqa: E402
+from worker.launch import run_locally  # noqa: E402
+
+FIRST = "dp4"
+OTHERS = ("dp4-recompute", "dp4-zero3", "tp4", "pp2-dp2-gpipe")
+
+
+def measured_step_s(name: str, steps: int, work: Path) -> float:
+    req = request(PLANS_4[name], None)
+    metrics = run_locally({"kind": "hybrid", "request": req}, RANKS, steps, work / name)
+    return float(metrics["step_time_s"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=6)
+    args = ap.parse_args()
+    assert all(PLANS_4[n][1] is MODEL and PLANS_4[n][2] == 1 for n in (FIRST, *OTHERS))  # one cluster, one model
+    work = Path(tempfile.mkdtemp(prefix="calibration-loop-"))
+    t0 = time.time()
+    start = replace(DEFAULT_CALIBRATION, **CPU_CALIBRATION)  # what the requests are priced with before any set
+
+    def measurement(name: str, step_s: float) -> Any:
+        strategy, _, _ = PLANS_4[name]
+        return measurement_of(request(PLANS_4[name], None), strategy, step_s)
+
+    first_s = measured_step_s(FIRST, args.steps, work)
+    fit = fit_calibration([measurement(FIRST, first_s)], start=start)
+    changed = {k: round(v, 6) for k, v in fit.report.model_dump().items() if k in ("start_mape", "fit_mape")}
+    print(f"first run {FIRST}: measured {first_s:.4f} s; set fitted on it: {changed} "
+          f"(constants {', '.join(fit.report.keys)})")
+    print(f"\n{'plan (held out)':<18}{'measured s':>11}{'before s':>10}{'error':>9}{'after s':>10}{'error':>9}"
+          f"{'load':>6}")
+    before_err, after_err = [], []
+    for name in OTHERS:
+        got = measured_step_s(name, args.steps, work)
+        m = measurement(name, got)
+        before, after = predict_s(m, start), predict_s(m, fit.constants)
+        before_err.append(abs(before / got - 1))
+        after_err.append(abs(after / got - 1))
+        print(f"{name:<18}{got:>11.4f}{before:>10.4f}{100 * (before / got - 1):>8.1f}%{after:>10.4f}"
+              f"{100 * (after / got - 1):>8.1f}%{os.getloadavg()[0]:>6.1f}", flush=True)
+    n = len(OTHERS)
+    print(f"\nmean absolute error over the {n} held-out plans: before the set {100 * sum(before_err) / n:.1f}%, "
+          f"with the set fitted on the first run {100 * sum(after_err) / n:.1f}% ({time.time() - t0:.0f} s, load "
+          f"average {os.getloadavg()})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
