@@ -1,10 +1,10 @@
 """Closed loop on this machine: profile the CPU "cluster", predict the step time of several plans with the
 cost model calibrated by that profile, run the plans with the worker runtime, compare.
 
-    .venv/bin/python bench/closed_loop.py                 # profile, predict, run 20 plans on 4 gloo ranks
+    .venv/bin/python bench/closed_loop.py --interleave 4    # 20 plans on 4 gloo ranks, profiled in their launch
+    .venv/bin/python bench/closed_loop.py                 # profile first, then one daemon-style launch per plan
     .venv/bin/python bench/closed_loop.py --profile P.json  # reuse a profile written by worker.profiler
     .venv/bin/python bench/closed_loop.py --ranks 2         # 7 plans on 2 ranks (one core per rank here)
-    .venv/bin/python bench/closed_loop.py --interleave 4    # all 1-node plans in one launch, round-robin
 
 Plans on 4 ranks (``PLANS_4``): 10 uniform dense ones (dp4 with ZeRO-0/1/3 and recompute, tp4, tp2 x Megatron-SP
 x dp2 ZeRO-2, pp4 1F1B / GPipe, pp2 x tp2, pp2 x dp2), ring-attention cp (cp2 x dp2, cp4 ZeRO-3), three per-layer
@@ -15,17 +15,29 @@ meeting at a c10d rendezvous on this host and priced on a 2 x 2 cluster. ``HELD_
 before any modelling change was tuned on this bench (mix-z3-z2-tp4-z1-emb-tp4, cp4-zero3, moe-ep2-etp2-tp2-dp2,
 2node-dp4-zero3, pp2-tp2-1f1b); their MAPE and Spearman are printed apart.
 
+With ``--interleave`` (and no ``--profile`` / ``--separate-profile``) the profile is taken inside the launch
+that runs the plans: every round is one pass of ``worker.profiler.measure_node`` with the round's plans run
+between its measurements, so profile and plans share the machine's background load (this host is shared, and
+a profile taken minutes earlier under another load missed by 20-40 %). The passes are merged point by point
+(median, ``worker.profiler.merge_profiles``); the plans are priced from the merged profile after they ran, by
+the cost model alone (nothing is fitted to their measured times). The multi-node launch profiles its
+collectives (those across its nodes are new: groups spanning the two agents) and takes the rest from the 1-node
+launch's profile.
+
 What the profile carries beyond layer and collective times (all measured by ``worker.profiler``, none fitted
 to these plans): layer times with every rank busy (median repeat), Megatron-SP layer times as the runtime
-runs them, the model's MoE layer (all experts on one rank), FSDP2's per-layer wrapper overhead with and without
-resharding, the host contention (a layer with all ranks busy vs one rank alone: idle pipeline ranks hand their
-cores to busy ones), p2p send/recv (the cluster's link bandwidth in the request, ``measured_links``) and the AdamW
-step time per parameter (passed to the cost model as ``optimizer_traffic_bytes`` at the measured bandwidth).
+runs them, ring-attention layers as the runtime runs them (cp 2 and 4, the ring's exchanges inside), the model's
+MoE layer (all experts on one rank), FSDP2's per-layer wrapper overhead with and without resharding, the host
+contention (a layer with all ranks busy vs one rank alone: idle pipeline ranks hand their cores to busy ones),
+p2p send/recv (the cluster's link bandwidth in the request, ``measured_links``) and the AdamW step time per
+parameter over the model's blocks (passed to the cost model as ``optimizer_traffic_bytes`` at the measured
+bandwidth).
 
-Prints a table (predicted vs measured step time per plan, * = held out), the MAPE and Spearman's rank
-correlation over all plans and over the held-out ones. Goal (issue 31): over all plans MAPE <= 20 %, Spearman
->= 0.9, reported apart for the held-out plans. Measured step time = median of the steps after warm-up.
-The machine is shared: the load average is printed with the table, as noise on it is noise in the result.
+Prints a table (predicted vs measured step time per plan, * = held out), the spread of the measured times,
+the MAPE and Spearman's rank correlation over all plans, over the plans tuned on and over the held-out ones.
+Goal (issue 31): over all plans MAPE <= 20 %, Spearman >= 0.9, reported apart for the held-out plans. Measured
+step time = median of the steps after warm-up. The machine is shared: the load average is printed at the start
+and the end, as noise on it is noise in the result.
 """
 
 from __future__ import annotations

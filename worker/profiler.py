@@ -33,7 +33,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from solvers.cost_model.profile import CollectiveOp
 from worker.runtime.model import Block, ModelConfig
 
-MESSAGE_BYTES = (16 * 2**10, 256 * 2**10, 2 * 2**20, 8 * 2**20)
+# up to 32 MiB: a small model's whole gradient (the closed loop's is 25 MB) is one flat all-reduce in the runtime
+MESSAGE_BYTES = (16 * 2**10, 256 * 2**10, 2 * 2**20, 8 * 2**20, 32 * 2**20)
 
 # Meshes and process groups made once per process: ``measure_node`` may run many times in one launch (the closed
 # loop interleaves profile passes with the plans it runs), and every new gloo group adds threads to each rank.
@@ -72,7 +73,8 @@ def _median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> flo
 
 
 def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int,
-               block: torch.nn.Module | None = None, seq_shards: int = 1) -> tuple[float, float]:
+               block: torch.nn.Module | None = None, seq_shards: int = 1, together: bool = True
+               ) -> tuple[float, float]:
     """(forward, backward) seconds of one block (a fresh one, or ``block``) on a (batch, seq, hidden) input;
     with ``seq_shards`` > 1 each rank holds its sequence shard, as Megatron SP hands the residual between blocks."""
     torch.manual_seed(0)
@@ -83,6 +85,10 @@ def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, rep
     fwd, bwd = [], []
     for i in range(repeats + 1):
         sync()
+        if together and dist.is_initialized():
+            # every rank starts each repeat together, as data-parallel ranks start each micro-batch: left to drift
+            # apart, a rank's repeats overlapped its neighbours' idle waits and measured uncontended speed
+            dist.barrier()
         t0 = time.perf_counter()
         y = block(x)
         sync()
@@ -235,7 +241,7 @@ def host_contention(cfg: ModelConfig, batch: int, seq: int, device: torch.device
     alone = torch.zeros(1, dtype=torch.float64)
     dist.barrier()
     if dist.get_rank() == 0:
-        alone[0] = sum(layer_time(cfg, batch, seq, device, repeats))
+        alone[0] = sum(layer_time(cfg, batch, seq, device, repeats, together=False))
     dist.barrier()
     dist.broadcast(alone, src=0)
     return {"busy_ranks": dist.get_world_size(), "slowdown": max(1.0, busy_s / float(alone[0]))}
