@@ -1,10 +1,10 @@
 """Closed loop on this machine: profile the CPU "cluster", predict the step time of several plans with the
 cost model calibrated by that profile, run the plans with the worker runtime, compare.
 
-    .venv/bin/python bench/closed_loop.py                 # profile, predict, run 20 plans on 4 gloo ranks
+    .venv/bin/python bench/closed_loop.py --interleave 4    # 20 plans on 4 gloo ranks, profiled in their launch
+    .venv/bin/python bench/closed_loop.py                 # profile first, then one daemon-style launch per plan
     .venv/bin/python bench/closed_loop.py --profile P.json  # reuse a profile written by worker.profiler
     .venv/bin/python bench/closed_loop.py --ranks 2         # 7 plans on 2 ranks (one core per rank here)
-    .venv/bin/python bench/closed_loop.py --interleave 4    # all 1-node plans in one launch, round-robin
 
 Plans on 4 ranks (``PLANS_4``): 10 uniform dense ones (dp4 with ZeRO-0/1/3 and recompute, tp4, tp2 x Megatron-SP
 x dp2 ZeRO-2, pp4 1F1B / GPipe, pp2 x tp2, pp2 x dp2), ring-attention cp (cp2 x dp2, cp4 ZeRO-3), three per-layer
@@ -15,17 +15,29 @@ meeting at a c10d rendezvous on this host and priced on a 2 x 2 cluster. ``HELD_
 before any modelling change was tuned on this bench (mix-z3-z2-tp4-z1-emb-tp4, cp4-zero3, moe-ep2-etp2-tp2-dp2,
 2node-dp4-zero3, pp2-tp2-1f1b); their MAPE and Spearman are printed apart.
 
+With ``--interleave`` (and no ``--profile`` / ``--separate-profile``) the profile is taken inside the launch
+that runs the plans: every round is one pass of ``worker.profiler.measure_node`` with the round's plans run
+between its measurements, so profile and plans share the machine's background load (this host is shared, and
+a profile taken minutes earlier under another load missed by 20-40 %). The passes are merged point by point
+(median, ``worker.profiler.merge_profiles``); the plans are priced from the merged profile after they ran, by
+the cost model alone (nothing is fitted to their measured times). The multi-node launch profiles its
+collectives (those across its nodes are new: groups spanning the two agents) and takes the rest from the 1-node
+launch's profile.
+
 What the profile carries beyond layer and collective times (all measured by ``worker.profiler``, none fitted
 to these plans): layer times with every rank busy (median repeat), Megatron-SP layer times as the runtime
-runs them, the model's MoE layer (all experts on one rank), FSDP2's per-layer wrapper overhead with and without
-resharding, the host contention (a layer with all ranks busy vs one rank alone: idle pipeline ranks hand their
-cores to busy ones), p2p send/recv (the cluster's link bandwidth in the request, ``measured_links``) and the AdamW
-step time per parameter (passed to the cost model as ``optimizer_traffic_bytes`` at the measured bandwidth).
+runs them, ring-attention layers as the runtime runs them (cp 2 and 4, the ring's exchanges inside), the model's
+MoE layer (all experts on one rank), FSDP2's per-layer wrapper overhead with and without resharding, the host
+contention (a layer with all ranks busy vs one rank alone: idle pipeline ranks hand their cores to busy ones),
+p2p send/recv (the cluster's link bandwidth in the request, ``measured_links``) and the AdamW step time per
+parameter over the model's blocks (passed to the cost model as ``optimizer_traffic_bytes`` at the measured
+bandwidth).
 
-Prints a table (predicted vs measured step time per plan, * = held out), the MAPE and Spearman's rank
-correlation over all plans and over the held-out ones. Goal (issue 31): over all plans MAPE <= 20 %, Spearman
->= 0.9, reported apart for the held-out plans. Measured step time = median of the steps after warm-up.
-The machine is shared: the load average is printed with the table, as noise on it is noise in the result.
+Prints a table (predicted vs measured step time per plan, * = held out), the spread of the measured times,
+the MAPE and Spearman's rank correlation over all plans, over the plans tuned on and over the held-out ones.
+Goal (issue 31): over all plans MAPE <= 20 %, Spearman >= 0.9, reported apart for the held-out plans. Measured
+step time = median of the steps after warm-up. The machine is shared: the load average is printed at the start
+and the end, as noise on it is noise in the result.
 """
 
 from __future__ import annotations
@@ -192,15 +204,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+PROFILE_SPEC: dict[str, Any] = {"model": MOE_MODEL, "batches": [1, 2, 4, 8, 16], "seqs": [TRAINING["seq_length"]]}
+
+
 def measure_interleaved(docs: dict[str, dict[str, Any]], ranks: int, rounds: int, steps: int, workdir: Path,
-                        nnodes: int = 1) -> dict[str, float]:
+                        nnodes: int = 1, profile: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run every plan in one launch, round-robin (``rounds`` x ``steps`` steps each, after one warm-up round),
-    so that a change in the machine's background load hits all plans alike; median step time per plan.
+    so that a change in the machine's background load hits all plans alike: ``{"times": {plan: median step
+    time}, "profiles": [...]}``. With ``profile`` (``PROFILE_SPEC`` and ``repeats``, optionally ``"scope":
+    "collectives"``) each round is also one pass of ``worker.profiler.measure_node`` (or of its collectives only)
+    on the same ranks, the round's plans run between its measurements, evenly spread: the profile is taken under
+    the load the plans see (the warm-up round's pass is discarded).
     ``nnodes`` > 1: that many torchrun agents on this host (``ranks // nnodes`` ranks each), node 0 hosting the
     c10d rendezvous, as ``worker.launch`` starts the nodes of a multi-node run."""
     spec = workdir / f"interleave-{nnodes}n.json"
     out = workdir / f"interleave-{nnodes}n-out.json"
-    spec.write_text(json.dumps({"plans": docs, "rounds": rounds, "steps": steps}))
+    spec.write_text(json.dumps({"plans": docs, "rounds": rounds, "steps": steps, "profile": profile}))
     entry = [str(Path(__file__).resolve()), "--interleaved-rank", str(spec), str(out)]
     run = sys.executable, "-m", "torch.distributed.run"
     if nnodes == 1:
@@ -215,8 +234,25 @@ def measure_interleaved(docs: dict[str, dict[str, Any]], ranks: int, rounds: int
         codes = [p.wait(timeout=1800) for p in procs]
         if any(codes):
             raise RuntimeError(f"{nnodes}-node launch failed: exit codes {codes}")
-    result: dict[str, float] = json.loads(out.read_text())
+    result: dict[str, Any] = json.loads(out.read_text())
     return result
+
+
+def _profile_pass(spec: dict[str, Any], pause: Callable[[], None]) -> dict[str, Any]:
+    """One pass of ``worker.profiler``'s measurements on the launched ranks (see ``measure_interleaved``), calling
+    ``pause`` between two measurements."""
+    import torch
+
+    from solvers.specs import ModelSpec
+    from worker import profiler
+    from worker.runtime.model import ModelConfig
+
+    full = ModelConfig.from_spec(ModelSpec.model_validate(spec["model"]))
+    device, repeats = torch.device("cpu"), int(spec["repeats"])
+    if spec.get("scope") == "collectives":
+        return {"profile": {"collectives": profiler.profile_collectives(torch.distributed.get_world_size(), device,
+                                                                        repeats, pause=pause)}}
+    return profiler.measure_node(full, spec["batches"], spec["seqs"], None, device, repeats, pause=pause)
 
 
 def interleaved_rank(spec_path: Path, out: Path) -> int:
@@ -236,19 +272,45 @@ def interleaved_rank(spec_path: Path, out: Path) -> int:
     models = {name: parallelize(from_document(*load_plan(doc), world_size=world), 0, torch.device("cpu"))
               for name, doc in spec["plans"].items()}
     times: dict[str, list[float]] = {name: [] for name in models}
+    profiles: list[dict[str, Any]] = []
     step = 0
-    for r in range(spec["rounds"] + 1):
-        for name, pm in models.items():
-            for _ in range(spec["steps"]):
-                tokens = global_batch(pm.plan.model.vocab_size, pm.plan.global_batch_size, pm.plan.seq_length, 0, step)
-                dist.barrier()
-                start = time.perf_counter()
-                pm.train_step(tokens)
-                if r > 0:  # round 0 warms every plan up
-                    times[name].append(time.perf_counter() - start)
-                step += 1
+
+    def run(name: str, keep: bool) -> None:
+        nonlocal step
+        pm = models[name]
+        for _ in range(spec["steps"]):
+            tokens = global_batch(pm.plan.model.vocab_size, pm.plan.global_batch_size, pm.plan.seq_length, 0, step)
+            dist.barrier()
+            start = time.perf_counter()
+            pm.train_step(tokens)
+            if keep:
+                times[name].append(time.perf_counter() - start)
+            step += 1
+
+    names = list(models)
+    pauses, every = 0, 1
+    for r in range(spec["rounds"] + 1):  # round 0 warms every plan (and the profiler) up
+        queue = names[r % len(names):] + names[:r % len(names)]  # each round starts at another plan
+
+        def pause(r: int = r, queue: list[str] = queue, every: int = every) -> None:
+            nonlocal pauses
+            pauses += 1
+            if queue and pauses % every == 0:
+                run(queue.pop(0), r > 0)
+
+        if spec.get("profile"):
+            # the profile pass with the round's plans spread over it (a plan's steps every ``every`` measurements)
+            pauses = 0
+            doc = _profile_pass(spec["profile"], pause)
+            if r > 0:
+                profiles.append(doc)
+            else:
+                every = max(1, pauses // len(names))
+        for name in queue:
+            run(name, r > 0)
     if dist.get_rank() == 0:
-        out.write_text(json.dumps({name: statistics.median(t) for name, t in times.items()}))
+        out.write_text(json.dumps({"times": {name: statistics.median(t) for name, t in times.items()},
+                                   "samples": times, "profiles": profiles}))
     dist.barrier()
     return 0
 
@@ -275,6 +337,30 @@ def scores(rows: list[dict[str, Any]]) -> tuple[float, float]:
     return mape, spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
 
 
+def with_collectives_across(base: dict[str, Any], passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """``base`` (a 1-node launch's merged profile) with the collectives across nodes that a multi-node launch's
+    collective-only passes measured (the median of the passes), for the plans of that launch."""
+    import statistics
+
+    across: dict[tuple[Any, ...], list[float]] = {}
+    for p in passes:
+        for c in p["profile"]["collectives"]:
+            if c["across_nodes"]:
+                across.setdefault((c["op"], c["group_size"], c["message_bytes"]), []).append(c["time_ms"])
+    collectives = [c for c in base["profile"]["collectives"] if not c["across_nodes"]] + [
+        {"op": op, "group_size": size, "across_nodes": True, "message_bytes": nbytes, "time_ms": statistics.median(t)}
+        for (op, size, nbytes), t in across.items()]
+    return {"profile": {**base["profile"], "collectives": collectives}, "device": base["device"]}
+
+
+def describe(profiled: dict[str, Any], label: str) -> None:
+    prof, dev = profiled["profile"], profiled["device"]
+    print(f"{label}: host {prof.get('host')}; wrapper overheads {prof.get('overheads', [])}; "
+          f"AdamW {1e9 * dev.get('optimizer_s_per_param', 0.0):.2f} ns/param; {len(prof['layer_times'])} layer points, "
+          f"{len(prof['collectives'])} collective points, {dev['peak_tflops']:.3f} TFLOP/s and "
+          f"{dev['memory_bandwidth_GBps']:.1f} GB/s per rank", flush=True)
+
+
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--interleaved-rank":
         code = interleaved_rank(Path(sys.argv[2]), Path(sys.argv[3]))
@@ -289,32 +375,46 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                     help="measure all plans in one launch, round-robin, ROUNDS x 2 steps each (less exposed to "
-                         "background load drifting between plans); default: one daemon-style launch per plan")
+                         "background load drifting between plans), each round after one profile pass on the same "
+                         "ranks (unless --profile or --separate-profile); default: one daemon-style launch per plan")
+    ap.add_argument("--separate-profile", action="store_true",
+                    help="with --interleave: profile in a launch of its own before the plans run")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="closed-loop-"))
     t0 = time.time()
+    print(f"load average at start {os.getloadavg()}", flush=True)
     ranks, plans = args.ranks, PLANS[args.ranks]
-    profiled = json.loads(args.profile.read_text()) if args.profile else run_profiler(work, args.repeats, ranks)
-    host, over = profiled["profile"].get("host"), profiled["profile"].get("overheads", [])
-    print(f"host: {host}; wrapper overheads: {over}; "
-          f"AdamW {1e9 * profiled['device'].get('optimizer_s_per_param', 0.0):.2f} ns/param")
-    print(f"profile: {len(profiled['profile']['layer_times'])} layer points, "
-          f"{len(profiled['profile']['collectives'])} collective points, {profiled['device']['peak_tflops']:.3f} "
-          f"TFLOP/s and {profiled['device']['memory_bandwidth_GBps']:.1f} GB/s per rank ({time.time() - t0:.0f} s)")
+    names = args.plans.split(",") if args.plans else list(plans)
+    in_launch = bool(args.interleave) and args.profile is None and not args.separate_profile
+    profiled: dict[str, Any] | None = None
+    if not in_launch:
+        profiled = json.loads(args.profile.read_text()) if args.profile else run_profiler(work, args.repeats, ranks)
+        describe(profiled, f"profile ({time.time() - t0:.0f} s)")
+    # no result: the worker runs the request's strategy as the cost model reads it, the plan the predictor priced
+    # (the runtime reads the strategy, not the cost model, so an in-launch profile is not needed to build them)
+    docs = {n: {"kind": "hybrid", "request": request(plans[n], profiled, ranks)} for n in names}
+    interleaved: dict[str, float] = {}
+    samples: dict[str, list[float]] = {}
+    profile_of_nodes: dict[int, dict[str, Any]] = {}
+    profile_spec = {**PROFILE_SPEC, "repeats": args.repeats} if in_launch else None
+    launches = sorted({plans[n][2] for n in names} if args.interleave else set(plans[n][2] for n in names) - {1})
+    for nnodes in launches:  # a multi-node run is its own launch (its nodes meet at one rendezvous)
+        group = {n: d for n, d in docs.items() if plans[n][2] == nnodes}
+        # after a 1-node launch, a multi-node one profiles only its collectives (those across nodes are new)
+        spec = {**profile_spec, "scope": "collectives"} if profile_spec and 1 in profile_of_nodes else profile_spec
+        got = measure_interleaved(group, ranks, args.interleave or max(1, args.steps // 2), 2, work, nnodes, spec)
+        interleaved |= got["times"]
+        samples |= got.get("samples", {})
+        if got["profiles"]:
+            from worker.profiler import merge_profiles
+
+            merged = merge_profiles(got["profiles"]) if spec is profile_spec else with_collectives_across(
+                profile_of_nodes[1], got["profiles"])
+            profile_of_nodes[nnodes] = merged
+            describe(merged, f"{nnodes}-node launch, {len(got['profiles'])} profile passes "
+                             f"({time.time() - t0:.0f} s, load {os.getloadavg()[0]:.1f})")
     predictor = PREDICTORS[args.predictor]
     rows: list[dict[str, Any]] = []
-    names = args.plans.split(",") if args.plans else list(plans)
-    # no result: the worker runs the request's strategy as the cost model reads it, the plan the predictor priced
-    docs = {n: {"kind": "hybrid", "request": request(plans[n], profiled, ranks)} for n in names}
-    predicted = {n: predictor(plans[n], profiled, ranks) for n in names}  # every plan priced before any runs
-    interleaved: dict[str, float] = {}
-    multi_node = sorted({plans[n][2] for n in names} - {1})
-    if args.interleave:
-        single = {n: d for n, d in docs.items() if plans[n][2] == 1}
-        interleaved = measure_interleaved(single, ranks, args.interleave, 2, work) if single else {}
-    for nnodes in multi_node:  # a multi-node run is its own launch (its nodes meet at one rendezvous)
-        group = {n: d for n, d in docs.items() if plans[n][2] == nnodes}
-        interleaved |= measure_interleaved(group, ranks, args.interleave or max(1, args.steps // 2), 2, work, nnodes)
     for name in names:
         load = os.getloadavg()[0]
         if name in interleaved:
@@ -322,23 +422,32 @@ def main() -> int:
         else:
             metrics = run_locally(docs[name], ranks, args.steps, work / name)
             measured, notes = float(metrics["step_time_s"]), metrics.get("notes", [])
-        rows.append({"plan": name, "predicted_s": predicted[name], "measured_s": measured,
-                     "error": (predicted[name] - measured) / measured, "load": load, "notes": notes,
+        # priced by the cost model from the profile: taken before any plan ran, or in the plan's own launch
+        predicted = predictor(plans[name], profiled or profile_of_nodes[plans[name][2]], ranks)
+        rows.append({"plan": name, "predicted_s": predicted, "measured_s": measured,
+                     "error": (predicted - measured) / measured, "load": load, "notes": notes,
                      "held_out": name in HELD_OUT, "nodes": plans[name][2]})
-        print(f"  {name}: predicted {predicted[name]:.3f} s, measured {measured:.3f} s (load {load:.1f})", flush=True)
-    print(f"\n{'plan':<28}{'predicted s':>13}{'measured s':>12}{'error':>9}{'load':>7}")
+    print(f"\n{'plan':<28}{'predicted s':>13}{'measured s':>12}{'error':>9}")
     for r in rows:
         print(f"{r['plan'] + (' *' if r['held_out'] else ''):<28}{r['predicted_s']:>13.4f}{r['measured_s']:>12.4f}"
-              f"{100 * r['error']:>8.1f}%{r['load']:>7.1f}")
+              f"{100 * r['error']:>8.1f}%")
     mape, rho = scores(rows)
     held = [r for r in rows if r["held_out"]]
-    print(f"\nall {len(rows)} plans: MAPE {100 * mape:.1f}% (goal <= 20%)   Spearman {rho:.3f} (goal >= 0.9)   "
+    measured_s = sorted(r["measured_s"] for r in rows)
+    print(f"\nmeasured step times {measured_s[0]:.3f} .. {measured_s[-1]:.3f} s")
+    print(f"all {len(rows)} plans: MAPE {100 * mape:.1f}% (goal <= 20%)   Spearman {rho:.3f} (goal >= 0.9)   "
           f"on {ranks} gloo ranks, {time.time() - t0:.0f} s, load average {os.getloadavg()}")
+    tuned = [r for r in rows if not r["held_out"]]
+    if held and tuned:
+        t_mape, t_rho = scores(tuned)
+        print(f"tuned-on ({len(tuned)} plans): MAPE {100 * t_mape:.1f}%   Spearman {t_rho:.3f}")
     if held:
         h_mape, h_rho = scores(held)
         print(f"held out (* {len(held)} plans, fixed before tuning): MAPE {100 * h_mape:.1f}%   Spearman {h_rho:.3f}")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "mape": mape, "spearman": rho}, indent=1))
+        args.json.write_text(json.dumps({"rows": rows, "mape": mape, "spearman": rho,
+                                         "samples": samples,
+                                         "profiles": {str(k): v for k, v in profile_of_nodes.items()}}, indent=1))
     return 0
 
 

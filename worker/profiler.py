@@ -33,7 +33,32 @@ from torch.distributed.device_mesh import DeviceMesh
 from solvers.cost_model.profile import CollectiveOp
 from worker.runtime.model import Block, ModelConfig
 
-MESSAGE_BYTES = (16 * 2**10, 256 * 2**10, 2 * 2**20, 8 * 2**20)
+# up to 32 MiB: a small model's whole gradient (the closed loop's is 25 MB) is one flat all-reduce in the runtime
+MESSAGE_BYTES = (16 * 2**10, 256 * 2**10, 2 * 2**20, 8 * 2**20, 32 * 2**20)
+
+# Meshes and process groups made once per process: ``measure_node`` may run many times in one launch (the closed
+# loop interleaves profile passes with the plans it runs), and every new gloo group adds threads to each rank.
+_MESHES: dict[tuple[str, tuple[int, ...], tuple[str, ...]], DeviceMesh] = {}
+_GROUPS: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+
+def _mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (device_type, shape, names)
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return _MESHES[key]
+
+
+def _group(ranks: Sequence[int]) -> dist.ProcessGroup:
+    """The process group of ``ranks`` (collective: every rank asks for every group, in the same order)."""
+    key = tuple(ranks)
+    if key not in _GROUPS:
+        group = dist.new_group(list(ranks))
+        assert group is not None
+        _GROUPS[key] = group
+    return _GROUPS[key]
 
 
 def _median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
@@ -48,7 +73,8 @@ def _median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> flo
 
 
 def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int,
-               block: torch.nn.Module | None = None, seq_shards: int = 1) -> tuple[float, float]:
+               block: torch.nn.Module | None = None, seq_shards: int = 1, together: bool = True
+               ) -> tuple[float, float]:
     """(forward, backward) seconds of one block (a fresh one, or ``block``) on a (batch, seq, hidden) input;
     with ``seq_shards`` > 1 each rank holds its sequence shard, as Megatron SP hands the residual between blocks."""
     torch.manual_seed(0)
@@ -59,6 +85,10 @@ def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, rep
     fwd, bwd = [], []
     for i in range(repeats + 1):
         sync()
+        if together and dist.is_initialized():
+            # every rank starts each repeat together, as data-parallel ranks start each micro-batch: left to drift
+            # apart, a rank's repeats overlapped its neighbours' idle waits and measured uncontended speed
+            dist.barrier()
         t0 = time.perf_counter()
         y = block(x)
         sync()
@@ -78,12 +108,10 @@ def tensor_parallel_block(cfg: ModelConfig, tp: int, device: torch.device, seque
                           ) -> tuple[Block, DeviceMesh]:
     """One block sharded exactly as the runtime shards it (DTensor, Megatron layout, with or without SP) over
     contiguous groups of ``tp`` ranks, every group at once."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     from worker.runtime.model import Decoder
     from worker.runtime.tensor_parallel import apply_tensor_parallel
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size() // tp, tp), mesh_dim_names=("dp", "tp"))
+    mesh = _mesh(device.type, (dist.get_world_size() // tp, tp), ("dp", "tp"))
     torch.manual_seed(0)
     model = Decoder(replace(cfg, num_layers=1)).to(device)
     model.tok_embeddings = model.norm = model.output = None
@@ -108,8 +136,11 @@ def tensor_parallel_layer_time(cfg: ModelConfig, block: Block, tp_mesh: DeviceMe
     return max(fwd - comm, 0.25 * fwd), max(bwd - comm, 0.25 * bwd)
 
 
+Pause = Callable[[], None] | None  # called between measurements (see ``measure_node``)
+
+
 def profile_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int], tps: Sequence[int],
-                   device: torch.device, repeats: int) -> list[dict[str, Any]]:
+                   device: torch.device, repeats: int, pause: Pause = None) -> list[dict[str, Any]]:
     """Layer times, averaged over ranks (all ranks measure at once). Tensor-parallel layers are timed as the
     runtime runs them (DTensor), so its per-operator overhead is part of the profile."""
     out = []
@@ -127,11 +158,56 @@ def profile_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int]
                 t /= dist.get_world_size()
                 out.append({"batch": batch, "seq": seq, "tp": tp, "forward_ms": 1e3 * float(t[0]),
                             "backward_ms": 1e3 * float(t[1]), **({"sp": True} if sp else {})})
+                if pause:
+                    pause()
+    return out
+
+
+def context_parallel_block(cfg: ModelConfig, cp: int, device: torch.device) -> Block:
+    """One block whose attention is the runtime's ring attention over contiguous groups of ``cp`` ranks, every
+    group at once."""
+    from worker.runtime.ring_attention import apply_context_parallel
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mine: dist.ProcessGroup | None = None
+    for start in range(0, world, cp):  # every rank creates every group, in the same order
+        g = _group(range(start, start + cp))
+        if start <= rank < start + cp:
+            mine = g
+    assert mine is not None
+    torch.manual_seed(0)
+    block = Block(cfg).to(device)
+    apply_context_parallel(block, mine)
+    return block
+
+
+def profile_context_parallel_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int],
+                                    cps: Sequence[int], device: torch.device, repeats: int, pause: Pause = None
+                                    ) -> list[dict[str, Any]]:
+    """Ring-attention layers (``cp`` > 1, tp = 1) as the runtime runs them, each rank on ``batch`` samples of its
+    ``seq / cp`` tokens (two load-balanced chunks), averaged over ranks; the time includes the ring's K/V
+    exchanges (P2P within the cp group), its per-step kernels and merges."""
+    out = []
+    for seq in seqs:
+        for cp in cps:
+            if cp < 2 or seq % (2 * cp):
+                continue
+            block = context_parallel_block(cfg, cp, device)
+            for batch in batches:
+                dist.barrier()
+                f, b = layer_time(cfg, batch, seq, device, repeats, block=block, seq_shards=cp)
+                t = torch.tensor([f, b], dtype=torch.float64, device=device)
+                dist.all_reduce(t)
+                t /= dist.get_world_size()
+                out.append({"batch": batch, "seq": seq, "tp": 1, "cp": cp, "forward_ms": 1e3 * float(t[0]),
+                            "backward_ms": 1e3 * float(t[1])})
+                if pause:
+                    pause()
     return out
 
 
 def profile_moe_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int], device: torch.device,
-                       repeats: int) -> list[dict[str, Any]]:
+                       repeats: int, pause: Pause = None) -> list[dict[str, Any]]:
     """The model's MoE layer (router, capacity, all its experts on this rank: ep = etp = 1) by batch and sequence,
     ``layer_type`` "moe", averaged over ranks; none for a dense model. An expert-parallel rank computes the same
     routed rows of its experts (balanced routing); its all-to-alls are priced from the collectives."""
@@ -150,6 +226,8 @@ def profile_moe_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[
             t /= dist.get_world_size()
             out.append({"batch": batch, "seq": seq, "tp": 1, "forward_ms": 1e3 * float(t[0]),
                         "backward_ms": 1e3 * float(t[1]), "layer_type": "moe"})
+            if pause:
+                pause()
     return out
 
 
@@ -163,7 +241,7 @@ def host_contention(cfg: ModelConfig, batch: int, seq: int, device: torch.device
     alone = torch.zeros(1, dtype=torch.float64)
     dist.barrier()
     if dist.get_rank() == 0:
-        alone[0] = sum(layer_time(cfg, batch, seq, device, repeats))
+        alone[0] = sum(layer_time(cfg, batch, seq, device, repeats, together=False))
     dist.barrier()
     dist.broadcast(alone, src=0)
     return {"busy_ranks": dist.get_world_size(), "slowdown": max(1.0, busy_s / float(alone[0]))}
@@ -178,7 +256,6 @@ def fsdp_overheads(cfg: ModelConfig, batch: int, seq: int, device: torch.device,
     not be resharded); their time less two plain blocks' time less the collectives FSDP issues for them
     (all-gather forward, reduce-scatter backward, all-gather again backward when resharding), timed by the
     collective fit of this same profile."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from solvers.cost_model.profile import CollectiveTime, Profile
@@ -187,7 +264,8 @@ def fsdp_overheads(cfg: ModelConfig, batch: int, seq: int, device: torch.device,
     if world < 2:
         return []
     fit = Profile(collectives=[CollectiveTime.model_validate(c) for c in collectives])
-    mesh = init_device_mesh(device.type, (world,))
+    across = _nodes(world) > 1  # the world group spans the nodes of a multi-node launch
+    mesh = _mesh(device.type, (world,), ("fsdp",))
 
     def pair() -> torch.nn.Sequential:
         torch.manual_seed(0)
@@ -198,7 +276,7 @@ def fsdp_overheads(cfg: ModelConfig, batch: int, seq: int, device: torch.device,
     param_bytes = float(sum(p.numel() * p.element_size() for p in Block(cfg).parameters()))
 
     def coll(op: CollectiveOp) -> float:
-        t = float(fit.collective_s(op, np.array(param_bytes), np.array(world), np.array(False)))
+        t = float(fit.collective_s(op, np.array(param_bytes), np.array(world), np.array(across)))
         return t if math.isfinite(t) else 0.0
 
     gather, scatter = coll("allgather"), coll("reduce_scatter")
@@ -219,21 +297,37 @@ def fsdp_overheads(cfg: ModelConfig, batch: int, seq: int, device: torch.device,
     return out
 
 
-def optimizer_s_per_param(cfg: ModelConfig, device: torch.device, repeats: int) -> float:
-    """Seconds per parameter of one AdamW step (the runtime's optimizer) on a block, every rank at once."""
+def optimizer_s_per_param(cfg: ModelConfig, device: torch.device, repeats: int, blocks: int = 1) -> float:
+    """Seconds per parameter of one AdamW step (the runtime's optimizer) on ``blocks`` blocks' parameters, every
+    rank at once. The whole model's layers (``measure_node``) rather than one block: one block's states stay in
+    a CPU's caches, a model's do not (one block's rate was half the model's on this bench's CPU host)."""
     torch.manual_seed(0)
-    block = Block(cfg).to(device)
-    for p in block.parameters():
+    params = [p for _ in range(blocks) for p in Block(cfg).to(device).parameters()]
+    for p in params:
         p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW(block.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(params, lr=1e-4)
     dist.barrier()
     t = torch.tensor([_median_time(opt.step, repeats, warmup=2)], dtype=torch.float64)
     dist.all_reduce(t)
-    return float(t[0]) / dist.get_world_size() / sum(p.numel() for p in block.parameters())
+    return float(t[0]) / dist.get_world_size() / sum(p.numel() for p in params)
 
 
-def _groups(world: int, size: int) -> list[list[int]]:
-    return [list(range(s, s + size)) for s in range(0, world, size)]
+def _nodes(world: int) -> int:
+    """Nodes of this launch: torchrun's ``LOCAL_WORLD_SIZE`` ranks per node (one node without it)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return max(1, world // max(1, local))
+
+
+def _group_sets(world: int, nodes: int) -> list[tuple[list[list[int]], bool]]:
+    """Sets of disjoint groups to time at once, each with whether its groups span nodes: contiguous groups of
+    2, 4, 8, 16 ranks (as tp groups, or dp groups over contiguous ranks, are laid out), and on a multi-node launch
+    also the groups of one rank per node (a dp group across nodes under tp or cp inside a node)."""
+    local = world // nodes
+    sets = [([list(range(s, s + size)) for s in range(0, world, size)], size > local)
+            for size in (2, 4, 8, 16) if size <= world and world % size == 0]
+    if nodes > 1 and local > 1:
+        sets.append(([[r + n * local for n in range(nodes)] for r in range(local)], True))
+    return sets
 
 
 def _collective_fn(op: str, nbytes: int, group: dist.ProcessGroup, size: int, device: torch.device
@@ -254,19 +348,20 @@ def _collective_fn(op: str, nbytes: int, group: dist.ProcessGroup, size: int, de
 
 
 def profile_collectives(world: int, device: torch.device, repeats: int,
-                        sizes: Sequence[int] = MESSAGE_BYTES) -> list[dict[str, Any]]:
-    """Time per call of each collective by group size and message bytes (``message_bytes`` is the full
-    tensor: the all-reduced buffer, the gathered output, the reduce-scattered input, the all-to-all buffer)."""
+                        sizes: Sequence[int] = MESSAGE_BYTES, pause: Pause = None) -> list[dict[str, Any]]:
+    """Time per call of each collective by group size, placement (across nodes or not) and message bytes
+    (``message_bytes`` is the full tensor: the all-reduced buffer, the gathered output, the reduce-scattered
+    input, the all-to-all buffer)."""
     rank = dist.get_rank()
     out: list[dict[str, Any]] = []
-    group_sizes = [g for g in (2, 4, 8, 16) if g <= world and world % g == 0]
-    for size in group_sizes:
+    for groups, across in _group_sets(world, _nodes(world)):
         mine: dist.ProcessGroup | None = None
-        for ranks in _groups(world, size):  # every rank creates every group, in the same order
-            g = dist.new_group(ranks)
+        for ranks in groups:  # every rank creates every group, in the same order
+            g = _group(ranks)
             if rank in ranks:
                 mine = g
         assert mine is not None
+        size = len(groups[0])
         for op in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
             for nbytes in sizes:
                 fn = _collective_fn(op, nbytes, mine, size, device)
@@ -278,8 +373,10 @@ def profile_collectives(world: int, device: torch.device, repeats: int,
                     continue
                 agg = torch.tensor([t], dtype=torch.float64, device=device)
                 dist.all_reduce(agg, op=dist.ReduceOp.MAX)  # a collective ends when its slowest member does
-                out.append({"op": op, "group_size": size, "across_nodes": False, "message_bytes": float(nbytes),
+                out.append({"op": op, "group_size": size, "across_nodes": across, "message_bytes": float(nbytes),
                             "time_ms": 1e3 * float(agg[0])})
+            if pause:
+                pause()
     out.extend(profile_p2p(world, device, repeats, sizes))
     return out
 
@@ -341,6 +438,94 @@ def device_rates(device: torch.device, repeats: int = 5) -> dict[str, float]:
     return {"peak_tflops": float(t[0]), "memory_bandwidth_GBps": float(t[1])}
 
 
+def measure_node(full: ModelConfig, batches: Sequence[int], seqs: Sequence[int], tps: Sequence[int] | None,
+                 device: torch.device, repeats: int, name: str = "", pause: Pause = None,
+                 cps: Sequence[int] | None = None) -> dict[str, Any]:
+    """Every measurement of this module on the launched ranks (the process group is up): ``{"profile":
+    <Profile>, "device": {...}}``, the same on every rank. ``full`` is the model (its dense layers are timed, and
+    its MoE layer if it has one); ``tps`` default to the degrees dividing the heads and the world, ``cps`` (ring
+    attention) to 2, 4, 8 where they divide the world (``[]``: none). May run many
+    times in one process (meshes and groups are made once). ``pause``, if given, is called on every rank between
+    two measurements (about 50 calls a pass), as the same collective code: a caller may run other work there
+    (the closed-loop bench spreads its plans' steps over the pass)."""
+    cfg = replace(full, moe=None)
+    world = dist.get_world_size()
+    tps = list(tps or []) or [t for t in (1, 2, 4, 8)
+                              if t <= world and cfg.num_heads % t == 0 and cfg.num_kv_heads % t == 0]
+    started = time.perf_counter()
+    layers = profile_layers(cfg, batches, seqs, tps, device, repeats, pause)
+    layers += profile_moe_layers(full, batches, seqs, device, repeats, pause)
+    cps = [c for c in (2, 4, 8) if c <= world and world % c == 0] if cps is None else cps
+    layers += profile_context_parallel_layers(cfg, batches, seqs, cps, device, repeats, pause)
+    collectives = profile_collectives(world, device, repeats, pause=pause)
+    # the overheads and the contention at a mid-sized batch of the first sequence length
+    seq0 = layers[0]["seq"]
+    plain = [x for x in layers if x["tp"] == 1 and x["seq"] == seq0 and x.get("layer_type", "dense") == "dense"
+             and x.get("cp", 1) == 1]
+    mid = plain[len(plain) // 2]
+    overheads = fsdp_overheads(cfg, int(mid["batch"]), seq0, device, repeats, collectives)
+    if pause:
+        pause()
+    host = host_contention(cfg, int(mid["batch"]), seq0, device, repeats,
+                           (mid["forward_ms"] + mid["backward_ms"]) / 1e3)
+    if pause:
+        pause()
+    # as many of the model's blocks as fit in 2^26 parameters (a small model's whole stack; one block of a large one)
+    with torch.device("meta"):
+        block_params = sum(p.numel() for p in Block(cfg).parameters())
+    blocks = max(1, min(full.num_layers, 2**26 // max(1, block_params)))
+    rates = {**device_rates(device), "optimizer_s_per_param": optimizer_s_per_param(cfg, device, repeats, blocks)}
+    cuda = device.type == "cuda"
+    gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
+    name = name or f"{gpu} x{world} {time.strftime('%Y-%m-%d %H:%M')}"
+    return {"profile": {"name": name, "gpu": gpu, "layer_times": layers, "collectives": collectives,
+                        "overheads": overheads, **({"host": host} if host else {})},
+            "device": {"name": gpu, "ranks": world, **rates, "torch_version": torch.__version__,
+                       "profile_time_s": time.perf_counter() - started}}
+
+
+def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One document from several ``measure_node`` passes of the same launch: each measured point (a layer at a
+    batch / seq / tp / sp / type, a collective at an op / group / placement / size, an overhead) and each rate the
+    median of its passes, so that a pass hit by a burst of background load does not decide it."""
+    if not docs:
+        raise ValueError("no profile passes to merge")
+
+    def merged(entries: list[list[dict[str, Any]]], key: tuple[str, ...], values: tuple[str, ...]
+               ) -> list[dict[str, Any]]:
+        groups: dict[tuple[object, ...], list[dict[str, Any]]] = {}
+        for pass_entries in entries:
+            for e in pass_entries:
+                groups.setdefault(tuple(e.get(k) for k in key), []).append(e)
+        out = []
+        for same in groups.values():
+            row = dict(same[0])
+            for v in values:
+                if all(e.get(v) is not None for e in same):
+                    row[v] = statistics.median(float(e[v]) for e in same)
+            out.append(row)
+        return out
+
+    profiles = [d["profile"] for d in docs]
+    profile = dict(profiles[0])
+    profile["layer_times"] = merged([p["layer_times"] for p in profiles],
+                                    ("batch", "seq", "tp", "sp", "cp", "layer_type"), ("forward_ms", "backward_ms"))
+    profile["collectives"] = merged([p["collectives"] for p in profiles],
+                                    ("op", "group_size", "across_nodes", "message_bytes"), ("time_ms",))
+    profile["overheads"] = merged([p.get("overheads", []) for p in profiles], ("parallelism", "reshard"),
+                                  ("forward_ms", "backward_ms"))
+    hosts = [p["host"] for p in profiles if p.get("host")]
+    if hosts:
+        profile["host"] = {**hosts[0], "slowdown": statistics.median(h["slowdown"] for h in hosts)}
+    device = dict(docs[0]["device"])
+    for k in ("peak_tflops", "memory_bandwidth_GBps", "optimizer_s_per_param"):
+        if all(k in d["device"] for d in docs):
+            device[k] = statistics.median(d["device"][k] for d in docs)
+    device["profile_time_s"] = sum(d["device"].get("profile_time_s", 0.0) for d in docs)
+    device["passes"] = len(docs)
+    return {"profile": profile, "device": device}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="ModelSpec JSON (a preset name or an object)")
@@ -354,38 +539,15 @@ def main(argv: list[str] | None = None) -> int:
     from solvers.specs import ModelSpec
 
     raw = json.loads(args.model) if args.model.strip().startswith("{") else {"preset": args.model}
-    # The dense layers of the model, and (below) its MoE layer if it has one
     full = ModelConfig.from_spec(ModelSpec.model_validate(raw))
-    cfg = replace(full, moe=None)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
-    world = dist.get_world_size()
-    tps = [int(x) for x in args.tps.split(",") if x] or [
-        t for t in (1, 2, 4, 8) if t <= world and cfg.num_heads % t == 0 and cfg.num_kv_heads % t == 0]
-    started = time.perf_counter()
-    layers = profile_layers(cfg, [int(x) for x in args.batches.split(",")], [int(x) for x in args.seqs.split(",")],
-                            tps, device, args.repeats)
-    layers += profile_moe_layers(full, [int(x) for x in args.batches.split(",")],
-                                 [int(x) for x in args.seqs.split(",")], device, args.repeats)
-    collectives = profile_collectives(world, device, args.repeats)
-    # the overheads and the contention at a mid-sized batch of the first sequence length
-    seq0 = layers[0]["seq"]
-    plain = [x for x in layers if x["tp"] == 1 and x["seq"] == seq0]
-    mid = plain[len(plain) // 2]
-    overheads = fsdp_overheads(cfg, int(mid["batch"]), seq0, device, args.repeats, collectives)
-    host = host_contention(cfg, int(mid["batch"]), seq0, device, args.repeats,
-                           (mid["forward_ms"] + mid["backward_ms"]) / 1e3)
-    rates = {**device_rates(device), "optimizer_s_per_param": optimizer_s_per_param(cfg, device, args.repeats)}
+    doc = measure_node(full, [int(x) for x in args.batches.split(",")], [int(x) for x in args.seqs.split(",")],
+                       [int(x) for x in args.tps.split(",") if x], device, args.repeats, args.name)
     if dist.get_rank() == 0:
-        gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
-        name = args.name or f"{gpu} x{world} {time.strftime('%Y-%m-%d %H:%M')}"
-        doc = {"profile": {"name": name, "gpu": gpu, "layer_times": layers, "collectives": collectives,
-                           "overheads": overheads, **({"host": host} if host else {})},
-               "device": {"name": gpu, "ranks": world, **rates, "torch_version": torch.__version__,
-                          "profile_time_s": time.perf_counter() - started}}
         args.out.write_text(json.dumps(doc, indent=1))
     dist.barrier()
     return 0

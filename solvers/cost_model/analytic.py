@@ -160,17 +160,21 @@ class AnalyticCostModel(CostModel):
         return np.where(np.isfinite(measured) & (np.asarray(size) > 1), measured, analytic)
 
     def _measured_layer(self, shape: LayerShape, b: np.ndarray, c: Candidates, fwd: np.ndarray, bwd: np.ndarray
-                        ) -> tuple[np.ndarray, np.ndarray]:
-        """(forward, backward) seconds: profiled where this layout was measured, else the analytic ones.
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(forward, backward) seconds: profiled where this layout was measured, else the analytic ones; and
+        where a ring-attention layer was measured as such (its ring exchanges are then in those times).
 
-        Profiles hold Megatron-TP layers at the full sequence. A cp rank's layer does the work of the same layer
-        at ``b / cp`` samples (its GEMMs see ``b s / cp`` tokens; its causal ring attention, queries of ``s / cp``
+        Profiles hold Megatron-TP layers at the full sequence, and may hold ring-attention (cp) layers as the
+        runtime runs them. A cp rank's layer without such a measurement does the work of the same layer at
+        ``b / cp`` samples (its GEMMs see ``b s / cp`` tokens; its causal ring attention, queries of ``s / cp``
         tokens against all ``s`` keys, does ``b / cp`` samples' attention), and a Ulysses rank's that of the
         tp = 1 layer at ``b / tp`` samples (full weights on ``b s / tp`` tokens, then all ``s`` tokens of
-        ``heads / tp`` heads): they are priced from those measurements. The ring's per-step kernels and merges
-        and the Ulysses all-to-alls are not in them (the all-to-alls are priced from ``collectives``)."""
+        ``heads / tp`` heads): they are priced from those measurements, without the ring's per-step kernels,
+        merges and exchanges (the exchanges are priced apart) or the Ulysses all-to-alls (priced from
+        ``collectives``)."""
+        none = np.zeros(np.shape(c.tp), dtype=bool)
         if self.profile is None or not self.profile.layer_times:
-            return fwd, bwd
+            return fwd, bwd, none
         kind = "moe" if shape.is_moe else "dense"
         seq = self.training.seq_length
         sp = c.sp == mem.SP_MEGATRON
@@ -179,17 +183,26 @@ class AnalyticCostModel(CostModel):
         same_work = b / c.cp / np.where(uly, c.tp, 1)
         f = self.profile.layer_s(same_work, seq, tp, kind, sp=sp)
         bw = self.profile.layer_s(same_work, seq, tp, kind, backward=True, sp=sp)
+        ring = (c.cp > 1) & ~uly
+        if ring.any():
+            ring_f = self.profile.layer_s(b, seq, tp, kind, sp=sp, cp=c.cp)
+            ring = ring & np.isfinite(ring_f)
+            f = np.where(ring, ring_f, f)
+            bw = np.where(ring, self.profile.layer_s(b, seq, tp, kind, backward=True, sp=sp, cp=c.cp), bw)
         use = np.isfinite(f)
-        return np.where(use, f, fwd), np.where(use, bw, bwd)
+        return np.where(use, f, fwd), np.where(use, bw, bwd), ring
 
     def _wrapper_overhead(self, c: Candidates, ctx: StageContext) -> tuple[np.ndarray, np.ndarray]:
         """Host time the FSDP2 wrapper adds per layer: (per micro-batch, per step); profiled, zero without a
-        profile. The runtime shards with FSDP2 when dp > 1 and ZeRO >= 1, or ZeRO-0 under TP or PP (without
-        resharding). Resharding (ZeRO-3) re-gathers every micro-batch; without it the parameters are gathered
-        and the gradients reduce-scattered once a step (the schedule skips both on all but the last)."""
+        profile. The worker runtime shards a layer with FSDP2 at ZeRO-2/3 over its data-parallel ranks (dp x cp,
+        x tp under Ulysses) when there are two or more of them; ZeRO-0/1 layers are not wrapped (their gradients
+        are all-reduced in one flat buffer a step). Resharding (ZeRO-3) re-gathers every micro-batch; without it
+        the parameters are gathered and the gradients reduce-scattered once a step (the schedule skips both on all
+        but the last)."""
         if self.profile is None or not self.profile.overheads:
             return np.zeros_like(c.tp), np.zeros_like(c.tp)
-        fsdp = (c.dp > 1) & ((c.zero >= 1) | (c.tp > 1) | (ctx.pp > 1))
+        data_ranks = c.dp * c.cp * np.where(c.sp == mem.SP_ULYSSES, c.tp, 1.0)
+        fsdp = (data_ranks > 1) & (c.zero >= 2)
         overhead = self.profile.fsdp_overhead_s(np.where(fsdp, np.where(c.zero >= 3, 3.0, 2.0), 0.0))
         reshard = c.zero >= 3
         return np.where(reshard, overhead, 0.0), np.where(reshard, 0.0, overhead)
@@ -259,7 +272,7 @@ class AnalyticCostModel(CostModel):
         # from Q and K besides (FlashAttention: five matmuls backward to two forward, 2.5 times the forward)
         fwd_s = qkv + out + mlp + core + elem
         bwd_s = 2.0 * fwd_s + (0.5 * core if fused else 0.0)
-        fwd, bwd = self._measured_layer(shape, np.broadcast_to(b, c.tp.shape), c, fwd_s, bwd_s)
+        fwd, bwd, ring_measured = self._measured_layer(shape, np.broadcast_to(b, c.tp.shape), c, fwd_s, bwd_s)
         compute = fwd + bwd
 
         # tensor / sequence parallel collectives (one direction = forward)
@@ -282,7 +295,7 @@ class AnalyticCostModel(CostModel):
         k_cp = comm.members_per_node(c.cp, c.tp, gpn)
         kv = b * sq * 2 * shape.kv_width / c.tp * e
         hop = np.where(k_cp >= c.cp, kv / self.links.intra_Bps, kv / self.links.inter_Bps)
-        ring = np.where(c.cp > 1, (c.cp - 1) * hop, 0.0)
+        ring = np.where((c.cp > 1) & ~ring_measured, (c.cp - 1) * hop, 0.0)  # (a measured ring layer has them)
         cp_fwd = np.maximum(0.0, ring - cal.cp_overlap * core)
         cp_comm = cp_fwd + np.maximum(0.0, 2 * ring - cal.cp_overlap * 2 * core)
 

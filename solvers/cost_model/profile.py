@@ -69,6 +69,9 @@ class LayerTime(_Strict):
     backward_ms: float | None = Field(default=None, gt=0, le=MAX_MS)
     layer_type: Literal["dense", "moe"] = "dense"
     sp: bool = False  # Megatron sequence parallelism (sequence-sharded residual, DTensor redistributions)
+    # context parallelism: ring attention over cp ranks, each holding batch samples of seq / cp tokens; the time
+    # includes the ring's K/V exchanges (its p2p transfers, its per-step kernels and merges)
+    cp: int = Field(default=1, gt=0)
 
 
 class CollectiveTime(_Strict):
@@ -136,11 +139,11 @@ class Profile(_Strict):
             return linear_s
         return min(linear_s, max(linear_s / self.host.slowdown, mean_work_s))
 
-    def _layer_fit(self, seq: int, tp: int, layer_type: str, backward: bool, sp: bool = False
+    def _layer_fit(self, seq: int, tp: int, layer_type: str, backward: bool, sp: bool = False, cp: int = 1
                    ) -> tuple[float, float] | None:
         def points(sp: bool) -> list[LayerTime]:
             return [x for x in self.layer_times
-                    if x.seq == seq and x.tp == tp and x.layer_type == layer_type and x.sp == sp]
+                    if x.seq == seq and x.tp == tp and x.layer_type == layer_type and x.sp == sp and x.cp == cp]
 
         # an SP layout without SP measurements falls back on the plain TP layout's
         pts = points(sp) or (points(False) if sp else [])
@@ -155,19 +158,22 @@ class Profile(_Strict):
         return float(intercept), float(slope)
 
     def layer_s(self, batch: np.ndarray, seq: int, tp: np.ndarray, layer_type: str = "dense",
-                backward: bool = False, sp: np.ndarray | None = None) -> np.ndarray:
-        """Measured forward (or backward) seconds per candidate; NaN where this (seq, tp) was not profiled.
-        ``sp`` marks the candidates running Megatron SP (only meaningful with tp > 1)."""
+                backward: bool = False, sp: np.ndarray | None = None, cp: np.ndarray | None = None) -> np.ndarray:
+        """Measured forward (or backward) seconds per candidate; NaN where this (seq, tp, cp) was not profiled.
+        ``sp`` marks the candidates running Megatron SP (only meaningful with tp > 1); ``cp`` their context
+        parallel degree (default 1; ``batch`` is then samples of seq / cp tokens each)."""
         batch, tp = np.asarray(batch, dtype=float), np.asarray(tp, dtype=float)
-        shape = np.broadcast(batch, tp).shape
+        cp_arr = np.asarray(cp if cp is not None else 1.0, dtype=float)
+        shape = np.broadcast(batch, tp, cp_arr).shape
         sp_arr = np.broadcast_to(np.asarray(sp if sp is not None else False, dtype=bool), shape) & (tp > 1)
         out = np.full(shape, np.nan)
         for t in np.unique(tp):
-            for s in (False, True):
-                fit = self._layer_fit(seq, int(t), layer_type, backward, s)
-                if fit is not None:
-                    sel = np.broadcast_to(tp == t, shape) & (sp_arr == s)
-                    out = np.where(sel, np.maximum(0.0, fit[0] + fit[1] * batch), out)
+            for c in np.unique(cp_arr):
+                for s in (False, True):
+                    fit = self._layer_fit(seq, int(t), layer_type, backward, s, int(c))
+                    if fit is not None:
+                        sel = np.broadcast_to((tp == t) & (cp_arr == c), shape) & (sp_arr == s)
+                        out = np.where(sel, np.maximum(0.0, fit[0] + fit[1] * batch), out)
         return out
 
     def _collective_fit(self, op: str, size: int, across: bool) -> tuple[float, float] | None:

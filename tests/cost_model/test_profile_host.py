@@ -71,11 +71,15 @@ def test_fsdp_overhead_lands_on_the_layouts_the_runtime_shards_with_fsdp() -> No
                    cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})
     plain = make_cost_model(parse(HybridRequest, base))
     prof = make_cost_model(parse(HybridRequest, {**base, "cost_model": {"kind": "profile", "profile": profile}}))
+    # ZeRO-2/3 over two or more data-parallel ranks (dp x cp, x tp under Ulysses) is FSDP2; ZeRO-0/1 never is
     cands = [LayerStrategy(dp=8, zero=3), LayerStrategy(dp=8, zero=2), LayerStrategy(dp=8, zero=0),
-             LayerStrategy(tp=2, dp=4, zero=0), LayerStrategy(tp=8, dp=1, zero=3)]
+             LayerStrategy(tp=2, dp=4, zero=0), LayerStrategy(tp=8, dp=1, zero=3), LayerStrategy(dp=8, zero=1),
+             LayerStrategy(tp=2, dp=4, zero=2), LayerStrategy(cp=8, dp=1, zero=3),
+             LayerStrategy(tp=4, sp="ulysses", dp=2, zero=2), LayerStrategy(tp=8, sp="ulysses", dp=1, zero=3)]
     # ZeRO-3 re-gathers every micro-batch; without resharding FSDP2 gathers and reduce-scatters once a step
-    for pp, per_mb, per_step in ((1, [8e-3, 0, 0, 0, 0], [0, 3e-3, 0, 3e-3, 0]),
-                                 (2, [8e-3, 0, 0, 0, 0], [0, 3e-3, 3e-3, 3e-3, 0])):
+    per_mb = [8e-3, 0, 0, 0, 0, 0, 0, 8e-3, 0, 8e-3]
+    per_step = [0, 3e-3, 0, 0, 0, 0, 3e-3, 0, 3e-3, 0]
+    for pp in (1, 2):
         layers = (LayerStrategy(),) * 4
         plan = PlanStrategy(pp=pp, micro_batches=8, layers=layers, stage_layers=(4 // pp,) * pp)
         ctx = stage_context(plan, 0, 64)
@@ -160,3 +164,29 @@ def test_a_contended_host_keeps_the_planners_bounds(nodes: int) -> None:
     assert out["lower_bound_step_time_s"] is not None
     assert 0.0 <= out["optimality_gap"] < 0.01
     assert out["configs_solved_by_certificate"] == 0
+
+
+def test_ring_attention_candidates_use_cp_layer_times_with_their_exchanges() -> None:
+    """A cp layer measured as the runtime runs it (ring attention, ``cp`` in the profile) is priced from that
+    measurement at its own batch, its ring exchanges inside it (no analytic cp_comm on top); a cp degree not
+    measured falls back on the tp = 1 layer at b / cp samples plus the analytic ring."""
+    plain = [{"batch": b, "seq": 2048, "tp": 1, "forward_ms": 10.0 * b, "backward_ms": 20.0 * b} for b in (1, 2, 4)]
+    ring = [{"batch": b, "seq": 2048, "tp": 1, "cp": 2, "forward_ms": 7.0 * b, "backward_ms": 15.0 * b}
+            for b in (1, 2)]
+    prof = Profile.model_validate({"layer_times": plain + ring})
+    cp = np.array([1.0, 2.0, 4.0])
+    np.testing.assert_allclose(prof.layer_s(np.array(2.0), 2048, np.ones(3), cp=cp)[:2], [0.020, 0.014])
+    assert np.isnan(prof.layer_s(np.array(2.0), 2048, np.ones(3), cp=cp)[2])
+
+    base = request(model={"preset": "llama2-7b", "num_layers": 4},
+                   cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
+                   training={"global_batch_size": 16, "seq_length": 2048})
+    cm = make_cost_model(parse(HybridRequest, {**base, "cost_model": {
+        "kind": "profile", "profile": {"layer_times": plain + ring}}}))
+    cands = [LayerStrategy(cp=2, dp=4), LayerStrategy(cp=4, dp=2), LayerStrategy(dp=8)]
+    plan = PlanStrategy(pp=1, micro_batches=2, layers=(LayerStrategy(dp=8),) * 4, stage_layers=(4,))
+    got = cm.layer_costs(0, cands, stage_context(plan, 0, 16))  # 8 samples a micro-batch
+    # cp 2 x dp 4: 2 samples of 1024 tokens per rank, measured: 2 x (7 + 15) ms, nothing more for the ring
+    # cp 4 x dp 2: unmeasured, the tp = 1 layer at 4 / 4 = 1 sample (30 ms) plus the ring's K/V exchanges
+    np.testing.assert_allclose(got.parts_s["compute"], [0.044, 0.030, 0.030])
+    assert got.parts_s["cp_comm"][0] == 0.0 and got.parts_s["cp_comm"][1] > 0.0 and got.parts_s["cp_comm"][2] == 0.0

@@ -1,0 +1,49 @@
+"""``worker.profiler.merge_profiles``: several passes of one launch become one profile, point by point (median),
+that the cost model accepts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from solvers.cost_model.profile import load_profile
+from worker.profiler import _group_sets, merge_profiles
+
+
+def one_pass(scale: float) -> dict[str, Any]:
+    return {"profile": {"name": "p", "gpu": "cpu",
+                        "layer_times": [{"batch": 4, "seq": 128, "tp": 1, "forward_ms": 10 * scale,
+                                         "backward_ms": 20 * scale},
+                                        {"batch": 4, "seq": 128, "tp": 1, "cp": 2, "forward_ms": 7 * scale,
+                                         "backward_ms": 9 * scale}],
+                        "collectives": [{"op": "allreduce", "group_size": 4, "across_nodes": False,
+                                         "message_bytes": 1024.0, "time_ms": scale},
+                                        {"op": "allreduce", "group_size": 4, "across_nodes": True,
+                                         "message_bytes": 1024.0, "time_ms": 3 * scale}],
+                        "overheads": [{"parallelism": "fsdp", "reshard": True, "forward_ms": scale,
+                                       "backward_ms": 0.0}],
+                        "host": {"busy_ranks": 4, "slowdown": 1.0 + scale}},
+            "device": {"peak_tflops": scale, "memory_bandwidth_GBps": 10 * scale, "optimizer_s_per_param": 1e-9 * scale,
+                       "profile_time_s": 1.0}}
+
+
+def test_passes_merge_point_by_point_into_their_median() -> None:
+    doc = merge_profiles([one_pass(1.0), one_pass(5.0), one_pass(2.0)])  # a burst of load in the second pass
+    prof = load_profile(doc["profile"])
+    by_cp = {x.cp: x for x in prof.layer_times}
+    assert len(prof.layer_times) == 2 and by_cp[1].forward_ms == 20.0 and by_cp[2].backward_ms == 18.0
+    by_across = {c.across_nodes: c.time_ms for c in prof.collectives}
+    assert by_across == {False: 2.0, True: 6.0}  # the placement is part of a point's identity
+    assert prof.overheads[0].forward_ms == 2.0 and prof.host is not None and prof.host.slowdown == 3.0
+    assert doc["device"]["peak_tflops"] == 2.0 and doc["device"]["passes"] == 3
+    assert doc["device"]["profile_time_s"] == 3.0
+    with pytest.raises(ValueError):
+        merge_profiles([])
+
+
+def test_collective_groups_of_a_multi_node_launch_say_whether_they_span_nodes() -> None:
+    one_node = _group_sets(4, 1)
+    assert one_node == [([[0, 1], [2, 3]], False), ([[0, 1, 2, 3]], False)]
+    two_nodes = _group_sets(4, 2)  # ranks 0, 1 on the first node, 2, 3 on the second
+    assert two_nodes == [([[0, 1], [2, 3]], False), ([[0, 1, 2, 3]], True), ([[0, 2], [1, 3]], True)]
