@@ -127,8 +127,8 @@ def load_plan(doc: Any) -> tuple[HybridRequest, HybridResult | None]:
     except SpecError as err:
         raise err.under("request") from None
     if kind != "hybrid":  # its result would load, but it has no pipeline to map onto a mesh
-        raise SpecError.at(("kind",), f"a {kind} plan: the worker runs hybrid plans only ({kind} plans have no "
-                                      "runtime yet)")
+        raise SpecError.at(("kind",), f"a {kind} plan: this reads hybrid plans ({kind} plans are read by their own "
+                                      "runtime's check, solvers.run_flexsp or solvers.run_spindle)")
     try:
         request: HybridRequest = parse(HybridRequest, doc["request"])
     except SpecError as err:
