@@ -609,7 +609,8 @@ def sizing_table() -> None:
         print(f"| {p.gpus} | {p.cluster['gpu']} | {p.days:.1f} | {p.cost:,.0f} | {p.mfu:.1%} | {p.meets_deadline} |")
     sz = out.sizing
     print(f"{len(out.front)}-point front of {sz.clusters_tried} clusters tried ({sz.clusters_pruned} pruned by their "
-          f"floor, {len(sz.clusters_without_plan)} without a plan; {sz.workers} processes); sizing {sz.cpu_s:.1f} s "
+          f"floor, {sz.clusters_beaten_in_search} beaten in their search, {len(sz.clusters_without_plan)} without a "
+          f"plan; {sz.workers} processes); sizing {sz.cpu_s:.1f} s "
           f"CPU, {sz.time_s:.1f} s wall; the whole request {cpu:.1f} s CPU, {wall:.1f} s wall; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 

@@ -178,6 +178,10 @@ class SizingDoc(Document):
     clusters_pruned: int = Field(0, description="tried clusters not planned: a plan found beats their floor (the step "
                                                 "their matrix multiplies alone take at the best GEMM efficiency) on "
                                                 "both time and cost, so none of their plans is on the front")
+    clusters_beaten_in_search: int = Field(0, description="tried clusters planned with a threshold from the points "
+                                                          "found before them (a step time from which a plan is "
+                                                          "beaten on both time and cost) whose search found no plan "
+                                                          "below it: none of their plans is on the front")
     workers: int = Field(1, description="processes that planned the sizes in parallel")
     time_s: float
     cpu_s: float = Field(description="CPU seconds of the sizing, its worker processes' included")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -106,9 +107,12 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
     return result
 
 
-def quick_plan(request: dict[str, Any]) -> tuple[PlanStrategy, HybridEstimate]:
+def quick_plan(request: dict[str, Any], beat_s: float = math.inf) -> tuple[PlanStrategy, HybridEstimate] | None:
     """The planner's plan for ``request``, seeded by its best uniform plan, without the certificate and the other
-    baselines (a sizing front's many sizes); InfeasibleError where nothing fits."""
+    baselines (a sizing front's many sizes); InfeasibleError where nothing fits. ``beat_s``: a step time the plan
+    must beat (a sizing front's threshold): the search prunes against it from the start, and None means no plan
+    does, though one fits. The plan below ``beat_s`` is the one the search finds without it (a configuration is
+    pruned only where its bound is at least the incumbent, which is then below ``beat_s``)."""
     req: HybridRequest = parse(HybridRequest, request)
     cm = CachedStages(make_cost_model(req))
     space = build_space(req, space_mode(req))
@@ -116,12 +120,17 @@ def quick_plan(request: dict[str, Any]) -> tuple[PlanStrategy, HybridEstimate]:
     uniform = baselines.megatron(cm, space, kinds, expert_layers(req.model))
     planner = Planner(cm, space, kinds, PlannerOptions(time_limit_s=req.constraints.time_limit_s or
                                                        DEFAULT_TIME_LIMIT_S))
+    uniform_s = uniform.step_time_s if uniform else math.inf
     try:
-        plan = planner.search(incumbent_s=uniform.step_time_s if uniform else float("inf")).plan
+        plan = planner.search(incumbent_s=min(uniform_s, beat_s)).plan
     except LookupError:
-        if uniform is None:
+        if uniform is not None and uniform_s < beat_s:
+            plan = uniform.plan
+        elif math.isfinite(beat_s) and (uniform is not None or
+                                         min_memory_bytes(planner) <= cm.memory_limit_bytes):
+            return None  # (something fits: nothing beats beat_s)
+        else:
             raise _infeasible(planner, cm) from None
-        plan = uniform.plan
     return plan, cm.evaluate(plan)
 
 

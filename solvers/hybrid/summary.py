@@ -217,6 +217,8 @@ def _front(front: Sequence[FrontPoint], sizing: SizingDoc) -> list[str]:
     """The sizing front, fastest first, and the cheapest cluster that meets the deadline."""
     pruned = f", {sizing.clusters_pruned} of them beaten without planning (their floor)" if sizing.clusters_pruned \
         else ""
+    if sizing.clusters_beaten_in_search:
+        pruned += f", {sizing.clusters_beaten_in_search} beaten in their search (no plan beats a point found)"
     out = [f"sizing front ({len(front)} of {sizing.clusters_tried} clusters tried{pruned}; estimates):"]
     for i, p in enumerate(front):
         mark = " <- cheapest in the deadline" if i == sizing.cheapest_in_deadline else ""

@@ -46,8 +46,10 @@ def test_parallel_sizing_gives_the_serial_front_and_prunes_only_beaten_clusters(
     parallel, doc2 = sizing.front(req, request, quick_plan, workers=2)
     assert (doc1.workers, doc2.workers) == (1, 2)
     assert [p.model_dump() for p in serial] == [p.model_dump() for p in parallel]
-    assert doc1.clusters_pruned == doc2.clusters_pruned > 0
-    # every pruned cluster: its plan, had it been planned, is beaten on both time and cost by a front point
+    # (which clusters are pruned or beaten in their search depends on which plans were finished before them)
+    assert doc1.clusters_pruned > 0 and doc2.clusters_pruned + doc2.clusters_beaten_in_search > 0
+    # every cluster off the front (pruned, beaten in its search or planned): its own plan is beaten on both time
+    # and cost by a front point
     planned = {(p.cluster["gpu"], p.cluster["nodes"]) for p in serial}
     per_step = 2e10 / (48 * 2048) / 86_400
     for gpu, price in request["sizing"]["price_per_gpu_hour"].items():
@@ -61,3 +63,19 @@ def test_parallel_sizing_gives_the_serial_front_and_prunes_only_beaten_clusters(
                 continue
             cost = days * 24 * nodes * 4 * price
             assert any(p.days <= days and p.cost <= cost for p in serial), (gpu, nodes)
+
+
+@pytest.mark.parametrize("base", [DENSE, MOE])
+def test_a_threshold_prunes_the_search_but_never_changes_the_plan_below_it(base: dict[str, Any]) -> None:
+    """``quick_plan`` with a step time to beat: just above its own plan's step, the same plan (and estimate); just
+    below it, None (a plan fits, none beats it); on a cluster where nothing fits, the infeasibility still."""
+    request = {**base, "cluster": {**base["cluster"], "nodes": 2}}
+    got = quick_plan(request)
+    assert got is not None
+    plan, est = got
+    again = quick_plan(request, est.step_time_s * 1.001)
+    assert again is not None and again[0] == plan and again[1].step_time_s == est.step_time_s
+    assert quick_plan(request, est.step_time_s * 0.999) is None
+    tiny = {**request, "constraints": {"memory_limit_gib": 1.0}}
+    with pytest.raises(SpecError):
+        quick_plan(tiny, est.step_time_s)
