@@ -31,6 +31,7 @@ GIB = float(2**30)
 # so far (never worse than the baselines) is returned and search.time_limited says so. A user never waits
 # minutes; typical searches take well under a second.
 DEFAULT_TIME_LIMIT_S = 20.0
+SIZING_START = 0.1  # the share of a sizing request's progress its own cluster's plan takes
 
 
 def _no_interleaved_pipeline(space: SearchSpace) -> str:
@@ -95,14 +96,16 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
     configuration whose lower bound cannot beat it is never solved, and the plan never loses to it."""
     req: HybridRequest = parse(HybridRequest, request)
     model = make_cost_model(req)
-    result = _solve(req, request, model, progress, options)
+    # with sizing, the request's own plan takes the first tenth of the progress and the sizes the rest
+    own = progress if progress is None or req.sizing is None else (lambda f, msg: progress(SIZING_START * f, msg))
+    result = _solve(req, request, model, own, options)
     if isinstance(model, HeteroCostModel):
         doc = hetero.report(result, req, request, model, lambda r: solve(r, options=options))
         result = result.model_copy(update={"hetero": doc})
     if req.sizing is not None:
-        if progress:
-            progress(0.99, "sizing: a plan per cluster size and GPU type")
-        points, sized = sizing.front(req, request, quick_plan)
+        sized_progress = None if progress is None else \
+            (lambda f, msg: progress(SIZING_START + (1.0 - SIZING_START) * f, msg))
+        points, sized = sizing.front(req, request, quick_plan, progress=sized_progress)
         result = result.model_copy(update={"front": points, "sizing": sized})
     return result
 

@@ -158,10 +158,11 @@ def plan_in_order(planned: Planning, base: dict[str, Any], tasks: Iterable[Task 
                 on_done(inflight.pop(fut), fut.result())
 
 
-def front(req: HybridRequest, request: dict[str, Any], planned: Planning,
-          workers: int | None = None) -> tuple[list[FrontPoint], SizingDoc]:
+def front(req: HybridRequest, request: dict[str, Any], planned: Planning, workers: int | None = None,
+          progress: Callable[[float, str], None] | None = None) -> tuple[list[FrontPoint], SizingDoc]:
     """The result's ``front`` and ``sizing`` for a request with ``sizing`` (module docstring). ``workers``:
-    processes to plan the sizes in (default ``worker_count``)."""
+    processes to plan the sizes in (default ``worker_count``); ``progress``: told the fraction of the clusters
+    settled (planned or pruned) as each is."""
     t0, c0, k0 = time.perf_counter(), time.process_time(), _children_cpu_s()
     sizing: SizingSpec | None = req.sizing
     assert sizing is not None
@@ -203,24 +204,34 @@ def front(req: HybridRequest, request: dict[str, Any], planned: Planning,
 
     pruned, beaten = 0, 0
 
+    def settled(what: str) -> None:
+        if progress:
+            done = len(points) + len(missing) + pruned + beaten
+            progress(done / len(clusters), f"sizing: {done}/{len(clusters)} clusters settled ({what})")
+
     def tasks() -> Iterator[Task | None]:
         nonlocal pruned
         for cluster in order:
             beat_s = threshold(cluster)
             if floors[(cluster["gpu"], cluster["nodes"])] >= beat_s:
                 pruned += 1
+                settled(f"{cluster['nodes']} x {per_node} {cluster['gpu']} pruned by its floor")
                 yield None
             else:
                 yield cluster, beat_s
 
     def on_done(cluster: dict[str, Any], got: Planned) -> None:
         nonlocal beaten
+        name = f"{cluster['nodes']} x {per_node} {cluster['gpu']}"
         if got is None:
             beaten += 1
+            settled(f"{name} beaten in its search")
         elif isinstance(got, str):
-            missing.append(f"{cluster['nodes']} x {per_node} {cluster['gpu']}: {got}")
+            missing.append(f"{name}: {got}")
+            settled(f"{name}: no plan")
         else:
             points.append(point(cluster, *got))
+            settled(f"{name} planned: {points[-1].days:.1f} days")
 
     # best-value type first and each type's largest size first: a size is beaten by a larger one of at least its
     # efficiency or by a better-value type, never by a smaller size of its own type (that is slower too)

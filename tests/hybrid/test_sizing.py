@@ -79,3 +79,17 @@ def test_a_threshold_prunes_the_search_but_never_changes_the_plan_below_it(base:
     tiny = {**request, "constraints": {"memory_limit_gib": 1.0}}
     with pytest.raises(SpecError):
         quick_plan(tiny, est.step_time_s)
+
+
+def test_a_sizing_request_reports_each_cluster_settled_in_rising_fractions() -> None:
+    """Sizing is most of such a request's time: the progress rises to 1 with one report per cluster tried, after
+    the request's own plan has reported up to its share."""
+    request: dict[str, Any] = {**DENSE, "sizing": {"tokens": 2e10, "nodes": [1, 2],
+                                   "price_per_gpu_hour": {"A100-80GB": 1.2, "H100-SXM": 2.5}}}
+    seen: list[tuple[float, str]] = []
+    result = solve(request, progress=lambda f, msg: seen.append((f, msg)))
+    fractions = [f for f, _ in seen]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    sized = [msg for _, msg in seen if msg.startswith("sizing: ")]
+    assert len(sized) == 4 and sized[-1].startswith("sizing: 4/4 clusters settled")
+    assert result.sizing is not None and result.sizing.clusters_tried == 4
