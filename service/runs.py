@@ -69,16 +69,18 @@ def create_run(session: Session, plan_id: str, steps: int, max_attempts: int, ch
         layout = check_runnable({"kind": plan.kind, "request": request.request, "result": plan.result})
     except SpecError as err:
         raise NotRunnable(err.problems) from None
-    if plan.kind in ("flexsp", "spindle"):  # their runtimes train synthetic tokens and keep no checkpoints
+    if plan.kind in ("flexsp", "spindle"):  # their runtimes keep no checkpoints; Spindle's trains synthetic tokens
         kind = {"flexsp": "FlexSP", "spindle": "Spindle"}[plan.kind]
         refused = [FieldProblem((name,), f"a {kind} run takes no {name} (its runtime has none yet)")
-                   for name, value in (("dataset", dataset), ("checkpoint_every_steps", checkpoint_every_steps))
+                   for name, value in (("dataset", dataset if plan.kind == "spindle" else None),
+                                       ("checkpoint_every_steps", checkpoint_every_steps))
                    if value]
         if refused:
             raise SpecError(refused)
     if dataset is not None:
         assert not isinstance(layout, SpindleProgram)  # refused above
-        problems = dataset_problems(dataset["path"], dataset["dtype"], layout.vocab_size)
+        problems = dataset_problems(dataset["path"], dataset["dtype"], layout.vocab_size,
+                                    dataset.get("document_separator"), by_document=plan.kind == "flexsp")
         if problems:
             raise SpecError(problems)
     run = Run(plan_id=plan_id, steps=steps, status="queued", max_attempts=max_attempts,

@@ -98,6 +98,9 @@ class DatasetIn(_Body):
 
     path: str = Field(min_length=1, max_length=4096)
     dtype: TokenDtype = "uint16"
+    document_separator: int | None = Field(
+        None, ge=0, description="FlexSP runs (required there, refused elsewhere): the token id that ends each "
+                                "document; the run's sequences are the file's documents, in order")
 
 
 class RunCreate(_Body):

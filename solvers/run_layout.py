@@ -344,10 +344,22 @@ def _pipeline(plan: PlanStrategy, refuse: Callable[[tuple[str | int, ...], str],
     return plan.stage_layers, identity, 1
 
 
-def dataset_problems(path: str, dtype: str, vocab_size: int) -> list[FieldProblem]:
+def dataset_problems(path: str, dtype: str, vocab_size: int, document_separator: int | None = None,
+                     by_document: bool = False) -> list[FieldProblem]:
     """What is wrong with a run's tokenized dataset as the run request names it (the file itself lives on the
-    workers' storage and is checked there): locations under ``dataset``."""
+    workers' storage and is checked there): locations under ``dataset``. ``by_document``: the run's sequences are
+    the file's documents (FlexSP), which then needs ``document_separator``; other runs read fixed windows and
+    refuse one."""
     out: list[FieldProblem] = []
+    if by_document and document_separator is None:
+        out.append(FieldProblem(("dataset", "document_separator"), "a FlexSP run trains on whole documents: the token "
+                                                                   "id that ends each one"))
+    elif not by_document and document_separator is not None:
+        out.append(FieldProblem(("dataset", "document_separator"), "only a FlexSP run reads documents; this run reads "
+                                                                   "windows of its sequence length"))
+    elif document_separator is not None and not 0 <= document_separator < vocab_size:
+        out.append(FieldProblem(("dataset", "document_separator"), f"a token id of the plan's vocabulary "
+                                                                   f"(0..{vocab_size - 1})"))
     if not PurePosixPath(path).is_absolute() or "\x00" in path:
         out.append(FieldProblem(("dataset", "path"), "an absolute path on the workers' (shared) storage"))
     limit = {"uint16": 2**16, "uint32": 2**32}.get(dtype)

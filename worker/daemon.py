@@ -199,7 +199,8 @@ class Daemon:
                       rendezvous_id=f"{run['id']}-{run.get('attempt', 0)}",
                       checkpoint_dir=root / f"run-{run['id']}" if every else None, checkpoint_every=int(every or 0),
                       dataset=Path(dataset["path"]) if dataset.get("path") else None,
-                      dataset_dtype=str(dataset.get("dtype", "uint16")))
+                      dataset_dtype=str(dataset.get("dtype", "uint16")),
+                      document_separator=dataset.get("document_separator"))
 
     def _world_size(self, plan_doc: dict[str, Any], nnodes: int = 1) -> int:
         """The plan's ranks on all its nodes; NodeTooSmall where this node's GPUs cannot hold its share (count,

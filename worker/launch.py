@@ -49,6 +49,7 @@ class Launch:
     checkpoint_every: int = 0
     dataset: Path | None = None
     dataset_dtype: str = "uint16"
+    document_separator: int | None = None  # FlexSP with a dataset: the token id that ends each document
     lengths: Path | None = None  # FlexSP: the length stream (flexsp_train)
     max_length: int | None = None
     plan_budget_s: float | None = None
@@ -71,6 +72,8 @@ def train_command(launch: Launch | int, plan_path: Path, steps: int, out: Path, 
         cmd += ["--checkpoint-dir", str(spec.checkpoint_dir), "--checkpoint-every", str(int(spec.checkpoint_every))]
     if spec.dataset is not None:
         cmd += ["--dataset", str(spec.dataset), "--dataset-dtype", spec.dataset_dtype]
+    if spec.document_separator is not None:
+        cmd += ["--document-separator", str(int(spec.document_separator))]
     if spec.lengths is not None:
         cmd += ["--lengths", str(spec.lengths)]
     if spec.max_length is not None:

@@ -135,6 +135,8 @@ def test_run_request_fields_and_resumed_step(client: Any, db: Database, make_tok
     assert created.json()["checkpoint_every_steps"] == 5 and created.json()["dataset"] == body["dataset"]
     for bad, loc in (({"dataset": {"path": "tokens.bin"}}, ["body", "dataset", "path"]),
                      ({"dataset": {"path": "/d/t.bin", "dtype": "int8"}}, ["body", "dataset", "dtype"]),
+                     ({"dataset": {"path": "/d/t.bin", "document_separator": 0}},
+                      ["body", "dataset", "document_separator"]),
                      ({"checkpoint_every_steps": 0}, ["body", "checkpoint_every_steps"])):
         r = client.post(f"/v1/plans/{plan_id}/runs", json={"steps": 3, **bad}, headers=submit)
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == loc, r.text

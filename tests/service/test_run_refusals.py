@@ -57,17 +57,23 @@ def test_a_spindle_plan_is_queued_where_the_runtime_runs_it(client: Any, db: Dat
 
 
 def test_a_flexsp_plan_the_runtime_runs_is_queued_and_one_it_cannot_is_refused(client: Any, db: Database) -> None:
-    """The FlexSP runtime runs the demo plan (one node, groups within the 32 heads); it takes no dataset or
-    checkpoints (422 naming the run's field), and CPU ranks compute in fp32 only (422 naming the plan's)."""
+    """The FlexSP runtime runs the demo plan (one node, groups within the 32 heads); it takes no checkpoints (422
+    naming the run's field), a dataset only with the token that ends its documents (its sequences are the file's
+    documents), and CPU ranks compute in fp32 only (422 naming the plan's)."""
     request = DEMO_REQUESTS["flexsp"]
     plan_id = store_plan(db, request, solve(request), kind="flexsp")
     queued = client.post("/v1/runs", json={"plan_id": plan_id, "steps": 20})
     assert queued.status_code == 201, queued.text
     assert queued.json()["predicted"]["step_time_s"] > 0
     for extra, loc in (({"checkpoint_every_steps": 5}, ["body", "checkpoint_every_steps"]),
-                       ({"dataset": {"path": "/data/tokens.bin"}}, ["body", "dataset"])):
+                       ({"dataset": {"path": "/data/tokens.bin"}}, ["body", "dataset", "document_separator"]),
+                       ({"dataset": {"path": "/data/tokens.bin", "document_separator": 10**6}},
+                        ["body", "dataset", "document_separator"])):
         r = client.post(f"/v1/plans/{plan_id}/runs", json={"steps": 3, **extra})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == loc, r.text
+    dataset = {"path": "/data/tokens.bin", "dtype": "uint32", "document_separator": 2}  # (Llama 2's </s>)
+    r = client.post(f"/v1/plans/{plan_id}/runs", json={"steps": 3, "dataset": dataset})
+    assert r.status_code == 201 and r.json()["dataset"] == dataset, r.text
     cpu = {"kind": "flexsp", "cluster": {"gpu": "cpu", "nodes": 1, "gpus_per_node": 4}, "precision": "bf16",
            "model": {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128},
            "batch": {"sequence_lengths": [96, 40, 24, 16, 8]}}

@@ -266,3 +266,15 @@ def test_paraplan_worker_gpus_declares_the_ranks_this_host_offers(monkeypatch: p
     assert worker.daemon.host_info("n", 2)["gpus"] == 2
     bad = CliRunner().invoke(app, ["worker", "--server", "http://s", "--token", "t", "--gpus", "0"])
     assert bad.exit_code == 2 and "--gpus" in bad.output
+
+
+def test_a_runs_dataset_reaches_the_training_command_with_its_document_separator(tmp_path: Path) -> None:
+    """The claimed run's dataset (as the service stores it) becomes the launch's --dataset, --dataset-dtype and, for
+    a FlexSP run that reads documents, --document-separator; a run without one launches without them."""
+    daemon = Daemon(DaemonConfig("http://fake", "t", workdir=tmp_path), api=api_for(FakeServer({})))
+    run = {"id": "r1", "dataset": {"path": "/shared/docs.bin", "dtype": "uint32", "document_separator": 2}}
+    cmd = train_command(daemon._launch(run, 4, 1), tmp_path / "plan.json", 5, tmp_path / "m.json", tmp_path / "p")
+    assert cmd[cmd.index("--dataset") + 1] == "/shared/docs.bin" and cmd[cmd.index("--dataset-dtype") + 1] == "uint32"
+    assert cmd[cmd.index("--document-separator") + 1] == "2"
+    plain = train_command(daemon._launch({"id": "r2"}, 4, 1), tmp_path / "p.json", 5, tmp_path / "m", tmp_path / "q")
+    assert "--dataset" not in plain and "--document-separator" not in plain

@@ -15,15 +15,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 
 from solvers.errors import SpecError
 from solvers.flexsp.api import solve
 from solvers.run_flexsp import check_flexsp_runnable
 from worker.launch import Launch, run_locally
 from worker.runtime import flexsp_train
+from worker.runtime.data import DocumentFile
 from worker.runtime.flexsp import Group, grouping_of
 from worker.runtime.flexsp_train import FlexSPRun, Planner, fallback_grouping, static_grouping
+from worker.runtime.model import ModelConfig, build_model
 
 WIKIPEDIA = Path(__file__).parents[3] / "shared" / "reference" / "flexsp" / "wikipedia_lengths.txt"
 MAX_LENGTH, SEQUENCES, STEPS = 512, 8, 20
@@ -167,3 +172,68 @@ def test_a_plan_the_runtime_cannot_run_exactly_is_refused_naming_the_field() -> 
         with pytest.raises(SpecError) as err:
             check_flexsp_runnable(bad)
         assert [p.loc for p in err.value.problems] == [loc]
+
+
+SEPARATOR = 127  # the tiny model's last token id ends each document of the test datasets
+
+
+def write_documents(path: Path, lengths: list[int], seed: int = 0) -> list[np.ndarray]:
+    """A uint16 token file of documents of ``lengths`` (random ids below the separator), each ended by it; returns
+    each document's ids."""
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, SEPARATOR, n).astype(np.uint16) for n in lengths]
+    np.concatenate([np.append(d, np.uint16(SEPARATOR)) for d in docs]).tofile(path)
+    return docs
+
+
+def test_a_document_file_cuts_at_separators_and_drops_what_it_cannot_train(tmp_path: Path) -> None:
+    """Documents are the runs of tokens before each separator: an empty one (two separators in a row), one longer
+    than the limit and the tokens after the last separator (an unfinished document) are dropped; a document's
+    sequence is its tokens and the separator; batches are consecutive documents, cycling."""
+    path = tmp_path / "tokens.bin"
+    docs = write_documents(path, [5, 3, 700, 2])
+    with path.open("ab") as f:  # an empty document, one more of 4, and an unfinished tail
+        np.array([SEPARATOR, 1, 2, 3, 4, SEPARATOR, 9, 9], dtype=np.uint16).tofile(f)
+    got = DocumentFile(path, "uint16", 128, SEPARATOR, max_length=512)
+    assert list(got.lengths) == [5, 3, 2, 4] and len(got) == 4
+    assert got.sequence(0).tolist() == [*docs[0].tolist(), SEPARATOR]
+    assert got.sequence(2).tolist() == [*docs[3].tolist(), SEPARATOR]
+    assert got.sequence(3).tolist() == [1, 2, 3, 4, SEPARATOR]
+    assert got.batch(0, 3) == [0, 1, 2] and got.batch(1, 3) == [3, 0, 1]
+    with pytest.raises(ValueError, match=r"no document of 1\.\.1 tokens"):
+        DocumentFile(path, "uint16", 128, SEPARATOR, max_length=1)
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        DocumentFile(path, "uint16", 100, 5, max_length=512)
+
+
+@pytest.mark.slow
+def test_a_dataset_run_trains_the_files_documents_with_their_planned_groupings(tmp_path: Path) -> None:
+    """Through the launch path with a tokenized dataset: every step, the first too, trains the next block of the
+    file's documents (their lengths, in file order), grouped by the planner for that block; step 0's loss is the
+    single-process model's on those documents' own tokens (the synthetic tokens of the same lengths miss it)."""
+    lengths = stream()[:4 * SEQUENCES]
+    path = tmp_path / "tokens.bin"
+    docs = write_documents(path, lengths, seed=1)
+    doc = plan_doc()
+    steps = 3
+    metrics = run_locally(doc, Launch(4, dataset=path, document_separator=SEPARATOR, max_length=MAX_LENGTH,
+                                      plan_budget_s=10.0), steps, tmp_path / "work", timeout_s=150, max_launches=1)
+    records = metrics["flexsp_steps"]
+    assert [r["documents"] for r in records] == [list(range(k * SEQUENCES, (k + 1) * SEQUENCES)) for k in range(steps)]
+    assert [r["lengths"] for r in records] == [lengths[k * SEQUENCES:(k + 1) * SEQUENCES] for k in range(steps)]
+    assert records[0]["grouping"] == "planned"
+    run = FlexSPRun(doc, 4)
+    assert grouping_of(records[0]["micro_batches"]) == grouping_of(solve(run.request_for(lengths[:SEQUENCES]))
+                                                                   .micro_batches)
+    model = build_model(ModelConfig.from_spec(run.request.model), seed=0)
+
+    def token_mean_loss(sequences: list[torch.Tensor]) -> float:
+        with torch.no_grad():
+            total = sum(float(F.cross_entropy(model(t[None, :-1]).flatten(0, 1), t[1:], reduction="sum"))
+                        for t in sequences)
+        return total / sum(len(t) - 1 for t in sequences)
+
+    own = [torch.tensor([*d.tolist(), SEPARATOR]) for d in docs[:SEQUENCES]]
+    synthetic = [flexsp_train.sequence_tokens(128, n, 0, 0, i) for i, n in enumerate(lengths[:SEQUENCES])]
+    assert abs(metrics["loss"][0] - token_mean_loss(own)) < 1e-4
+    assert abs(metrics["loss"][0] - token_mean_loss(synthetic)) > 1e-2

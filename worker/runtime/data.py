@@ -1,5 +1,6 @@
 """Training data: synthetic tokens (the same global batch on every rank for a (seed, step), each rank taking its
-part), or a tokenized dataset file from which each data-parallel rank reads only its own rows.
+part), or a tokenized dataset file from which each data-parallel rank reads only its own rows; for FlexSP, whose
+sequences vary in length, the same file cut at its documents' boundaries (``DocumentFile``).
 
 The synthetic global batch is generated whole and sliced, so a plan and the single-process model see the very
 same tokens; that is what makes their losses comparable.
@@ -35,6 +36,22 @@ def local_batch(tokens: torch.Tensor, dp_rank: int, dp: int, sp_rank: int = 0, s
     return inputs[:, sl].contiguous(), labels[:, sl].contiguous()
 
 
+def open_tokens(path: Path, dtype: str, vocab_size: int) -> np.memmap:
+    """A flat token-id file mapped read-only; ValueError where it is not whole ``dtype`` tokens or holds an id
+    outside the vocabulary (one pass at the start: a bad id fails the run before it trains, not mid-way)."""
+    if dtype not in TOKEN_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: one of {', '.join(TOKEN_DTYPES)}")
+    itemsize = np.dtype(dtype).itemsize
+    size = path.stat().st_size  # FileNotFoundError names the path
+    if size % itemsize:
+        raise ValueError(f"{path}: {size} bytes is not a whole number of {dtype} tokens")
+    tokens = np.memmap(path, dtype=dtype, mode="r")
+    top = int(tokens.max()) if len(tokens) else -1
+    if top >= vocab_size:
+        raise ValueError(f"{path}: token id {top} is outside the model's vocabulary of {vocab_size}")
+    return tokens
+
+
 class TokenFile:
     """A tokenized dataset: one flat array of token ids (uint16 or uint32, as written by e.g. nanoGPT's prepare
     scripts), read with ``numpy.memmap``. The file is cut into consecutive windows of ``seq_length + 1`` tokens;
@@ -43,20 +60,11 @@ class TokenFile:
     ranks', the same on every attempt (the data position is the step, which checkpoints carry)."""
 
     def __init__(self, path: Path, dtype: str, seq_length: int, vocab_size: int) -> None:
-        if dtype not in TOKEN_DTYPES:
-            raise ValueError(f"dtype {dtype!r}: one of {', '.join(TOKEN_DTYPES)}")
         self.path, self.window, self.vocab_size = path, seq_length + 1, vocab_size
-        itemsize = np.dtype(dtype).itemsize
-        size = path.stat().st_size  # FileNotFoundError names the path
-        if size % itemsize:
-            raise ValueError(f"{path}: {size} bytes is not a whole number of {dtype} tokens")
-        self.tokens = np.memmap(path, dtype=dtype, mode="r")
+        self.tokens = open_tokens(path, dtype, vocab_size)
         self.windows = len(self.tokens) // self.window
         if self.windows == 0:
             raise ValueError(f"{path}: {len(self.tokens)} tokens, fewer than one sample of {self.window}")
-        top = int(self.tokens.max())  # one pass at the start: a bad id fails the run before it trains, not mid-way
-        if top >= vocab_size:
-            raise ValueError(f"{path}: token id {top} is outside the model's vocabulary of {vocab_size}")
 
     def rows(self, step: int, global_batch: int, dp_rank: int, dp: int) -> torch.Tensor:
         """This data-parallel rank's rows of ``step``'s global batch: (global_batch / dp, seq_length + 1) ids."""
@@ -65,3 +73,38 @@ class TokenFile:
         windows = [(first + i) % self.windows for i in range(per_rank)]
         return torch.from_numpy(np.stack([self.tokens[w * self.window:(w + 1) * self.window] for w in windows])
                                 .astype(np.int64))
+
+
+class DocumentFile:
+    """A tokenized dataset cut at its documents' boundaries: document ``i`` is the tokens before the ``i``-th
+    ``separator`` token (e.g. GPT-2's end-of-text id 50256) since the one before it. Its training sequence is its
+    tokens and the separator (``length + 1`` ids: inputs ``[:-1]``, labels ``[1:]``, the last label the separator),
+    so a sequence of ``length`` positions, which is the length FlexSP plans. Documents longer than ``max_length`` are
+    dropped (as FlexSP's reference drops those above its context limit), as are empty ones and the tokens after the
+    last separator (no end: an unfinished document)."""
+
+    def __init__(self, path: Path, dtype: str, vocab_size: int, separator: int, max_length: int) -> None:
+        if not 0 <= separator < vocab_size:
+            raise ValueError(f"document separator {separator} is outside the model's vocabulary of {vocab_size}")
+        self.path, self.tokens = path, open_tokens(path, dtype, vocab_size)
+        ends = np.flatnonzero(self.tokens == separator)
+        starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+        lengths = ends - starts
+        keep = (lengths >= 1) & (lengths <= max_length)
+        self.starts, self.lengths = starts[keep], lengths[keep].astype(np.int64)
+        if len(self.lengths) == 0:
+            raise ValueError(f"{path}: no document of 1..{max_length} tokens ends with the separator {separator} "
+                             f"({len(ends)} separators in {len(self.tokens)} tokens)")
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def batch(self, index: int, size: int) -> list[int]:
+        """Documents of batch ``index``: the ``size`` after the first ``index * size``, cycling over the file."""
+        first = index * size
+        return [(first + i) % len(self.lengths) for i in range(size)]
+
+    def sequence(self, doc: int) -> torch.Tensor:
+        """Document ``doc``'s ``length + 1`` ids: its tokens, then the separator."""
+        start, n = int(self.starts[doc]), int(self.lengths[doc])
+        return torch.from_numpy(np.asarray(self.tokens[start:start + n + 1]).astype(np.int64))

@@ -5,7 +5,9 @@ plan's grouping. Every later step takes the next batch of the length stream: ``-
 per line, e.g. ``../shared/reference/flexsp/wikipedia_lengths.txt``; lengths above ``--max-length`` dropped, as the
 FlexSP reference drops those above its context limit; consecutive blocks of as many sequences as the plan's
 batch), or without a file a bootstrap of the plan's own lengths (a fixed draw per step). The token ids are
-synthetic (``flexsp.sequence_tokens``).
+synthetic (``flexsp.sequence_tokens``). With a tokenized dataset (``--dataset`` and ``--document-separator``) the
+sequences are instead the dataset's documents, in file order, each step the next block of them: their real
+tokens and lengths (``data.DocumentFile``).
 
 While step ``k`` trains, rank 0 asks the planner (``solvers.flexsp.api.solve``, the plan's request with the next
 batch's lengths) for step ``k + 1``'s grouping in a thread; the answer is broadcast to every rank. A plan not
@@ -33,6 +35,7 @@ import torch.distributed as dist
 from solvers.errors import SpecError
 from solvers.flexsp.api import estimate, solve
 from solvers.run_flexsp import check_flexsp_runnable, load_flexsp_plan
+from worker.runtime.data import DocumentFile
 from worker.runtime.flexsp import (
     Group,
     GroupCache,
@@ -129,6 +132,16 @@ def static_grouping(run: FlexSPRun, lengths: Sequence[int], sp: int) -> Grouping
     return grouping
 
 
+def plan_grouping(run: FlexSPRun, lengths: Sequence[int]) -> Grouping:
+    """The FlexSP planner's grouping for a batch of ``lengths``; ValueError where the runtime cannot run it (a planner
+    bug or a grouping beyond this runtime: a step then falls back)."""
+    grouping = grouping_of(solve(run.request_for(lengths)).micro_batches)
+    problems = run.problems(grouping, len(lengths))
+    if problems:
+        raise ValueError("; ".join(problems))
+    return grouping
+
+
 class Planner:
     """Rank 0's planner thread: one solve at a time, for the next step's batch."""
 
@@ -138,11 +151,7 @@ class Planner:
         self.pending: tuple[int, float, Future[Grouping]] | None = None  # (step, asked at, answer)
 
     def _solve(self, lengths: list[int]) -> Grouping:
-        grouping = grouping_of(solve(self.run.request_for(lengths)).micro_batches)
-        problems = self.run.problems(grouping, len(lengths))
-        if problems:  # (a planner bug or a grouping this runtime cannot run: the step falls back)
-            raise ValueError("; ".join(problems))
-        return grouping
+        return plan_grouping(self.run, lengths)
 
     def ask(self, step: int, lengths: list[int]) -> None:
         if self.pending is None:
@@ -175,47 +184,75 @@ class Planner:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+Batch = tuple[list[int], list[int] | None]  # a step's sequence lengths, and the dataset documents they are (or None)
+
+
+def document_stream(documents: DocumentFile, size: int) -> Iterator[Batch]:
+    """Blocks of ``size`` consecutive documents of the dataset, from its first, cycling."""
+    index = 0
+    while True:
+        docs = documents.batch(index, size)
+        yield [int(documents.lengths[d]) for d in docs], docs
+        index += 1
+
+
 def run_flexsp(run: FlexSPRun, steps: int, device: torch.device, seed: int = 0, budget_s: float = 1.0,
                lengths_file: Path | None = None, max_length: int | None = None, warmup: int = 1,
-               on_step: StepCallback | None = None, static_sp: int | None = None) -> dict[str, Any]:
+               on_step: StepCallback | None = None, static_sp: int | None = None,
+               documents: DocumentFile | None = None) -> dict[str, Any]:
     """Train ``steps`` steps of the length stream (every rank; rank 0's result is the run's metrics). With
     ``static_sp`` every step, the first too, runs static sequence parallelism of that degree instead of the
-    planner's grouping (the baseline FlexSP is compared with: ``static_grouping``, before the step is timed)."""
+    planner's grouping (the baseline FlexSP is compared with: ``static_grouping``, before the step is timed).
+    With ``documents`` (a tokenized dataset cut at its documents' boundaries) every step, the first too, trains the
+    dataset's next block of as many documents as the plan's batch, their real tokens and lengths; step 0's grouping
+    is then planned before it starts (the plan's own grouping is for its own lengths)."""
     rank = dist.get_rank()
     model = build_model(run.model, seed, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     groups = GroupCache()
-    stream = length_stream(lengths_file, run.lengths, max_length, seed) if rank == 0 else None
+    stream: Iterator[Batch] | None = None
+    if rank == 0:
+        stream = document_stream(documents, len(run.lengths)) if documents is not None else \
+            ((lengths, None) for lengths in length_stream(lengths_file, run.lengths, max_length, seed))
     planner = Planner(run) if rank == 0 and static_sp is None else None
-    batch, grouping = list(run.lengths), run.grouping
+    batch, docs, grouping = list(run.lengths), None, run.grouping
+    source = "plan"
+    if stream is not None and documents is not None:
+        batch, docs = next(stream)
+        if static_sp is None:
+            grouping, source = plan_grouping(run, batch), "planned"
     upcoming = next(stream) if stream is not None else None
     autocast = torch.autocast(device.type, dtype=torch.float16 if run.request.precision == "fp16" else torch.bfloat16,
                               enabled=device.type == "cuda" and run.request.precision in ("bf16", "fp16"))
     records: list[dict[str, Any]] = []
     losses, times, memory, traces = [], [], [], []
-    source, waited, why = "plan", 0.0, None
+    waited, why = 0.0, None
     dist.barrier()
     for step in range(steps):
         if rank == 0 and static_sp is not None:
             if step > 0:
                 assert upcoming is not None and stream is not None
-                batch, upcoming = upcoming, next(stream)
+                (batch, docs), upcoming = upcoming, next(stream)
             grouping, source = static_grouping(run, batch, static_sp), f"static-sp{static_sp}"
         if planner is not None and step > 0:
             assert upcoming is not None and stream is not None
-            batch, upcoming = upcoming, next(stream)
+            (batch, docs), upcoming = upcoming, next(stream)
             planned, waited, why = planner.answer(step, budget_s)
             source = "planned" if planned is not None else "fallback"
             grouping = planned if planned is not None else fallback_grouping(grouping, batch)
         if planner is not None and upcoming is not None and step + 1 < steps:
-            planner.ask(step + 1, upcoming)  # solved while this step trains
-        shared: list[Any] = [(batch, grouping, source, waited, why)]
+            planner.ask(step + 1, upcoming[0])  # solved while this step trains
+        shared: list[Any] = [(batch, docs, grouping, source, waited, why)]
         dist.broadcast_object_list(shared, src=0)
-        batch, grouping, source, waited, why = shared[0]
+        batch, docs, grouping, source, waited, why = shared[0]
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
-        def tokens_of(i: int, batch: list[int] = batch, step: int = step) -> torch.Tensor:
+        def tokens_of(i: int, batch: list[int] = batch, step: int = step, docs: list[int] | None = docs
+                      ) -> torch.Tensor:
+            if docs is not None:
+                assert documents is not None
+                return documents.sequence(docs[i])
             return sequence_tokens(run.model.vocab_size, batch[i], seed, step, i)
 
         trace: list[int] = []
@@ -232,7 +269,7 @@ def run_flexsp(run: FlexSPRun, steps: int, device: torch.device, seed: int = 0, 
         traces.append(trace)
         records.append({"step": step, "sequences": len(batch), "tokens": sum(batch), "grouping": source,
                         "fallback_reason": why, "plan_wait_s": waited, "micro_batches": grouping_to_dicts(grouping),
-                        "lengths": list(batch)})
+                        "lengths": list(batch), **({"documents": list(docs)} if docs is not None else {})})
         if on_step is not None:
             on_step(step, loss, times[-1], None)
     if planner is not None:

@@ -9,7 +9,8 @@ Rank 0 appends one JSON line per step to ``--progress`` and writes the metrics t
 (or dataset) writes ``{"error": ..., "problems": [...]}`` and exits with status 2 (not worth retrying).
 With ``--checkpoint-dir`` the run first resumes from the newest complete checkpoint there, and with
 ``--checkpoint-every K`` saves one every K steps (``train_checkpoint``); ``--dataset`` trains on a tokenized
-file instead of synthetic tokens (``data.TokenFile``). A Spindle plan (request ``kind`` spindle) trains with
+file instead of synthetic tokens (``data.TokenFile``); for a FlexSP plan with ``--document-separator ID`` the
+file's documents are its sequences (``data.DocumentFile``). A Spindle plan (request ``kind`` spindle) trains with
 ``spindle.run_spindle`` instead, a step being one iteration of its slices (no checkpoints, no dataset).
 """
 
@@ -33,7 +34,7 @@ from solvers.request import HybridRequest, PlanRequestBase
 from solvers.run_flexsp import is_flexsp_plan
 from solvers.run_spindle import is_spindle_plan, load_program
 from worker.runtime import train_checkpoint
-from worker.runtime.data import TokenFile, global_batch
+from worker.runtime.data import DocumentFile, TokenFile, global_batch
 from worker.runtime.expert_parallel import alltoall_metrics
 from worker.runtime.flexsp_train import FlexSPRun, run_flexsp
 from worker.runtime.metrics import peak_memory_gib, summarize
@@ -197,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-every", type=int, default=0)
     ap.add_argument("--dataset", type=Path)
     ap.add_argument("--dataset-dtype", default="uint16")
+    ap.add_argument("--document-separator", type=int,
+                    help="FlexSP with --dataset: the token id that ends each document (its sequences are documents)")
     ap.add_argument("--lengths", type=Path, help="FlexSP: the length stream, one sequence length per line")
     ap.add_argument("--max-length", type=int, help="FlexSP: drop longer sequences of the stream")
     ap.add_argument("--plan-budget-s", type=float, default=1.0,
@@ -221,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(loaded, SpecError):
             raise loaded
         plan = from_document(*loaded, world_size=dist.get_world_size())
+        if args.document_separator is not None:
+            raise SpecError.at(("dataset", "document_separator"), "a hybrid run reads the dataset in windows of "
+                                                                  "its sequence length, not by document")
         dataset = _open_dataset(args.dataset, args.dataset_dtype, plan)
     except SpecError as err:
         if rank == 0:
@@ -236,6 +242,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _open_documents(args: argparse.Namespace, run: FlexSPRun) -> DocumentFile | None:
+    """A FlexSP run's dataset cut at its documents' ends (None: the length stream with synthetic tokens); documents
+    longer than ``--max-length`` (default: the plan's longest sequence) are dropped."""
+    if args.dataset is None:
+        return None
+    if args.document_separator is None:
+        raise SpecError.at(("dataset", "document_separator"), "a FlexSP run trains on whole documents: name the "
+                                                              "token id that ends each one")
+    try:
+        return DocumentFile(args.dataset, args.dataset_dtype, run.model.vocab_size, args.document_separator,
+                            args.max_length or max(run.lengths))
+    except (OSError, ValueError) as err:
+        raise SpecError.at(("dataset", "path"), str(err)) from None
+
+
 def _main_flexsp(doc: dict[str, object], args: argparse.Namespace) -> int:
     """``main`` for a FlexSP plan (``flexsp_train``)."""
     from solvers.flexsp.request import parse_request
@@ -249,6 +270,7 @@ def _main_flexsp(doc: dict[str, object], args: argparse.Namespace) -> int:
     rank = dist.get_rank()
     try:
         run = FlexSPRun(doc, dist.get_world_size())
+        documents = _open_documents(args, run)
     except SpecError as err:
         if rank == 0:
             args.out.write_text(json.dumps({"error": str(err), "problems": err.as_detail()}))
@@ -256,7 +278,8 @@ def _main_flexsp(doc: dict[str, object], args: argparse.Namespace) -> int:
         return EXIT_INVALID_PLAN
     metrics = run_flexsp(run, args.steps, device, seed=args.seed, budget_s=args.plan_budget_s,
                          lengths_file=args.lengths, max_length=args.max_length, warmup=args.warmup,
-                         on_step=_progress_writer(args.progress) if rank == 0 else None, static_sp=args.static_sp)
+                         on_step=_progress_writer(args.progress) if rank == 0 else None, static_sp=args.static_sp,
+                         documents=documents)
     if rank == 0:
         _write_metrics(args.out, metrics, device)
     dist.barrier()
