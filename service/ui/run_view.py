@@ -112,9 +112,40 @@ def build(run: Mapping[str, Any], request: Mapping[str, Any] | None = None) -> R
                                 "step", "loss")
         view.loss_chart.config["options"]["scales"]["y"].pop("beginAtZero", None)
     step_times = _floats(metrics.get("step_times_s")) or [p["step_time_s"] for p in points]
-    if step_times and step.predicted is not None:
+    per_step = _per_step_predictions(metrics, len(step_times))
+    if per_step is not None:  # (FlexSP: every step its own batch and grouping, so its own prediction)
+        _add_per_step(view, metrics, per_step, step_times)
+    elif step_times and step.predicted is not None:
         view.step_chart = lines("step-chart", "Step time per step: measured vs predicted",
                                 list(range(1, len(step_times) + 1)),
                                 {"measured": step_times, "predicted": [step.predicted] * len(step_times)},
                                 "step", "seconds")
     return view
+
+
+def _per_step_predictions(metrics: Mapping[str, Any], steps: int) -> list[float] | None:
+    """Each step's own predicted time, where the run reports one per step (a FlexSP run's ``flexsp_steps``: each
+    step trains another batch with its own grouping); None otherwise."""
+    records = metrics.get("flexsp_steps")
+    if not isinstance(records, list) or not records or len(records) != steps:
+        return None
+    got = [fmt.as_float(r.get("predicted_step_time_s")) if isinstance(r, Mapping) else None for r in records]
+    return None if any(g is None for g in got) else [g for g in got if g is not None]
+
+
+def _add_per_step(view: RunView, metrics: Mapping[str, Any], predicted: list[float], measured: list[float]) -> None:
+    """Per-step predictions: the chart of both curves, a comparison of their medians, and which grouping each step
+    ran (the plan's, planned for its batch, or the previous step's rule where its plan was late)."""
+    view.step_chart = lines("step-chart", "Step time per step: measured vs each step's prediction",
+                            list(range(1, len(measured) + 1)), {"measured": measured, "predicted": predicted},
+                            "step", "seconds")
+    view.comparisons.insert(1, Comparison("step time, each step's own prediction (median)",
+                                          fmt.as_float(metrics.get("predicted_step_time_s")),
+                                          fmt.as_float(metrics.get("step_time_s")), "s"))
+    kinds = metrics.get("groupings")
+    if isinstance(kinds, Mapping) and kinds:
+        ran = ", ".join(f"{n} {k}" for k, n in kinds.items() if isinstance(n, int) and n)
+        view.notes.append(f"Each step trained its own batch with its own grouping ({ran}: "
+                          "plan = the plan's own, planned = the planner's for that batch, fallback = the previous "
+                          "step's rule where its plan was late), and is predicted for that grouping; the first "
+                          "row is the plan's prediction for its own batch.")

@@ -193,6 +193,24 @@ def test_run_page_compares_prediction_with_measurement(ui_client: TestClient, ui
     assert f"/runs/{run_id}" in ui_client.get(f"/plans/{plan_id}").text  # the plan lists its runs
 
 
+def test_a_flexsp_run_page_compares_each_step_with_its_own_prediction(ui_client: TestClient,
+                                                                       ui_db: Database) -> None:
+    """A FlexSP run trains another batch every step: the page charts each step's prediction beside its measured
+    time, compares their medians, and says which groupings the steps ran."""
+    request = {"kind": "flexsp", "cluster": {"gpu": "cpu", "nodes": 1, "gpus_per_node": 4}, "precision": "fp32",
+               "model": {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                         "vocab_size": 128}, "batch": {"sequence_lengths": [96, 40, 24, 16, 8]}}
+    plan_id = store_plan(ui_db, request, api.solve(request).model_dump(mode="json"))
+    steps = [{"predicted_step_time_s": p, "step_time_s": m} for p, m in ((0.2, 0.25), (0.4, 0.5), (0.3, 0.3))]
+    metrics = {"step_time_s": 0.3, "predicted_step_time_s": 0.3, "step_times_s": [0.25, 0.5, 0.3],
+               "flexsp_steps": steps, "groupings": {"plan": 1, "planned": 1, "fallback": 1}, "loss": [4.8, 4.5, 4.3]}
+    html = ui_client.get(f"/runs/{_run_through_worker(ui_db, plan_id, metrics, [])}").text
+    assert "measured vs each step&#39;s prediction" in html  # (the chart's title, escaped)
+    assert '"data": [0.2, 0.4, 0.3]' in html and '"data": [0.25, 0.5, 0.3]' in html
+    assert "step time, each step&#39;s own prediction (median)" in html
+    assert "1 plan, 1 planned, 1 fallback" in html
+
+
 def test_running_run_shows_its_progress_and_refreshes(ui_client: TestClient, ui_db: Database) -> None:
     request, result = samples.hybrid(num_layers=4, pp=1)
     request["training"]["global_batch_size"] = 96
