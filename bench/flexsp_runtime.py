@@ -305,6 +305,12 @@ def request(cal: dict[str, Any], name: str, lengths: list[int]) -> dict[str, Any
             "solver": {"max_sp": RANKS}}
 
 
+def capacity_per_gpu(req: dict[str, Any]) -> int:
+    from solvers.flexsp.request import parse_request
+
+    return parse_request(req)[1].token_capacity_per_gpu
+
+
 def feasible_degrees(req: dict[str, Any], batches: list[list[int]]) -> dict[int, str | None]:
     """Per static degree, None if it holds every batch of the run, else why not."""
     out: dict[int, str | None] = {}
@@ -313,8 +319,9 @@ def feasible_degrees(req: dict[str, Any], batches: list[list[int]]) -> dict[int,
         for k, lengths in enumerate(batches):
             try:
                 estimate({**req, "batch": {"sequence_lengths": lengths}, "strategy": {"sp": d}})
-            except SpecError as err:
-                why = f"step {k}: {err}"
+            except SpecError:
+                why = (f"step {k}'s longest sequence, {max(lengths)} tokens, is more than SP{d} holds: "
+                       f"{d} x {capacity_per_gpu(req)} tokens")
                 break
         out[d] = why
     return out
@@ -395,7 +402,7 @@ def main() -> int:
             print(f"plan {name}: Wikipedia lengths <= {max_length} from #{offset}, {size} per step; memory limit "
                   f"{req['constraints']['memory_limit_gib'] * 1024:.2f} MiB per rank = {capacity} tokens of "
                   f"activations after the model states; longest sequence of the run {max(max(b) for b in batches)}; "
-                  "static " + "; ".join(f"SP{d} {'feasible' if w is None else 'infeasible (' + w[:80] + ')'}"
+                  "static " + "; ".join(f"SP{d} {'feasible' if w is None else 'infeasible (' + w + ')'}"
                                         for d, w in why.items()), flush=True)
         rows: list[dict[str, Any]] = []
         loop = args.loop.split(",") if args.loop else []
