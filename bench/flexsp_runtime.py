@@ -3,6 +3,7 @@ SP degree on the same length stream, and the FlexSP cost model's predicted step 
 
     .venv/bin/python bench/flexsp_runtime.py                 # 2 rounds (C: FlexSP, static SP; then A, B: FlexSP)
     .venv/bin/python bench/flexsp_runtime.py --rounds 2 --steps 8 --json out.json
+    .venv/bin/python bench/flexsp_runtime.py --stepwise 3 --steps 8   # same-load comparison, steps interleaved
 
 1. Calibration passes (each its own 4-rank torchrun launch, ``--calibrate-rank``; no evaluated plan is in them):
    * compute: forward + backward of the model on one packed sequence per rank, every rank at once (all ranks busy,
@@ -36,6 +37,13 @@ SP degree on the same length stream, and the FlexSP cost model's predicted step 
    the calibration passes before and after the run's round (means of their points: the host is shared and its load
    drifts);
    nothing is fitted to a run's times, so every run is held out.
+
+5. ``--stepwise REPEATS`` (instead of 3 and 4): one calibration pass, then FlexSP's groupings of ``--compare``'s
+   stream and each feasible static degree's, run with the runtime's step (``worker.runtime.flexsp.step_gradients``
+   and AdamW) interleaved step by step in one launch, REPEATS times each: separate launches meet different
+   background load, steps interleaved meet the same. ``flexsp+planner`` runs a FlexSP solve of the next batch in a
+   thread of rank 0 meanwhile, as ``flexsp_train`` does. Per grouping the mean over steps of the median measured
+   time and the mean predicted time.
 
 Measured step time = ``flexsp_train``'s per-step wall time (the step's micro-batches, the gradient all-reduce and
 the optimizer step; a step's wait for a late plan is reported as ``plan_wait_s`` beside it). The host is shared
@@ -362,10 +370,103 @@ def repredict(row: dict[str, Any], cal: dict[str, Any], warmup: int) -> float:
         for step in row["steps"][warmup:])
 
 
+# ---------------------------------------------------------------- per-step interleaving (one launch)
+
+def stepwise_rank(spec_path: Path, out: Path) -> int:
+    """Every rank: the runtime's step (``worker.runtime.flexsp.step_gradients`` and the AdamW step) for each step of
+    a stream under each grouping of ``spec`` in turn, step by step, so that every grouping of a step meets the
+    same background load; ``flexsp+planner`` also runs a FlexSP solve of the next batch in a thread of rank 0
+    while it trains, as ``flexsp_train`` does."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    from solvers.specs import ModelSpec
+    from worker.runtime.flexsp import GroupCache, grouping_of, sequence_tokens, step_gradients
+    from worker.runtime.model import ModelConfig, build_model
+
+    spec = json.loads(spec_path.read_text())
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ModelConfig.from_spec(ModelSpec.model_validate(MODEL))
+    model = build_model(cfg, 0, "cpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    groups = GroupCache()
+    groups.ensure_aligned(world, [1, 2, 4])
+    batches, kinds, requests = spec["batches"], spec["kinds"], spec["requests"]
+    times: dict[str, list[list[float]]] = {name: [[] for _ in batches] for name in kinds}
+    names = list(kinds)
+    for rep in range(spec["repeats"] + 1):  # the first pass warms up
+        for k, batch in enumerate(batches):
+            for name in names[k % len(names):] + names[:k % len(names)]:  # rotated: no grouping always first
+                grouping = grouping_of(kinds[name][k])
+                thread = None
+                if name == "flexsp+planner" and rank == 0:
+                    thread = threading.Thread(target=solve, args=(requests[(k + 1) % len(batches)],))
+                dist.barrier()
+                if thread is not None:
+                    thread.start()
+
+                def tokens_of(i: int, b: list[int] = batch, k: int = k) -> torch.Tensor:
+                    return sequence_tokens(cfg.vocab_size, b[i], 0, k, i)
+
+                start = time.perf_counter()
+                step_gradients(model, grouping, tokens_of, batch, groups)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                elapsed = time.perf_counter() - start
+                if thread is not None:
+                    thread.join()
+                if rep > 0:
+                    times[name][k].append(elapsed)
+    if rank == 0:
+        out.write_text(json.dumps(times))
+    dist.barrier()
+    return 0
+
+
+def stepwise(work: Path, cal: dict[str, Any], name: str, steps: int, repeats: int) -> None:
+    """FlexSP's groupings of plan ``name``'s stream against each feasible static degree's, interleaved step by step
+    in one launch (``stepwise_rank``); prints the mean measured and predicted step time per grouping."""
+    max_length, size, _, offset = PLANS[name]
+    lengths = stream(max_length, offset)
+    batches = [lengths[k * size:(k + 1) * size] for k in range(steps)]
+    requests = [request(cal, name, b) for b in batches]
+    flex = [solve(r).model_dump(mode="json")["micro_batches"] for r in requests]
+    kinds: dict[str, list[Any]] = {"flexsp": flex, "flexsp+planner": flex}
+    for d, why in feasible_degrees(requests[0], batches).items():
+        if why is None:
+            kinds[f"static-sp{d}"] = [estimate({**r, "strategy": {"sp": d}}).model_dump(mode="json")["micro_batches"]
+                                      for r in requests]
+    spec, out = work / f"stepwise-{name}.json", work / f"stepwise-{name}-out.json"
+    spec.write_text(json.dumps({"batches": batches, "kinds": kinds, "requests": requests, "repeats": repeats}))
+    before = load()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
+           str(Path(__file__).resolve()), "--stepwise-rank", str(spec), str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    times = json.loads(out.read_text())
+    print(f"per-step interleaving, plan {name}, {steps} steps x {repeats} ({before}; after: {load()}):")
+    best = None
+    for kind, per_step in times.items():
+        measured = statistics.fmean(statistics.median(t) for t in per_step)
+        predicted = statistics.fmean(estimate({**r, "micro_batches": mbs}).step_time_s
+                                     for r, mbs in zip(requests, kinds[kind], strict=True))
+        print(f"  {kind:>15}: measured mean step {measured:.3f} s, predicted {predicted:.3f} s")
+        if kind.startswith("static") and (best is None or measured < best[1]):
+            best = (kind, measured)
+    if best is not None:
+        flex_measured = statistics.fmean(statistics.median(t) for t in times["flexsp+planner"])
+        print(f"  FlexSP (with its planner) / best static ({best[0]}): {flex_measured / best[1]:.3f}")
+
+
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--calibrate-rank":
         code = calibrate_rank(Path(sys.argv[2]), int(sys.argv[3]))
         os._exit(code)  # skip gloo teardown (see worker/runtime/train.py)
+    if len(sys.argv) == 4 and sys.argv[1] == "--stepwise-rank":
+        os._exit(stepwise_rank(Path(sys.argv[2]), Path(sys.argv[3])))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -378,8 +479,17 @@ def main() -> int:
     ap.add_argument("--compare", default="C", help="the plan FlexSP is compared with static SP on")
     ap.add_argument("--loop", default="A,B", help="further FlexSP plans of the closed loop, one per round, cycled")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--stepwise", type=int, default=0, metavar="REPEATS",
+                    help="only calibrate, then FlexSP's and the static degrees' groupings of --compare's stream "
+                         "interleaved step by step in one launch, REPEATS times each")
     args = ap.parse_args()
     print(f"start: {load()}", flush=True)
+    if args.stepwise:
+        with tempfile.TemporaryDirectory(prefix="flexsp-runtime-") as tmp:
+            cal = fit_calibration([calibrate(Path(tmp), args.calibration_repeats, 0)])
+            print("calibration:\n" + describe(cal), flush=True)
+            stepwise(Path(tmp), cal, args.compare, args.steps, args.stepwise)
+        return 0
     names = [args.compare, *args.loop.split(",")]
     with tempfile.TemporaryDirectory(prefix="flexsp-runtime-") as tmp:
         work = Path(tmp)
