@@ -10,13 +10,16 @@ SP degree on the same length stream, and the FlexSP cost model's predicted step 
      as in a step), over a grid of single sequences and of packed pieces; per point the slowest rank (the cost
      form's rule: a micro-batch takes its slowest group) and the median over repeats; non-negative least squares of
      ``beta + alpha2 * tokens + alpha1 * sum(piece**2)`` (``fit_compute``);
-   * all-to-all: the runtime's own Ulysses exchanges (``worker.runtime.ulysses``: q, k, v sequence -> heads and
-     the attention output back, forward and backward, once per layer) in groups of 2 and of 4 ranks, all groups at
-     once, at per-rank slices of 128-768 tokens (a group's packed tokens / sp, as the runtime sends them); the
-     bandwidth per group size is in the cost form's units: the megabytes
+   * all-to-all, in the step: one sequence of 256-1536 tokens per group of 2 (of 4) ranks, all groups at once,
+     trained as the runtime trains it (each rank its 1/sp slice, Ulysses over the group: ``worker.runtime.ulysses``,
+     q, k, v sequence -> heads and the attention output back, forward and backward, once per layer); what its time
+     exceeds the SP1 fit's ``beta + (alpha2 s + alpha1 s**2) / sp`` by is the group's communication
+     (``fit_in_step_bandwidth``). The bandwidth per group size is in the cost form's units: the megabytes
      ``solvers.flexsp.constants.comm_mb_per_token`` counts (16 * layers * hidden bytes per token, i.e. bf16) over
-     the measured milliseconds of the slowest rank, a line through the origin (``fit_bandwidth``). The runtime
-     sends fp32, so these "GB/s" are half the bytes actually moved per second;
+     those milliseconds, a line through the origin (``fit_bandwidth``); the runtime sends fp32, so these "GB/s"
+     are half the bytes moved per second. These are the plans' constants. The exchanges alone (the same calls on
+     random slices of 128-768 tokens per rank, nothing between them) are printed beside them: they miss the waits
+     for a group's descheduled ranks inside a step (4 ranks on 2 cores), a cost static SP4 pays on every sequence;
    * activations: the bytes autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``, parameters
      excluded) on one rank for a grid of lengths; MB per token is the slope of a least-squares line
      (``fit_activation``). Measured, not the model's formula (CPU peak RSS says nothing about activations);
@@ -72,11 +75,14 @@ sys.path.insert(0, str(ROOT))
 
 from solvers.errors import SpecError  # noqa: E402
 from solvers.flexsp.api import estimate, solve  # noqa: E402
+from solvers.flexsp.constants import comm_mb_per_token  # noqa: E402
+from solvers.specs import ModelSpec  # noqa: E402
 
 WIKIPEDIA = ROOT.parent / "shared" / "reference" / "flexsp" / "wikipedia_lengths.txt"
 RANKS = 4
 MODEL: dict[str, Any] = {"name": "flexsp-cpu", "num_layers": 2, "hidden_size": 128, "num_attention_heads": 4,
                          "num_kv_heads": 4, "ffn_hidden_size": 344, "vocab_size": 256, "mlp": "swiglu"}
+SPEC = ModelSpec.model_validate(MODEL)
 # name -> (max length of the stream, sequences per step, tokens per GPU the memory limit leaves, offset in stream)
 PLANS: dict[str, tuple[int, int, int, int]] = {
     "A": (1024, 8, 640, 0),
@@ -87,6 +93,7 @@ COMPUTE_SINGLE = (32, 128, 256, 512, 768)
 COMPUTE_PACKED = ((256, 128, 64, 32, 16), (300, 300), (100,) * 6, (500, 150, 60))
 ALLTOALL_TOKENS = (128, 256, 512, 768)  # per rank: a group's packed tokens / sp, as the runtime sends them
 ACTIVATION_LENGTHS = (128, 256, 512, 1024)
+SP_LENGTHS = (256, 512, 1024, 1536)  # one sequence per SP group
 
 
 def load() -> str:
@@ -121,6 +128,18 @@ def fit_bandwidth(points: Sequence[tuple[float, float]]) -> float:
     return float(np.sum(mb * mb) / np.sum(mb * ms))
 
 
+def fit_in_step_bandwidth(points: Sequence[tuple[int, float]], d: int, compute: dict[str, float],
+                          mb_per_token: float) -> float:
+    """``(tokens, ms)`` of one sequence trained by a group of ``d`` ranks -> the cost form's GB/s for ``d``: what
+    the time exceeds the compute fit's ``beta + (alpha2 s + alpha1 s**2) / d`` by is the group's communication of
+    ``mb_per_token * s / d`` MB (each at least 1 % of its time: the bandwidth stays finite)."""
+    comm = [(mb_per_token * s / d,
+             max(ms - compute["beta_ms"] - (compute["alpha2_ms_per_token"] * s
+                                            + compute["alpha1_ms_per_token2"] * s * s) / d, 0.01 * ms))
+            for s, ms in points]
+    return fit_bandwidth(comm)
+
+
 def fit_activation(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
     """``(tokens, saved bytes)`` -> (MB per token, MB at zero tokens) of the least-squares line."""
     x = np.array([float(p[0]) for p in points])
@@ -136,11 +155,9 @@ def calibrate_rank(out: Path, repeats: int) -> int:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from solvers.flexsp.constants import comm_mb_per_token
-    from solvers.specs import ModelSpec
     from worker.runtime.flexsp import IGNORE, all_reduce_gradients, pack, sequence_tokens
     from worker.runtime.model import ModelConfig, build_model
-    from worker.runtime.ulysses import gather_heads_scatter_sequence, gather_sequence_scatter_heads
+    from worker.runtime.ulysses import apply_ulysses, gather_heads_scatter_sequence, gather_sequence_scatter_heads
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -190,6 +207,7 @@ def calibrate_rank(out: Path, repeats: int) -> int:
 
     mb_per_token = comm_mb_per_token(spec)
     alltoall: dict[int, list[tuple[float, float]]] = {}
+    sp_steps: dict[int, list[tuple[int, float]]] = {}
     for d in (2, 4):
         groups = [dist.new_group(list(range(first, first + d))) for first in range(0, world, d)]
         group = groups[rank // d]
@@ -208,6 +226,26 @@ def calibrate_rank(out: Path, repeats: int) -> int:
                 times.append(slowest(1e3 * (time.perf_counter() - start)))
             points.append((mb_per_token * n, statistics.median(times)))  # n = s / d tokens: the form's s / d
         alltoall[d] = points
+        # the same exchanges inside the step: one sequence per group trained as the runtime trains it (its 1/d
+        # slice per rank, Ulysses over the group); what exceeds the SP1 fit's compute / d is the group's
+        # communication (fit_calibration), waits for the group's other ranks on a contended host included
+        in_step = []
+        for n in SP_LENGTHS:
+            times = []
+            for _ in range(repeats):
+                packed = pack([sequence_tokens(cfg.vocab_size, n, 0, 0, 0)], d, rank % d)
+                apply_ulysses(model, group)
+                dist.barrier()
+                start = time.perf_counter()
+                logits = model(packed.inputs, segments=packed.segments)
+                ce = F.cross_entropy(logits.float().flatten(0, 1), packed.labels.flatten(), ignore_index=IGNORE,
+                                     reduction="sum")
+                (ce / n).backward()
+                times.append(slowest(1e3 * (time.perf_counter() - start)))
+                apply_ulysses(model, None)
+                model.zero_grad(set_to_none=True)
+            in_step.append((n, statistics.median(times)))
+        sp_steps[d] = in_step
 
     activation = []
     for n in ACTIVATION_LENGTHS:
@@ -234,6 +272,7 @@ def calibrate_rank(out: Path, repeats: int) -> int:
             "compute": [[list(p), statistics.median(ts)] for p, ts in compute.items()],
             "step_overhead_ms": statistics.median(step_ms),
             "alltoall": {str(d): pts for d, pts in alltoall.items()},
+            "sp_steps": {str(d): pts for d, pts in sp_steps.items()},
             "activation": activation,
             "params": sum(p.numel() for p in model.parameters()),
             "loads": loads,
@@ -260,13 +299,17 @@ def fit_calibration(passes: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for p, ms in raw["compute"]:
             compute.setdefault(tuple(p), []).append(ms)
     fitted = fit_compute([(p, statistics.fmean(ms)) for p, ms in compute.items()])
-    bandwidth = {}
+    isolated, bandwidth = {}, {}
     for d in passes[0]["alltoall"]:
         points = [(mb, statistics.fmean(raw["alltoall"][d][k][1] for raw in passes))
                   for k, (mb, _) in enumerate(passes[0]["alltoall"][d])]
-        bandwidth[int(d)] = fit_bandwidth(points)
+        isolated[int(d)] = fit_bandwidth(points)
+        in_step = [(n, statistics.fmean(raw["sp_steps"][d][k][1] for raw in passes))
+                   for k, (n, _) in enumerate(passes[0]["sp_steps"][d])]
+        bandwidth[int(d)] = fit_in_step_bandwidth(in_step, int(d), fitted, comm_mb_per_token(SPEC))
     act_mb, act_zero = fit_activation([tuple(x) for x in passes[0]["activation"]])  # (deterministic)
-    return {"compute": fitted, "alltoall_GBps_by_group_size": bandwidth, "activation_mb_per_token": act_mb,
+    return {"compute": fitted, "alltoall_GBps_by_group_size": bandwidth, "isolated_alltoall_GBps": isolated,
+            "activation_mb_per_token": act_mb,
             "activation_mb_at_zero": act_zero, "params_billion": passes[0]["params"] / 1e9,
             "step_overhead_ms": statistics.fmean(raw["step_overhead_ms"] for raw in passes),
             "loads": [x for raw in passes for x in raw["loads"]]}
@@ -276,8 +319,10 @@ def describe(cal: dict[str, Any]) -> str:
     c = cal["compute"]
     return (f"  compute  beta {c['beta_ms']:.2f} ms, alpha2 {c['alpha2_ms_per_token']:.4g} ms/token, alpha1 "
             f"{c['alpha1_ms_per_token2']:.4g} ms/token^2 (fit rel. RMS {c['rel_rms']:.1%})\n"
-            "  all-to-all " + ", ".join(f"SP{d}: {v:.4f} GB/s (cost-form MB / ms)"
-                                        for d, v in cal["alltoall_GBps_by_group_size"].items()) + "\n"
+            "  all-to-all in the step " + ", ".join(f"SP{d}: {v:.4f}" for d, v in
+                                                    cal["alltoall_GBps_by_group_size"].items())
+            + " GB/s (cost-form MB / ms; the plans' constants); exchanges alone " + ", ".join(
+                f"SP{d}: {v:.4f}" for d, v in cal["isolated_alltoall_GBps"].items()) + "\n"
             f"  activations {cal['activation_mb_per_token'] * 1024:.2f} KiB/token saved for backward (measured, "
             f"{cal['activation_mb_at_zero']:+.2f} MB at 0 tokens)\n"
             f"  unmodelled per-step all-reduce + AdamW {cal['step_overhead_ms']:.1f} ms; "
@@ -482,11 +527,15 @@ def main() -> int:
     ap.add_argument("--stepwise", type=int, default=0, metavar="REPEATS",
                     help="only calibrate, then FlexSP's and the static degrees' groupings of --compare's stream "
                          "interleaved step by step in one launch, REPEATS times each")
+    ap.add_argument("--calibration", type=Path, help="with --stepwise: the calibration passes of an earlier "
+                                                     "--json instead of a new pass (all of them, merged)")
     args = ap.parse_args()
     print(f"start: {load()}", flush=True)
     if args.stepwise:
         with tempfile.TemporaryDirectory(prefix="flexsp-runtime-") as tmp:
-            cal = fit_calibration([calibrate(Path(tmp), args.calibration_repeats, 0)])
+            passes = (json.loads(args.calibration.read_text())["passes"] if args.calibration else
+                      [calibrate(Path(tmp), args.calibration_repeats, 0)])
+            cal = fit_calibration(passes)
             print("calibration:\n" + describe(cal), flush=True)
             stepwise(Path(tmp), cal, args.compare, args.steps, args.stepwise)
         return 0

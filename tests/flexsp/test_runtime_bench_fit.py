@@ -66,3 +66,13 @@ def test_the_memory_limit_leaves_the_stated_tokens_per_gpu(bench: ModuleType) ->
     for name, (_, _, capacity, _) in bench.PLANS.items():
         _, consts = parse_request(bench.request(cal, name, [100, 200]))
         assert consts.token_capacity_per_gpu == capacity
+
+
+def test_the_in_step_bandwidth_is_what_the_time_exceeds_the_compute_by(bench: ModuleType) -> None:
+    compute = {"beta_ms": 10.0, "alpha2_ms_per_token": 0.3, "alpha1_ms_per_token2": 2e-4}
+    mb_per_token, d, bw = 0.004, 4, 0.02  # bw in MB/ms
+    points = [(s, 10.0 + (0.3 * s + 2e-4 * s * s) / d + mb_per_token * s / d / bw) for s in bench.SP_LENGTHS]
+    assert bench.fit_in_step_bandwidth(points, d, compute, mb_per_token) == pytest.approx(bw)
+    # faster than the compute alone (noise): the communication is floored, the bandwidth stays finite
+    fast = [(s, 10.0 + (0.3 * s) / d) for s in bench.SP_LENGTHS]
+    assert 0 < bench.fit_in_step_bandwidth(fast, d, compute, mb_per_token) < float("inf")
