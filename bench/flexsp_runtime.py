@@ -18,8 +18,7 @@ SP degree on the same length stream, and the FlexSP cost model's predicted step 
      ``solvers.flexsp.constants.comm_mb_per_token`` counts (16 * layers * hidden bytes per token, i.e. bf16) over
      those milliseconds, a line through the origin (``fit_bandwidth``); the runtime sends fp32, so these "GB/s"
      are half the bytes moved per second. These are the plans' constants. The exchanges alone (the same calls on
-     random slices of 128-768 tokens per rank, nothing between them) are printed beside them: they miss the waits
-     for a group's descheduled ranks inside a step (4 ranks on 2 cores), a cost static SP4 pays on every sequence;
+     random slices of 128-768 tokens per rank, nothing between them) are printed beside them, for comparison;
    * activations: the bytes autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``, parameters
      excluded) on one rank for a grid of lengths; MB per token is the slope of a least-squares line
      (``fit_activation``). Measured, not the model's formula (CPU peak RSS says nothing about activations);
