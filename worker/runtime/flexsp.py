@@ -121,6 +121,13 @@ class GroupCache:
             assert group is not None
             self.groups[(first, last)] = group
 
+    def ensure_aligned(self, world: int, sizes: Sequence[int]) -> None:
+        """Create the groups of every block of each size in ``sizes`` that starts at a multiple of its size (the
+        blocks the planner's tilings use), before a run's first step: ``new_group`` sets up connections between
+        the block's ranks, which inside a timed step would count as the step's time (collective, as ``ensure``)."""
+        self.ensure((tuple(Group(d, first, first + d - 1, ()) for d in sorted(set(sizes)) if d > 1 and world % d == 0
+                           for first in range(0, world - d + 1, d)),))
+
     def of(self, group: Group) -> dist.ProcessGroup | None:
         return self.groups[(group.first, group.last)] if group.sp > 1 else None
 

@@ -73,12 +73,15 @@ class FlexSPRun:
     def world(self) -> int:
         return self.request.cluster.num_gpus
 
+    def sp_sizes(self) -> list[int]:
+        """The SP degrees a group of this run may have: those Ulysses can split the heads by, within the world."""
+        return [d for d in range(1, self.world + 1) if self.model.num_kv_heads % d == 0
+                and self.model.num_heads % d == 0]
+
     def request_for(self, lengths: Sequence[int]) -> dict[str, Any]:
         """The plan's request for another batch; ``max_sp`` kept within what Ulysses can split the heads by."""
         solver = dict(self.raw_request.get("solver") or {})
-        divides = [d for d in range(1, self.world + 1) if self.model.num_kv_heads % d == 0
-                   and self.model.num_heads % d == 0]
-        solver["max_sp"] = min(max(divides), solver.get("max_sp") or self.world)
+        solver["max_sp"] = min(max(self.sp_sizes()), solver.get("max_sp") or self.world)
         return {**self.raw_request, "batch": {"sequence_lengths": list(lengths)}, "solver": solver}
 
 
@@ -210,6 +213,7 @@ def run_flexsp(run: FlexSPRun, steps: int, device: torch.device, seed: int = 0, 
     model = build_model(run.model, seed, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     groups = GroupCache()
+    groups.ensure_aligned(run.world, run.sp_sizes())
     stream: Iterator[Batch] | None = None
     if rank == 0:
         stream = document_stream(documents, len(run.lengths)) if documents is not None else \
