@@ -25,13 +25,15 @@ collectives (those across its nodes are new: groups spanning the two agents) and
 launch's profile.
 
 What the profile carries beyond layer and collective times (all measured by ``worker.profiler``, none fitted
-to these plans): layer times with every rank busy (median repeat), Megatron-SP layer times as the runtime
-runs them, ring-attention layers as the runtime runs them (cp 2 and 4, the ring's exchanges inside), the model's
-MoE layer (all experts on one rank), FSDP2's per-layer wrapper overhead with and without resharding, the host
-contention (a layer with all ranks busy vs one rank alone: idle pipeline ranks hand their cores to busy ones),
-p2p send/recv (the cluster's link bandwidth in the request, ``measured_links``) and the AdamW step time per
-parameter over the model's blocks (passed to the cost model as ``optimizer_traffic_bytes`` at the measured
-bandwidth).
+to these plans): layer times with every rank busy (each repeat as long as its slowest rank took, as the next
+synchronisation waits for it; the median repeat), Megatron-SP layer times as the runtime runs them,
+ring-attention layers as the runtime runs them (cp 2 and 4, the ring's exchanges inside), the model's MoE layer
+(all experts on one rank, and under tp 2 / 4 with and without SP with its experts split over the tp ranks, the
+expert-TP exchanges inside), FSDP2's per-layer wrapper overhead with and without resharding, the host
+contention (a layer with all ranks busy vs one rank alone: idle pipeline ranks hand their cores to busy ones;
+the cost model simulates GPipe and 1F1B steps under that processor sharing), p2p send/recv (the cluster's link
+bandwidth in the request, ``measured_links``) and the AdamW step time per parameter over the model's blocks
+(passed to the cost model as ``optimizer_traffic_bytes`` at the measured bandwidth).
 
 Prints a table (predicted vs measured step time per plan, * = held out), the spread of the measured times,
 the MAPE and Spearman's rank correlation over all plans, over the plans tuned on and over the held-out ones.

@@ -4,7 +4,8 @@ Run under ``torch.distributed.run`` with one process per device, so every number
 node is busy, as it is in training (on a CPU host the ranks share cores, and that is part of the truth):
 
 - per-layer forward / backward time of one transformer block by batch and sequence, for each tensor-parallel
-  degree as the runtime runs it (DTensor shards), less its own collectives (profiled apart);
+  degree as the runtime runs it (DTensor shards), less its own collectives (profiled apart); every rank runs
+  each repeat at once and the repeat lasts as long as its slowest rank took (``layer_time``);
 - all-reduce / all-gather / reduce-scatter / all-to-all time by group size and message size, every group of
   that size running at once (as tp or dp groups do), and p2p send/recv between neighbouring ranks;
 - the host's GEMM rate and memory bandwidth (for the parts the cost model keeps analytic).
@@ -72,20 +73,39 @@ def _median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> flo
     return statistics.median(times)
 
 
+def slowest_rank(samples: Sequence[Sequence[Sequence[float]]]) -> list[list[float]]:
+    """Per repeat, each part's (e.g. forward, backward) longest time over the ranks: ``samples`` holds each rank's
+    rows, one per repeat of parts the ranks started together, as ``_gathered`` returns them."""
+    return [[max(rank[i][j] for rank in samples) for j in range(len(samples[0][i]))] for i in range(len(samples[0]))]
+
+
+def _gathered(rows: list[list[float]]) -> list[list[list[float]]]:
+    """Every rank's ``rows`` (the same shape on every rank), in rank order; just this rank's without a group."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [rows]
+    mine = torch.tensor(rows, dtype=torch.float64)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    return [t.tolist() for t in out]
+
+
 def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int,
                block: torch.nn.Module | None = None, seq_shards: int = 1, together: bool = True
                ) -> tuple[float, float]:
     """(forward, backward) seconds of one block (a fresh one, or ``block``) on a (batch, seq, hidden) input;
-    with ``seq_shards`` > 1 each rank holds its sequence shard, as Megatron SP hands the residual between blocks."""
+    with ``seq_shards`` > 1 each rank holds its sequence shard, as Megatron SP hands the residual between blocks.
+    ``together`` (with a process group): every rank runs each repeat's forward at once, then its backward at
+    once, and each counts as long as its slowest rank took (the same result on every rank)."""
     torch.manual_seed(0)
     block = block if block is not None else Block(cfg).to(device)
     x = torch.randn(batch, seq // seq_shards, cfg.hidden_size, device=device, requires_grad=True)
     grad = torch.randn(batch, seq // seq_shards, cfg.hidden_size, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fwd, bwd = [], []
+    together = together and dist.is_initialized()
+    rows: list[list[float]] = []
     for i in range(repeats + 1):
         sync()
-        if together and dist.is_initialized():
+        if together:
             # every rank starts each repeat together, as data-parallel ranks start each micro-batch: left to drift
             # apart, a rank's repeats overlapped its neighbours' idle waits and measured uncontended speed
             dist.barrier()
@@ -93,15 +113,26 @@ def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, rep
         y = block(x)
         sync()
         t1 = time.perf_counter()
+        if together:
+            # and the backward together: a rank left to start it early ran it while others still computed forward
+            # (contended forward, uncontended backward: the split came out ~1.6 : 1 for a layer that runs 1 : 1.8)
+            dist.barrier()
+        t2 = time.perf_counter()
         y.backward(grad)
         sync()
-        t2 = time.perf_counter()
+        t3 = time.perf_counter()
         if i:  # the first pass warms allocator and kernels up
-            fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
+            rows.append([t1 - t0, t3 - t2])
+    if together:
+        # A pass lasts until its slowest rank is done: ranks sharing a host's cores do not progress evenly (one
+        # finishes early and idles at the next barrier, lending its core to the others), and whatever synchronises
+        # them next (a gradient all-reduce, a pipeline send) waits for the last. Each rank's own median, averaged
+        # over the ranks, was 20-35 % below the per-layer time of the plans run beside it on 4 ranks of a 2-core
+        # host; the slowest rank's matched them.
+        rows = slowest_rank(_gathered(rows))
     # The median repeat, taken while every rank runs the same loop: training keeps all ranks busy, and the
     # fastest repeat is the one where a neighbour happened to idle (it underestimated every plan by ~25 %).
-    return statistics.median(fwd), statistics.median(bwd)
+    return statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
 
 
 def tensor_parallel_block(cfg: ModelConfig, tp: int, device: torch.device, sequence_parallel: bool = False
@@ -121,17 +152,44 @@ def tensor_parallel_block(cfg: ModelConfig, tp: int, device: torch.device, seque
     return block, mesh["tp"]
 
 
+def tensor_parallel_moe_block(cfg: ModelConfig, moe_index: int, tp: int, device: torch.device,
+                              sequence_parallel: bool) -> tuple[Block, DeviceMesh]:
+    """The model's MoE block as the runtime runs it in a layer of tensor parallelism ``tp`` (contiguous groups,
+    every group at once) whose experts keep the default expert TP (etp = tp) and no expert parallelism: attention
+    sharded as ``tensor_parallel_block``, every expert's MLP split over the tp ranks (the fold's etp groups are the
+    tp groups), the router replicated (``worker.runtime.expert_parallel``)."""
+    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+
+    from worker.runtime.moe import MoELayer
+    from worker.runtime.tensor_parallel import tensor_parallel_block as shard_block
+
+    mesh = _mesh(device.type, (dist.get_world_size() // tp, tp), ("dp", "tp"))
+    group = mesh["tp"].get_group()
+    torch.manual_seed(0)
+    block = Block(cfg, moe_index).to(device)
+    full = block.feed_forward
+    assert isinstance(full, MoELayer)
+    # without SP the tp ranks hold the same tokens and each routes its 1/tp of them
+    layer = MoELayer.sharded_from(full, None, group, None if sequence_parallel else group)
+    parallelize_module(layer.router.gate, mesh["tp"], SequenceParallel(sequence_dim=0, use_local_output=True))
+    block.feed_forward = layer
+    shard_block(block, mesh["tp"], sequence_parallel)
+    return block, mesh["tp"]
+
+
 def tensor_parallel_layer_time(cfg: ModelConfig, block: Block, tp_mesh: DeviceMesh, sequence_parallel: bool,
-                               batch: int, seq: int, device: torch.device, repeats: int) -> tuple[float, float]:
+                               batch: int, seq: int, device: torch.device, repeats: int, sublayers: int = 2
+                               ) -> tuple[float, float]:
     """(forward, backward) seconds of a TP block as the runtime runs it, less its own collectives (two
     all-reduces of the activation each way, or under SP the all-gather + reduce-scatter pairs of the same
     ring cost, timed here as all-reduces on the same group): the profile's layer times exclude
-    communication, which the cost model adds from the collective measurements."""
+    communication, which the cost model adds from the collective measurements. ``sublayers`` = 1: only the
+    attention's is subtracted (an MoE block's experts exchange rows over expert TP instead, kept in its time)."""
     fwd, bwd = layer_time(cfg, batch, seq, device, repeats, block=block,
                           seq_shards=tp_mesh.size() if sequence_parallel else 1)
     group = tp_mesh.get_group()
     act = torch.ones(batch * seq * cfg.hidden_size, device=device)
-    comm = _median_time(lambda: [dist.all_reduce(act, group=group) for _ in range(2)], repeats)
+    comm = _median_time(lambda: [dist.all_reduce(act, group=group) for _ in range(sublayers)], repeats)
     # Keep a floor: on a loaded host a collective can measure slower alone than inside the layer.
     return max(fwd - comm, 0.25 * fwd), max(bwd - comm, 0.25 * bwd)
 
@@ -141,8 +199,8 @@ Pause = Callable[[], None] | None  # called between measurements (see ``measure_
 
 def profile_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int], tps: Sequence[int],
                    device: torch.device, repeats: int, pause: Pause = None) -> list[dict[str, Any]]:
-    """Layer times, averaged over ranks (all ranks measure at once). Tensor-parallel layers are timed as the
-    runtime runs them (DTensor), so its per-operator overhead is part of the profile."""
+    """Layer times, all ranks measuring at once (each repeat the slowest rank's: ``layer_time``). Tensor-parallel
+    layers are timed as the runtime runs them (DTensor), so its per-operator overhead is part of the profile."""
     out = []
     for seq in seqs:
         for tp, sp in [(1, False)] + [(t, sp) for t in tps if t > 1 and seq % t == 0 for sp in (False, True)]:
@@ -185,7 +243,7 @@ def profile_context_parallel_layers(cfg: ModelConfig, batches: Sequence[int], se
                                     cps: Sequence[int], device: torch.device, repeats: int, pause: Pause = None
                                     ) -> list[dict[str, Any]]:
     """Ring-attention layers (``cp`` > 1, tp = 1) as the runtime runs them, each rank on ``batch`` samples of its
-    ``seq / cp`` tokens (two load-balanced chunks), averaged over ranks; the time includes the ring's K/V
+    ``seq / cp`` tokens (two load-balanced chunks), the slowest rank's; the time includes the ring's K/V
     exchanges (P2P within the cp group), its per-step kernels and merges."""
     out = []
     for seq in seqs:
@@ -207,27 +265,37 @@ def profile_context_parallel_layers(cfg: ModelConfig, batches: Sequence[int], se
 
 
 def profile_moe_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int], device: torch.device,
-                       repeats: int, pause: Pause = None) -> list[dict[str, Any]]:
+                       repeats: int, pause: Pause = None, tps: Sequence[int] = ()) -> list[dict[str, Any]]:
     """The model's MoE layer (router, capacity, all its experts on this rank: ep = etp = 1) by batch and sequence,
-    ``layer_type`` "moe", averaged over ranks; none for a dense model. An expert-parallel rank computes the same
-    routed rows of its experts (balanced routing); its all-to-alls are priced from the collectives."""
+    ``layer_type`` "moe", the slowest rank's; none for a dense model. An expert-parallel rank computes the same
+    routed rows of its experts (balanced routing); its all-to-alls are priced from the collectives. For each
+    tensor-parallel degree in ``tps`` (> 1), with and without Megatron SP, the layer as a TP layer with expert TP
+    runs it (``tensor_parallel_moe_block``: etp = tp), less its attention's collectives; its expert-TP exchanges
+    stay in the time."""
     moe_index = next((i for i in range(cfg.num_layers) if cfg.is_moe_layer(i)), None)
     if moe_index is None:
         return []
+    assert cfg.moe is not None
     out = []
     for seq in seqs:
-        for batch in batches:
-            torch.manual_seed(0)
-            block = Block(cfg, moe_index).to(device)
-            dist.barrier()
-            f, b = layer_time(cfg, batch, seq, device, repeats, block=block)
-            t = torch.tensor([f, b], dtype=torch.float64, device=device)
-            dist.all_reduce(t)
-            t /= dist.get_world_size()
-            out.append({"batch": batch, "seq": seq, "tp": 1, "forward_ms": 1e3 * float(t[0]),
-                        "backward_ms": 1e3 * float(t[1]), "layer_type": "moe"})
-            if pause:
-                pause()
+        for tp, sp in [(1, False)] + [(t, sp) for t in tps if t > 1 and seq % t == 0
+                                      and cfg.moe.ffn_hidden_size % t == 0 for sp in (False, True)]:
+            sharded = tensor_parallel_moe_block(cfg, moe_index, tp, device, sp) if tp > 1 else None
+            for batch in batches:
+                dist.barrier()
+                if sharded is None:
+                    torch.manual_seed(0)
+                    block = Block(cfg, moe_index).to(device)
+                    f, b = layer_time(cfg, batch, seq, device, repeats, block=block)
+                else:
+                    f, b = tensor_parallel_layer_time(cfg, *sharded, sp, batch, seq, device, repeats, sublayers=1)
+                t = torch.tensor([f, b], dtype=torch.float64, device=device)
+                dist.all_reduce(t)
+                t /= dist.get_world_size()
+                out.append({"batch": batch, "seq": seq, "tp": tp, "forward_ms": 1e3 * float(t[0]),
+                            "backward_ms": 1e3 * float(t[1]), "layer_type": "moe", **({"sp": True} if sp else {})})
+                if pause:
+                    pause()
     return out
 
 
@@ -299,17 +367,23 @@ def fsdp_overheads(cfg: ModelConfig, batch: int, seq: int, device: torch.device,
 
 def optimizer_s_per_param(cfg: ModelConfig, device: torch.device, repeats: int, blocks: int = 1) -> float:
     """Seconds per parameter of one AdamW step (the runtime's optimizer) on ``blocks`` blocks' parameters, every
-    rank at once. The whole model's layers (``measure_node``) rather than one block: one block's states stay in
-    a CPU's caches, a model's do not (one block's rate was half the model's on this bench's CPU host)."""
+    rank at once (the median step of the slowest rank's, as ``layer_time``). The whole model's layers
+    (``measure_node``) rather than one block: one block's states stay in a CPU's caches, a model's do not (one
+    block's rate was half the model's on this bench's CPU host)."""
     torch.manual_seed(0)
     params = [p for _ in range(blocks) for p in Block(cfg).to(device).parameters()]
     for p in params:
         p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW(params, lr=1e-4)
-    dist.barrier()
-    t = torch.tensor([_median_time(opt.step, repeats, warmup=2)], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t[0]) / dist.get_world_size() / sum(p.numel() for p in params)
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)  # as worker.runtime.parallelize makes it
+    for _ in range(2):
+        opt.step()
+    rows = []
+    for _ in range(repeats):
+        dist.barrier()  # every rank steps at once, as after a step's gradient sync; the slowest decides (layer_time)
+        start = time.perf_counter()
+        opt.step()
+        rows.append([time.perf_counter() - start])
+    return statistics.median(r[0] for r in slowest_rank(_gathered(rows))) / sum(p.numel() for p in params)
 
 
 def _nodes(world: int) -> int:
@@ -454,7 +528,7 @@ def measure_node(full: ModelConfig, batches: Sequence[int], seqs: Sequence[int],
                               if t <= world and cfg.num_heads % t == 0 and cfg.num_kv_heads % t == 0]
     started = time.perf_counter()
     layers = profile_layers(cfg, batches, seqs, tps, device, repeats, pause)
-    layers += profile_moe_layers(full, batches, seqs, device, repeats, pause)
+    layers += profile_moe_layers(full, batches, seqs, device, repeats, pause, tps)
     cps = [c for c in (2, 4, 8) if c <= world and world % c == 0] if cps is None else cps
     layers += profile_context_parallel_layers(cfg, batches, seqs, cps, device, repeats, pause)
     collectives = profile_collectives(world, device, repeats, pause=pause)

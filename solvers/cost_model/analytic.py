@@ -160,9 +160,11 @@ class AnalyticCostModel(CostModel):
         return np.where(np.isfinite(measured) & (np.asarray(size) > 1), measured, analytic)
 
     def _measured_layer(self, shape: LayerShape, b: np.ndarray, c: Candidates, fwd: np.ndarray, bwd: np.ndarray
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(forward, backward) seconds: profiled where this layout was measured, else the analytic ones; and
-        where a ring-attention layer was measured as such (its ring exchanges are then in those times).
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(forward, backward) seconds: profiled where this layout was measured, else the analytic ones; where a
+        ring-attention layer was measured as such (its ring exchanges are then in those times); and where an MoE
+        layer was measured under TP with its experts split over the same ranks (etp = tp: the expert-TP exchanges
+        are then in those times; another etp under TP is not measured).
 
         Profiles hold Megatron-TP layers at the full sequence, and may hold ring-attention (cp) layers as the
         runtime runs them. A cp rank's layer without such a measurement does the work of the same layer at
@@ -174,7 +176,7 @@ class AnalyticCostModel(CostModel):
         ``collectives``)."""
         none = np.zeros(np.shape(c.tp), dtype=bool)
         if self.profile is None or not self.profile.layer_times:
-            return fwd, bwd, none
+            return fwd, bwd, none, none
         kind = "moe" if shape.is_moe else "dense"
         seq = self.training.seq_length
         sp = c.sp == mem.SP_MEGATRON
@@ -183,6 +185,11 @@ class AnalyticCostModel(CostModel):
         same_work = b / c.cp / np.where(uly, c.tp, 1)
         f = self.profile.layer_s(same_work, seq, tp, kind, sp=sp)
         bw = self.profile.layer_s(same_work, seq, tp, kind, backward=True, sp=sp)
+        expert_tp = none
+        if shape.is_moe:
+            other_etp = (tp > 1) & (c.etp != tp)
+            f, bw = np.where(other_etp, np.nan, f), np.where(other_etp, np.nan, bw)
+            expert_tp = (tp > 1) & np.isfinite(f)
         ring = (c.cp > 1) & ~uly
         if ring.any():
             ring_f = self.profile.layer_s(b, seq, tp, kind, sp=sp, cp=c.cp)
@@ -190,7 +197,7 @@ class AnalyticCostModel(CostModel):
             f = np.where(ring, ring_f, f)
             bw = np.where(ring, self.profile.layer_s(b, seq, tp, kind, backward=True, sp=sp, cp=c.cp), bw)
         use = np.isfinite(f)
-        return np.where(use, f, fwd), np.where(use, bw, bwd), ring
+        return np.where(use, f, fwd), np.where(use, bw, bwd), ring, expert_tp & ~ring
 
     def _wrapper_overhead(self, c: Candidates, ctx: StageContext) -> tuple[np.ndarray, np.ndarray]:
         """Host time the FSDP2 wrapper adds per layer: (per micro-batch, per step); profiled, zero without a
@@ -272,7 +279,8 @@ class AnalyticCostModel(CostModel):
         # from Q and K besides (FlashAttention: five matmuls backward to two forward, 2.5 times the forward)
         fwd_s = qkv + out + mlp + core + elem
         bwd_s = 2.0 * fwd_s + (0.5 * core if fused else 0.0)
-        fwd, bwd, ring_measured = self._measured_layer(shape, np.broadcast_to(b, c.tp.shape), c, fwd_s, bwd_s)
+        fwd, bwd, ring_measured, etp_measured = self._measured_layer(shape, np.broadcast_to(b, c.tp.shape), c, fwd_s,
+                                                                     bwd_s)
         compute = fwd + bwd
 
         # tensor / sequence parallel collectives (one direction = forward)
@@ -280,7 +288,9 @@ class AnalyticCostModel(CostModel):
         act = tok * np.where(uly, c.tp, 1.0) * h * e  # the b s h activation of this rank's cp slice
         attention_fwd = self._collective("allreduce", act, c.tp, k_tp)
         # the MLP's all-reduce; an MoE layer's experts instead gather / scatter the routed rows over etp
-        mlp_fwd = expert.etp_fwd_s if expert is not None else np.where(uly, 0.0, attention_fwd)
+        # (in the layer time where it was measured so)
+        mlp_fwd = np.where(etp_measured, 0.0, expert.etp_fwd_s) if expert is not None else np.where(
+            uly, 0.0, attention_fwd)
         ulysses_fwd = self._collective("alltoall", tok * (2 * shape.q_width + 2 * shape.kv_width) * e, c.tp, k_tp)
         tp_full = np.where(uly, ulysses_fwd, attention_fwd) + mlp_fwd
         # backward: Megatron issues the input-gradient all-reduce asynchronously and computes the weight
@@ -552,7 +562,8 @@ class AnalyticCostModel(CostModel):
                                     ctx.schedule)
         if self.profile is None:
             return step
-        return self.profile.host_bound_step_s(step, stage_time_s, stage_step_time_s, ctx.micro_batches)
+        return self.profile.host_bound_step_s(step, stage_time_s, stage_step_time_s, ctx.micro_batches,
+                                              None if ctx.virtual_stages > 1 else ctx.schedule)
 
     def head_flops(self) -> float:
         return head_forward_flops(self.model, self.training.seq_length)

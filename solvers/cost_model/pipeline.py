@@ -138,3 +138,62 @@ def in_flight_micro_batches(schedule: Schedule, pp: int, stage: int, micro_batch
         chunks = 2 * (pp - stage - 1) + (virtual_stages - 1) * pp + 1
         return min(micro_batches * virtual_stages, chunks) / virtual_stages
     return float(min(micro_batches, pp - stage))
+
+
+def _stage_ops(schedule: Schedule, pp: int, stage: int, micro_batches: int) -> list[tuple[bool, int]]:
+    """(forward?, micro-batch) in the order a stage runs them: GPipe all forwards then all backwards; 1F1B as
+    torch's ``Schedule1F1B`` does, ``min(m, pp - stage)`` forwards, then one backward and one forward in turn."""
+    if schedule == "gpipe":
+        return [(True, i) for i in range(micro_batches)] + [(False, i) for i in range(micro_batches)]
+    warm = min(micro_batches, pp - stage)
+    ops = [(True, i) for i in range(warm)]
+    for i in range(micro_batches):
+        ops.append((False, i))
+        if warm + i < micro_batches:
+            ops.append((True, warm + i))
+    return ops
+
+
+# The forward's share of a stage's time per micro-batch (backward = twice the forward, as the analytic model has it)
+FORWARD_SHARE = 1.0 / 3.0
+
+
+@functools.lru_cache(maxsize=4096)
+def shared_core_pipeline_s(stage_time_s: tuple[float, ...], micro_batches: int, schedule: Schedule,
+                           max_speedup: float) -> float:
+    """The pipelined part of a step (GPipe or 1F1B, one chunk per stage) on a host whose ranks share its cores,
+    by event simulation under processor sharing. ``stage_time_s`` are the stages' times per micro-batch measured
+    with every rank busy; while only ``n`` of the ``pp`` stages compute (the others wait on a pipeline dependency),
+    each runs ``min(pp / n, max_speedup)`` times faster: the cores of the idle ranks go to the busy ones, up to a
+    rank's speed alone on the host (``max_speedup``, the profile's ``host.slowdown``). A stage's forward takes
+    ``FORWARD_SHARE`` of its time; stage ``s`` may run micro-batch ``i``'s forward once stage ``s - 1`` finished it,
+    its backward once stage ``s + 1`` finished that (the last stage: once its own forward did)."""
+    pp = len(stage_time_s)
+    ops = [_stage_ops(schedule, pp, s, micro_batches) for s in range(pp)]
+    nxt = [0] * pp
+    done_f = [0] * pp  # forwards finished per stage (in micro-batch order)
+    done_b = [0] * pp
+    left: dict[int, float] = {}
+    now = 0.0
+    while True:
+        for s in range(pp):
+            if s in left or nxt[s] == len(ops[s]):
+                continue
+            fwd, i = ops[s][nxt[s]]
+            ready = (s == 0 or done_f[s - 1] > i) if fwd else (done_f[s] > i if s == pp - 1 else done_b[s + 1] > i)
+            if ready:
+                left[s] = stage_time_s[s] * (FORWARD_SHARE if fwd else 1.0 - FORWARD_SHARE)
+        if not left:
+            return now
+        rate = min(pp / len(left), max_speedup)
+        first = min(left.values())
+        now += first / rate
+        for s in list(left):
+            left[s] -= first
+            if left[s] <= 1e-12 * max(stage_time_s):
+                del left[s]
+                if ops[s][nxt[s]][0]:
+                    done_f[s] += 1
+                else:
+                    done_b[s] += 1
+                nxt[s] += 1

@@ -28,7 +28,8 @@ plain layer on the same ranks and subtracts the collectives' fitted time, so the
 the software stack, not of a plan. ``host`` says that the layer times were taken with ``busy_ranks`` ranks
 computing at once and ran ``slowdown`` times slower than one rank alone: where ranks share cores (a CPU host)
 a pipeline bubble hands its cores to the busy ranks, so the step is bounded by the node's total work, not by
-the contended critical path (``host_bound_step_s``).
+the contended critical path; GPipe and 1F1B steps are simulated under that processor sharing
+(``host_bound_step_s``).
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from solvers.cost_model.pipeline import shared_core_pipeline_s
 from solvers.errors import SpecError, shown
 from solvers.json_file import read_json_file
 from solvers.request import HybridRequest, problems_from_validation
 from solvers.specs import MAX_SEQ_LENGTH
+from solvers.strategy import Schedule
 
 CollectiveOp = Literal["allreduce", "allgather", "reduce_scatter", "alltoall", "p2p"]
 
@@ -118,17 +121,25 @@ class Profile(_Strict):
         return self.host is not None and self.host.slowdown > 1.0
 
     def host_bound_step_s(self, step_s: float, stage_time_s: Sequence[float], stage_step_time_s: Sequence[float],
-                          micro_batches: int) -> float:
+                          micro_batches: int, schedule: Schedule | None = None) -> float:
         """The step time where ranks share the host's cores (``host.slowdown`` > 1).
 
         Per-stage times were measured with every rank busy. Where a schedule leaves ranks idle (bubbles, an
-        uneven stage), the busy ones run up to ``slowdown`` times faster, so the step is the longer of the
-        critical path at uncontended speed and the average rank's work at contended speed (the cores' total
-        work divided among the ranks). With no idle rank (pp = 1) both bounds give ``step_s`` back."""
+        uneven stage), the busy ones run up to ``slowdown`` times faster. For GPipe and 1F1B (``schedule``) the
+        pipelined part is simulated under processor sharing (``pipeline.shared_core_pipeline_s``), then the
+        slowest stage's per-step work added; for another schedule, or none given, it is the longer of the critical
+        path at uncontended speed and the average rank's work at contended speed (the cores' total work divided
+        among the ranks), a bound the simulation never goes below. With no idle rank (pp = 1) both give
+        ``step_s`` back."""
         if self.host is None or not self.host_bound or not stage_time_s:  # (the search's hot path: no work sums)
             return step_s
         work = [micro_batches * t + u for t, u in zip(stage_time_s, stage_step_time_s, strict=True)]
-        return self.host_step_lower_bound(step_s, sum(work) / len(work))
+        bound = self.host_step_lower_bound(step_s, sum(work) / len(work))
+        if len(stage_time_s) < 2 or schedule not in ("gpipe", "1f1b"):
+            return bound
+        shared = shared_core_pipeline_s(tuple(float(t) for t in stage_time_s), micro_batches, schedule,
+                                        self.host.slowdown) + max(stage_step_time_s)
+        return max(bound, min(step_s, shared))
 
     def host_step_lower_bound(self, linear_s: float, mean_work_s: float) -> float:
         """``host_bound_step_s`` from its two inputs, the contention-free pipeline step L (``linear_s``) and the

@@ -57,3 +57,22 @@ def test_context_parallel_and_ulysses_split_activations_and_add_their_traffic() 
     assert c.state_bytes[2] == pytest.approx(4 * c.state_bytes[0], rel=1e-6)
     assert c.parts_s["tp_comm"][2] < c.parts_s["tp_comm"][0]  # all-to-all moves less than all-reduce
     assert c.parts_s["tp_comm"][3] == 0
+
+
+def test_an_moe_layer_measured_under_tp_prices_layers_whose_experts_split_over_the_same_ranks() -> None:
+    """A profile's MoE layer at tp 2 (with SP) was measured with its experts split over those ranks (etp = tp), the
+    expert-TP exchanges inside: candidates with etp = tp take that time and no analytic expert-TP traffic; another
+    etp under tp 2 was not measured and keeps the analytic layer."""
+    moe = {"batch": 1, "seq": 2048, "tp": 2, "sp": True, "layer_type": "moe", "forward_ms": 50.0, "backward_ms": 90.0}
+    base = request(model={"preset": "mixtral-8x7b", "num_layers": 2})
+    measured = make_cost_model(parse(HybridRequest, {**base, "cost_model": {
+        "kind": "profile", "profile": {"layer_times": [moe, {**moe, "batch": 2, "forward_ms": 100.0,
+                                                              "backward_ms": 180.0}]}}}))
+    analytic = make_cost_model(parse(HybridRequest, base))
+    cands = (LayerStrategy(tp=2, dp=8, sp="megatron", ep=2), LayerStrategy(tp=2, dp=8, sp="megatron", ep=2, etp=1))
+    ctx = _ctx(2, samples=64, micro_batches=4)  # 16 samples a micro-batch, 2 per data-parallel rank
+    got, ref = measured.layer_costs(0, cands, ctx), analytic.layer_costs(0, cands, ctx)
+    assert got.parts_s["compute"][0] == pytest.approx(0.100 + 0.180)
+    assert got.parts_s["compute"][1] == pytest.approx(ref.parts_s["compute"][1])
+    assert got.parts_s["tp_comm"][0] < ref.parts_s["tp_comm"][0]  # no expert-TP gather / scatter on top
+    assert got.parts_s["tp_comm"][1] == pytest.approx(ref.parts_s["tp_comm"][1])

@@ -190,3 +190,17 @@ def test_ring_attention_candidates_use_cp_layer_times_with_their_exchanges() -> 
     # cp 4 x dp 2: unmeasured, the tp = 1 layer at 4 / 4 = 1 sample (30 ms) plus the ring's K/V exchanges
     np.testing.assert_allclose(got.parts_s["compute"], [0.044, 0.030, 0.030])
     assert got.parts_s["cp_comm"][0] == 0.0 and got.parts_s["cp_comm"][1] > 0.0 and got.parts_s["cp_comm"][2] == 0.0
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_gpipe_and_1f1b_steps_follow_the_shared_core_simulation(schedule: str) -> None:
+    """pp = 2, m = 2, stages of 3 s (forward 1, backward 2), a rank alone 1.5x faster than with both busy. Worked
+    by hand for both schedules: 0.67 (stage 0's first forward alone), 1.67 (both forward), ..., 7.0 s, which is
+    above the average work (6 s) the old bound charged, and below the contended linear step (9 s)."""
+    prof = Profile(host=HostContention(busy_ranks=2, slowdown=1.5))
+    linear = step_time_s([3.0, 3.0], [0.0, 0.0], 2, 1, schedule)  # type: ignore[arg-type]
+    assert linear == pytest.approx(9.0)
+    assert prof.host_bound_step_s(linear, [3.0, 3.0], [0.0, 0.0], 2, schedule) == pytest.approx(7.0)  # type: ignore[arg-type]
+    assert prof.host_bound_step_s(linear, [3.0, 3.0], [0.5, 0.25], 2, schedule) == pytest.approx(7.5)  # type: ignore[arg-type]
+    # no schedule (e.g. interleaved): the bound min(L, max(L / slowdown, mean work))
+    assert prof.host_bound_step_s(linear, [3.0, 3.0], [0.0, 0.0], 2) == pytest.approx(6.0)
