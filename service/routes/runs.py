@@ -58,8 +58,9 @@ def submit_run(body: RunSubmit, ctx: ServiceContext = Depends(get_context),
 
 def _queue_run(ctx: ServiceContext, plan_id: str, body: RunCreate) -> dict[str, Any]:
     with ctx.db.writing() as session:
+        dataset = body.dataset.model_dump(exclude_none=True) if body.dataset else None
         run = runs.create_run(session, plan_id, body.steps, ctx.settings.run_max_attempts,
-                              body.checkpoint_every_steps, body.dataset.model_dump(exclude_none=True) if body.dataset else None)
+                              body.checkpoint_every_steps, dataset)
     log.info("run %s queued for plan %s", run["id"], plan_id, extra={"run_id": run["id"], "plan_id": plan_id})
     return run
 
