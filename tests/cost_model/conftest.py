@@ -1,26 +1,18 @@
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench_module import load_bench
 
 
 @pytest.fixture(scope="module")
 def fidelity(request: pytest.FixtureRequest) -> ModuleType:
     """bench/fidelity.py loaded as a module (a script, not a package), once per test module."""
     name = f"bench_fidelity_{request.module.__name__.rsplit('.', 1)[-1]}"
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "fidelity.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("fidelity.py", name)
 
 
 def request(**overrides: Any) -> dict[str, Any]:

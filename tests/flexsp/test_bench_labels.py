@@ -3,21 +3,15 @@ only over those same 40 batches; over any other count it says they are not compa
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "flexsp.py"
+from tests.bench_module import load_bench
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_flexsp", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("flexsp.py")
 
 
 def test_reference_totals_compare_only_over_the_same_40_batches() -> None:

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).parents[2] / "bench" / "flexsp_runtime.py"
+from tests.bench_module import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("flexsp_runtime_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("flexsp_runtime.py")
 
 
 def cost(pieces: tuple[int, ...], beta: float, alpha2: float, alpha1: float) -> float:

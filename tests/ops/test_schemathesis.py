@@ -3,25 +3,18 @@ The full >= 2,000-request run is ``bench/schemathesis_run.py`` (same code, large
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from tests.bench_module import load_bench
 
 pytestmark = pytest.mark.slow
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("schemathesis_run", ROOT / "bench" / "schemathesis_run.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("schemathesis_run.py", "schemathesis_run")
 
 
 def test_fuzzed_requests_get_no_5xx_and_match_the_schema(tmp_path: Path) -> None:
