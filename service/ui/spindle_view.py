@@ -43,6 +43,7 @@ class SpindleView:
     memory_chart: Chart | None = None
     memory_absent: str | None = None  # why there is no memory chart
     layouts: list[tuple[str, str, str]] = field(default_factory=list)  # (metaop, devices, hybrid layout)
+    given_layer_times: list[str] = field(default_factory=list)  # metaops priced by the request's layer time
 
 
 EXPLICIT_MEMORY = ("No memory estimate: every metaop of this workload gives an explicit time_ms_per_layer and no "
@@ -136,7 +137,8 @@ def build(request: Mapping[str, Any], result: SpindleResult) -> SpindleView:
     est, slices = result.estimate, result.slices
     it = est.iteration_time_s
     devices = num_devices(request, slices)
-    view = SpindleView(it, result.lower_bound_s, devices, slices=len(slices))
+    view = SpindleView(it, result.lower_bound_s, devices, slices=len(slices),
+                       given_layer_times=list(est.given_layer_times))
     keys = slice_keys(request, slices)
     fills, view.legend = colours(keys)
     span = max((s.end_s for s in slices), default=0.0)

@@ -79,6 +79,10 @@ class SpindleEstimate(Document):
     memory_limit_gib: float | None = None
     utilization: float | None = None
     module_grad_sync_s: dict[str, float] = Field(default_factory=dict)
+    given_layer_times: list[str] = Field(
+        default_factory=list, description="metaops with a module shape whose per-layer time is the request's "
+                                          "time_ms_per_layer (e.g. measured) instead of the one derived from the "
+                                          "shape; their memory, hand-overs and gradient sync are still the shape's")
     weight_reshard: dict[str, WeightReshardDoc] = Field(
         default_factory=dict, description="per module trained and run for generation (RL): the weight reshard")
     speedup_vs_sequential: float | None = None

@@ -14,7 +14,15 @@ from solvers.request import parse
 from solvers.specs import ClusterSpec, Precision, memory_limit_bytes, memory_limit_note
 from solvers.spindle import baselines, exact, planner
 from solvers.spindle.bounds import DeviceRange, device_ranges, lower_bound_s
-from solvers.spindle.cost import Topology, device_model, explicit_metaop, module_metaop, slice_memory_bytes
+from solvers.spindle.cost import (
+    DeviceModel,
+    Topology,
+    device_model,
+    explicit_metaop,
+    given_time_metaop,
+    module_metaop,
+    slice_memory_bytes,
+)
 from solvers.spindle.layouts import LayoutQuery, layout_table
 from solvers.spindle.planner import Planned, better
 from solvers.spindle.polish import polish
@@ -64,11 +72,20 @@ def with_layouts(op: MetaOp, spec: MetaOpSpec, cluster: ClusterSpec, precision: 
     return replace(op, layouts=table) if any(lay is not None for lay in table) else op
 
 
+def metaop(spec: MetaOpSpec, dev: DeviceModel) -> MetaOp:
+    """The plain metaop: priced by its given time where it gives one, else derived from its module shape."""
+    task = spec.task or spec.name
+    if spec.module is None:
+        return explicit_metaop(spec, task)
+    if spec.time_ms_per_layer is not None:
+        return given_time_metaop(spec, task, dev)
+    return module_metaop(spec, task, dev)
+
+
 def build_problem(req: SpindleRequest) -> Problem:
     dev = device_model(req.cluster, req.training.precision, req.options.efficiency, req.options.kernel_overhead_ms)
     specs = req.workload.metaops
-    ops = [module_metaop(s, s.task or s.name, dev) if s.module is not None else explicit_metaop(s, s.task or s.name)
-           for s in specs]
+    ops = [metaop(s, dev) for s in specs]
     explicit = all(s.module is None for s in specs)
     limit = memory_limit_bytes(req.cluster, req.constraints)
     if req.options.hybrid_layouts:
@@ -82,7 +99,7 @@ def build_problem(req: SpindleRequest) -> Problem:
     if not serial_ms <= MAX_SERIAL_MS:
         raise SpecError.at(("workload", "metaops"), f"the metaops take {serial_ms:.3g} ms one after another on one "
                                                     f"device, more than {MAX_SERIAL_MS:.0e} ms (about 116 days)")
-    return Problem(workload, Topology.of(req.cluster), limit)
+    return Problem(workload, Topology.of(req.cluster, req.options.link_latency_us * 1e-6), limit)
 
 
 def _slice_dict(problem: Problem, s: Slice) -> dict[str, Any]:
@@ -121,6 +138,7 @@ def estimate_dict(problem: Problem, ev: Evaluation) -> dict[str, Any]:
             "memory_gib_per_device": [m / _GIB for m in ev.memory_bytes] if estimated else [],
             "memory_estimated": estimated, "fits": ev.fits,
             "memory_limit_gib": problem.memory_limit_bytes / _GIB, "utilization": ev.utilization,
+            "given_layer_times": [op.name for op in problem.workload.ops if op.given_time],
             "module_grad_sync_s": ev.module_sync_s,
             "weight_reshard": {r.module: {"time_s": r.time_s, "max_gib_per_device": r.max_bytes_per_device / _GIB,
                                           "generation_devices": r.generation_devices, "colocation": r.colocation}

@@ -15,13 +15,13 @@ a finished schedule (``schedule.evaluate``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from solvers.specs import ClusterSpec, ModelSpec, Precision
 from solvers.spindle.workload import MetaOp, MetaOpSpec, Mode
 
 BF16_BYTES = _BF16 = 2.0
-LINK_LATENCY_S = _LINK_LATENCY_S = 20e-6
+LINK_LATENCY_S = 20e-6  # NCCL's per-message latency on NVLink / InfiniBand (SpindleOptions.link_latency_us)
 _NARROW = 256.0
 ACHIEVED_LINK_SHARE = _ACHIEVED = 0.7  # fraction of nominal link bandwidth NCCL collectives reach
 
@@ -92,6 +92,15 @@ def module_metaop(spec: MetaOpSpec, task: str, dev: DeviceModel) -> MetaOp:
     )
 
 
+def given_time_metaop(spec: MetaOpSpec, task: str, dev: DeviceModel) -> MetaOp:
+    """A metaop with a module shape and a given ``time_ms_per_layer`` (e.g. measured on the cluster): the given
+    time prices its layers; the shape still sizes its memory, its hand-overs and its gradient sync."""
+    assert spec.time_ms_per_layer is not None
+    t = spec.time_ms_per_layer
+    return replace(module_metaop(spec, task, dev), slope_ms=t.slope_ms_per_sample, intercept_ms=t.intercept_ms,
+                   given_time=True)
+
+
 def explicit_metaop(spec: MetaOpSpec, task: str) -> MetaOp:
     assert spec.time_ms_per_layer is not None
     t = spec.time_ms_per_layer
@@ -112,10 +121,12 @@ class Topology:
     gpus_per_node: int
     intra_Bps: float  # per GPU, one direction
     inter_Bps_per_gpu: float  # a node's NICs shared by its GPUs
+    latency_s: float = LINK_LATENCY_S  # per message (a hand-over; a ring step of an all-reduce)
 
     @classmethod
-    def of(cls, cluster: ClusterSpec) -> Topology:
-        return cls(cluster.num_gpus, cluster.gpus_per_node, cluster.intra_GBps * 1e9, cluster.inter_GBps_per_gpu * 1e9)
+    def of(cls, cluster: ClusterSpec, latency_s: float = LINK_LATENCY_S) -> Topology:
+        return cls(cluster.num_gpus, cluster.gpus_per_node, cluster.intra_GBps * 1e9, cluster.inter_GBps_per_gpu * 1e9,
+                   latency_s)
 
     def nodes_of(self, lo: int, n: int) -> int:
         return (lo + n - 1) // self.gpus_per_node - lo // self.gpus_per_node + 1
@@ -159,13 +170,13 @@ def transfer_s(op: MetaOp, src: tuple[int, int], dst: tuple[int, int], topo: Top
     shared = max(0, min(src[0] + src[1], dst[0] + dst[1]) - max(src[0], dst[0]))
     moved = 1.0 - shared / max(src[1], dst[1])
     devices = set(range(src[0], src[0] + src[1])) | set(range(dst[0], dst[0] + dst[1]))
-    return _handover_s(op, moved, min(src[1], dst[1]), topo.bandwidth(devices))
+    return _handover_s(op, moved, min(src[1], dst[1]), topo.bandwidth(devices), topo.latency_s)
 
 
-def _handover_s(op: MetaOp, moved: float, links: int, bandwidth_Bps: float) -> float:
+def _handover_s(op: MetaOp, moved: float, links: int, bandwidth_Bps: float, latency_s: float) -> float:
     # every device of the smaller block sends/receives its share in parallel
     size = moved * op.out_bytes_per_sample * op.batch * (2.0 if op.mode == "train" else 1.0)
-    return _LINK_LATENCY_S + size / (links * bandwidth_Bps)
+    return latency_s + size / (links * bandwidth_Bps)
 
 
 def worst_transfer_s(op: MetaOp, n_src: int, n_dst: int, topo: Topology) -> float:
@@ -174,7 +185,7 @@ def worst_transfer_s(op: MetaOp, n_src: int, n_dst: int, topo: Topology) -> floa
     if op.out_bytes_per_sample == 0:
         return 0.0
     bw = topo.inter_Bps_per_gpu if topo.num_devices > topo.gpus_per_node else topo.intra_Bps
-    return _handover_s(op, 1.0, min(n_src, n_dst), bw)
+    return _handover_s(op, 1.0, min(n_src, n_dst), bw, topo.latency_s)
 
 
 def allreduce_s(nbytes: float, devices: frozenset[int], topo: Topology) -> float:
@@ -192,4 +203,4 @@ def allreduce_by_node_s(nbytes: float, g: int, k: int, topo: Topology) -> float:
         return 0.0
     intra = 2.0 * (g - 1) / g * nbytes / (_ACHIEVED * topo.intra_Bps) if g > 1 else 0.0
     inter = 2.0 * (k - 1) / k * (nbytes / g) / (_ACHIEVED * topo.inter_Bps_per_gpu) if k > 1 else 0.0
-    return _LINK_LATENCY_S * (g + k) + intra + inter
+    return topo.latency_s * (g + k) + intra + inter

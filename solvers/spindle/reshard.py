@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from solvers.spindle.cost import ACHIEVED_LINK_SHARE, BF16_BYTES, LINK_LATENCY_S
+from solvers.spindle.cost import ACHIEVED_LINK_SHARE, BF16_BYTES
 
 if TYPE_CHECKING:  # (schedule.evaluate calls this module)
     from solvers.spindle.schedule import Problem, Slice
@@ -91,7 +91,7 @@ def reshards(problem: Problem, slices: Sequence[Slice]) -> list[Reshard]:
         receive_s = float((received / bandwidth).max()) if received.any() else 0.0
         network = float(received[~near].sum())
         send_s = network / (max(1, int(trainers.sum())) * topo.inter_Bps_per_gpu * ACHIEVED_LINK_SHARE)
-        time_s = max(receive_s, send_s) + (LINK_LATENCY_S if received.any() else 0.0)
+        time_s = max(receive_s, send_s) + (topo.latency_s if received.any() else 0.0)
         both = int((gen_devices & trainers).sum())
         colocation: Colocation = ("co-located" if both == int(gen_devices.sum()) else
                                   "separate" if both == 0 else "partly co-located")

@@ -2,7 +2,9 @@
 
 A metaop is one module of one task: ``batch_size`` samples through ``num_layers`` layers. Its per-layer time
 on ``n`` data-parallel devices is ``slope * ceil(batch / n) + intercept`` (ms), either given explicitly
-(``time_ms_per_layer``, the reference planner's form) or derived from a ``module`` shape by the cost model.
+(``time_ms_per_layer``, the reference planner's form) or derived from a ``module`` shape by the cost model. A
+metaop may give both: the given time (e.g. measured on the cluster) then prices its layers, and the shape sizes
+its memory, activation hand-overs and gradient sync (``estimate.given_layer_times`` names such metaops).
 """
 
 from __future__ import annotations
@@ -150,6 +152,9 @@ class SpindleOptions(_Spec):
     efficiency: float = Field(default=0.5, gt=0, le=1)  # achieved fraction of GPU peak on matmuls
     # per layer forward+backward floor: ~40 kernel launches, framework and NCCL hook overhead (eager PyTorch)
     kernel_overhead_ms: float = Field(default=0.3, ge=0)
+    # per message: an activation hand-over between device blocks, each ring step of a gradient all-reduce
+    # (NCCL on NVLink / InfiniBand: ~20 us; bench/spindle_runtime.py measures gloo's over TCP on a CPU host)
+    link_latency_us: float = Field(default=20.0, ge=0, le=1e6)
 
 
 class SpindleTraining(_Spec):
@@ -183,6 +188,7 @@ class MetaOp:
     out_bytes_per_sample: float = 0.0  # activation handed to a successor (and its gradient back in training)
     # per width 1..N, the hybrid layout it runs (None: plain data parallelism; solvers.spindle.layouts)
     layouts: tuple[Layout | None, ...] = ()
+    given_time: bool = False  # a module metaop priced by the request's time_ms_per_layer, not by its shape
 
     def layout(self, n: int) -> Layout | None:
         return self.layouts[n - 1] if 0 < n <= len(self.layouts) else None

@@ -187,3 +187,62 @@ def test_a_module_given_as_a_model_preset_takes_its_layer_shape() -> None:
                                              "module": {"preset": "vit-huge", "seq_length": 257}}]}}
     out = solve(req)
     assert out["estimate"]["iteration_time_s"] > 0 and out["slices"]
+
+
+VIT_SHAPE: dict[str, Any] = {"name": "vit", "num_layers": 6, "hidden_size": 1024, "num_attention_heads": 16,
+                             "seq_length": 257}
+LLM_SHAPE: dict[str, Any] = {"name": "llm", "num_layers": 8, "hidden_size": 2048, "num_attention_heads": 16,
+                             "seq_length": 512, "causal": True, "mlp": "swiglu"}
+GIVEN = {"slope_ms_per_sample": 1.5, "intercept_ms": 4.0}
+
+
+def _shaped(given: dict[str, float] | None) -> dict[str, Any]:
+    vit: dict[str, Any] = {"name": "cap/vit", "task": "cap", "batch_size": 16, "module": VIT_SHAPE}
+    if given is not None:
+        vit["time_ms_per_layer"] = given
+    return {"kind": "spindle", "cluster": {"nodes": 1, "gpus_per_node": 4},
+            "workload": {"metaops": [vit, {"name": "cap/llm", "task": "cap", "batch_size": 16, "module": LLM_SHAPE}],
+                         "edges": [["cap/vit", "cap/llm"]]},
+            "options": {"exact": False, "hybrid_layouts": False}}
+
+
+def test_a_module_metaop_with_a_given_layer_time_is_priced_by_it_and_sized_by_its_shape() -> None:
+    """A metaop giving both a module shape and time_ms_per_layer (e.g. measured on the cluster): the given time
+    prices its layers (it was once silently ignored), the shape still sizes memory, hand-overs and sync."""
+    given = solve(_shaped(GIVEN))
+    assert given["estimate"]["given_layer_times"] == ["cap/vit"]
+    assert given["estimate"]["memory_estimated"] and given["estimate"]["peak_memory_gib"] > 0
+    for s in given["slices"]:
+        if s["metaop"] == "cap/vit":
+            per_layer = GIVEN["slope_ms_per_sample"] * -(-16 // len(s["devices"])) + GIVEN["intercept_ms"]
+            assert s["ms_per_layer"] == pytest.approx(per_layer)
+            assert s["compute_s"] == pytest.approx(s["layers"] * per_layer / 1e3)
+    # the same schedule without the given time: the vit's layers are priced from its shape, everything the
+    # shape sizes is unchanged, and the llm's own slices are priced alike
+    derived = api.estimate({**_shaped(None), "slices": given["slices"]})
+    again = api.estimate({**_shaped(GIVEN), "slices": given["slices"]})
+    assert again["iteration_time_s"] == pytest.approx(given["estimate"]["iteration_time_s"])
+    assert derived["given_layer_times"] == []
+    assert derived["iteration_time_s"] != pytest.approx(again["iteration_time_s"])
+    assert derived["memory_gib_per_device"] == pytest.approx(again["memory_gib_per_device"])
+    assert derived["module_grad_sync_s"] == pytest.approx(again["module_grad_sync_s"])
+
+
+def test_link_latency_prices_every_message_of_the_gradient_sync() -> None:
+    """options.link_latency_us (gloo over TCP pays far more than NCCL's 20 us): each bucketed all-reduce of a
+    module's gradients over g devices of k nodes pays g + k latencies. Both modules here run on all 4 devices of
+    one node (one bucket each), so one more millisecond adds 5 ms to each module's sync; hidden behind the last
+    backward at first, a large enough latency makes the iteration slower."""
+    plan = solve(_shaped(GIVEN))
+    assert all(s["devices"] == [0, 1, 2, 3] for s in plan["slices"])
+
+    def at(latency_us: float) -> dict[str, Any]:
+        req = _shaped(GIVEN)
+        req["options"]["link_latency_us"] = latency_us
+        return api.estimate({**req, "slices": plan["slices"]})
+
+    base, plus_1ms, plus_50ms = at(20.0), at(1020.0), at(50_020.0)
+    for module, secs in base["module_grad_sync_s"].items():
+        assert plus_1ms["module_grad_sync_s"][module] - secs == pytest.approx(5e-3)
+    assert plus_1ms["iteration_time_s"] >= base["iteration_time_s"]
+    assert plus_50ms["iteration_time_s"] > base["iteration_time_s"] and plus_50ms["grad_sync_exposed_s"] > 0

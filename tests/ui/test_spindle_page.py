@@ -44,3 +44,16 @@ def test_the_dashboard_lists_each_slices_layout(ui_client: TestClient, ui_db: Da
         if s["layout"] is not None:
             assert f"<td>{s['metaop']}</td><td>{s['devices'][0]}–{s['devices'][-1]}</td>" in section
     assert "ZeRO-" in section
+
+
+def test_the_page_names_the_metaops_priced_by_a_given_layer_time(ui_client: TestClient, ui_db: Database) -> None:
+    from tests.spindle.test_api import GIVEN, _shaped
+
+    for given, shown in ((GIVEN, True), (None, False)):
+        request = _shaped(given)
+        result = solve(request).to_json()
+        html = ui_client.get(f"/plans/{store_plan(ui_db, request, result)}").text
+        assert ('id="given-layer-times"' in html) is shown
+        if shown:
+            note = html.split('id="given-layer-times"', 1)[1].split("</p>", 1)[0]
+            assert "cap/vit" in note and "cap/llm" not in note
