@@ -37,7 +37,9 @@ bandwidth in the request, ``measured_links``) and the AdamW step time per parame
 
 Prints a table (predicted vs measured step time per plan, * = held out), the spread of the measured times,
 the MAPE and Spearman's rank correlation over all plans, over the plans tuned on and over the held-out ones.
-Goal (issue 31): over all plans MAPE <= 20 %, Spearman >= 0.9, reported apart for the held-out plans. Measured
+Goal (issue 31): over all plans MAPE <= 20 %, Spearman >= 0.9, reported apart for the held-out plans.
+The FlexSP and Spindle plans' closed loops (issue 32) are ``bench/flexsp_runtime.py`` and
+``bench/spindle_runtime.py``. Measured
 step time = median of the steps after warm-up. The machine is shared: the load average is printed at the start
 and the end, as noise on it is noise in the result.
 """

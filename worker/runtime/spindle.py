@@ -6,9 +6,11 @@ share of the metaop's samples (data parallelism: contiguous rows, ``sample_range
 metaop's previous slice, or its predecessors' last slices) is handed over row by row with
 ``torch.distributed.batch_isend_irecv`` where the row's device changes (``moves``), and kept where it does not;
 the backward sends the gradients of those rows back the same way. Every rank holding a part of a module (an
-embedding, a layer, a head) keeps a replica of it, initialised alike; after the backward the part's gradients
-are summed over exactly those ranks (so tasks sharing a module, and a rank that only generates with it, see
-the one update) and each replica takes the same AdamW step: one optimizer step per iteration.
+embedding, a layer, a head) keeps a replica of it, initialised alike; the part's gradients are summed over
+exactly those ranks, one bucketed all-reduce per group of ranks, started as soon as the backward has passed the
+last slice that feeds it on this rank, as DDP overlaps its buckets with the rest of the backward (so tasks
+sharing a module, and a rank that only generates with it, see the one update); each replica then takes the same
+AdamW step: one optimizer step per iteration.
 
 Models (from the plan's module shapes, ``ModuleRun``; the blocks are ``model.Block``): a causal module embeds
 tokens (vocabulary ``VOCAB``) and ends in an LM head; a non-causal one embeds ``PATCH_DIM`` patch features and
@@ -236,6 +238,28 @@ class SpindleRunner:
                 self.groups[ranks] = dist.new_group(list(ranks))
         params = [p for s in self.stacks.values() for p in s.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=LR, weight_decay=0.0) if params else None
+        self.buckets = self._sync_buckets()
+
+    def _sync_buckets(self) -> list[tuple[tuple[int, ...], list[tuple[str, Part]], int]]:
+        """This rank's gradient buckets, one per group of ranks holding the same parts (sorted by ranks, the same
+        order on every rank): (ranks, parts, the index into ``program.steps`` of the slice whose backward
+        completes them here; ``len(program.steps)`` where none of this rank's slices runs them: ready when the
+        backward starts)."""
+        parts: dict[tuple[int, ...], list[tuple[str, Part]]] = {}
+        for key, ranks in self.sync.items():
+            if self.rank in ranks and len(ranks) > 1:
+                parts.setdefault(ranks, []).append(key)
+        out = []
+        for ranks, keys in sorted(parts.items()):
+            runs = [i for i, step in enumerate(self.program.steps) if self._runs(step)
+                    and any(m == self.program.metaops[step.metaop].module and p in self.program.parts(step)
+                            for m, p in keys)]
+            out.append((ranks, keys, min(runs, default=len(self.program.steps))))
+        return out
+
+    def _runs(self, step: StepRun) -> bool:
+        a, b = self._rows(step)
+        return self.rank in step.devices and a < b
 
     def _rows(self, step: StepRun) -> tuple[int, int]:
         return sample_range(self.program.metaops[step.metaop].batch, step.devices, self.rank)
@@ -339,8 +363,13 @@ class SpindleRunner:
             outputs[step.index] = out
             if loss is not None:
                 losses[step.index] = loss
-        for step in reversed(program.steps):
+        pending = list(self.buckets)
+        launched: list[tuple[Any, torch.Tensor, list[nn.Parameter]]] = []
+        launched += self._launch_ready(pending, len(program.steps))
+        for position in reversed(range(len(program.steps))):
+            step = program.steps[position]
             op = program.metaops[step.metaop]
+            launched += self._launch_ready(pending, position + 1)
             if not op.trains:
                 continue
             grads: dict[str, torch.Tensor] = {}
@@ -358,7 +387,8 @@ class SpindleRunner:
                     seeds.append(g)
             if tensors:
                 torch.autograd.backward(tensors, seeds)
-        self.sync_gradients()
+        launched += self._launch_ready(pending, -1)
+        self._finish_sync(launched)
         if before_step is not None:
             before_step()
         if self.optimizer is not None:
@@ -377,25 +407,34 @@ class SpindleRunner:
         for module in stack.part(key[1]):
             yield from module.named_parameters()
 
-    def sync_gradients(self) -> None:
-        """Sum each trained part's gradients over the ranks holding it (zeros where a replica took no rows)."""
-        buckets: dict[tuple[int, ...], list[nn.Parameter]] = {}
-        for key, ranks in self.sync.items():
-            if self.rank not in ranks:
-                continue
-            for _, p in self.parameters_of(key):
-                if p.grad is None:  # a replica this rank did not train with (generation only, or no rows)
-                    p.grad = torch.zeros_like(p)
-                buckets.setdefault(ranks, []).append(p)
-        for ranks, params in sorted(buckets.items()):
-            if len(ranks) > 1:
-                flat = torch.cat([p.grad.flatten() for p in params])  # type: ignore[union-attr]
-                dist.all_reduce(flat, group=self.groups[ranks])
-                at = 0
-                for p in params:
-                    n = p.numel()
-                    p.grad.copy_(flat[at:at + n].view_as(p))  # type: ignore[union-attr]
-                    at += n
+    def _launch_ready(self, pending: list[tuple[tuple[int, ...], list[tuple[str, Part]], int]], position: int
+                      ) -> list[tuple[Any, torch.Tensor, list[nn.Parameter]]]:
+        """Start the all-reduce of each pending bucket whose gradients are final once the backward has reached
+        ``position`` in ``program.steps`` (as DDP starts a bucket while the backward goes on), in the buckets'
+        order: every rank starts its groups' collectives in the same order (NCCL needs it)."""
+        out = []
+        while pending and pending[0][2] >= position:
+            ranks, keys, _ = pending.pop(0)
+            params = []
+            for key in keys:
+                for _, p in self.parameters_of(key):
+                    if p.grad is None:  # a replica this rank did not train with (generation only, or no rows)
+                        p.grad = torch.zeros_like(p)
+                    params.append(p)
+            flat = torch.cat([p.grad.flatten() for p in params])  # type: ignore[union-attr]
+            out.append((dist.all_reduce(flat, group=self.groups[ranks], async_op=True), flat, params))
+        return out
+
+    def _finish_sync(self, launched: list[tuple[Any, torch.Tensor, list[nn.Parameter]]]) -> None:
+        """Wait for the gradient all-reduces and write the sums back: each trained part's gradients summed over
+        the ranks holding it (zeros where a replica took no rows)."""
+        for work, flat, params in launched:
+            work.wait()
+            at = 0
+            for p in params:
+                n = p.numel()
+                p.grad.copy_(flat[at:at + n].view_as(p))  # type: ignore[union-attr]
+                at += n
 
     def gradients(self) -> dict[str, float]:
         """Norms of this rank's parameters' gradients (valid between the backward and the step)."""
