@@ -15,9 +15,10 @@ with the worker's Spindle runtime, compare predicted and measured iteration time
    * gloo all-reduces over groups of 2 and 4 ranks on the gradient buckets' sizes: least squares of the Spindle
      cost model's ``latency * (g + 1) + 2 (g - 1) / g * bytes / (0.7 * bandwidth)`` (bytes counted as the model
      counts them, bf16): ``options.link_latency_us`` and the cluster's ``intra_node_bandwidth_GBps``.
-2. Plans (``PLANS``, fixed before any run was looked at): the captioning workload of the runtime tests (a vision
-   encoder feeding a decoder, and the decoder alone on text) at two batch mixes, and the RL workload (rollout,
-   reward and reference scoring, policy update), each planned by the real planner with the calibrated request.
+2. Plans (``PLANS``): the captioning workload of the runtime tests (a vision encoder feeding a decoder, and the
+   decoder alone on text) at two batch mixes, and the RL workload (rollout, reward and reference scoring, policy
+   update), each planned by the real planner with the calibrated request. The modules are widened (``widened``):
+   with the tests' tiny ones, fixed costs the model does not price made most of an iteration (first run, below).
 3. Each plan runs ``--steps`` iterations in its own 4-rank launch (``worker.launch.run_locally``); measured = the
    median iteration after ``--warmup``; predicted = the plan's ``estimate.iteration_time_s``. Nothing is fitted
    to the plans' times, so every plan is held out.
@@ -26,7 +27,13 @@ What the cost model does not price (so the prediction leaves out): embeddings, h
 the end-of-iteration loss all-reduce. The host is shared (2 cores, 4 ranks): the load average is printed with
 the calibration and each run.
 
-Goal (issue 32): MAPE <= 25 % over the Spindle plans, three runs quoted.
+Goal (issue 32): MAPE <= 25 % over the Spindle plans, three runs quoted. Not met: three runs gave 35-37 %, every
+plan predicted fast (captioning -18 to -32 %, RL -60 %). Timing the runtime's phases per rank on these plans showed
+where: (1) a module's gradients form one bucket per group of ranks, started once the module's backward is done,
+while the cost model hides the sync behind the last two thirds of the module's last slice (DDP's per-layer
+buckets): 35-90 ms exposed; (2) the AdamW step, which the cost model has no term for: 10-35 ms; (3) forward-only
+and decode layers (RL's rollout and scorers) take about 1.8x their calibrated time inside the runtime, while the
+training layers match the calibration within ~10 %.
 """
 
 from __future__ import annotations
@@ -55,12 +62,27 @@ from solvers.run_spindle import MetaOpRun, load_program  # noqa: E402
 from tests.worker.spindle_plans import captioning_request, rl_request  # noqa: E402
 
 RANKS = 4
+# The runtime tests' modules (hidden 32-48, 8-16 tokens) run an iteration in ~50 ms on this host, most of it
+# fixed costs (gloo messages at ~1-7 ms each, the AdamW step, the loss all-reduce); as a training step is dominated
+# by its layers, the bench widens them (hidden 256, ffn 512, 8 heads, 4x the tokens): same graphs, same planner.
+WIDTH, FFN, HEADS, SEQ_SCALE = 256, 512, 8, 4
+
+
+def widened(request: dict[str, Any]) -> dict[str, Any]:
+    ops = [{**op, "module": {**op["module"], "hidden_size": WIDTH, "ffn_hidden_size": FFN, "num_attention_heads": HEADS,
+                             "seq_length": op["module"]["seq_length"] * SEQ_SCALE}}
+           for op in request["workload"]["metaops"]]
+    # the runtime runs data-parallel slices only: no tensor / context parallel layouts
+    return {**request, "workload": {**request["workload"], "metaops": ops},
+            "options": {**request["options"], "hybrid_layouts": False}}
+
+
 PLANS: dict[str, Any] = {
-    "captioning-30-6": lambda: captioning_request(30, 6),
-    "captioning-16-16": lambda: captioning_request(16, 16),
-    "rl-8": lambda: rl_request(8),
+    "captioning-30-6": lambda: widened(captioning_request(30, 6)),
+    "captioning-16-16": lambda: widened(captioning_request(16, 16)),
+    "rl-8": lambda: widened(rl_request(8)),
 }
-ALLREDUCE_FLOATS = (4_096, 32_768, 131_072)
+ALLREDUCE_FLOATS = (65_536, 1_048_576, 4_194_304)  # the widened modules' buckets: 1-6 M parameters
 ACHIEVED = 0.7  # solvers.spindle.cost.ACHIEVED_LINK_SHARE
 
 
