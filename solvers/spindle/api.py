@@ -99,7 +99,8 @@ def build_problem(req: SpindleRequest) -> Problem:
     if not serial_ms <= MAX_SERIAL_MS:
         raise SpecError.at(("workload", "metaops"), f"the metaops take {serial_ms:.3g} ms one after another on one "
                                                     f"device, more than {MAX_SERIAL_MS:.0e} ms (about 116 days)")
-    return Problem(workload, Topology.of(req.cluster, req.options.link_latency_us * 1e-6), limit)
+    return Problem(workload, Topology.of(req.cluster, req.options.link_latency_us * 1e-6), limit,
+                   req.options.grad_sync_overlap)
 
 
 def _slice_dict(problem: Problem, s: Slice) -> dict[str, Any]:

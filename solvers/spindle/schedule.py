@@ -25,7 +25,7 @@ from solvers.spindle.workload import Workload
 
 _EPS = 1e-9
 RESERVE_BYTES = 1.5 * 2**30  # CUDA context, NCCL buffers, allocator fragmentation
-_BACKWARD_SHARE = 2.0 / 3.0
+BACKWARD_SHARE = 2.0 / 3.0  # of a training slice's time: its backward (SpindleOptions.grad_sync_overlap's default)
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class Problem:
     workload: Workload
     topo: Topology
     memory_limit_bytes: float
+    sync_overlap: float = BACKWARD_SHARE  # share of a module's last slice its gradient sync may hide behind
 
     @property
     def num_devices(self) -> int:
@@ -206,8 +207,8 @@ def grad_sync(problem: Problem, slices: Sequence[Slice]) -> tuple[dict[str, floa
             row, nbytes = buckets.get(key, (grid[layer], 0.0))
             buckets[key] = (row, nbytes + 2.0 * params[module][layer])
         sync[module] = sum(_allreduce_row_s(b, r, problem.topo) for r, b in buckets.values())
-    # DDP overlaps the all-reduce with the backward of the module's last slice (2/3 of its time)
-    ready = {m: s.end_s - _BACKWARD_SHARE * (s.end_s - s.start_s) for m, s in last.items()}
+    # DDP overlaps the all-reduce with the backward of the module's last slice (by default its last 2/3)
+    ready = {m: s.end_s - problem.sync_overlap * (s.end_s - s.start_s) for m, s in last.items()}
     return sync, ready
 
 

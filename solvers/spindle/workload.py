@@ -155,6 +155,10 @@ class SpindleOptions(_Spec):
     # per message: an activation hand-over between device blocks, each ring step of a gradient all-reduce
     # (NCCL on NVLink / InfiniBand: ~20 us; bench/spindle_runtime.py measures gloo's over TCP on a CPU host)
     link_latency_us: float = Field(default=20.0, ge=0, le=1e6)
+    # the share of a module's last training slice its gradient all-reduce may hide behind: DDP starts its buckets
+    # during the backward (2/3 of the slice) on GPUs; 0 where the sync starts after the module's backward, or
+    # where communication takes the compute's own cores (gloo on a CPU host)
+    grad_sync_overlap: float = Field(default=2.0 / 3.0, ge=0, le=1)
 
 
 class SpindleTraining(_Spec):

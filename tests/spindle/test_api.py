@@ -246,3 +246,24 @@ def test_link_latency_prices_every_message_of_the_gradient_sync() -> None:
         assert plus_1ms["module_grad_sync_s"][module] - secs == pytest.approx(5e-3)
     assert plus_1ms["iteration_time_s"] >= base["iteration_time_s"]
     assert plus_50ms["iteration_time_s"] > base["iteration_time_s"] and plus_50ms["grad_sync_exposed_s"] > 0
+
+
+def test_gradient_sync_hides_behind_the_last_slice_only_as_far_as_told() -> None:
+    """options.grad_sync_overlap: the share of a module's last training slice its all-reduce may hide behind
+    (DDP's buckets during the backward: 2/3 by default). At 0 the sync starts when the slice ends: the llm's last
+    slice ends the schedule, so all of its sync is exposed; at the default some of it hides."""
+    plan = solve(_shaped(GIVEN))
+
+    def at(overlap: float | None) -> dict[str, Any]:
+        req = _shaped(GIVEN)
+        req["options"]["link_latency_us"] = 2000.0  # a sync long enough to matter
+        if overlap is not None:
+            req["options"]["grad_sync_overlap"] = overlap
+        return api.estimate({**req, "slices": plan["slices"]})
+
+    none, default = at(0.0), at(None)
+    llm_end = max(s["end_s"] for s in plan["slices"] if s["metaop"] == "cap/llm")
+    assert llm_end == pytest.approx(none["makespan_s"])
+    assert none["grad_sync_exposed_s"] == pytest.approx(none["module_grad_sync_s"]["llm"])
+    assert 0.0 <= default["grad_sync_exposed_s"] < none["grad_sync_exposed_s"]
+    assert none["iteration_time_s"] == pytest.approx(none["makespan_s"] + none["module_grad_sync_s"]["llm"])
