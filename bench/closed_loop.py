@@ -5,6 +5,8 @@ cost model calibrated by that profile, run the plans with the worker runtime, co
     .venv/bin/python bench/closed_loop.py                 # profile first, then one daemon-style launch per plan
     .venv/bin/python bench/closed_loop.py --profile P.json  # reuse a profile written by worker.profiler
     .venv/bin/python bench/closed_loop.py --ranks 2         # 7 plans on 2 ranks (one core per rank here)
+    .venv/bin/python bench/closed_loop.py --kind flexsp     # FlexSP plans (bench/flexsp_runtime.py, its options)
+    .venv/bin/python bench/closed_loop.py --kind spindle    # Spindle plans (bench/spindle_runtime.py, its options)
 
 Plans on 4 ranks (``PLANS_4``): 10 uniform dense ones (dp4 with ZeRO-0/1/3 and recompute, tp4, tp2 x Megatron-SP
 x dp2 ZeRO-2, pp4 1F1B / GPipe, pp2 x tp2, pp2 x dp2), ring-attention cp (cp2 x dp2, cp4 ZeRO-3), three per-layer
@@ -38,8 +40,8 @@ bandwidth in the request, ``measured_links``) and the AdamW step time per parame
 Prints a table (predicted vs measured step time per plan, * = held out), the spread of the measured times,
 the MAPE and Spearman's rank correlation over all plans, over the plans tuned on and over the held-out ones.
 Goal (issue 31): over all plans MAPE <= 20 %, Spearman >= 0.9, reported apart for the held-out plans.
-The FlexSP and Spindle plans' closed loops (issue 32) are ``bench/flexsp_runtime.py`` and
-``bench/spindle_runtime.py``. Measured
+The FlexSP and Spindle plans' closed loops (issue 32: ``--kind flexsp`` / ``--kind spindle``) run
+``bench/flexsp_runtime.py`` and ``bench/spindle_runtime.py`` with the options that follow. Measured
 step time = median of the steps after warm-up. The machine is shared: the load average is printed at the start
 and the end, as noise on it is noise in the result.
 """
@@ -365,10 +367,17 @@ def describe(profiled: dict[str, Any], label: str) -> None:
           f"{dev['memory_bandwidth_GBps']:.1f} GB/s per rank", flush=True)
 
 
+# the closed loops of the other plan kinds: their own calibrations and runtimes, their own scripts
+OTHER_KINDS = {"flexsp": "flexsp_runtime.py", "spindle": "spindle_runtime.py"}
+
+
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--interleaved-rank":
         code = interleaved_rank(Path(sys.argv[2]), Path(sys.argv[3]))
         os._exit(code)  # skip gloo teardown (see worker/runtime/train.py)
+    if len(sys.argv) >= 3 and sys.argv[1] == "--kind" and sys.argv[2] in OTHER_KINDS:
+        script = Path(__file__).with_name(OTHER_KINDS[sys.argv[2]])
+        return subprocess.run([sys.executable, str(script), *sys.argv[3:]], check=False).returncode
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", type=Path, help="profile JSON from worker.profiler (default: profile now)")
     ap.add_argument("--steps", type=int, default=8)
