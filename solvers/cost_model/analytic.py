@@ -375,8 +375,10 @@ class AnalyticCostModel(CostModel):
         assert self.model.moe is not None
         dims = moe_cost.MoEDims(shape.hidden, shape.ffn, shape.gated, shape.num_experts, shape.top_k,
                                 self.model.moe.capacity_factor)
+        # the dispatch / combine all-to-alls as measured where the profile has them (as Ulysses' are)
         return moe_cost.layer_terms(self._gemm, self._hbm, self.links, dims, shape.expert_params, tokens,
-                                    c.tp * c.cp * c.dp, c.ep, c.etp, c.lsh, self.elem_bytes)
+                                    c.tp * c.cp * c.dp, c.ep, c.etp, c.lsh, self.elem_bytes,
+                                    lambda nbytes, size, k: self._collective("alltoall", nbytes, size, k))
 
     def transition_s(self, prev: Sequence[LayerStrategy], nxt: Sequence[LayerStrategy], ctx: StageContext
                      ) -> np.ndarray:

@@ -74,13 +74,20 @@ def alltoall_crosses_nodes(ep: ArrayLike, etp: ArrayLike, gpus_per_node: int) ->
     return ep_group_members_per_node(ep, etp, gpus_per_node) < np.asarray(ep, dtype=float)
 
 
+# (bytes held per rank, group size, group members per node) -> seconds of one all-to-all
+AllToAll = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
 def alltoall_forward_s(tokens: ArrayLike, ep: ArrayLike, etp: ArrayLike, lsh: ArrayLike, dims: MoEDims,
-                       elem_bytes: float, links: comm.Links) -> np.ndarray:
-    """Dispatch + combine all-to-alls of one forward (the backward repeats them with the same volume)."""
+                       elem_bytes: float, links: comm.Links, alltoall: AllToAll | None = None) -> np.ndarray:
+    """Dispatch + combine all-to-alls of one forward (the backward repeats them with the same volume);
+    ``alltoall`` prices one call (default: the analytic links; the cost model passes its measured collectives)."""
     nbytes = routed_rows(tokens, dims) * dims.hidden * elem_bytes
     nbytes = nbytes * np.where(np.asarray(lsh, dtype=bool), LSH_COMPRESSION_RATE, 1.0)
     k = ep_group_members_per_node(ep, etp, links.gpus_per_node)
-    return 2.0 * comm.alltoall_s(nbytes, ep, k, links)
+    size = np.asarray(ep, dtype=float)
+    one = alltoall(nbytes, size, k) if alltoall is not None else comm.alltoall_s(nbytes, size, k, links)
+    return 2.0 * np.where(size > 1, one, 0.0)
 
 
 def expert_tp_forward_s(tokens: ArrayLike, etp: ArrayLike, lsh: ArrayLike, dims: MoEDims, elem_bytes: float,
@@ -151,12 +158,12 @@ class MoETerms:
 
 def layer_terms(gemm: Gemm, hbm_time: Callable[[ArrayLike], np.ndarray], links: comm.Links, dims: MoEDims,
                 expert_params: float, tokens: ArrayLike, world: ArrayLike, ep: ArrayLike, etp: ArrayLike,
-                lsh: ArrayLike, elem_bytes: float) -> MoETerms:
+                lsh: ArrayLike, elem_bytes: float, alltoall: AllToAll | None = None) -> MoETerms:
     """All expert-path terms for candidates routing ``tokens`` tokens per rank (their sequence-parallel share)."""
     return MoETerms(
         compute_fwd_s=expert_forward_s(gemm, tokens, ep, etp, lsh, dims)
         + lsh_hash_forward_s(gemm, hbm_time, tokens, lsh, dims, elem_bytes),
-        alltoall_fwd_s=alltoall_forward_s(tokens, ep, etp, lsh, dims, elem_bytes, links),
+        alltoall_fwd_s=alltoall_forward_s(tokens, ep, etp, lsh, dims, elem_bytes, links, alltoall),
         etp_fwd_s=expert_tp_forward_s(tokens, etp, lsh, dims, elem_bytes, links),
         expert_params=expert_params_per_rank(expert_params, ep, etp),
         edp=expert_dp(world, ep, etp),

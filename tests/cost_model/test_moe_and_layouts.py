@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from solvers.cost_model import moe as moe_cost
 from solvers.cost_model.aggregate import stage_context
 from solvers.cost_model.base import StageContext
 from solvers.cost_model.factory import make_cost_model
@@ -76,3 +77,30 @@ def test_an_moe_layer_measured_under_tp_prices_layers_whose_experts_split_over_t
     assert got.parts_s["compute"][1] == pytest.approx(ref.parts_s["compute"][1])
     assert got.parts_s["tp_comm"][0] < ref.parts_s["tp_comm"][0]  # no expert-TP gather / scatter on top
     assert got.parts_s["tp_comm"][1] == pytest.approx(ref.parts_s["tp_comm"][1])
+
+
+def test_a_profiles_measured_all_to_alls_price_the_expert_dispatch() -> None:
+    """The EP dispatch / combine all-to-alls are priced from the profile's measured all-to-alls of that group size
+    where it has them (as Ulysses' are); they were once priced from the analytic links alone, ~5x fast for the
+    closed loop's gloo all-to-alls. Without such a measurement they stay analytic."""
+    model = {"preset": "mixtral-8x7b", "num_layers": 2}
+    cluster = {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8}
+    # a line through the origin: 1 ms per MB held per rank, at group size 8 only
+    measured = [{"op": "alltoall", "group_size": 8, "message_bytes": m, "time_ms": m / 1e6} for m in (1e6, 4e6)]
+    profile = {"name": "a2a", "collectives": measured}
+    plain = make_cost_model(parse(HybridRequest, request(model=model, cluster=cluster)))
+    prof = make_cost_model(parse(HybridRequest, request(model=model, cluster=cluster,
+                                                        cost_model={"kind": "profile", "profile": profile})))
+    cands = (LayerStrategy(tp=1, dp=8, ep=8), LayerStrategy(tp=1, dp=8, ep=4))
+    ctx = _ctx(2)
+    got, ref = prof.layer_costs(0, cands, ctx), plain.layer_costs(0, cands, ctx)
+    assert got.parts_s["ep_comm"][0] != pytest.approx(ref.parts_s["ep_comm"][0])
+    assert got.parts_s["ep_comm"][1] == pytest.approx(ref.parts_s["ep_comm"][1])  # ep 4: not measured
+    # ep 8: four all-to-alls (dispatch + combine, forward and backward) of the rows the busiest rank routes
+    req = parse(HybridRequest, request(model=model, cluster=cluster))
+    assert req.model.moe is not None
+    tokens = 64 / 4 / 8 * req.training.seq_length  # samples per micro-batch per rank x sequence
+    rows = moe_cost.routed_rows(tokens, moe_cost.MoEDims(req.model.hidden_size, req.model.expert_ffn_size, True, 8,
+                                                         req.model.moe.top_k, req.model.moe.capacity_factor))
+    nbytes = float(rows) * req.model.hidden_size * 2  # bf16
+    assert got.parts_s["ep_comm"][0] == pytest.approx(4 * nbytes / 1e9)
