@@ -11,7 +11,8 @@ Per layer and micro-batch on one GPU (``b`` samples per data-parallel rank, ``s`
   GEMMs (``tp_overlap``); Ulysses: 4 all-to-alls each way;
 - cp_comm = ring attention's K/V exchange not hidden behind the attention core;
 - ep_comm = MoE dispatch/combine all-to-alls over the expert-parallel group (``solvers.cost_model.moe``:
-  capacity-capped load imbalance, parallel folding, optional LSH-MoE compression);
+  capacity-capped load imbalance, parallel folding, optional LSH-MoE compression; a profile's measured
+  all-to-alls of the group's size where it has them);
 - dp_comm_exposed = ZeRO-2/3 traffic per micro-batch not hidden behind compute, and per step the
   gradient sync not hidden behind the last backward;
 - optimizer = Adam's HBM traffic on the local shard, once per step.
