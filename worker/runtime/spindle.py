@@ -239,6 +239,8 @@ class SpindleRunner:
         params = [p for s in self.stacks.values() for p in s.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=LR, weight_decay=0.0) if params else None
         self.buckets = self._sync_buckets()
+        # trained parts only this rank holds: nothing to sum, but a gradient (zeros where it took no rows) all the same
+        self.local_parts = [key for key, ranks in self.sync.items() if ranks == (self.rank,)]
 
     def _sync_buckets(self) -> list[tuple[tuple[int, ...], list[tuple[str, Part]], int]]:
         """This rank's gradient buckets, one per group of ranks holding the same parts (sorted by ranks, the same
@@ -365,7 +367,6 @@ class SpindleRunner:
                 losses[step.index] = loss
         pending = list(self.buckets)
         launched: list[tuple[Any, torch.Tensor, list[nn.Parameter]]] = []
-        launched += self._launch_ready(pending, len(program.steps))
         for position in reversed(range(len(program.steps))):
             step = program.steps[position]
             op = program.metaops[step.metaop]
@@ -415,19 +416,26 @@ class SpindleRunner:
         out = []
         while pending and pending[0][2] >= position:
             ranks, keys, _ = pending.pop(0)
-            params = []
-            for key in keys:
-                for _, p in self.parameters_of(key):
-                    if p.grad is None:  # a replica this rank did not train with (generation only, or no rows)
-                        p.grad = torch.zeros_like(p)
-                    params.append(p)
+            params = self._grads_of(keys)
             flat = torch.cat([p.grad.flatten() for p in params])  # type: ignore[union-attr]
             out.append((dist.all_reduce(flat, group=self.groups[ranks], async_op=True), flat, params))
         return out
 
+    def _grads_of(self, keys: list[tuple[str, Part]]) -> list[nn.Parameter]:
+        """The parameters of ``keys`` on this rank, each with a gradient: zeros where a replica took no part in the
+        backward (generation only, or no rows), so that every replica takes the same AdamW step."""
+        params = []
+        for key in keys:
+            for _, p in self.parameters_of(key):
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                params.append(p)
+        return params
+
     def _finish_sync(self, launched: list[tuple[Any, torch.Tensor, list[nn.Parameter]]]) -> None:
         """Wait for the gradient all-reduces and write the sums back: each trained part's gradients summed over
         the ranks holding it (zeros where a replica took no rows)."""
+        self._grads_of(self.local_parts)
         for work, flat, params in launched:
             work.wait()
             at = 0
