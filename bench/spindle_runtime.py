@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from solvers.api import solve  # noqa: E402
 from solvers.run_spindle import MetaOpRun, load_program  # noqa: E402
+from solvers.spindle.cost import ACHIEVED_LINK_SHARE  # noqa: E402
 from tests.worker.spindle_plans import captioning_request, rl_request  # noqa: E402
 
 RANKS = 4
@@ -82,7 +83,6 @@ PLANS: dict[str, Any] = {
     "rl-8": lambda: widened(rl_request(8)),
 }
 ALLREDUCE_FLOATS = (65_536, 1_048_576, 4_194_304)  # the widened modules' buckets: 1-6 M parameters
-ACHIEVED = 0.7  # solvers.spindle.cost.ACHIEVED_LINK_SHARE
 
 
 def load() -> str:
@@ -104,8 +104,8 @@ def fit_layer(points: list[tuple[int, float]]) -> dict[str, float]:
 
 def fit_links(points: list[tuple[int, float, float]]) -> tuple[float, float]:
     """``(group size g, bytes as the model counts them, seconds)`` of all-reduces inside one node ->
-    (latency s, bandwidth B/s) of ``latency * (g + 1) + 2 (g - 1) / g * bytes / (ACHIEVED * bandwidth)``."""
-    a = np.array([[g + 1.0, 2.0 * (g - 1) / g * nbytes / ACHIEVED] for g, nbytes, _ in points])
+    (latency s, bandwidth B/s) of ``latency * (g + 1) + 2 (g - 1) / g * bytes / (ACHIEVED_LINK_SHARE * bandwidth)``."""
+    a = np.array([[g + 1.0, 2.0 * (g - 1) / g * nbytes / ACHIEVED_LINK_SHARE] for g, nbytes, _ in points])
     y = np.array([s for _, _, s in points])
     coef, _ = nnls(a, y)
     latency, per_byte = float(coef[0]), float(coef[1])

@@ -97,17 +97,23 @@ def solve(request: dict[str, Any], progress: Progress | None = None,
     req: HybridRequest = parse(HybridRequest, request)
     model = make_cost_model(req)
     # with sizing, the request's own plan takes the first tenth of the progress and the sizes the rest
-    own = progress if progress is None or req.sizing is None else (lambda f, msg: progress(SIZING_START * f, msg))
+    own = progress if req.sizing is None else _progress_span(progress, 0.0, SIZING_START)
     result = _solve(req, request, model, own, options)
     if isinstance(model, HeteroCostModel):
         doc = hetero.report(result, req, request, model, lambda r: solve(r, options=options))
         result = result.model_copy(update={"hetero": doc})
     if req.sizing is not None:
-        sized_progress = None if progress is None else \
-            (lambda f, msg: progress(SIZING_START + (1.0 - SIZING_START) * f, msg))
-        points, sized = sizing.front(req, request, quick_plan, progress=sized_progress)
+        points, sized = sizing.front(req, request, quick_plan, progress=_progress_span(progress, SIZING_START, 1.0))
         result = result.model_copy(update={"front": points, "sizing": sized})
     return result
+
+
+def _progress_span(progress: Progress | None, start: float, end: float) -> Progress | None:
+    """``progress`` for a part of the work: its fractions 0..1 reported as ``start``..``end``."""
+    if progress is None:
+        return None
+    report = progress
+    return lambda f, msg: report(start + (end - start) * f, msg)
 
 
 def quick_plan(request: dict[str, Any], beat_s: float = math.inf) -> tuple[PlanStrategy, HybridEstimate] | None:

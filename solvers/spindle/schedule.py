@@ -21,11 +21,10 @@ from solvers.spindle.cost import (
     transfer_s,
 )
 from solvers.spindle.reshard import Reshard, reshards
-from solvers.spindle.workload import Workload
+from solvers.spindle.workload import BACKWARD_SHARE, Workload
 
 _EPS = 1e-9
 RESERVE_BYTES = 1.5 * 2**30  # CUDA context, NCCL buffers, allocator fragmentation
-BACKWARD_SHARE = 2.0 / 3.0  # of a training slice's time: its backward (SpindleOptions.grad_sync_overlap's default)
 
 
 @dataclass(frozen=True)

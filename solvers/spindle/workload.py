@@ -135,6 +135,9 @@ class WorkloadSpec(_Spec):
         return data
 
 
+BACKWARD_SHARE = 2.0 / 3.0  # of a training slice's time, its backward: where DDP's gradient buckets start
+
+
 class SpindleOptions(_Spec):
     exact: bool = True  # run the CP-SAT model after the wavefront planner and keep the better plan
     exact_time_limit_s: float = Field(default=10.0, gt=0, le=600)
@@ -158,7 +161,7 @@ class SpindleOptions(_Spec):
     # the share of a module's last training slice its gradient all-reduce may hide behind: DDP starts its buckets
     # during the backward (2/3 of the slice) on GPUs; 0 where the sync starts after the module's backward, or
     # where communication takes the compute's own cores (gloo on a CPU host)
-    grad_sync_overlap: float = Field(default=2.0 / 3.0, ge=0, le=1)
+    grad_sync_overlap: float = Field(default=BACKWARD_SHARE, ge=0, le=1)
 
 
 class SpindleTraining(_Spec):
