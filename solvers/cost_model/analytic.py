@@ -20,8 +20,8 @@ Per layer and micro-batch on one GPU (``b`` samples per data-parallel rank, ``s`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,6 +43,50 @@ from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 _SP_CODE = {None: mem.SP_NONE, "megatron": mem.SP_MEGATRON, "ulysses": mem.SP_ULYSSES}
 _RC_CODE = {"none": mem.RC_NONE, "selective": mem.RC_SELECTIVE, "full": mem.RC_FULL}
 _CACHE_LIMIT = 4096
+_SHARED_LIMIT = 8  # cost models whose layer caches a process keeps (a sizing front's GPU types, a service's requests)
+
+
+@dataclass
+class _Answers:
+    """A cost model's answers: layer costs by (shape, candidate set, micro-batch context), its candidate sets, and
+    stage fixed terms by (GPUs per stage, micro-batch context, edge, embedding) with their parts."""
+
+    costs: dict[tuple[object, ...], LayerCosts] = field(default_factory=dict)
+    token_of: dict[tuple[LayerStrategy, ...], int] = field(default_factory=dict)
+    arrays_of: dict[int, Candidates] = field(default_factory=dict)
+    by_identity: dict[int, tuple[tuple[LayerStrategy, ...], int, Candidates]] = field(default_factory=dict)
+    fixed: dict[tuple[object, ...], StageFixed] = field(default_factory=dict)
+    edge_work: dict[tuple[object, ...], tuple[dict[str, float], float]] = field(default_factory=dict)
+    edge_states: dict[tuple[object, ...], tuple[dict[str, float], dict[str, float], float]] = field(
+        default_factory=dict)
+
+    def bound_layers(self) -> None:
+        """Layer costs and candidate sets cleared together where either is full (the costs' keys name the sets)."""
+        if len(self.costs) >= _CACHE_LIMIT or len(self.token_of) >= _CACHE_LIMIT:
+            for cache in (self.costs, self.token_of, self.arrays_of, self.by_identity):
+                cache.clear()
+
+    def bound_stages(self) -> None:
+        if len(self.fixed) >= 4 * _CACHE_LIMIT:  # (a few numbers each)
+            for cache in (self.fixed, self.edge_work, self.edge_states):
+                cache.clear()
+
+
+# Layer costs and stage fixed terms depend on the GPU type, the node's size and links, the model, the batch and the
+# calibration, and on a stage's GPU count, never on the cluster's node count (each group is priced from its own
+# degrees and members per node): cost models that differ in nodes only, as a sizing front's sizes do, share their
+# answers within a process. Most recently used last.
+_SHARED: dict[str, _Answers] = {}
+
+
+def _shared_answers(key: str | None) -> _Answers:
+    if key is None:
+        return _Answers()
+    hit = _SHARED.pop(key, None) or _Answers()
+    _SHARED[key] = hit
+    while len(_SHARED) > _SHARED_LIMIT:
+        del _SHARED[next(iter(_SHARED))]
+    return hit
 
 
 def zero_traffic_s(zero: np.ndarray | int, allreduce: np.ndarray | float, gather_w: np.ndarray | float,
@@ -118,13 +162,10 @@ class AnalyticCostModel(CostModel):
             if shape not in self._shapes:
                 self._shapes.append(shape)
             self._shape_of_layer.append(self._shapes.index(shape))
-        self._cache: dict[tuple[object, ...], LayerCosts] = {}
-        self._token_of: dict[tuple[LayerStrategy, ...], int] = {}
-        self._arrays_of: dict[int, Candidates] = {}
-        self._by_identity: dict[int, tuple[tuple[LayerStrategy, ...], int, Candidates]] = {}
-        self._fixed: dict[tuple[object, ...], StageFixed] = {}
-        self._edge_work: dict[tuple[object, ...], tuple[dict[str, float], float]] = {}
-        self._edge_states: dict[tuple[object, ...], tuple[dict[str, float], dict[str, float], float]] = {}
+        # (a profile is one object per request: its models keep their own cache)
+        self._answers = _shared_answers(None if profile is not None else "\n".join((
+            model.model_dump_json(), cluster.model_dump_json(exclude={"nodes"}), training.model_dump_json(),
+            repr(calibration))))
 
     # --- building blocks --------------------------------------------------------------------------
     def _gemm(self, m: np.ndarray | float, n: np.ndarray | float, k: np.ndarray | float,
@@ -226,31 +267,32 @@ class AnalyticCostModel(CostModel):
         """A small integer naming this candidate set, and its arrays. Tuples are recognised by identity
         (hashing hundreds of strategies per call would cost more than the arithmetic); other sequences,
         which may change in place, by content."""
+        cache = self._answers
         if isinstance(candidates, tuple):
-            hit = self._by_identity.get(id(candidates))
+            hit = cache.by_identity.get(id(candidates))
             if hit is not None and hit[0] is candidates:
                 return hit[1], hit[2]
         key = tuple(candidates)
-        token = self._token_of.get(key)
+        token = cache.token_of.get(key)
         if token is None:
-            token = self._token_of[key] = len(self._token_of)
-            self._arrays_of[token] = Candidates.of(key)
+            token = cache.token_of[key] = len(cache.token_of)
+            cache.arrays_of[token] = Candidates.of(key)
         if isinstance(candidates, tuple):
-            self._by_identity[id(candidates)] = (candidates, token, self._arrays_of[token])
-        return token, self._arrays_of[token]
+            cache.by_identity[id(candidates)] = (candidates, token, cache.arrays_of[token])
+        return token, cache.arrays_of[token]
 
     def layer_costs(self, layer: int, candidates: Sequence[LayerStrategy], ctx: StageContext) -> LayerCosts:
-        if len(self._cache) >= _CACHE_LIMIT or len(self._token_of) >= _CACHE_LIMIT:
-            self._cache.clear()
-            self._token_of.clear()
-            self._arrays_of.clear()
-            self._by_identity.clear()
+        cache = self._answers
+        cache.bound_layers()
         token, arrays = self._candidate_set(candidates)
         key = (self._shape_of_layer[layer], token, ctx.micro_batch_samples, ctx.micro_batches, ctx.pp > 1)
-        hit = self._cache.get(key)
+        hit = cache.costs.get(key)
         if hit is None:
-            hit = self._cache[key] = self._layer_costs(self._shapes[self._shape_of_layer[layer]], arrays, ctx)
+            hit = cache.costs[key] = self._layer_costs(self._shapes[self._shape_of_layer[layer]], arrays, ctx)
         return hit
+
+    def layer_costs_key(self, ctx: StageContext) -> Hashable:
+        return (ctx.micro_batch_samples, ctx.micro_batches, ctx.pp > 1)  # as ``layer_costs`` caches them
 
     def _layer_costs(self, shape: LayerShape, c: Candidates, ctx: StageContext) -> LayerCosts:
         cal, s, h, e = self.cal, self.training.seq_length, shape.hidden, self.elem_bytes
@@ -410,13 +452,16 @@ class AnalyticCostModel(CostModel):
         """Embedding (first stage), final norm + LM head + loss (last stage), pipeline p2p, reserves.
 
         Cached by what it reads: a middle stage's terms do not depend on its index, schedule or the
-        embedding (the searches ask for every stage of hundreds of pipeline configurations)."""
+        embedding, nor a stage's on the pipeline's depth beyond its GPU count (the searches ask for every stage
+        of hundreds of pipeline configurations, a sizing front's sizes for the same stages at other depths)."""
         first, last = ctx.stage == 0, ctx.stage == ctx.pp - 1
-        key = (ctx.pp, ctx.micro_batch_samples, ctx.virtual_stages, first, last,
+        key = (self.num_gpus // ctx.pp, ctx.pp > 1, ctx.micro_batch_samples, ctx.virtual_stages, first, last,
                self._embedding(ctx) if first or last else None)
-        hit = self._fixed.get(key)
+        cache = self._answers
+        hit = cache.fixed.get(key)
         if hit is None:
-            hit = self._fixed[key] = self._stage_fixed(ctx)
+            cache.bound_stages()
+            hit = cache.fixed[key] = self._stage_fixed(ctx)
         return hit
 
     def _edge_terms(self, n_stage: int, micro_batch_samples: float, first: bool, last: bool, pipelined: bool,
@@ -435,7 +480,7 @@ class AnalyticCostModel(CostModel):
         """The edge layers' work per micro-batch: (time parts, activation bytes). Depends on the tokens and the
         vocabulary split, not on the ZeRO level (cached apart from the state, which does not see the tokens)."""
         key = (n_stage, micro_batch_samples, first, last, tp_e)
-        hit = self._edge_work.get(key)
+        hit = self._answers.edge_work.get(key)
         if hit is not None:
             return hit
         cal, s, h, e = self.cal, self.training.seq_length, self.model.hidden_size, self.elem_bytes
@@ -460,7 +505,7 @@ class AnalyticCostModel(CostModel):
             parts["tp_comm"] = parts.get("tp_comm", 0.0) + 2.0 * float(
                 comm.allreduce_s(tokens * h * e, tp_e, k_tp, self.links))
             act += m * V / tp_e * (4.0 + e) + tokens * h * e  # fp32 softmax, logits, final-norm input
-        hit = self._edge_work[key] = (parts, act)
+        hit = self._answers.edge_work[key] = (parts, act)
         return hit
 
     def _edge_state(self, n_stage: int, first: bool, last: bool, pipelined: bool, emb: EmbeddingStrategy
@@ -468,7 +513,7 @@ class AnalyticCostModel(CostModel):
         """The edge layers' weights under ``emb``: (per-step time parts, state bytes by part, ZeRO traffic per
         micro-batch). Independent of the micro-batch (cached apart from the work, which depends on it)."""
         key = (n_stage, first, last, pipelined, emb)
-        hit = self._edge_states.get(key)
+        hit = self._answers.edge_states.get(key)
         if hit is not None:
             return hit
         cal, h, V = self.cal, self.model.hidden_size, self.model.vocab_size
@@ -502,7 +547,7 @@ class AnalyticCostModel(CostModel):
             step_parts["dp_comm_exposed"] = sync * (1.0 - self.stack.dp_overlap)
             shard = params / (dp_e if emb.zero >= 1 else 1)
             step_parts["optimizer"] = float(self._hbm(shard * cal.optimizer_traffic_bytes))
-        hit = self._edge_states[key] = (step_parts, mparts, per_mb)
+        hit = self._answers.edge_states[key] = (step_parts, mparts, per_mb)
         return hit
 
     def _stage_fixed(self, ctx: StageContext) -> StageFixed:

@@ -16,8 +16,8 @@ call it from ``evaluate`` and planners may call its pieces (``stage_context``, `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -107,6 +107,12 @@ class CostModel(Protocol):
     memory_limit_bytes: float
 
     def layer_costs(self, layer: int, candidates: Sequence[LayerStrategy], ctx: StageContext) -> LayerCosts: ...
+
+    def layer_costs_key(self, ctx: StageContext) -> Hashable:
+        """What of ``ctx`` ``layer_costs`` reads: two contexts of one pipeline configuration with equal keys get
+        equal layer costs, which the planner then asks for once (default: the context less its embedding
+        strategy, which no layer's cost depends on: every stage apart)."""
+        return replace(ctx, embedding=None)
 
     def transition_s(
         self, prev: Sequence[LayerStrategy], nxt: Sequence[LayerStrategy], ctx: StageContext

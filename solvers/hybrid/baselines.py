@@ -79,9 +79,12 @@ def uniform_plans(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], 
         first_of.setdefault(k, i)
     n_layers, batch = space.num_layers, space.global_batch_size
     linear = cm.pipeline_traits.linear
+    by_stage: dict[tuple[int, int], tuple[LayerStrategy, ...]] = {}  # a stage's GPUs and micro-batch -> candidates
     for cfg in configs:
         g, mbs = space.num_gpus // cfg.pp, batch // cfg.micro_batches
-        cands = tuple(x for x in strategies if x.world == g and mbs % x.dp == 0)  # a tuple: asked by identity
+        cands = by_stage.get((g, mbs))
+        if cands is None:  # a tuple, the same for every configuration of the stage: asked by identity
+            cands = by_stage[(g, mbs)] = tuple(x for x in strategies if x.world == g and mbs % x.dp == 0)
         if not cands:
             continue
         parts = split(n_layers, cfg)
@@ -89,25 +92,7 @@ def uniform_plans(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], 
             continue
         # a uniform stage only re-lays out between a layout and itself: one matrix per configuration
         diag = np.diag(layout_transitions(cm, cands, stage_context(cfg, 0, batch)))
-        # layers' terms per stage for every candidate (they do not depend on the embedding strategy)
-        t = np.zeros((cfg.pp, len(cands)))
-        u = np.zeros_like(t)
-        mem = np.zeros_like(t)
-        infl = np.zeros(cfg.pp)
-        start = 0
-        for s, n in enumerate(parts):
-            ctx = stage_context(cfg, s, batch)
-            infl[s] = float(cm.in_flight_micro_batches(ctx))
-            t[s] = (n - 1) * diag
-            extra = np.zeros(len(cands))
-            for k, count in Counter(kinds[start:start + n]).items():
-                lc = cm.layer_costs(first_of[k], cands, ctx)
-                t[s] += count * lc.time_s
-                u[s] += count * lc.step_time_s
-                mem[s] += count * (lc.state_bytes + infl[s] * lc.activation_bytes)
-                extra = np.maximum(extra, lc.peak_extra_bytes)
-            mem[s] += extra
-            start += n
+        t, u, mem, infl = _uniform_layer_terms(cm, cfg, cands, kinds, first_of, parts, diag, batch)
         # fixed terms only add time and memory: a candidate that misses without them misses with them
         alive = (np.max(mem, axis=0) <= cm.memory_limit_bytes) & np.all(np.isfinite(t), axis=0)
         if linear and alive.any():
@@ -142,6 +127,40 @@ def uniform_plans(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], 
                                     stage_layers=parts, schedule=cfg.schedule,
                                     virtual_stages=cfg.virtual_stages, embedding=embs[j])
                 yield Baseline(name, plan, step)
+
+
+def _uniform_layer_terms(cm: CostModel, cfg: PipelineConfig, cands: tuple[LayerStrategy, ...],
+                         kinds: Sequence[Hashable], first_of: dict[Hashable, int], parts: Sequence[int],
+                         diag: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per stage and candidate, the layers' time per micro-batch, step time and memory (no fixed terms: they do
+    not depend on the embedding strategy), and each stage's micro-batches in flight. Stages the cost model prices
+    alike (``layer_costs_key``) are computed together: stage x kind counts times kind x candidate costs."""
+    ctxs = [stage_context(cfg, s, batch) for s in range(cfg.pp)]
+    infl = np.array([float(cm.in_flight_micro_batches(c)) for c in ctxs])
+    order = list(first_of)
+    counts = np.zeros((cfg.pp, len(order)))
+    start = 0
+    for s, n in enumerate(parts):
+        for k, count in Counter(kinds[start:start + n]).items():
+            counts[s, order.index(k)] = count
+        start += n
+    t = (np.asarray(parts, dtype=float)[:, None] - 1.0) * diag[None, :]
+    u = np.zeros_like(t)
+    mem = np.zeros_like(t)
+    groups: dict[Hashable, list[int]] = {}
+    for s, c in enumerate(ctxs):
+        groups.setdefault(cm.layer_costs_key(c), []).append(s)
+    for rows in groups.values():
+        costs = [cm.layer_costs(first_of[k], cands, ctxs[rows[0]]) for k in order]
+        n = counts[rows]  # [stage, kind]
+        t[rows] += n @ np.stack([c.time_s for c in costs])
+        u[rows] += n @ np.stack([c.step_time_s for c in costs])
+        mem[rows] += n @ np.stack([c.state_bytes for c in costs]) + infl[rows, None] * (
+            n @ np.stack([c.activation_bytes for c in costs]))
+        # the transient peak of the largest kind a stage holds
+        peak = np.stack([c.peak_extra_bytes for c in costs])[None, :, :]  # [1, kind, candidate]
+        mem[rows] += np.max(np.where(n[:, :, None] > 0, peak, 0.0), axis=1)
+    return t, u, mem, infl
 
 
 def _dp_strategies(n: int, zero: int, recomputes: Iterable[Recompute]) -> list[LayerStrategy]:

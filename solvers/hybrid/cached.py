@@ -7,7 +7,7 @@ interface is passed through unchanged, so plans and estimates are the model's ow
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
@@ -38,6 +38,9 @@ class CachedStages(CostModel):
 
     def layer_costs(self, layer: int, candidates: Sequence[LayerStrategy], ctx: StageContext) -> LayerCosts:
         return self._cm.layer_costs(layer, candidates, ctx)
+
+    def layer_costs_key(self, ctx: StageContext) -> Hashable:
+        return self._cm.layer_costs_key(ctx)
 
     def transition_s(self, prev: Sequence[LayerStrategy], nxt: Sequence[LayerStrategy], ctx: StageContext
                      ) -> np.ndarray:

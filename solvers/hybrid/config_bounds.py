@@ -270,8 +270,9 @@ class ConfigBounds(StageTables):
     def _fastest_layers_s(self, costs_by_stage: Sequence[dict[Hashable, LayerCosts]]) -> float:
         """Every layer at its kind's fastest candidate on any stage (candidates a cost model cannot price,
         inf or nan, left out): the least the layers' times can sum to."""
+        distinct = list({id(c): c for c in costs_by_stage}.values())  # stages priced alike share their dict
         fastest = {k: min(float(np.min(c[k].time_s, initial=math.inf, where=np.isfinite(c[k].time_s)))
-                          for c in costs_by_stage) for k in costs_by_stage[0]}
+                          for c in distinct) for k in costs_by_stage[0]}
         return sum(fastest[k] for k in self.kinds)
 
     def compute_floor(self, cfg: PipelineConfig) -> float:

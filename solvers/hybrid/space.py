@@ -7,8 +7,10 @@ all-reduces on every layer and would otherwise cross the (10x slower) network.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Hashable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, cast
 
 from solvers.errors import SpecError
@@ -121,13 +123,22 @@ class SearchSpace:
 
         A tuple, the same object on every call: the cost model recognises it by identity instead of hashing
         hundreds of strategies per question."""
-        key = (stage_gpus, micro_batch_samples)
-        hit = _CANDIDATES.get((self, key))
+        # a data-parallel degree divides the stage's GPUs: it divides the micro-batch iff it divides their gcd
+        whole = math.gcd(stage_gpus, micro_batch_samples)
+        key = (self._layer_space, stage_gpus, whole)
+        hit = _CANDIDATES.get(key)
         if hit is None:
             if len(_CANDIDATES) > 4096:  # a process serving many requests: keep the cache bounded
                 _CANDIDATES.clear()
-            hit = _CANDIDATES[(self, key)] = tuple(self._layer_candidates(stage_gpus, micro_batch_samples))
+            hit = _CANDIDATES[key] = tuple(self._layer_candidates(stage_gpus, whole))
         return hit
+
+    @functools.cached_property
+    def _layer_space(self) -> SearchSpace:
+        """This space without what only the pipeline depends on: spaces that differ in those alone (a sizing
+        front's sizes) get the same candidate tuples, which cost models recognise by identity."""
+        return replace(self, num_gpus=0, num_layers=0, global_batch_size=0, max_pp=0, schedules=(),
+                       micro_batches=None, virtual_stage_options=(), pipeline_parallel=False)
 
     def _layer_candidates(self, stage_gpus: int, micro_batch_samples: int) -> list[LayerStrategy]:
         out: list[LayerStrategy] = []
@@ -230,7 +241,7 @@ class SearchSpace:
         return list(self.zero_levels)
 
 
-_CANDIDATES: dict[tuple[SearchSpace, tuple[int, int]], tuple[LayerStrategy, ...]] = {}
+_CANDIDATES: dict[tuple[SearchSpace, int, int], tuple[LayerStrategy, ...]] = {}
 
 SpaceMode = Literal["full", "galvatron"]
 

@@ -109,13 +109,11 @@ def layer_costs_by_stage(cm: CostModel, cfg: PipelineConfig, candidates: Sequenc
     out: list[tuple[StageContext, dict[Hashable, LayerCosts]]] = []
     for s in range(cfg.pp):
         ctx = stage_context(cfg, s, global_batch)
-        base = (cfg.pp, cfg.micro_batches, cfg.schedule, cfg.virtual_stages, s)
-        costs: dict[Hashable, LayerCosts] = {}
-        for k, i in first_of.items():
-            hit = memo.get((*base, "layer", k))
-            if not isinstance(hit, LayerCosts):
-                hit = memo[(*base, "layer", k)] = cm.layer_costs(i, candidates, ctx)
-            costs[k] = hit
+        # the candidates follow from (pp, micro-batches); stages the cost model prices alike share one dict
+        key = ("layers", cfg.pp, cfg.micro_batches, cm.layer_costs_key(ctx))
+        costs = memo.get(key)
+        if not isinstance(costs, dict):
+            costs = memo[key] = {k: cm.layer_costs(i, candidates, ctx) for k, i in first_of.items()}
         out.append((ctx, costs))
     return out
 

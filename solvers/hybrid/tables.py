@@ -220,8 +220,12 @@ def pareto_embeddings(cm: CostModel, space: SearchSpace, cfg: PipelineConfig, mo
         arr = np.asarray(vec, dtype=float)
         if np.all(np.isfinite(arr)):
             rows.append((emb, arr))
-    front = [(e, a) for e, a in rows
-             if not any(np.all(b <= a) and np.any(b < a) for _, b in rows)]
+    if not rows:
+        return []
+    vecs = np.stack([a for _, a in rows])  # [option, term]; row i is dominated by a row j no worse and better somewhere
+    no_worse = np.all(vecs[None, :, :] <= vecs[:, None, :], axis=2)
+    better = np.any(vecs[None, :, :] < vecs[:, None, :], axis=2)
+    front = [row for row, dominated in zip(rows, np.any(no_worse & better, axis=1), strict=True) if not dominated]
     uniq: dict[tuple[float, ...], EmbeddingStrategy] = {}
     for e, a in front:
         uniq.setdefault(tuple(a), e)  # options the cost model cannot tell apart: keep the first
