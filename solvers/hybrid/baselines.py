@@ -152,14 +152,14 @@ def _uniform_layer_terms(cm: CostModel, cfg: PipelineConfig, cands: tuple[LayerS
         groups.setdefault(cm.layer_costs_key(c), []).append(s)
     for rows in groups.values():
         costs = [cm.layer_costs(first_of[k], cands, ctxs[rows[0]]) for k in order]
-        n = counts[rows]  # [stage, kind]
-        t[rows] += n @ np.stack([c.time_s for c in costs])
-        u[rows] += n @ np.stack([c.step_time_s for c in costs])
-        mem[rows] += n @ np.stack([c.state_bytes for c in costs]) + infl[rows, None] * (
-            n @ np.stack([c.activation_bytes for c in costs]))
+        held = counts[rows]  # [stage, kind]
+        t[rows] += held @ np.stack([c.time_s for c in costs])
+        u[rows] += held @ np.stack([c.step_time_s for c in costs])
+        mem[rows] += held @ np.stack([c.state_bytes for c in costs]) + infl[rows, None] * (
+            held @ np.stack([c.activation_bytes for c in costs]))
         # the transient peak of the largest kind a stage holds
         peak = np.stack([c.peak_extra_bytes for c in costs])[None, :, :]  # [1, kind, candidate]
-        mem[rows] += np.max(np.where(n[:, :, None] > 0, peak, 0.0), axis=1)
+        mem[rows] += np.max(np.where(held[:, :, None] > 0, peak, 0.0), axis=1)
     return t, u, mem, infl
 
 
