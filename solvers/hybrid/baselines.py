@@ -104,16 +104,16 @@ def uniform_plans(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], 
             continue
         # plus each stage's fixed terms under the candidate's embedding
         embs = [embedding(x) for x in cands]
-        fixed: dict[tuple[int, EmbeddingStrategy], tuple[float, float, float]] = {}
+        columns: dict[EmbeddingStrategy, list[int]] = {}  # candidates sharing an embedding share its fixed terms
+        for j in map(int, np.flatnonzero(alive)):
+            columns.setdefault(embs[j], []).append(j)
         ft, fu, fm = (np.full_like(t, np.inf) for _ in range(3))
-        for s in range(cfg.pp):
-            for j in map(int, np.flatnonzero(alive)):
-                emb = embs[j]
-                key = (s, emb)
-                if key not in fixed:
-                    fx = cm.stage_fixed(stage_context(replace(cfg, embedding=emb), s, batch))
-                    fixed[key] = (fx.time_s, fx.step_time_s, fixed_memory_bytes(fx, infl[s]))
-                ft[s, j], fu[s, j], fm[s, j] = fixed[key]
+        for emb, cols in columns.items():
+            with_emb = replace(cfg, embedding=emb)
+            fixed = [cm.stage_fixed(stage_context(with_emb, s, batch)) for s in range(cfg.pp)]
+            ft[:, cols] = np.array([fx.time_s for fx in fixed])[:, None]
+            fu[:, cols] = np.array([fx.step_time_s for fx in fixed])[:, None]
+            fm[:, cols] = np.array([fixed_memory_bytes(fx, infl[s]) for s, fx in enumerate(fixed)])[:, None]
         t, u, mem = t + ft, u + fu, mem + fm
         fits = np.all(np.isfinite(t), axis=0) & (np.max(mem, axis=0) <= cm.memory_limit_bytes)
         for j in map(int, np.flatnonzero(fits)):

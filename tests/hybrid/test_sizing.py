@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from solvers.errors import SpecError
 from solvers.hybrid import sizing
-from solvers.hybrid.api import quick_plan, solve
+from solvers.hybrid.api import build_space, quick_plan, solve, space_mode
+from solvers.hybrid.stage_costs import stage_context
 from solvers.request import HybridRequest, parse
 
 DENSE: dict[str, Any] = {"kind": "hybrid", "model": {"preset": "llama2-7b", "num_layers": 8},
@@ -93,3 +95,51 @@ def test_a_sizing_request_reports_each_cluster_settled_in_rising_fractions() -> 
     sized = [msg for _, msg in seen if msg.startswith("sizing: ")]
     assert len(sized) == 4 and sized[-1].startswith("sizing: 4/4 clusters settled")
     assert result.sizing is not None and result.sizing.clusters_tried == 4
+
+
+@pytest.mark.parametrize("base", [DENSE, MOE])
+def test_sizes_share_a_cost_models_answers_and_plan_as_they_would_alone(base: dict[str, Any]) -> None:
+    """Cost models that differ in node count only share their layer and stage answers within a process (a sizing
+    front's reuse across sizes); a plan is the same whether other sizes were planned before it or not. Another GPU
+    type, or a profile, gets answers of its own."""
+    from solvers.cost_model import analytic
+    from solvers.cost_model.factory import make_cost_model
+    from solvers.hybrid import space
+
+    def at(nodes: int, gpu: str = "H100-SXM") -> dict[str, Any]:
+        return {**base, "cluster": {**base["cluster"], "gpu": gpu, "nodes": nodes}}
+
+    def model_of(request: dict[str, Any]) -> Any:
+        return make_cost_model(parse(HybridRequest, request))
+
+    assert model_of(at(2))._answers is model_of(at(3))._answers
+    assert model_of(at(2))._answers is not model_of(at(2, "A100-80GB"))._answers
+    # every answer a shared model gives, after the other sizes asked theirs, is the one a model of its own gives
+    sizes = (1, 2, 3, 4)
+    shared = {n: model_of(at(n)) for n in sizes}
+    asked = []
+    for n in sizes:
+        req = parse(HybridRequest, at(n))
+        sp = build_space(req, space_mode(req))
+        for cfg in sp.pipeline_configs()[::3]:
+            cands = sp.layer_candidates(sp.num_gpus // cfg.pp, sp.global_batch_size // cfg.micro_batches)
+            for stage in sorted({0, cfg.pp // 2, cfg.pp - 1}):
+                ctx = stage_context(cfg, stage, sp.global_batch_size)
+                asked.append((n, ctx, cands, shared[n].stage_fixed(ctx), shared[n].layer_costs(0, cands, ctx)))
+    assert len({(n, ctx.pp, ctx.micro_batch_samples) for n, ctx, *_ in asked}) > 20
+    for n, ctx, cands, fixed, layer in asked:
+        own = model_of(at(n))
+        own._answers = analytic._Answers()
+        assert own.stage_fixed(ctx) == fixed, (n, ctx)
+        mine = own.layer_costs(0, cands, ctx)
+        for name in ("time_s", "step_time_s", "state_bytes", "activation_bytes", "peak_extra_bytes"):
+            np.testing.assert_array_equal(getattr(mine, name), getattr(layer, name))
+    analytic._SHARED.clear()
+    space._CANDIDATES.clear()
+    alone = quick_plan(at(2))
+    for nodes in (4, 3, 1):  # other sizes first, sharing what they computed
+        quick_plan(at(nodes))
+    assert len(analytic._SHARED) == 1
+    again = quick_plan(at(2))
+    assert again[0].to_dict() == alone[0].to_dict()
+    assert again[1].model_dump() == alone[1].model_dump()
