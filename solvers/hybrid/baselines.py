@@ -108,12 +108,12 @@ def uniform_plans(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], 
         for j in map(int, np.flatnonzero(alive)):
             columns.setdefault(embs[j], []).append(j)
         ft, fu, fm = (np.full_like(t, np.inf) for _ in range(3))
-        for emb, cols in columns.items():
+        for emb, same in columns.items():
             with_emb = replace(cfg, embedding=emb)
             fixed = [cm.stage_fixed(stage_context(with_emb, s, batch)) for s in range(cfg.pp)]
-            ft[:, cols] = np.array([fx.time_s for fx in fixed])[:, None]
-            fu[:, cols] = np.array([fx.step_time_s for fx in fixed])[:, None]
-            fm[:, cols] = np.array([fixed_memory_bytes(fx, infl[s]) for s, fx in enumerate(fixed)])[:, None]
+            ft[:, same] = np.array([fx.time_s for fx in fixed])[:, None]
+            fu[:, same] = np.array([fx.step_time_s for fx in fixed])[:, None]
+            fm[:, same] = np.array([fixed_memory_bytes(fx, infl[s]) for s, fx in enumerate(fixed)])[:, None]
         t, u, mem = t + ft, u + fu, mem + fm
         fits = np.all(np.isfinite(t), axis=0) & (np.max(mem, axis=0) <= cm.memory_limit_bytes)
         for j in map(int, np.flatnonzero(fits)):
