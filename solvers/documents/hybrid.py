@@ -181,7 +181,9 @@ class SizingDoc(Document):
     clusters_beaten_in_search: int = Field(0, description="tried clusters planned with a threshold from the points "
                                                           "found before them (a step time from which a plan is "
                                                           "beaten on both time and cost) whose search found no plan "
-                                                          "below it: none of their plans is on the front")
+                                                          "below it (every pipeline configuration's floor reached it, "
+                                                          "or none solved beat it): none of their plans is on the "
+                                                          "front")
     workers: int = Field(1, description="processes that planned the sizes in parallel")
     time_s: float
     cpu_s: float = Field(description="CPU seconds of the sizing, its worker processes' included")

@@ -120,15 +120,19 @@ def quick_plan(request: dict[str, Any], beat_s: float = math.inf) -> tuple[PlanS
     """The planner's plan for ``request``, seeded by its best uniform plan, without the certificate and the other
     baselines (a sizing front's many sizes); InfeasibleError where nothing fits. ``beat_s``: a step time the plan
     must beat (a sizing front's threshold): the search prunes against it from the start, and None means no plan
-    does, though one fits. The plan below ``beat_s`` is the one the search finds without it (a configuration is
+    does (every configuration's floor reaches it, or something fits and the search found nothing below it). The plan below ``beat_s`` is the one the search finds without it (a configuration is
     pruned only where its bound is at least the incumbent, which is then below ``beat_s``)."""
     req: HybridRequest = parse(HybridRequest, request)
     cm = CachedStages(make_cost_model(req))
     space = build_space(req, space_mode(req))
     kinds = layer_kinds(req.model)
-    uniform = baselines.megatron(cm, space, kinds, expert_layers(req.model))
     planner = Planner(cm, space, kinds, PlannerOptions(time_limit_s=req.constraints.time_limit_s or
                                                        DEFAULT_TIME_LIMIT_S))
+    if math.isfinite(beat_s):  # every configuration's floor at the threshold: beaten before any baseline is priced
+        floors = [f for f in map(planner.compute_floor, space.pipeline_configs()) if math.isfinite(f)]
+        if floors and min(floors) >= beat_s:
+            return None
+    uniform = baselines.megatron(cm, space, kinds, expert_layers(req.model))
     uniform_s = uniform.step_time_s if uniform else math.inf
     try:
         plan = planner.search(incumbent_s=min(uniform_s, beat_s)).plan
