@@ -120,8 +120,9 @@ def quick_plan(request: dict[str, Any], beat_s: float = math.inf) -> tuple[PlanS
     """The planner's plan for ``request``, seeded by its best uniform plan, without the certificate and the other
     baselines (a sizing front's many sizes); InfeasibleError where nothing fits. ``beat_s``: a step time the plan
     must beat (a sizing front's threshold): the search prunes against it from the start, and None means no plan
-    does (every configuration's floor reaches it, or something fits and the search found nothing below it). The plan below ``beat_s`` is the one the search finds without it (a configuration is
-    pruned only where its bound is at least the incumbent, which is then below ``beat_s``)."""
+    does (every configuration's floor reaches it, or something fits and the search found nothing below it). The
+    plan below ``beat_s`` is the one the search finds without it (a configuration is pruned only where its bound is
+    at least the incumbent, which is then below ``beat_s``)."""
     req: HybridRequest = parse(HybridRequest, request)
     cm = CachedStages(make_cost_model(req))
     space = build_space(req, space_mode(req))
