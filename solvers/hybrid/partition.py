@@ -11,6 +11,7 @@ layers differ). Output: the layer counts per stage that minimise the pipeline st
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -214,12 +215,17 @@ def min_max_plus_sum_bound(total: int, slow: Sequence[np.ndarray], fill: Sequenc
     return min(min(caps[i] + least[i + 1] for i in range(len(caps) - 1)), caps[-1] + unconstrained)
 
 
+@functools.lru_cache(maxsize=1024)
 def _steps(total: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """For a stage of fewer than ``width`` layers, per (layers placed so far j, the stage's count c): whether c
-    is a count it can take (1 ≤ c ≤ j), and the layers placed before it (j - c)."""
+    is a count it can take (1 ≤ c ≤ j), and the layers placed before it (j - c). Cached (every stage of every
+    partition search asks), so read-only."""
     j, c = np.arange(total + 1)[:, None], np.arange(width)[None, :]
     valid = (c >= 1) & (c <= j)
-    return valid, np.where(valid, j - c, 0)
+    prev = np.where(valid, j - c, 0)
+    valid.setflags(write=False)
+    prev.setflags(write=False)
+    return valid, prev
 
 
 def _width(finite_count: np.ndarray) -> int:

@@ -19,13 +19,18 @@ def front(mem: np.ndarray, val: np.ndarray) -> np.ndarray:
 
 
 def pareto_mask(obj: np.ndarray, units: np.ndarray, classes: np.ndarray) -> np.ndarray:
-    """True for candidates on their class' (objective, memory) Pareto front (ties keep the first)."""
-    n = obj.shape[0]
-    keep = np.zeros(n, dtype=bool)
-    finite = np.isfinite(obj)
-    for k in np.unique(classes):
-        members = np.flatnonzero((classes == k) & finite)
-        if members.size == 0:
-            continue
-        keep[members[front(units[members], obj[members])]] = True
+    """True for candidates on their class' (objective, memory) Pareto front (ties keep the first): ``front`` of
+    every class at once. Points sorted by (class, memory, objective); the objective replaced by its rank (exact
+    ties and order) and shifted so that each class lies below every earlier one, so one running minimum restarts
+    at each class's first point."""
+    keep = np.zeros(obj.shape[0], dtype=bool)
+    members = np.flatnonzero(np.isfinite(obj))
+    if members.size == 0:
+        return keep
+    _, cls = np.unique(classes[members], return_inverse=True)
+    _, rank = np.unique(obj[members], return_inverse=True)
+    order = np.lexsort((rank, units[members], cls))  # stable: equal points stay in index order
+    shifted = rank[order] + (cls.max() - cls[order]) * (rank.max() + 1)
+    before = np.minimum.accumulate(np.concatenate([[np.iinfo(np.int64).max], shifted[:-1]]))
+    keep[members[order[shifted < before]]] = True
     return keep

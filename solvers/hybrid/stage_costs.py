@@ -7,7 +7,6 @@ what a layer's cost depends on.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -212,5 +211,8 @@ def units_of(mem: np.ndarray, unit: float) -> np.ndarray:
     return np.ceil(mem / unit - 1e-9).astype(np.int64)
 
 
-def cap_units(avail: float, unit: float) -> int:
-    return math.floor(avail / unit + 1e-9)
+def caps_in_units(avail: np.ndarray, unit: float) -> np.ndarray:
+    """The whole units of memory within each of ``avail`` bytes (rounded down, plus a hair for float noise, so a
+    budget of exactly k units holds k); -1 (no room) where ``avail`` is not finite."""
+    finite = np.isfinite(avail)
+    return np.where(finite, np.floor(np.where(finite, avail, 0.0) / unit + 1e-9), -1.0).astype(np.int64)

@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 
 from solvers.hybrid import layer_dp, pareto_dp, prune, two_type
-from solvers.hybrid.stage_costs import StageInputs, cap_units, peak_thresholds, units_of
+from solvers.hybrid.stage_costs import StageInputs, caps_in_units, peak_thresholds, units_of
 
 INF = np.inf
 
@@ -124,7 +124,7 @@ def solve(st: StageInputs, layers: Sequence[int], kinds: Sequence[Hashable], tim
         allowed = {k: st.costs[k].peak_extra_bytes <= level for k in kind_set}
         base = {k: float(np.min(mem[k][allowed[k]])) if np.any(allowed[k]) else INF for k in kind_set}
         spent = np.cumsum([base[k] for k in seq])
-        prefix_caps = np.array([cap_units(avail - float(level) - b, unit) if np.isfinite(b) else -1 for b in spent])
+        prefix_caps = caps_in_units(avail - float(level) - spent, unit)
         cap = int(prefix_caps[0])
         if cap < 0 or (len(kind_set) == 1 and n * (cap + 1) > dp_work_limit):
             continue  # (identical layers: the two-strategy table below covers the stage)
