@@ -79,12 +79,15 @@ def uniform_plans(cm: CostModel, space: SearchSpace, kinds: Sequence[Hashable], 
         first_of.setdefault(k, i)
     n_layers, batch = space.num_layers, space.global_batch_size
     linear = cm.pipeline_traits.linear
+    of_world: dict[int, list[LayerStrategy]] = {}
+    for x in strategies:
+        of_world.setdefault(x.world, []).append(x)
     by_stage: dict[tuple[int, int], tuple[LayerStrategy, ...]] = {}  # a stage's GPUs and micro-batch -> candidates
     for cfg in configs:
         g, mbs = space.num_gpus // cfg.pp, batch // cfg.micro_batches
         cands = by_stage.get((g, mbs))
         if cands is None:  # a tuple, the same for every configuration of the stage: asked by identity
-            cands = by_stage[(g, mbs)] = tuple(x for x in strategies if x.world == g and mbs % x.dp == 0)
+            cands = by_stage[(g, mbs)] = tuple(x for x in of_world.get(g, ()) if mbs % x.dp == 0)
         if not cands:
             continue
         parts = split(n_layers, cfg)

@@ -197,10 +197,11 @@ class StageTables:
         first = self.config_costs(variants[priced[0]]) if priced else None
         if first is None:
             return None
-        stages = [replace(st, fixed=StageFixed(**{k: min(getattr(fixed[i][s], k) for i in priced) for k in
-                                                   ("time_s", "step_time_s", "state_bytes", "activation_bytes",
-                                                    "other_bytes")}))
-                  for s, st in enumerate(first.stages)]
+        least = np.min([[(f.time_s, f.step_time_s, f.state_bytes, f.activation_bytes, f.other_bytes)
+                          for f in fixed[i]] for i in priced], axis=0)  # [stage, term]
+        stages = [replace(st, fixed=StageFixed(time_s=float(t), step_time_s=float(u), state_bytes=float(state),
+                                               activation_bytes=float(act), other_bytes=float(other)))
+                  for st, (t, u, state, act, other) in zip(first.stages, least, strict=True)]
         return replace(first, stages=stages, dp_cache={})
 
 
