@@ -285,14 +285,14 @@ class AnalyticCostModel(CostModel):
         cache = self._answers
         cache.bound_layers()
         token, arrays = self._candidate_set(candidates)
-        key = (self._shape_of_layer[layer], token, ctx.micro_batch_samples, ctx.micro_batches, ctx.pp > 1)
+        key = (self._shape_of_layer[layer], token, self.layer_costs_key(ctx))
         hit = cache.costs.get(key)
         if hit is None:
             hit = cache.costs[key] = self._layer_costs(self._shapes[self._shape_of_layer[layer]], arrays, ctx)
         return hit
 
     def layer_costs_key(self, ctx: StageContext) -> Hashable:
-        return (ctx.micro_batch_samples, ctx.micro_batches, ctx.pp > 1)  # as ``layer_costs`` caches them
+        return (ctx.micro_batch_samples, ctx.micro_batches, ctx.pp > 1)  # (``_layer_costs`` reads the first alone)
 
     def _layer_costs(self, shape: LayerShape, c: Candidates, ctx: StageContext) -> LayerCosts:
         cal, s, h, e = self.cal, self.training.seq_length, shape.hidden, self.elem_bytes
