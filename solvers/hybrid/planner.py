@@ -1,8 +1,12 @@
 """The hybrid planner's outer search: pipeline degree × micro-batches × schedule, each solved by the layer DP.
 
-Every pipeline configuration gets a lower bound first (``config_bounds``: each stage's memory-constrained choice
+Every pipeline configuration gets a lower bound (``config_bounds``: each stage's memory-constrained choice
 relaxed, best partition of that relaxation); configurations are solved in bound order and the search stops as
-soon as the next bound cannot beat the best plan found. Where a configuration has too many partitions to
+soon as the next bound cannot beat the best plan found. The bound is computed lazily: a configuration is queued
+by its compute floor, a cheaper bound, and bounded in full only when that floor reaches the front of the queue,
+so a configuration whose floor alone cannot beat the best plan found is never bounded at all (the order the
+configurations are solved in is the order of their full bounds all the same, since the floor, a true bound, is
+at most the full one wherever the full one is a true bound). Where a configuration has too many partitions to
 enumerate, its ordering bound is the relaxation's best of a few partitions, a heuristic: ``certificate`` then
 solves what the search passed by and true bounds cannot rule out. Nothing is computed twice (``tables``). The
 chosen plan, and under a non-linear pipeline formula every solved configuration whose bound lies below it, is
@@ -55,23 +59,23 @@ class PlanResult:
 Solved = tuple[stage_costs.ConfigCosts, Parts, float]  # a configuration's costs, partition and step time
 
 
+Entry = stage_costs.ConfigCosts | list[PipelineConfig] | None  # what a queued configuration awaits (_BoundQueue)
+
+
 class _BoundQueue:
-    """Configurations by lower bound (ties: fewer stages, then fewer micro-batches, then the first pushed). A
-    configuration's embedding variants bounded together enter as one entry without a configuration, to be
-    bounded each on its own once the entry reaches the front."""
+    """Configurations by lower bound (ties: fewer stages, then fewer micro-batches, then the first pushed). An
+    entry is a configuration at one of three steps: queued by its compute floor (no payload), to be bounded in
+    full; its embedding variants bounded together (payload: the variants), to be bounded each on its own; or a
+    variant bounded (payload: its costs), to be solved."""
 
     def __init__(self) -> None:
-        self.heap: list[tuple[float, int, int, int, PipelineConfig | None,
-                              stage_costs.ConfigCosts | list[PipelineConfig]]] = []
+        self.heap: list[tuple[float, int, int, int, PipelineConfig, Entry]] = []
         self._tie = itertools.count()
 
-    def push(self, lb: float, cfg: PipelineConfig, cc: stage_costs.ConfigCosts) -> None:
-        heapq.heappush(self.heap, (lb, cfg.pp, cfg.micro_batches, next(self._tie), cfg, cc))
+    def push(self, lb: float, cfg: PipelineConfig, payload: Entry) -> None:
+        heapq.heappush(self.heap, (lb, cfg.pp, cfg.micro_batches, next(self._tie), cfg, payload))
 
-    def push_group(self, lb: float, cfg: PipelineConfig, variants: list[PipelineConfig]) -> None:
-        heapq.heappush(self.heap, (lb, cfg.pp, cfg.micro_batches, next(self._tie), None, variants))
-
-    def pop(self) -> tuple[float, PipelineConfig | None, stage_costs.ConfigCosts | list[PipelineConfig]]:
+    def pop(self) -> tuple[float, PipelineConfig, Entry]:
         lb, _, _, _, cfg, payload = heapq.heappop(self.heap)
         return lb, cfg, payload
 
@@ -95,8 +99,10 @@ class Planner(PlanRefinement):
         achieved elsewhere (e.g. a baseline), to prune against from the start."""
         t0 = self.started = time.perf_counter()
         base = list(configs) if configs is not None else self.space.pipeline_configs()
-        queue, n_total = self._bound(base, incumbent_s, progress)
-        best, ranking, solved_costs = self._solve_in_bound_order(queue, incumbent_s, progress)
+        queue = self._queue_by_floor(base, incumbent_s, progress)
+        best, ranking, solved_costs, variants = self._solve_in_bound_order(queue, incumbent_s, progress)
+        # each configuration bounded in full counts its embedding variants; one its floor ruled out counts once
+        n_total = len(base) + variants
         solved = len(ranking)
         pruned = n_total - solved  # by a bound (or by the time limit)
         # kept for the caller when nothing beats the incumbent: the search did run, and says how much
@@ -109,6 +115,18 @@ class Planner(PlanRefinement):
         return PlanResult(plan, best_v, n_total, solved, pruned, self.dp_runs, time.perf_counter() - t0, ranking,
                           self.time_limited)
 
+    def _queue_by_floor(self, base: list[PipelineConfig], incumbent_s: float, progress: Progress | None
+                        ) -> _BoundQueue:
+        """Every configuration of ``base`` whose compute floor may beat ``incumbent_s``, queued by that floor."""
+        queue = _BoundQueue()
+        for i, cfg in enumerate(base):
+            floor = self.compute_floor(cfg)
+            if floor < incumbent_s:
+                queue.push(floor, cfg, None)
+            if progress and i % 64 == 0:
+                progress(0.1 * (i + 1) / len(base), f"floors of {i + 1}/{len(base)} pipeline configurations")
+        return queue
+
     def _push(self, queue: _BoundQueue, var: PipelineConfig, cap: float) -> None:
         cc = self.config_costs(var)
         if cc is not None:
@@ -116,51 +134,44 @@ class Planner(PlanRefinement):
             if math.isfinite(lb) and lb < cap:
                 queue.push(lb, var, cc)
 
-    def _bound(self, base: list[PipelineConfig], incumbent_s: float, progress: Progress | None
-               ) -> tuple[_BoundQueue, int]:
-        """Every configuration of ``base`` that may beat ``incumbent_s``, queued by its bound; and how many
-        configurations (embedding variants each) ``base`` holds."""
-        queue = _BoundQueue()
-        n_total = 0
-        for i, cfg in enumerate(base):
-            if self.compute_floor(cfg) >= incumbent_s:
-                n_total += 1
-                continue
-            variants = self.embedding_variants(cfg)
-            n_total += len(variants)
-            group = self.embedding_relaxation(variants) if self.opt.use_bounds and len(variants) > 1 else None
-            if group is not None:
-                lb = self.ordering_bound(group, incumbent_s)
-                if math.isfinite(lb) and lb < incumbent_s:
-                    queue.push_group(lb, cfg, variants)
-            else:
-                for var in variants:
-                    self._push(queue, var, incumbent_s)
-            if progress and i % 16 == 0:
-                progress(0.3 * (i + 1) / len(base), f"bounded {i + 1}/{len(base)} pipeline configurations")
-        return queue, n_total
+    def _bound(self, queue: _BoundQueue, cfg: PipelineConfig, cap: float) -> int:
+        """``cfg``'s embedding variants queued by their bound where it may beat ``cap`` (bounded together first,
+        where there are several and the bounds are on); how many variants it has."""
+        variants = self.embedding_variants(cfg)
+        group = self.embedding_relaxation(variants) if self.opt.use_bounds and len(variants) > 1 else None
+        if group is not None:
+            lb = self.ordering_bound(group, cap)
+            if math.isfinite(lb) and lb < cap:
+                queue.push(lb, cfg, variants)
+        else:
+            for var in variants:
+                self._push(queue, var, cap)
+        return len(variants)
 
     def _solve_in_bound_order(self, queue: _BoundQueue, incumbent_s: float, progress: Progress | None
-                              ) -> tuple[Solved | None, list[ConfigOutcome], dict[PipelineConfig,
-                                                                                  stage_costs.ConfigCosts]]:
-        """The queued configurations solved until the next bound cannot beat the best found: the best (None:
-        nothing beat ``incumbent_s``), each solved configuration's outcome and its costs."""
+                              ) -> tuple[Solved | None, list[ConfigOutcome],
+                                         dict[PipelineConfig, stage_costs.ConfigCosts], int]:
+        """The queued configurations bounded and solved until the next bound cannot beat the best found: the best
+        (None: nothing beat ``incumbent_s``), each solved configuration's outcome and its costs, and how many
+        embedding variants beyond one each the configurations bounded in full have in all."""
         best_v = incumbent_s
         best: Solved | None = None
         ranking: list[ConfigOutcome] = []
         solved_costs: dict[PipelineConfig, stage_costs.ConfigCosts] = {}
+        variants = 0
         self.time_limited = False
         while queue.heap:
-            lb, popped, payload = queue.pop()
+            lb, cfg, payload = queue.pop()
             if lb >= best_v * (1 - 1e-12):
                 break
-            if popped is None:  # embedding variants bounded together: now each with its own bound
-                assert isinstance(payload, list)
+            if payload is None:  # queued by its floor: now by its full bound
+                variants += self._bound(queue, cfg, best_v) - 1
+                continue
+            if isinstance(payload, list):  # embedding variants bounded together: now each with its own bound
                 for variant in payload:
                     self._push(queue, variant, best_v)
                 continue
-            assert isinstance(payload, stage_costs.ConfigCosts)
-            cfg, cc = popped, payload
+            cc = payload
             if self.over_time() and (best is not None or math.isfinite(incumbent_s)):
                 self.time_limited = True
                 break
@@ -173,9 +184,9 @@ class Planner(PlanRefinement):
             if v < best_v:
                 best_v, best = v, (cc, parts, v)
             if progress and (len(ranking) % 4 == 1):
-                progress(0.3 + 0.7 * min(1.0, len(ranking) / max(1, len(queue.heap) + len(ranking))),
+                progress(0.1 + 0.9 * min(1.0, len(ranking) / max(1, len(queue.heap) + len(ranking))),
                          f"pp={cfg.pp} m={cfg.micro_batches} {cfg.schedule}: best {best_v:.4g} s/step")
-        return best, ranking, solved_costs
+        return best, ranking, solved_costs, variants
 
     def refine_rivals(self, cc: stage_costs.ConfigCosts, parts: Parts, step_s: float,
                       ranking: list[ConfigOutcome], costs: dict[PipelineConfig, stage_costs.ConfigCosts]
