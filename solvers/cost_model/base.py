@@ -120,7 +120,11 @@ class CostModel(Protocol):
         """Matrix [len(prev), len(nxt)] of per-micro-batch re-layout time between consecutive layers."""
         ...
 
-    def stage_fixed(self, ctx: StageContext) -> StageFixed: ...
+    def stage_fixed(self, ctx: StageContext) -> StageFixed:
+        """A stage's terms outside its layers (embedding, LM head, pipeline hand-overs, reserves). The embedding
+        strategy enters the first and last stage's terms alone: a middle stage's are the same under every
+        embedding (the planner asks about the edge stages alone when it bounds a configuration's variants)."""
+        ...
 
     def in_flight_micro_batches(self, ctx: StageContext) -> float:
         """How many micro-batches' activations a stage holds at its peak under the schedule."""

@@ -190,18 +190,23 @@ class StageTables:
         (time, step time and each memory part separately): its bounds hold for every variant, since the
         layers' costs do not depend on the embedding and less fixed time or memory never raises a bound.
         A variant the cost model cannot price (infinite fixed time on some stage, e.g. an embedding split
-        Galvatron's model has no profile for) holds no plan and is left out; with none left, None."""
+        Galvatron's model has no profile for) holds no plan and is left out; with none left, None. The
+        embedding lives on the first and last stage alone (``pareto_embeddings`` chose the variants on those
+        two), so those are the stages asked about each variant; the others' terms are every variant's."""
         gbs = self.space.global_batch_size
-        fixed = [[self.cm.stage_fixed(stage_costs.stage_context(v, s, gbs)) for s in range(v.pp)] for v in variants]
+        edges = sorted({0, variants[0].pp - 1})
+        fixed = [[self.cm.stage_fixed(stage_costs.stage_context(v, s, gbs)) for s in edges] for v in variants]
         priced = [i for i, fs in enumerate(fixed) if all(math.isfinite(f.time_s) for f in fs)]
         first = self.config_costs(variants[priced[0]]) if priced else None
-        if first is None:
+        if first is None or not all(math.isfinite(st.fixed.time_s) for st in first.stages):
             return None
         least = np.min([[(f.time_s, f.step_time_s, f.state_bytes, f.activation_bytes, f.other_bytes)
-                          for f in fixed[i]] for i in priced], axis=0)  # [stage, term]
-        stages = [replace(st, fixed=StageFixed(time_s=float(t), step_time_s=float(u), state_bytes=float(state),
-                                               activation_bytes=float(act), other_bytes=float(other)))
-                  for st, (t, u, state, act, other) in zip(first.stages, least, strict=True)]
+                          for f in fixed[i]] for i in priced], axis=0)  # [edge stage, term]
+        stages = list(first.stages)
+        for s, (t, u, state, act, other) in zip(edges, least, strict=True):
+            stages[s] = replace(stages[s], fixed=StageFixed(time_s=float(t), step_time_s=float(u),
+                                                            state_bytes=float(state), activation_bytes=float(act),
+                                                            other_bytes=float(other)))
         return replace(first, stages=stages, dp_cache={})
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from solvers.errors import InfeasibleError
 from solvers.hybrid.api import layer_kinds
 from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import build_space
+from solvers.hybrid.stage_costs import stage_context
 from solvers.request import HybridRequest, parse
 from tests.contract_json import solve_hybrid as solve
 from tests.cpu_budget import cpu_budget
@@ -135,6 +137,42 @@ def test_embedding_variants_bounded_together_bound_each_and_the_solved_step() ->
             assert together <= step * (1 + 1e-12)
         groups += len(distinct) > 1
     assert groups >= 5  # variants that the bounds tell apart
+
+
+_GALVATRON = Path(__file__).resolve().parents[2] / "bench" / "data" / "galvatron"
+
+
+@pytest.mark.parametrize("request_doc", [
+    {"model": {"preset": "gpt3-175b", "num_layers": 8}, "cluster": {"gpu": "A100-80GB", "nodes": 2, "gpus_per_node": 8},
+     "training": {"global_batch_size": 64, "seq_length": 2048}},
+    {"model": {"preset": "mixtral-8x7b", "num_layers": 8}, "cluster": {"gpu": "H100-SXM", "nodes": 4},
+     "training": {"global_batch_size": 64, "seq_length": 4096}},
+    {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "A100-80GB", "nodes": 2, "gpus_per_node": 8},
+     "training": {"global_batch_size": 16, "seq_length": 2048}, "constraints": {"memory_limit_gib": 36},
+     "cost_model": {"kind": "galvatron", "profiles_dir": str(_GALVATRON / "profiles"),
+                    "hardware_dir": str(_GALVATRON / "hardware")}},
+], ids=["analytic", "analytic-moe", "galvatron"])
+def test_the_embedding_relaxation_is_every_variants_least_fixed_terms_on_every_stage(
+        request_doc: dict[str, Any]) -> None:
+    """The relaxation asks the cost model about the first and last stage of each variant alone, the stages the
+    embedding lives on: every stage's terms must still be the least over the variants, each variant asked about
+    every stage (a middle stage's terms that moved with the embedding would make the bound too high)."""
+    req = parse(HybridRequest, {"kind": "hybrid", **request_doc})
+    space = build_space(req)
+    cm = make_cost_model(req)
+    planner = Planner(cm, space, layer_kinds(req.model))
+    gbs, checked = space.global_batch_size, 0
+    for cfg in space.pipeline_configs():
+        variants = planner.embedding_variants(cfg)
+        group = planner.embedding_relaxation(variants) if len(variants) > 1 else None
+        if group is None:
+            continue
+        for s, st in enumerate(group.stages):
+            every = [cm.stage_fixed(stage_context(v, s, gbs)) for v in variants]
+            for term in ("time_s", "step_time_s", "state_bytes", "activation_bytes", "other_bytes"):
+                assert getattr(st.fixed, term) == min(getattr(f, term) for f in every), (cfg, s, term)
+        checked += cfg.pp > 2
+    assert checked >= 3  # configurations with middle stages
 
 
 def test_a_100000_gpu_plan_is_certified_within_one_percent() -> None:
