@@ -267,21 +267,32 @@ class ConfigBounds(StageTables):
         formula, or under a contended host's, where no rank idles): the weight-m table is then its optimum."""
         return cfg.pp == 1 and self.linear_bounds
 
-    def _fastest_layers_s(self, costs_by_stage: Sequence[dict[Hashable, LayerCosts]]) -> float:
+    def _fastest_layers_s(self, costs_by_stage: Sequence[dict[Hashable, LayerCosts]], step_weight: float = 0.0
+                          ) -> float:
         """Every layer at its kind's fastest candidate on any stage (candidates a cost model cannot price,
-        inf or nan, left out): the least the layers' times can sum to."""
+        inf or nan, left out): the least the layers' times can sum to. With ``step_weight`` w, the least of
+        Σ (t + w u) over the layers, each candidate's per-micro-batch time t and step time u taken together."""
         distinct = list({id(c): c for c in costs_by_stage}.values())  # stages priced alike share their dict
-        fastest = {k: min(float(np.min(c[k].time_s, initial=math.inf, where=np.isfinite(c[k].time_s)))
-                          for c in distinct) for k in costs_by_stage[0]}
+
+        def least(c: LayerCosts) -> float:
+            if not step_weight:
+                return float(np.min(c.time_s, initial=math.inf, where=np.isfinite(c.time_s)))
+            both = c.time_s + step_weight * c.step_time_s
+            return float(np.min(both, initial=math.inf, where=np.isfinite(both)))
+
+        fastest = {k: min(least(c[k]) for c in distinct) for k in costs_by_stage[0]}
         return sum(fastest[k] for k in self.kinds)
 
     def compute_floor(self, cfg: PipelineConfig) -> float:
         """A lower bound for a linear pipeline that needs no memory relaxation, checked before anything else
-        about ``cfg`` is computed: every layer at its fastest candidate (fixed terms ≥ 0 dropped), so the
-        stage times sum to at least Σ t, the slowest is at least Σ t / p, and the step
-        (m - 1/v) t_max + Σ t / v is at least ((m - 1/v) / p + 1/v) Σ t. It prunes configurations whose
-        bubble alone loses to the incumbent (deep pipelines with few micro-batches) at the cost of the layer
-        costs, which the configuration's embedding variants share."""
+        about ``cfg`` is computed: every layer at its best candidate (fixed terms ≥ 0 dropped). The stage times
+        sum to Σ t, the slowest is at least Σ t / p, and the step (m - 1/v) t_max + Σ t / v + max_s u_s is at
+        least a Σ t + Σ u / p with a = (m - 1/v) / p + 1/v (the slowest stage's step time u_s at least the mean
+        of the stages'), so at least Σ over the layers of the least a t + u / p over a layer's candidates, each
+        candidate's time and step time together (a fast layer whose gradient sync shows in the step time
+        gains less than its time says). It prunes configurations whose bubble alone loses to the incumbent
+        (deep pipelines with few micro-batches) at the cost of the layer costs, which the configuration's
+        embedding variants share."""
         if not ((self.slowest_bound or self.lifted) and self.opt.use_bounds):
             return 0.0
         hit = self._floors.get(cfg)
@@ -295,10 +306,13 @@ class ConfigBounds(StageTables):
         if stages is None:
             return math.inf
         m = float(cfg.micro_batches)
-        v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
-        factor = (m - 1 / v) / cfg.pp + 1 / v if self.linear_bounds else self._formula_m(cfg) / cfg.pp  # slowest ≥ mean
-        fastest = self._fastest_layers_s(stages)
-        return self._lift(factor * fastest, lambda: m * fastest / cfg.pp)
+        if self.linear_bounds:
+            v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
+            a = (m - 1 / v) / cfg.pp + 1 / v
+            floor = a * self._fastest_layers_s(stages, 1 / (a * cfg.pp))
+        else:  # slowest ≥ mean (the formula's own step-time term left out)
+            floor = self._formula_m(cfg) / cfg.pp * self._fastest_layers_s(stages)
+        return self._lift(floor, lambda: m * self._fastest_layers_s(stages) / cfg.pp)
 
     def ordering_bound(self, cc: stage_costs.ConfigCosts, cap: float, levels: int = 1) -> float:
         """The bound the search orders configurations by and stops on; for a configuration with too many
