@@ -140,6 +140,14 @@ def test_sizes_share_a_cost_models_answers_and_plan_as_they_would_alone(base: di
     for nodes in (4, 3, 1):  # other sizes first, sharing what they computed
         quick_plan(at(nodes))
     assert len(analytic._SHARED) == 1
+    # sizes ask about one stage with one candidate tuple (the model knows it by identity, without hashing it),
+    # the candidates of a request without max_tp included, whose TP cap is first the cluster's GPUs
+    def cands_of(nodes: int) -> tuple[Any, ...]:
+        req = parse(HybridRequest, at(nodes))
+        return build_space(req, space_mode(req)).layer_candidates(8, 8)
+
+    assert "max_tp" not in base.get("constraints", {})
+    assert cands_of(2) is cands_of(4) is cands_of(3)
     again = quick_plan(at(2))
     assert again[0].to_dict() == alone[0].to_dict()
     assert again[1].model_dump() == alone[1].model_dump()
