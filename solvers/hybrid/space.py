@@ -138,8 +138,8 @@ class SearchSpace:
         """This space without what only the pipeline depends on: spaces that differ in those alone (a sizing
         front's sizes) get the same candidate tuples, which cost models recognise by identity. Its TP cap is the
         one the candidates obey (a request without ``max_tp`` caps TP at the cluster's GPUs, then at a node's)."""
-        return replace(self, max_tp=self.tp_cap(), num_gpus=0, num_layers=0, global_batch_size=0, max_pp=0, schedules=(),
-                       micro_batches=None, virtual_stage_options=(), pipeline_parallel=False)
+        return replace(self, max_tp=self.tp_cap(), num_gpus=0, num_layers=0, global_batch_size=0, max_pp=0,
+                       schedules=(), micro_batches=None, virtual_stage_options=(), pipeline_parallel=False)
 
     def _layer_candidates(self, stage_gpus: int, micro_batch_samples: int) -> list[LayerStrategy]:
         out: list[LayerStrategy] = []
