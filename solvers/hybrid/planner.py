@@ -4,9 +4,10 @@ Every pipeline configuration gets a lower bound (``config_bounds``: each stage's
 relaxed, best partition of that relaxation); configurations are solved in bound order and the search stops as
 soon as the next bound cannot beat the best plan found. The bound is computed lazily: a configuration is queued
 by its compute floor, a cheaper bound, and bounded in full only when that floor reaches the front of the queue,
-so a configuration whose floor alone cannot beat the best plan found is never bounded at all (the order the
-configurations are solved in is the order of their full bounds all the same, since the floor, a true bound, is
-at most the full one wherever the full one is a true bound). Where a configuration has too many partitions to
+so a configuration whose floor alone cannot beat the best plan found is never bounded at all. The floor is a
+true bound, so what it rules out could not have beaten the plan; where it is at most the full bound, as it
+mostly is, the configurations are solved in the order of their full bounds as if every one had been bounded
+first. Where a configuration has too many partitions to
 enumerate, its ordering bound is the relaxation's best of a few partitions, a heuristic: ``certificate`` then
 solves what the search passed by and true bounds cannot rule out. Nothing is computed twice (``tables``). The
 chosen plan, and under a non-linear pipeline formula every solved configuration whose bound lies below it, is
