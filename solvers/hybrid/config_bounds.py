@@ -44,6 +44,7 @@ class ConfigBounds(StageTables):
         self.first_sync = traits.adds_first_stage_sync
         self.relax = StageRelaxation(self)
         self._floors: dict[PipelineConfig, float] = {}  # the search and the certificate ask for the same ones
+        self._middle_floors: dict[PipelineConfig, float] = {}
 
     def lower_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1) -> float:
         """A lower bound on the configuration's step time from each stage's relaxed time and step time (for
@@ -301,7 +302,23 @@ class ConfigBounds(StageTables):
         return hit
 
 
-    def _compute_floor(self, cfg: PipelineConfig) -> float:
+    def middle_floor(self, cfg: PipelineConfig) -> float:
+        """``compute_floor`` with the middle stages' fixed terms (pipeline hand-overs, per-micro-batch overheads),
+        which the embedding does not change (``CostModel.stage_fixed``), added to the stages' times and step
+        times; the edge stages' still dropped. Asked where a configuration's floor reached the front of the
+        search: costlier than the floor (a question per stage), cheaper than its embedding variants' bounds."""
+        if cfg.pp <= 2 or not ((self.slowest_bound or self.lifted) and self.opt.use_bounds):
+            return self.compute_floor(cfg)
+        hit = self._middle_floors.get(cfg)
+        if hit is None:
+            gbs = self.space.global_batch_size
+            middle = [self.cm.stage_fixed(stage_costs.stage_context(cfg, s, gbs)) for s in range(1, cfg.pp - 1)]
+            hit = self._middle_floors[cfg] = self._compute_floor(cfg, sum(f.time_s for f in middle),
+                                                                 sum(f.step_time_s for f in middle))
+        return hit
+
+    def _compute_floor(self, cfg: PipelineConfig, fixed_s: float = 0.0, fixed_step_s: float = 0.0) -> float:
+        """The floor with ``fixed_s`` and ``fixed_step_s`` of the stages' fixed times and step times counted."""
         stages = self.layer_costs_by_stage(cfg)
         if stages is None:
             return math.inf
@@ -309,9 +326,9 @@ class ConfigBounds(StageTables):
         if self.linear_bounds:
             v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
             a = (m - 1 / v) / cfg.pp + 1 / v
-            floor = a * self._fastest_layers_s(stages, 1 / (a * cfg.pp))
+            floor = a * (self._fastest_layers_s(stages, 1 / (a * cfg.pp)) + fixed_s) + fixed_step_s / cfg.pp
         else:  # slowest ≥ mean (the formula's own step-time term left out)
-            floor = self._formula_m(cfg) / cfg.pp * self._fastest_layers_s(stages)
+            floor = self._formula_m(cfg) / cfg.pp * (self._fastest_layers_s(stages) + fixed_s)
         return self._lift(floor, lambda: m * self._fastest_layers_s(stages) / cfg.pp)
 
     def ordering_bound(self, cc: stage_costs.ConfigCosts, cap: float, levels: int = 1) -> float:

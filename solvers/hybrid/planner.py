@@ -137,7 +137,10 @@ class Planner(PlanRefinement):
 
     def _bound(self, queue: _BoundQueue, cfg: PipelineConfig, cap: float) -> int:
         """``cfg``'s embedding variants queued by their bound where it may beat ``cap`` (bounded together first,
-        where there are several and the bounds are on); how many variants it has."""
+        where there are several and the bounds are on); how many variants it has (1 where its floor with the
+        middle stages' fixed terms already reaches ``cap``: its variants are never costed)."""
+        if self.middle_floor(cfg) >= cap:
+            return 1
         variants = self.embedding_variants(cfg)
         group = self.embedding_relaxation(variants) if self.opt.use_bounds and len(variants) > 1 else None
         if group is not None:

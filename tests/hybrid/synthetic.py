@@ -44,6 +44,7 @@ class SyntheticCostModel(CostModel):
     embed_time_s: float = 0.004
     embed_mib: float = 40.0
     reserve_mib: float = 10.0
+    handover_s: float = 0.0  # per micro-batch on every stage of a pipeline (pp > 1): its activations' hand-over
     # True: the analytic model's pipeline formula (the planner then uses its linear-pipeline bounds);
     # False: another monotone formula, (m - 1) max(t) + sum(t) / v + max(u), where only the generic paths apply
     linear_pipeline: bool = True
@@ -126,7 +127,7 @@ class SyntheticCostModel(CostModel):
             return StageFixed(time_s=math.inf, step_time_s=0.0, state_bytes=0.0, activation_bytes=0.0,
                               other_bytes=math.inf)
         return StageFixed(
-            time_s=n_ends * self.embed_time_s * ctx.micro_batch_samples,
+            time_s=n_ends * self.embed_time_s * ctx.micro_batch_samples + (self.handover_s if ctx.pp > 1 else 0.0),
             step_time_s=n_ends * 0.002,
             state_bytes=n_ends * self.embed_mib * MIB,
             activation_bytes=n_ends * 2 * MIB,

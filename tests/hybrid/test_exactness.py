@@ -42,6 +42,7 @@ def small_case(draw: st.DrawFn, per_step: bool = True) -> tuple[SyntheticCostMod
         dp_sync_s=draw(st.sampled_from([0.02, 0.2])) if per_step else 0.0,
         act_mib_per_sample=draw(st.sampled_from([4.0, 16.0, 64.0])),
         param_mib=draw(st.sampled_from([5.0, 20.0, 60.0])),
+        handover_s=draw(st.sampled_from([0.0, 0.01])),  # (the middle floor counts the middle stages')
         linear_pipeline=linear,
         galvatron_formula=galvatron,
         # (the other monotone formulas: the generic one, a contended host's)
@@ -177,7 +178,7 @@ def test_lower_bound_never_exceeds_the_solved_configuration(case: tuple[Syntheti
             assert planner.fill_bound(cc, levels) <= step * (1 + 1e-12)
             assert planner.single_stage_bound(cc, levels=levels) <= step * (1 + 1e-12)
             assert planner.chain_bound(cc, levels=levels) <= step * (1 + 1e-12)
-        assert planner.compute_floor(cfg) <= step * (1 + 1e-12)
+        assert planner.compute_floor(cfg) <= planner.middle_floor(cfg) <= step * (1 + 1e-12)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -248,6 +249,33 @@ def test_compute_floor_is_tight_when_only_the_layers_cost(dp_sync_s: float) -> N
         assert floor <= step <= floor + (0.004 if cfg.pp == 1 else 0.002) + 1e-9, (cfg, floor, step)
         checked += 1
     assert checked >= 4
+
+
+def test_the_middle_floor_counts_the_middle_stages_hand_overs() -> None:
+    """Every stage of a pipeline spends 30 ms a micro-batch on its hand-overs, otherwise as the case above: the
+    middle floor counts the middle stages' (which no embedding changes) and drops the two edge stages', so on
+    even stages the step lies above it by those two edge terms alone, at the slowest-stage weight a, plus the
+    edges' 2 ms of step time; the plain floor lies below it by the middle stages' terms."""
+    handover = 0.03
+    cm = SyntheticCostModel(num_layers=4, num_gpus=4, memory_limit_bytes=20_000 * MIB, global_batch=8,
+                            dp_sync_s=0.0, embed_time_s=0.0, tp_comm_s_per_sample=0.0, handover_s=handover)
+    space = SearchSpace(num_gpus=4, gpus_per_node=4, num_layers=4, global_batch_size=8, seq_length=1024,
+                        heads=12, kv_heads=12, max_tp=1, max_pp=4, max_cp=1, sp_kinds=(None,), zero_levels=(0,),
+                        recomputes=("none",), schedules=("1f1b",))
+    planner = Planner(cm, space, kinds=[0] * 4)
+    checked = 0
+    for cfg in space.pipeline_configs():
+        cc = planner.config_costs(cfg)
+        if cc is None or cfg.pp < 3 or 4 % cfg.pp:
+            continue
+        step, parts = planner.solve_config(cc)
+        assert parts == (1,) * 4
+        a = (cfg.micro_batches - 1) / cfg.pp + 1
+        middle = planner.middle_floor(cfg)
+        assert middle <= step <= middle + 2 * a * handover + 0.002 + 1e-9, (cfg, middle, step)
+        assert planner.compute_floor(cfg) == pytest.approx(middle - (cfg.pp - 2) * a * handover)
+        checked += 1
+    assert checked >= 2
 
 
 def test_coarse_memory_bins_lose_at_most_the_transient_rounding() -> None:
