@@ -33,6 +33,9 @@ LIMIT_CPU_S = 8.0  # on the reference VM; cpu_budget scales it
 # The 100,000-GPU plan with its certificate takes about 3.5 s there: a guard against a blow-up, not the issue's
 # figure, which bench/hybrid.py --scale quotes
 LIMIT_100K_CPU_S = 10.0
+# bench/hybrid.py --sizing's 20-point request: about 6 s of CPU (its planning processes' included) on the
+# reference VM; a guard against a blow-up, not the issue's figure (its wall time, which the bench quotes)
+LIMIT_SIZING_CPU_S = 25.0
 
 
 def _cpu(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
@@ -173,6 +176,21 @@ def test_the_embedding_relaxation_is_every_variants_least_fixed_terms_on_every_s
                 assert getattr(st.fixed, term) == min(getattr(f, term) for f in every), (cfg, s, term)
         checked += cfg.pp > 2
     assert checked >= 3  # configurations with middle stages
+
+
+def test_a_sizing_front_over_56_clusters_stays_within_its_cpu_guard() -> None:
+    """The sizing request of bench/hybrid.py --sizing (llama3-70b on 28 node counts of H100 and H200, a front of
+    about 20 points): every size is planned, pruned or beaten, and the CPU time of the sizing, its planning
+    processes included, stays within a guard (see LIMIT_SIZING_CPU_S)."""
+    counts = [2, 3, 4, 6, 8, 9, 12, 16, 18, 24, 32, 36, 48, 64, 72, 96, 128, 144, 192, 256, 288, 384, 512, 576, 768,
+              1024, 1152, 1536]
+    request = {"kind": "hybrid", "model": {"preset": "llama3-70b"}, "cluster": {"gpu": "H100-SXM", "nodes": 8},
+               "training": {"global_batch_size": 1536, "seq_length": 4096},
+               "sizing": {"tokens": 1e12, "deadline_days": 60, "nodes": counts,
+                          "price_per_gpu_hour": {"H100-SXM": 2.5, "H200": 3.2}}}
+    sized = solve(request)["sizing"]
+    assert sized["clusters_tried"] == 56 and not sized["clusters_without_plan"]
+    assert sized["cpu_s"] < cpu_budget(LIMIT_SIZING_CPU_S), sized
 
 
 def test_a_100000_gpu_plan_is_certified_within_one_percent() -> None:
