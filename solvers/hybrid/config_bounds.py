@@ -45,6 +45,7 @@ class ConfigBounds(StageTables):
         self.relax = StageRelaxation(self)
         self._floors: dict[PipelineConfig, float] = {}  # the search and the certificate ask for the same ones
         self._middle_floors: dict[PipelineConfig, float] = {}
+        self._layer_floors: dict[PipelineConfig, float | None] = {}
 
     def lower_bound(self, cc: stage_costs.ConfigCosts, levels: int = 1) -> float:
         """A lower bound on the configuration's step time from each stage's relaxed time and step time (for
@@ -294,20 +295,19 @@ class ConfigBounds(StageTables):
         gains less than its time says). It prunes configurations whose bubble alone loses to the incumbent
         (deep pipelines with few micro-batches) at the cost of the layer costs, which the configuration's
         embedding variants share."""
-        if not ((self.slowest_bound or self.lifted) and self.opt.use_bounds):
+        if not self._floors_apply:
             return 0.0
         hit = self._floors.get(cfg)
         if hit is None:
             hit = self._floors[cfg] = self._compute_floor(cfg)
         return hit
 
-
     def middle_floor(self, cfg: PipelineConfig) -> float:
         """``compute_floor`` with the middle stages' fixed terms (pipeline hand-overs, per-micro-batch overheads),
         which the embedding does not change (``CostModel.stage_fixed``), added to the stages' times and step
         times; the edge stages' still dropped. Asked where a configuration's floor reached the front of the
         search: costlier than the floor (a question per stage), cheaper than its embedding variants' bounds."""
-        if cfg.pp <= 2 or not ((self.slowest_bound or self.lifted) and self.opt.use_bounds):
+        if cfg.pp <= 2 or not self._floors_apply:
             return self.compute_floor(cfg)
         hit = self._middle_floors.get(cfg)
         if hit is None:
@@ -317,19 +317,41 @@ class ConfigBounds(StageTables):
                                                                  sum(f.step_time_s for f in middle))
         return hit
 
+    @property
+    def _floors_apply(self) -> bool:
+        """Whether the floors bound this cost model's pipeline formula (else they are 0)."""
+        return bool((self.slowest_bound or self.lifted) and self.opt.use_bounds)
+
+    def _slowest_weight(self, cfg: PipelineConfig) -> float:
+        """a = (m - 1/v) / p + 1/v: the linear formula's step is at least a Σ_s t_s (+ the slowest step time)."""
+        v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
+        return (cfg.micro_batches - 1 / v) / cfg.pp + 1 / v
+
+    def _layers_floor(self, cfg: PipelineConfig) -> float | None:
+        """The layers' part of the floors: Σ over the layers of the least a t + u / p (linear formula) or of the
+        least t (other formulas); None where a stage has no candidate. Cached: both floors read it."""
+        if cfg not in self._layer_floors:
+            stages = self.layer_costs_by_stage(cfg)
+            step_weight = 1 / (self._slowest_weight(cfg) * cfg.pp) if self.linear_bounds else 0.0
+            self._layer_floors[cfg] = None if stages is None else self._fastest_layers_s(stages, step_weight)
+        return self._layer_floors[cfg]
+
     def _compute_floor(self, cfg: PipelineConfig, fixed_s: float = 0.0, fixed_step_s: float = 0.0) -> float:
         """The floor with ``fixed_s`` and ``fixed_step_s`` of the stages' fixed times and step times counted."""
-        stages = self.layer_costs_by_stage(cfg)
-        if stages is None:
+        layers = self._layers_floor(cfg)
+        if layers is None:
             return math.inf
-        m = float(cfg.micro_batches)
         if self.linear_bounds:
-            v = pipeline.chunks(cfg.schedule, cfg.virtual_stages)
-            a = (m - 1 / v) / cfg.pp + 1 / v
-            floor = a * (self._fastest_layers_s(stages, 1 / (a * cfg.pp)) + fixed_s) + fixed_step_s / cfg.pp
+            floor = self._slowest_weight(cfg) * (layers + fixed_s) + fixed_step_s / cfg.pp
         else:  # slowest ≥ mean (the formula's own step-time term left out)
-            floor = self._formula_m(cfg) / cfg.pp * (self._fastest_layers_s(stages) + fixed_s)
-        return self._lift(floor, lambda: m * self._fastest_layers_s(stages) / cfg.pp)
+            floor = self._formula_m(cfg) / cfg.pp * (layers + fixed_s)
+
+        def mean_work_s() -> float:  # (asked only where the bound is lifted)
+            stages = self.layer_costs_by_stage(cfg)
+            assert stages is not None
+            return float(cfg.micro_batches) * self._fastest_layers_s(stages) / cfg.pp
+
+        return self._lift(floor, mean_work_s)
 
     def ordering_bound(self, cc: stage_costs.ConfigCosts, cap: float, levels: int = 1) -> float:
         """The bound the search orders configurations by and stops on; for a configuration with too many
