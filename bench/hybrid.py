@@ -605,6 +605,13 @@ SIZING_CASES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+def sizing_request(sizing: dict[str, Any]) -> dict[str, Any]:
+    """The request of a ``SIZING_CASES`` entry (its plan's own cluster: 8 nodes of H100)."""
+    return {"kind": "hybrid", "model": {"preset": "llama3-70b"}, "cluster": {"gpu": "H100-SXM", "nodes": 8},
+            "training": {"global_batch_size": 1536, "seq_length": 4096},
+            "sizing": {"tokens": 1e12, "deadline_days": 60, **sizing}}
+
+
 def host_factor() -> float:
     """How many times slower than the reference VM this host runs ``tests/cpu_budget.py``'s reference workload (the
     VM where the planner's time goals were first met; CPU time, best of five)."""
@@ -620,9 +627,7 @@ def sizing_table() -> None:
     request's own cluster, then a plan per size). Days and costs are estimates; the times are measurements."""
     print(f"host: {host_factor():.2f}x the reference VM's time on the reference workload; {os.cpu_count()} CPUs")
     for name, sizing in SIZING_CASES:
-        request = {"kind": "hybrid", "model": {"preset": "llama3-70b"}, "cluster": {"gpu": "H100-SXM", "nodes": 8},
-                   "training": {"global_batch_size": 1536, "seq_length": 4096},
-                   "sizing": {"tokens": 1e12, "deadline_days": 60, **sizing}}
+        request = sizing_request(sizing)
         c0, t0 = cpu_with_children(), time.perf_counter()
         out = solve(request)
         cpu, wall = cpu_with_children() - c0, time.perf_counter() - t0

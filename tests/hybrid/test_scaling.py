@@ -21,6 +21,7 @@ from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import build_space
 from solvers.hybrid.stage_costs import stage_context
 from solvers.request import HybridRequest, parse
+from tests.bench_module import load_bench
 from tests.contract_json import solve_hybrid as solve
 from tests.cpu_budget import cpu_budget
 
@@ -182,12 +183,8 @@ def test_a_sizing_front_over_56_clusters_stays_within_its_cpu_guard() -> None:
     """The sizing request of bench/hybrid.py --sizing (llama3-70b on 28 node counts of H100 and H200, a front of
     about 20 points): every size is planned, pruned or beaten, and the CPU time of the sizing, its planning
     processes included, stays within a guard (see LIMIT_SIZING_CPU_S)."""
-    counts = [2, 3, 4, 6, 8, 9, 12, 16, 18, 24, 32, 36, 48, 64, 72, 96, 128, 144, 192, 256, 288, 384, 512, 576, 768,
-              1024, 1152, 1536]
-    request = {"kind": "hybrid", "model": {"preset": "llama3-70b"}, "cluster": {"gpu": "H100-SXM", "nodes": 8},
-               "training": {"global_batch_size": 1536, "seq_length": 4096},
-               "sizing": {"tokens": 1e12, "deadline_days": 60, "nodes": counts,
-                          "price_per_gpu_hour": {"H100-SXM": 2.5, "H200": 3.2}}}
+    bench = load_bench("hybrid.py")
+    request = bench.sizing_request(bench.SIZING_CASES[0][1])
     sized = solve(request)["sizing"]
     assert sized["clusters_tried"] == 56 and not sized["clusters_without_plan"]
     assert sized["cpu_s"] < cpu_budget(LIMIT_SIZING_CPU_S), sized
