@@ -146,12 +146,17 @@ MODERN_MODELS: dict[str, dict[str, object]] = {
 # GPUs beyond the presets. torchtitan's 2024 benchmarks ran H100s of 96 GB HBM2e at 2.4 TB/s and a 500 W power
 # limit, whose peak the source puts "between SXM and NVL" without a value: the midpoint of the H100 SXM (989 /
 # 1979 TFLOP/s) and H100 NVL (835 / 1671, dense, datasheet) peaks, an assumption (not fitted); 96 GiB of HBM of
-# which CUDA gives about 94.5 GiB, as 80 GiB gives 79.1.
+# which CUDA gives about 94.5 GiB, as 80 GiB gives 79.1. Its measured matmul throughput is the H100 SXM preset's
+# share of the peak (80.3 % bf16, 70.9 % FP8) at this peak: an assumption too (no one measured this part).
+_H100_96 = {"peak_tflops": 912.0, "peak_tflops_fp8": 1825.0}
 MODERN_GPUS: dict[str, dict[str, object]] = {
-    "H100-96GB-500W": {"preset": "H100-SXM", "name": "H100-96GB-500W", "peak_tflops": 912, "peak_tflops_fp8": 1825,
+    "H100-96GB-500W": {"preset": "H100-SXM", "name": "H100-96GB-500W", **_H100_96,
+                       "matmul_tflops": round(_H100_96["peak_tflops"] * 794.5 / 989, 1),
+                       "matmul_tflops_fp8": round(_H100_96["peak_tflops_fp8"] * 1402.6 / 1979, 1),
                        "memory_gib": 94.5, "memory_bandwidth_GBps": 2400,
                        "source": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (memory, HBM "
-                                 "bandwidth); peaks: midpoint of the H100 SXM and H100 NVL datasheets (assumed)"},
+                                 "bandwidth); peaks: midpoint of the H100 SXM and H100 NVL datasheets (assumed); "
+                                 "matmul: the H100 SXM's measured shares of its peaks (assumed)"},
 }
 MODERN_SETS = {"NeMo 24.07 DGX-H100 FP8": "nemo_2407_h100.csv",
                "NeMo 25.09-26.02 DGX-H100/B200 Llama 3": "megatron_bridge_h100_b200.csv",

@@ -54,11 +54,13 @@ def render(found: Mapping[str, list[dict[str, Any]]]) -> str:
                      f"{m['num_attention_heads']:>5} {kv:>3} {m.get('mlp', 'gelu'):<6} "
                      f"{', '.join(m['aliases']) or '-'}{moe}")
     lines += ["", 'gpus ("cluster": {"gpu": NAME}, or {"gpu": {"preset": NAME, ...overrides}}):',
-              f"  {'name':<11} {'TFLOP/s':>7} {'memory':>10} {'NVLink':>9} {'network':>10}  aliases"]
+              f"  {'name':<11} {'TFLOP/s':>7} {'matmul':>7} {'memory':>10} {'NVLink':>9} {'network':>10}  aliases"]
     for g in found["gpus"]:
         nvlink, network = g.get("intra_node_bandwidth_GBps", 0), g.get("inter_node_bandwidth_Gbps", 0)
-        lines.append(f"  {g['preset']:<11} {g['peak_tflops']:>7g} {g['memory_gib']:>6g} GiB {nvlink:>5g} GB/s "
-                     f"{network:>5g} Gb/s  {', '.join(g['aliases']) or '-'}")
+        # the measured matmul share of the bf16 peak the cost model prices GEMMs at ("-": assumed, the A100's)
+        matmul = f"{100 * g['matmul_tflops'] / g['peak_tflops']:.1f}%" if g.get("matmul_tflops") else "-"
+        lines.append(f"  {g['preset']:<11} {g['peak_tflops']:>7g} {matmul:>7} {g['memory_gib']:>6g} GiB "
+                     f"{nvlink:>5g} GB/s {network:>5g} Gb/s  {', '.join(g['aliases']) or '-'}")
     lines += ["", 'spindle workloads ("kind": "spindle", "workload": {"preset": NAME, "batch_scale": K}):']
     for w in found["workloads"]:
         lines.append(f"  {w['preset']:<14} {w['metaops']:>3} metaops, tasks: {', '.join(w['tasks'])}")

@@ -23,16 +23,28 @@ from solvers.errors import shown
 # ``source`` names the datasheets; where a figure is assumed rather than read there, the source says so.
 _DGX_A100 = {"intra_node_bandwidth_GBps": 300, "inter_node_bandwidth_Gbps": 1600}  # NVLink 3: 600 GB/s; 8x200 Gb/s
 _HGX_H100 = {"intra_node_bandwidth_GBps": 450, "inter_node_bandwidth_Gbps": 3200}  # NVLink 4: 900 GB/s; 8x400 Gb/s
+# Measured matmul throughput (``matmul_tflops``, ``matmul_tflops_fp8``: solvers/cost_model/matmul.py): the maximum
+# achievable matmul FLOPS table of stas00/ml-engineering, compute/accelerator/README.md (mamf-finder.py, mean of
+# 100 iterations of the best shape found; the v2 tables). Commit b9e29720 gives A100 SXM 271.2, H100 SXM 794.5 and
+# 1402.6 (FP8), MI300X 668.4 (PYTORCH_TUNABLEOP_ENABLED=1); a later revision adds H200 1453.4 (FP8; its bf16 row
+# says "H200 is the same" as the H100's) and B200 1745.0 and 3432.5. GPUs absent from that table state none.
+_MAMF = "; matmul_tflops: maximum achievable matmul FLOPS table, stas00/ml-engineering (see solvers/presets.py)"
+_MAMF_H100 = {"matmul_tflops": 794.5, "matmul_tflops_fp8": 1402.6}
 GPU_PRESETS: dict[str, dict[str, Any]] = {
     "a100-40gb": {"name": "A100-40GB", "peak_tflops": 312, "peak_tflops_fp32": 19.5, "memory_gib": 39.5,
                   "memory_bandwidth_GBps": 1555, **_DGX_A100,
-                  "source": "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB); NVIDIA DGX A100 datasheet (links)"},
+                  "matmul_tflops": 271.2,
+                  "source": "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB); NVIDIA DGX A100 datasheet (links)"
+                            + _MAMF},
     "a100-80gb": {"name": "A100-80GB", "peak_tflops": 312, "peak_tflops_fp32": 19.5, "memory_gib": 79.1,
                   "memory_bandwidth_GBps": 2039, **_DGX_A100,
-                  "source": "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB); NVIDIA DGX A100 datasheet (links)"},
+                  "matmul_tflops": 271.2,
+                  "source": "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB); NVIDIA DGX A100 datasheet (links)"
+                            + _MAMF},
     "h100-sxm": {"name": "H100-SXM", "peak_tflops": 989, "peak_tflops_fp8": 1979, "peak_tflops_fp32": 67,
-                 "memory_gib": 79.1, "memory_bandwidth_GBps": 3350, **_HGX_H100,
-                 "source": "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM); NVIDIA DGX H100 datasheet (links)"},
+                 "memory_gib": 79.1, "memory_bandwidth_GBps": 3350, **_HGX_H100, **_MAMF_H100,
+                 "source": "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM); NVIDIA DGX H100 datasheet (links)"
+                           + _MAMF},
     "h100-pcie": {"name": "H100-PCIe", "peak_tflops": 756, "peak_tflops_fp8": 1513, "peak_tflops_fp32": 51,
                   "memory_gib": 79.1, "memory_bandwidth_GBps": 2000, "intra_node_bandwidth_GBps": 64,
                   "inter_node_bandwidth_Gbps": 1600,
@@ -40,12 +52,15 @@ GPU_PRESETS: dict[str, dict[str, Any]] = {
                             "a direction (the 600 GB/s NVLink bridge joins pairs only); network: assumed, one "
                             "400 Gb/s NIC per two GPUs (no reference system)"},
     "h200": {"name": "H200", "peak_tflops": 989, "peak_tflops_fp8": 1979, "peak_tflops_fp32": 67,
-             "memory_gib": 139.8, "memory_bandwidth_GBps": 4800, **_HGX_H100,
-             "source": "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM); NVIDIA HGX H200 (NVLink 4, 8x400 Gb/s)"},
+             "memory_gib": 139.8, "memory_bandwidth_GBps": 4800, **_HGX_H100, "matmul_tflops": 794.5,
+             "matmul_tflops_fp8": 1453.4,
+             "source": "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM); NVIDIA HGX H200 (NVLink 4, 8x400 Gb/s)"
+                       + _MAMF},
     "h800": {"name": "H800", "peak_tflops": 989, "peak_tflops_fp8": 1979, "peak_tflops_fp32": 67,
              "memory_gib": 79.1, "memory_bandwidth_GBps": 3350, "intra_node_bandwidth_GBps": 200,
-             "inter_node_bandwidth_Gbps": 3200,
-             "source": "H100 SXM datasheet figures with NVLink cut to 400 GB/s (NVIDIA H800 product brief)"},
+             "inter_node_bandwidth_Gbps": 3200, **_MAMF_H100,
+             "source": "H100 SXM datasheet figures with NVLink cut to 400 GB/s (NVIDIA H800 product brief); "
+                       "matmul_tflops: the H100 SXM's measured figures (the same chip), not measured on an H800"},
     "l4": {"name": "L4", "peak_tflops": 121, "peak_tflops_fp8": 242, "peak_tflops_fp32": 30, "memory_gib": 22.0,
            "memory_bandwidth_GBps": 300, "intra_node_bandwidth_GBps": 16, "inter_node_bandwidth_Gbps": 200,
            "source": "NVIDIA L4 Tensor Core GPU datasheet; links assumed: PCIe Gen4 x8, 200 Gb/s per node"},
@@ -61,15 +76,15 @@ GPU_PRESETS: dict[str, dict[str, Any]] = {
                  "source": "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090, FP16 accumulate); links assumed"},
     "b200": {"name": "B200", "peak_tflops": 2250, "peak_tflops_fp8": 4500, "peak_tflops_fp32": 80,
              "memory_gib": 178.3, "memory_bandwidth_GBps": 8000, "intra_node_bandwidth_GBps": 900,
-             "inter_node_bandwidth_Gbps": 3200,
+             "inter_node_bandwidth_Gbps": 3200, "matmul_tflops": 1745.0, "matmul_tflops_fp8": 3432.5,
              "source": "NVIDIA DGX B200 datasheet (per GPU: 72 PF FP8 and 36 PF BF16 sparse per 8 GPUs, 64 TB/s "
-                       "HBM3e, NVLink 5 1.8 TB/s, 8x400 Gb/s ConnectX-7)"},
+                       "HBM3e, NVLink 5 1.8 TB/s, 8x400 Gb/s ConnectX-7)" + _MAMF},
     "mi300x": {"name": "MI300X", "peak_tflops": 1307.4, "peak_tflops_fp8": 2614.9, "peak_tflops_fp32": 163.4,
                "memory_gib": 191.5, "memory_bandwidth_GBps": 5300, "intra_node_bandwidth_GBps": 448,
-               "inter_node_bandwidth_Gbps": 3200,
+               "inter_node_bandwidth_Gbps": 3200, "matmul_tflops": 668.4,
                "source": "AMD Instinct MI300X accelerator data sheet (dense matrix peaks, 192 GB HBM3 at 5.3 TB/s; "
                          "memory_gib estimated); AMD Instinct MI300X platform data sheet (Infinity Fabric: 7 links "
-                         "of 64 GB/s a direction to the node's other GPUs; 8x400 Gb/s assumed, as HGX)"},
+                         "of 64 GB/s a direction to the node's other GPUs; 8x400 Gb/s assumed, as HGX)" + _MAMF},
     # A CPU host for tests and demos: gpus_per_node is the number of gloo processes. Speed comes from
     # the worker's profile when one exists; these are modest defaults for a laptop-class core.
     "cpu": {"name": "cpu", "peak_tflops": 0.2, "peak_tflops_fp32": 0.2, "memory_gib": 4,

@@ -200,8 +200,28 @@ class GPUSpec(_Spec):
     memory_bandwidth_GBps: float = Field(default=2000.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
     intra_node_bandwidth_GBps: float = Field(default=300.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
     inter_node_bandwidth_Gbps: float = Field(default=1600.0, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
+    matmul_tflops: float | None = Field(
+        default=None, ge=MIN_TFLOPS, le=MAX_TFLOPS,
+        description="the largest dense bf16/fp16 matmul TFLOP/s measured on this GPU (its maximum achievable "
+                    "matmul FLOPS): the cost model prices its GEMMs at this share of the peak (null: assumed, the "
+                    "share of the GPU the constants were fitted on)")
+    matmul_tflops_fp8: float | None = Field(default=None, ge=MIN_TFLOPS, le=MAX_TFLOPS,
+                                            description="the same for FP8 GEMMs (needs peak_tflops_fp8)")
     source: str | None = Field(default=None, max_length=1000,
                                description="where the figures come from (the presets name their datasheets)")
+
+    @model_validator(mode="after")
+    def _measured_matmul_within_peak(self) -> GPUSpec:
+        if self.matmul_tflops is not None and self.matmul_tflops > self.peak_tflops:
+            raise ValueError(f"matmul_tflops {self.matmul_tflops:g} is a measured matmul throughput and cannot "
+                             f"exceed peak_tflops {self.peak_tflops:g}")
+        if self.matmul_tflops_fp8 is not None:
+            if self.peak_tflops_fp8 is None:
+                raise ValueError("matmul_tflops_fp8 needs peak_tflops_fp8 (the FP8 peak it is a share of)")
+            if self.matmul_tflops_fp8 > self.peak_tflops_fp8:
+                raise ValueError(f"matmul_tflops_fp8 {self.matmul_tflops_fp8:g} is a measured matmul throughput "
+                                 f"and cannot exceed peak_tflops_fp8 {self.peak_tflops_fp8:g}")
+        return self
 
     @property
     def is_cpu(self) -> bool:

@@ -33,10 +33,12 @@ from solvers.cost_model.aggregate import GIB, evaluate_plan
 from solvers.cost_model.base import CostModel, Estimate, LayerCosts, PipelineTraits, StageContext, StageFixed
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration
 from solvers.cost_model.flops import head_forward_flops, model_flops_per_step
+from solvers.cost_model.matmul import matmul_scale
 from solvers.cost_model.profile import CollectiveOp, Profile
 from solvers.cost_model.shapes import LayerShape, layer_shape
 from solvers.cost_model.stack import stack_terms
 from solvers.documents.calibration import CalibrationSetUse
+from solvers.documents.hybrid import MatmulDoc
 from solvers.specs import ClusterSpec, Constraints, ModelSpec, TrainingSpec, memory_limit_bytes, memory_limit_note
 from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
@@ -147,6 +149,10 @@ class AnalyticCostModel(CostModel):
         # the blocks' nn.Linear and its configs leave the output layer out. The attention core and the LM head
         # run at the 16-bit peak.
         self.peak_flops_16 = cluster.gpu.peak_flops("bf16") if training.precision == "fp8" else self.peak_flops
+        # what the GEMM curve prices against: the peaks scaled by this GPU's measured matmul share (matmul.py)
+        self.matmul = matmul_scale(cluster.gpu, training.precision)
+        self.gemm_flops = self.peak_flops * self.matmul.linear
+        self.gemm_flops_16 = self.peak_flops_16 * self.matmul.sixteen_bit
         self.hbm_Bps = cluster.gpu.memory_bandwidth_GBps * 1e9 * calibration.hbm_efficiency
         self.links = comm.Links.of(cluster, calibration.intra_efficiency, calibration.inter_efficiency,
                                    calibration.intra_latency_s, calibration.inter_latency_s)
@@ -170,7 +176,7 @@ class AnalyticCostModel(CostModel):
     # --- building blocks --------------------------------------------------------------------------
     def _gemm(self, m: np.ndarray | float, n: np.ndarray | float, k: np.ndarray | float,
               peak_flops: float | None = None) -> np.ndarray:
-        return self.cal.gemm.time_s(m, n, k, peak_flops or self.peak_flops, self.hbm_Bps)
+        return self.cal.gemm.time_s(m, n, k, peak_flops or self.gemm_flops, self.hbm_Bps)
 
     def _attention_head(self, sq: np.ndarray | float, s: float, d: int) -> np.ndarray:
         """One head's attention core (QK^T and AV) for ``sq`` queries against ``s`` keys, forward, at the 16-bit
@@ -183,7 +189,7 @@ class AnalyticCostModel(CostModel):
         kernels fall short of the GEMM curve, which was fitted on A100 GEMMs: with it removed, and nothing in its
         place, the held-out modern tables of ``bench/fidelity.py`` are predicted faster still (bench/data/fidelity/
         README.md)."""
-        pair = self._gemm(sq, s, d, self.peak_flops_16) + self._gemm(sq, d, s, self.peak_flops_16)
+        pair = self._gemm(sq, s, d, self.gemm_flops_16) + self._gemm(sq, d, s, self.gemm_flops_16)
         return self.causal_fraction * pair if self.stack.fused_attention else pair
 
     def _mlp(self, tokens: np.ndarray, split: np.ndarray, shape: LayerShape) -> np.ndarray:
@@ -499,7 +505,7 @@ class AnalyticCostModel(CostModel):
             act += tokens * h * (e + (1 if self.model.hidden_dropout > 0 else 0))
         if last and V:
             m = tokens
-            logits = float(self._gemm(m, V / tp_e, h, self.peak_flops_16))
+            logits = float(self._gemm(m, V / tp_e, h, self.gemm_flops_16))
             head = 3.0 * logits + float(self._hbm(cal.elementwise_traffic * m * V / tp_e * 4.0))
             parts["compute"] = parts.get("compute", 0.0) + head
             parts["tp_comm"] = parts.get("tp_comm", 0.0) + 2.0 * float(
@@ -621,6 +627,7 @@ class AnalyticCostModel(CostModel):
                             seq_length=self.training.seq_length, model_flops_per_step=self.flops_per_step(),
                             peak_flops_per_gpu=self.peak_flops)
         est.stack = self.training.priced_stack()
+        est.matmul = [self.matmul_doc()]
         if self.calibration_set is not None:
             est.calibration_set = self.calibration_set
         for note in (self.memory_limit_note, moe_cost.approximate_note(plan.layers),
@@ -628,6 +635,11 @@ class AnalyticCostModel(CostModel):
             if note:
                 est.notes.append(note)
         return est
+
+    def matmul_doc(self) -> MatmulDoc:
+        m = self.matmul
+        return MatmulDoc(gpu=self.cluster.gpu.name, precision=self.training.precision, share_of_peak=m.linear_share,
+                         share_of_peak_16bit=m.sixteen_bit_share, scale=m.linear, measured=m.measured, note=m.note)
 
     def _unfused_context_parallel_note(self, plan: PlanStrategy) -> str | None:
         """Context parallelism as shipped (Megatron-LM through Transformer Engine, torchtitan through SDPA) runs

@@ -47,7 +47,9 @@ def _override_problem(key: str, value: Any) -> str | None:
 
 @dataclass(frozen=True)
 class AnalyticCalibration:
-    gemm_eta_max: float = 0.8  # large-GEMM fraction of tensor-core peak (A100 cuBLAS bf16 plateaus at ~80-85%)
+    # large-GEMM fraction of tensor-core peak on the A100 (cuBLAS bf16 plateaus at ~80-85%); other GPUs scale it
+    # by their measured matmul share over the A100's (matmul.py)
+    gemm_eta_max: float = 0.8
     gemm_d_half: float = 48.0  # GEMM output dimension (m, n) at which that axis alone halves efficiency
     gemm_k_half: float = 40.0  # the same for the reduction dimension k
     hbm_efficiency: float = 0.80  # achievable fraction of HBM bandwidth for memory-bound kernels

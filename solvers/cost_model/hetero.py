@@ -191,7 +191,8 @@ class HeteroCostModel(CostModel):
             notes.append(f"stage {worst} needs {per_stage[worst]:.2f} GiB per GPU, over the "
                          f"{self.stage_limit_bytes(plan.pp, worst) / GIB:.2f} GiB limit of its GPUs")
         update: dict[str, object] = {"peak_memory_gib": max(per_stage), "memory_gib_per_stage": per_stage,
-                                     "memory_breakdown_gib_per_stage": parts, "notes": notes}
+                                     "memory_breakdown_gib_per_stage": parts, "notes": notes,
+                                     "matmul": list({m.cluster.gpu.name: m.matmul_doc() for m in self.alone}.values())}
         if self.calibration_set is not None:
             update["calibration_set"] = self.calibration_set
         return est.model_copy(update=update)

@@ -60,6 +60,20 @@ class StrategyDoc(Document):
         return cls.model_validate(plan.to_dict())
 
 
+class MatmulDoc(Document):
+    """The share of its tensor-core peak a GPU type's GEMMs are priced at, and whether it was measured
+    (``cluster.gpu.matmul_tflops``) or assumed (the share of the GPU the constants were fitted on)."""
+
+    gpu: str
+    precision: str = Field(description="the linear layers' GEMMs' precision")
+    share_of_peak: float = Field(description="the largest GEMMs' share of the peak at that precision")
+    share_of_peak_16bit: float = Field(description="the same for the GEMMs that stay 16-bit (attention core, "
+                                                   "LM head); equal to share_of_peak unless precision is fp8")
+    scale: float = Field(description="share_of_peak over the reference GPU's: the multiplier of the GEMM curve")
+    measured: bool
+    note: str
+
+
 class HybridEstimate(Document):
     """Time and memory of one step under a strategy, each with its breakdown."""
 
@@ -79,6 +93,9 @@ class HybridEstimate(Document):
     calibration_set: CalibrationSetUse | None = Field(
         default=None, description="the constants priced: a stored calibration set or the shipped ones, and why "
                                   "(analytic and profile cost models)")
+    matmul: list[MatmulDoc] = Field(default_factory=list, description="per GPU type: the share of its peak its "
+                                                                     "GEMMs were priced at (analytic and profile "
+                                                                     "cost models)")
 
 
 class HybridEstimateResult(HybridEstimate):

@@ -93,7 +93,7 @@ def step_floor_s(request: dict[str, Any]) -> float:
     per_token = sum(gemm_flops_per_token(x) - expert_gemm_flops_per_token(x) for x in shapes)
     tokens = req.training.global_batch_size * req.training.seq_length
     gpus = req.cluster.nodes * req.cluster.gpus_per_node
-    return 3.0 * per_token * tokens / (gpus * cm.peak_flops * cm.cal.gemm.eta_max)
+    return 3.0 * per_token * tokens / (gpus * cm.gemm_flops * cm.cal.gemm.eta_max)
 
 
 def _floor_or_zero(request: dict[str, Any]) -> float:

@@ -91,3 +91,6 @@ def test_presets_lists_every_preset_a_request_may_name() -> None:
         assert m["parameters"] == ModelSpec.model_validate({"preset": name}).total_params()
     assert listed["llama2-7b"]["aliases"] == ["llama-2-7b"] and listed["llama2-7b"]["num_layers"] == 32
     assert {g["preset"]: g["memory_gib"] for g in found["gpus"]}["a100-80gb"] == GPU_PRESETS["a100-80gb"]["memory_gib"]
+    h100 = next(line.split() for line in text.stdout.splitlines() if line.split()[:1] == ["h100-sxm"])
+    assert h100[2] == "80.3%"  # the measured matmul share of the bf16 peak beside the peak
+    assert next(line.split() for line in text.stdout.splitlines() if line.split()[:1] == ["l4"])[2] == "-"

@@ -20,8 +20,9 @@ from solvers.specs import TrainingSpec
 
 # What the bench reports with the shipped constants (MAPE of tokens/s per GPU), pinned so that a change to the
 # model shows here and in the report together.
-REPORTED_MAPE = {"NeMo 24.07 DGX-H100 FP8": 0.169, "NeMo 25.09-26.02 DGX-H100/B200 Llama 3": 0.141,
-                 "torchtitan H100 (2024-12) / H200 (2025-06)": 0.287}
+REPORTED_MAPE = {"NeMo 24.07 DGX-H100 FP8": 0.059, "NeMo 25.09-26.02 DGX-H100/B200 Llama 3": 0.093,
+                 "torchtitan H100 (2024-12) / H200 (2025-06)": 0.225}
+MEETS_GOAL = ("NeMo 24.07 DGX-H100 FP8", "NeMo 25.09-26.02 DGX-H100/B200 Llama 3")
 ROWS = {"NeMo 24.07 DGX-H100 FP8": 9, "NeMo 25.09-26.02 DGX-H100/B200 Llama 3": 16,
         "torchtitan H100 (2024-12) / H200 (2025-06)": 14}
 # Rows the model puts above the GPU's memory although they ran: torchtitan's per-op selective checkpointing keeps
@@ -95,10 +96,11 @@ def test_the_reported_figures(reports: dict[str, Any], name: str) -> None:
     assert float(reports[name].ape.mean()) == pytest.approx(REPORTED_MAPE[name], abs=5e-4)
 
 
-@pytest.mark.parametrize("name", sorted(REPORTED_MAPE))
-@pytest.mark.xfail(strict=True, reason="held out, shipped constants: MAPE 16.9 % (NeMo 24.07), 14.1 % (NeMo "
-                                       "25.09-26.02), 28.7 % (torchtitan), all predicted fast (bench/data/fidelity/"
-                                       "README.md)")
+@pytest.mark.parametrize("name", [
+    *MEETS_GOAL,
+    pytest.param("torchtitan H100 (2024-12) / H200 (2025-06)", marks=pytest.mark.xfail(
+        strict=True, reason="held out, shipped constants: MAPE 22.5 %, predicted fast: eager rows (no "
+                            "torch.compile) +37-42 %, H200 +34-36 % (bench/data/fidelity/README.md)"))])
 def test_modern_goal_mape_within_twelve_percent(reports: dict[str, Any], name: str) -> None:
     assert reports[name].ape.mean() <= 0.12
 

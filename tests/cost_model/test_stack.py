@@ -44,9 +44,10 @@ def test_llama3_8b_at_8k_no_longer_plans_context_parallelism_on_unfused_attentio
 def test_llama3_405b_on_16k_h100_at_128k_tokens_estimates_a_measured_like_mfu() -> None:
     """Llama 3's long-context stage (Dubey et al. 2024, Table 4): 16,384 H100s, tp 8, cp 16, pp 16, dp 8,
     131,072 tokens, 16 sequences per DP rank, measured 38 % BF16 MFU. With interleaving (4 chunks a stage,
-    Llama 3's uneven 7/8/.../8/7 split) and full recomputation the default stack estimates 26.6 % and 29.6 GiB
-    per GPU (28.4 % before the fused kernel's backward counted its recomputed scores, 2.5 times its forward);
-    the unfused stack of 2021 puts it at 14.1 % (it estimated 4-12 % by default before the stack)."""
+    Llama 3's uneven 7/8/.../8/7 split) and full recomputation the default stack estimates 25.9 % and 29.6 GiB
+    per GPU (26.6 % before the H100's GEMMs were priced at its measured matmul share, 80.3 % of peak against the
+    A100's 86.9 %; 28.4 % before the fused kernel's backward counted its recomputed scores, 2.5 times its
+    forward); the unfused stack of 2021 puts it at 14.1 % (it estimated 4-12 % by default before the stack)."""
     req = {"kind": "hybrid", "model": {"preset": "llama3-405b"},
            "cluster": {"gpu": "H100-SXM", "nodes": 2048, "gpus_per_node": 8},
            "training": {"global_batch_size": 128, "seq_length": 131072},
@@ -55,7 +56,7 @@ def test_llama3_405b_on_16k_h100_at_128k_tokens_estimates_a_measured_like_mfu() 
     est = estimate(req)
     assert est["fits"] and est["stack"]["attention"] == "fused"
     assert est["strategy"]["stage_layers"] == [7] + [8] * 14 + [7]
-    assert est["mfu"] == pytest.approx(0.266, abs=0.005)
+    assert est["mfu"] == pytest.approx(0.259, abs=0.005)
     assert 0.25 <= est["mfu"] <= 0.45 and est["peak_memory_gib"] < 40
     unfused = estimate(_with_stack(req, attention="unfused"))
     assert unfused["mfu"] < 0.6 * est["mfu"]

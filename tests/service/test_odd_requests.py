@@ -51,6 +51,23 @@ def test_calibration_override_that_would_make_the_estimate_infinite(client: Any)
     assert r.json()["detail"][0]["loc"] == ["body", "cost_model", "calibration", "intra_efficiency"]
 
 
+def test_a_measured_matmul_above_the_gpus_peak_is_422_naming_the_field(client: Any) -> None:
+    """Over HTTP, both endpoints: the GPU field and the reason; the same GPU with a plausible figure is priced and
+    the estimate says the share was measured."""
+    gpu = {"name": "lab-h100", "peak_tflops": 989, "memory_gib": 79.1}
+    for path in ("/v1/plans", "/v1/estimate"):
+        req = {**HYBRID, "cluster": {**HYBRID["cluster"], "gpu": {**gpu, "matmul_tflops": 1200}}}
+        r = client.post(path, json={**req, "strategy": {"tp": 1}} if path == "/v1/estimate" else req)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"][:3] == ["body", "cluster", "gpu"]
+        assert "matmul_tflops 1200 is a measured matmul throughput and cannot exceed peak_tflops 989" in r.text
+    ok = {**HYBRID, "cluster": {**HYBRID["cluster"], "gpu": {**gpu, "matmul_tflops": 700}}, "strategy": {"tp": 1}}
+    r = client.post("/v1/estimate", json=ok)
+    assert r.status_code == 200, r.text
+    [used] = r.json()["matmul"]
+    assert used["measured"] and used["share_of_peak"] == pytest.approx(700 / 989)
+
+
 def test_a_profile_path_outside_the_data_roots_is_not_read(client: Any, tmp_path: Any) -> None:
     """(cost_model.profile_path escaped the data-root check: the server read any path and said whether it
     existed and was JSON.)"""

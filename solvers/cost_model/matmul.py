@@ -1,0 +1,69 @@
+"""How much of a GPU's tensor-core peak its GEMMs reach, relative to the GPU the constants were fitted on.
+
+The GEMM curve (``efficiency.GemmEfficiency``) and its plateau ``gemm_eta_max`` were fitted on A100 measurements
+(vTrain, SC21): they describe how an A100's GEMMs fall short of its peak. Newer GPUs fall shorter. The largest
+dense matmul measured on an A100 SXM runs at 86.9 % of its bf16 peak; on an H100 SXM at 80.3 % of bf16 and 70.9 %
+of FP8; on a B200 at 77.6 % and 76.3 % (maximum achievable matmul FLOPS, MAMF; the presets name the table).
+Priced with the A100's share, an H100's FP8 GEMMs came out 18 % fast.
+
+So a GPU's GEMMs are priced with the curve's plateau scaled by the GPU's measured share over the A100's:
+``cluster.gpu.matmul_tflops / peak_tflops`` for 16-bit GEMMs, ``matmul_tflops_fp8 / peak_tflops_fp8`` for FP8
+ones. A GPU without the figure is priced at the A100's share (scale 1), and the estimate says that this was
+assumed. The HBM roofline of a GEMM is not scaled: the figures measure tensor-core throughput.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from solvers.specs import GPUSpec, Precision
+
+# The GPU the shipped constants describe: the A100 SXM's bf16 MAMF (271.2 of 312 TFLOP/s; the a100 presets).
+REFERENCE_NAME = "A100 SXM bf16"
+REFERENCE_SHARE = 271.2 / 312.0
+
+
+@dataclass(frozen=True)
+class MatmulScale:
+    """Multipliers of the GEMM curve's plateau: ``linear`` for the linear layers' GEMMs (at the training
+    precision), ``sixteen_bit`` for the GEMMs that stay 16-bit under FP8 (attention core, LM head)."""
+
+    linear: float
+    sixteen_bit: float
+    linear_share: float  # of the peak at the training precision: measured, or the reference's where assumed
+    sixteen_bit_share: float
+    measured: bool  # every share priced comes from the GPU's own figure
+    note: str
+
+
+def _share(measured_tflops: float | None, peak_tflops: float | None) -> float | None:
+    if measured_tflops is None or not peak_tflops:
+        return None
+    return measured_tflops / peak_tflops
+
+
+def matmul_scale(gpu: GPUSpec, precision: Precision) -> MatmulScale:
+    """How ``gpu``'s GEMMs compare with the reference's, at ``precision`` (fp32 GEMMs have no figure)."""
+    bf16 = _share(gpu.matmul_tflops, gpu.peak_tflops)
+    if precision == "fp8":
+        linear = _share(gpu.matmul_tflops_fp8, gpu.peak_tflops_fp8)
+        field = "matmul_tflops_fp8"
+    elif precision == "fp32":
+        linear, field = None, "fp32 matmul figure (the GPU spec takes none)"
+    else:
+        linear, field = bf16, "matmul_tflops"
+    sixteen = bf16 if precision == "fp8" else linear
+    measured = linear is not None and sixteen is not None
+    lin, six = linear or REFERENCE_SHARE, sixteen or REFERENCE_SHARE
+    said = f"GEMMs priced at {100 * lin:.1f} % of the {precision} peak"
+    if precision == "fp8":
+        said += f" (16-bit ones: {100 * six:.1f} % of the bf16 peak)"
+    if measured:
+        note = (f"{said}, as measured on the {gpu.name} (cluster.gpu.{field}); the constants describe "
+                f"{100 * REFERENCE_SHARE:.1f} % on the {REFERENCE_NAME}")
+    else:
+        missing = [f for f, v in (("matmul_tflops", sixteen), (field, linear)) if v is None]
+        note = (f"{said}: assumed, the {REFERENCE_NAME}'s share the constants were fitted on (no measured "
+                f"{' / '.join(dict.fromkeys(missing))} for the {gpu.name})")
+    return MatmulScale(linear=lin / REFERENCE_SHARE, sixteen_bit=six / REFERENCE_SHARE, linear_share=lin,
+                       sixteen_bit_share=six, measured=measured, note=note)
