@@ -46,24 +46,23 @@ def matmul_scale(gpu: GPUSpec, precision: Precision) -> MatmulScale:
     """How ``gpu``'s GEMMs compare with the reference's, at ``precision`` (fp32 GEMMs have no figure)."""
     bf16 = _share(gpu.matmul_tflops, gpu.peak_tflops)
     if precision == "fp8":
-        linear = _share(gpu.matmul_tflops_fp8, gpu.peak_tflops_fp8)
-        field = "matmul_tflops_fp8"
+        linear, field = _share(gpu.matmul_tflops_fp8, gpu.peak_tflops_fp8), "cluster.gpu.matmul_tflops_fp8"
     elif precision == "fp32":
-        linear, field = None, "fp32 matmul figure (the GPU spec takes none)"
+        linear, field = None, "fp32 matmul figure in the GPU spec"
     else:
-        linear, field = bf16, "matmul_tflops"
-    sixteen = bf16 if precision == "fp8" else linear
-    measured = linear is not None and sixteen is not None
-    lin, six = linear or REFERENCE_SHARE, sixteen or REFERENCE_SHARE
-    said = f"GEMMs priced at {100 * lin:.1f} % of the {precision} peak"
-    if precision == "fp8":
-        said += f" (16-bit ones: {100 * six:.1f} % of the bf16 peak)"
-    if measured:
-        note = (f"{said}, as measured on the {gpu.name} (cluster.gpu.{field}); the constants describe "
-                f"{100 * REFERENCE_SHARE:.1f} % on the {REFERENCE_NAME}")
-    else:
-        missing = [f for f, v in (("matmul_tflops", sixteen), (field, linear)) if v is None]
-        note = (f"{said}: assumed, the {REFERENCE_NAME}'s share the constants were fitted on (no measured "
-                f"{' / '.join(dict.fromkeys(missing))} for the {gpu.name})")
+        linear, field = bf16, "cluster.gpu.matmul_tflops"
+    parts = [(precision, linear, field)]
+    if precision == "fp8":  # the attention core and the LM head stay 16-bit
+        parts.append(("bf16", bf16, "cluster.gpu.matmul_tflops"))
+
+    def said(peak: str, share: float | None, where: str) -> str:
+        if share is not None:
+            return f"{100 * share:.1f} % of the {peak} peak (measured: {where})"
+        return f"{100 * REFERENCE_SHARE:.1f} % of the {peak} peak (assumed: no {where} for the {gpu.name})"
+
+    lin = REFERENCE_SHARE if linear is None else linear
+    six = lin if precision != "fp8" else REFERENCE_SHARE if bf16 is None else bf16
+    note = ("GEMMs priced at " + "; 16-bit ones (attention core, LM head) at ".join(said(*x) for x in parts)
+            + f"; the constants describe {100 * REFERENCE_SHARE:.1f} % on the {REFERENCE_NAME}")
     return MatmulScale(linear=lin / REFERENCE_SHARE, sixteen_bit=six / REFERENCE_SHARE, linear_share=lin,
-                       sixteen_bit_share=six, measured=measured, note=note)
+                       sixteen_bit_share=six, measured=all(share is not None for _, share, _ in parts), note=note)

@@ -64,10 +64,23 @@ def test_the_estimate_states_the_share_it_priced_and_whether_it_was_measured() -
     assert m["share_of_peak"] == pytest.approx(1402.6 / 1979) and m["share_of_peak_16bit"] == pytest.approx(0.8033,
                                                                                                             abs=1e-4)
     assert m["scale"] == pytest.approx(1402.6 / 1979 / REFERENCE_SHARE)
-    assert "as measured on the H100-SXM (cluster.gpu.matmul_tflops_fp8)" in m["note"]
+    assert m["note"].startswith("GEMMs priced at 70.9 % of the fp8 peak (measured: cluster.gpu.matmul_tflops_fp8); "
+                                "16-bit ones (attention core, LM head) at 80.3 % of the bf16 peak (measured")
     [a] = assumed["matmul"]
     assert not a["measured"] and a["scale"] == pytest.approx(1.0)
-    assert "assumed" in a["note"] and "matmul_tflops / matmul_tflops_fp8" in a["note"]
+    assert "86.9 % of the fp8 peak (assumed: no cluster.gpu.matmul_tflops_fp8 for the h100-sxm-datasheet)" in a["note"]
+
+
+def test_a_gpu_measured_at_one_precision_only_says_which_share_was_assumed() -> None:
+    """An FP8 figure without the 16-bit one: the linear GEMMs at the measured FP8 share, the attention core at the
+    reference's, and the estimate not called measured."""
+    gpu = {**H100_DATASHEET, "matmul_tflops_fp8": 1402.6}
+    m = _model(gpu, "fp8")
+    assert m.matmul.linear == pytest.approx(1402.6 / 1979 / REFERENCE_SHARE) and m.matmul.sixteen_bit == 1.0
+    [doc] = estimate(_request(gpu, "fp8"))["matmul"]
+    assert not doc["measured"]
+    assert "70.9 % of the fp8 peak (measured: cluster.gpu.matmul_tflops_fp8)" in doc["note"]
+    assert "86.9 % of the bf16 peak (assumed: no cluster.gpu.matmul_tflops for the h100-sxm-datasheet)" in doc["note"]
 
 
 def test_a_gpu_faster_than_the_reference_is_priced_faster_and_the_sizing_floor_stays_below_the_plan() -> None:

@@ -301,8 +301,8 @@ def test_form_asks_for_the_attention_kernel_and_the_plan_states_its_stack(ui_cli
     assert jobs.complete_job(ui_db, claimed.id, "ui-test", api.solve(claimed.request))
     plan = ui_client.get(resp.headers["location"]).text
     assert "Estimated for the stack: unfused attention, megatron-core" in plan
-    assert ("GEMM speed (measured): GEMMs priced at 86.9 % of the bf16 peak, as measured on the A100-80GB "
-            "(cluster.gpu.matmul_tflops)") in plan
+    assert ("GEMM speed (measured): A100-80GB: GEMMs priced at 86.9 % of the bf16 peak (measured: "
+            "cluster.gpu.matmul_tflops)") in plan
     bad = ui_client.post("/plans/new", data={**form, "attention": "flash"})
     assert bad.status_code == 422 and "<code>attention</code>: must be one of fused, unfused" in bad.text
 
@@ -327,8 +327,8 @@ def test_a_mixed_cluster_page_places_each_stage_and_charts_the_sizing_front(ui_c
     assert "fastest group alone" in placed and "blind to the GPU types" in placed
     assert "referenceLines" not in html.split('id="memory"', 1)[1].split("</section>", 1)[0]
     gemms = html.split('id="matmul"', 1)[1].split("</p>", 1)[0]  # each GPU type's measured GEMM share
-    assert "80.3 % of the bf16 peak, as measured on the H100-SXM" in gemms
-    assert "86.9 % of the bf16 peak, as measured on the A100-40GB" in gemms
+    assert "H100-SXM: GEMMs priced at 80.3 % of the bf16 peak (measured" in gemms
+    assert "A100-40GB: GEMMs priced at 86.9 % of the bf16 peak (measured" in gemms
     sizing = html.split('id="sizing"', 1)[1].split("</section>", 1)[0]
     assert sizing.count("<tr>") + sizing.count('<tr class="total">') == len(result.front) + 1  # and the header
     found = re.search(r'<script type="application/json" id="front-chart-config">(.*?)</script>', sizing, re.S)
