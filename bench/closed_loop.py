@@ -22,9 +22,10 @@ that runs the plans: every round is one pass of ``worker.profiler.measure_node``
 between its measurements, so profile and plans share the machine's background load (this host is shared, and
 a profile taken minutes earlier under another load missed by 20-40 %). The passes are merged point by point
 (median, ``worker.profiler.merge_profiles``); the plans are priced from the merged profile after they ran, by
-the cost model alone (nothing is fitted to their measured times). The multi-node launch profiles its
-collectives (those across its nodes are new: groups spanning the two agents) and takes the rest from the 1-node
-launch's profile.
+the cost model alone (nothing is fitted to their measured times). The 2-node launch takes its own profile the same
+way, layers included, and its plans are priced from it: its collectives across nodes (groups spanning the two
+agents) are its own, and its layers run under its own load (it runs 2 plans where the 1-node launch runs 18;
+priced with the 1-node launch's layer times, both 2-node plans came out 15-20 % slow).
 
 What the profile carries beyond layer and collective times (all measured by ``worker.profiler``, none fitted
 to these plans): layer times with every rank busy (each repeat as long as its slowest rank took, as the next
@@ -217,10 +218,9 @@ def measure_interleaved(docs: dict[str, dict[str, Any]], ranks: int, rounds: int
                         nnodes: int = 1, profile: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run every plan in one launch, round-robin (``rounds`` x ``steps`` steps each, after one warm-up round),
     so that a change in the machine's background load hits all plans alike: ``{"times": {plan: median step
-    time}, "profiles": [...]}``. With ``profile`` (``PROFILE_SPEC`` and ``repeats``, optionally ``"scope":
-    "collectives"``) each round is also one pass of ``worker.profiler.measure_node`` (or of its collectives only)
-    on the same ranks, the round's plans run between its measurements, evenly spread: the profile is taken under
-    the load the plans see (the warm-up round's pass is discarded).
+    time}, "profiles": [...]}``. With ``profile`` (``PROFILE_SPEC`` and ``repeats``) each round is also one pass
+    of ``worker.profiler.measure_node`` on the same ranks, the round's plans run between its measurements,
+    evenly spread: the profile is taken under the load the plans see (the warm-up round's pass is discarded).
     ``nnodes`` > 1: that many torchrun agents on this host (``ranks // nnodes`` ranks each), node 0 hosting the
     c10d rendezvous, as ``worker.launch`` starts the nodes of a multi-node run."""
     spec = workdir / f"interleave-{nnodes}n.json"
@@ -255,9 +255,6 @@ def _profile_pass(spec: dict[str, Any], pause: Callable[[], None]) -> dict[str, 
 
     full = ModelConfig.from_spec(ModelSpec.model_validate(spec["model"]))
     device, repeats = torch.device("cpu"), int(spec["repeats"])
-    if spec.get("scope") == "collectives":
-        return {"profile": {"collectives": profiler.profile_collectives(torch.distributed.get_world_size(), device,
-                                                                        repeats, pause=pause)}}
     return profiler.measure_node(full, spec["batches"], spec["seqs"], None, device, repeats, pause=pause)
 
 
@@ -343,22 +340,6 @@ def scores(rows: list[dict[str, Any]]) -> tuple[float, float]:
     return mape, spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
 
 
-def with_collectives_across(base: dict[str, Any], passes: list[dict[str, Any]]) -> dict[str, Any]:
-    """``base`` (a 1-node launch's merged profile) with the collectives across nodes that a multi-node launch's
-    collective-only passes measured (the median of the passes), for the plans of that launch."""
-    import statistics
-
-    across: dict[tuple[Any, ...], list[float]] = {}
-    for p in passes:
-        for c in p["profile"]["collectives"]:
-            if c["across_nodes"]:
-                across.setdefault((c["op"], c["group_size"], c["message_bytes"]), []).append(c["time_ms"])
-    collectives = [c for c in base["profile"]["collectives"] if not c["across_nodes"]] + [
-        {"op": op, "group_size": size, "across_nodes": True, "message_bytes": nbytes, "time_ms": statistics.median(t)}
-        for (op, size, nbytes), t in across.items()]
-    return {"profile": {**base["profile"], "collectives": collectives}, "device": base["device"]}
-
-
 def describe(profiled: dict[str, Any], label: str) -> None:
     prof, dev = profiled["profile"], profiled["device"]
     print(f"{label}: host {prof.get('host')}; wrapper overheads {prof.get('overheads', [])}; "
@@ -413,16 +394,15 @@ def main() -> int:
     launches = sorted({plans[n][2] for n in names} if args.interleave else set(plans[n][2] for n in names) - {1})
     for nnodes in launches:  # a multi-node run is its own launch (its nodes meet at one rendezvous)
         group = {n: d for n, d in docs.items() if plans[n][2] == nnodes}
-        # after a 1-node launch, a multi-node one profiles only its collectives (those across nodes are new)
-        spec = {**profile_spec, "scope": "collectives"} if profile_spec and 1 in profile_of_nodes else profile_spec
-        got = measure_interleaved(group, ranks, args.interleave or max(1, args.steps // 2), 2, work, nnodes, spec)
+        # every launch profiles in full: its plans are priced from what its own ranks measured under its own load
+        got = measure_interleaved(group, ranks, args.interleave or max(1, args.steps // 2), 2, work, nnodes,
+                                  profile_spec)
         interleaved |= got["times"]
         samples |= got.get("samples", {})
         if got["profiles"]:
             from worker.profiler import merge_profiles
 
-            merged = merge_profiles(got["profiles"]) if spec is profile_spec else with_collectives_across(
-                profile_of_nodes[1], got["profiles"])
+            merged = merge_profiles(got["profiles"])
             profile_of_nodes[nnodes] = merged
             describe(merged, f"{nnodes}-node launch, {len(got['profiles'])} profile passes "
                              f"({time.time() - t0:.0f} s, load {os.getloadavg()[0]:.1f})")
