@@ -9,6 +9,7 @@ from types import ModuleType
 import pytest
 
 from tests.bench_module import load_bench
+from tests.cpu_budget import machine_factor
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +20,9 @@ def _bench() -> ModuleType:
 
 def test_fuzzed_requests_get_no_5xx_and_match_the_schema(tmp_path: Path) -> None:
     pytest.importorskip("schemathesis")
-    report = _bench().fuzz(tmp_path, seed=11, max_examples=3, max_time_s=25)
+    # the sample is cut by time: on a host slower than the reference VM it gets the time the reference's 25 s buy
+    # (286 requests in 25 s on a 2-3x slower host fell short of the 300 asked below)
+    report = _bench().fuzz(tmp_path, seed=11, max_examples=3, max_time_s=round(25 * min(machine_factor(), 4.0)))
     detail = (tmp_path / "schemathesis.out").read_text()[-4000:]
     assert report.server_errors == [], report.server_errors
     assert report.st_exit_code == 0, detail  # not_a_server_error + response schema, status and content type
