@@ -57,6 +57,7 @@ from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibrat
 from solvers.cost_model.factory import plan_from_shorthand  # noqa: E402
 from solvers.cost_model.fitting import FIT_KEYS, coordinate_fit  # noqa: E402
 from solvers.cost_model.flops import megatron_sc21_flops  # noqa: E402
+from solvers.presets import GPU_PRESETS  # noqa: E402
 from solvers.specs import ClusterSpec, ModelSpec, StackSpec, TrainingSpec  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "calibration"
@@ -149,10 +150,11 @@ MODERN_MODELS: dict[str, dict[str, object]] = {
 # which CUDA gives about 94.5 GiB, as 80 GiB gives 79.1. Its measured matmul throughput is the H100 SXM preset's
 # share of the peak (80.3 % bf16, 70.9 % FP8) at this peak: an assumption too (no one measured this part).
 _H100_96 = {"peak_tflops": 912.0, "peak_tflops_fp8": 1825.0}
+_H100 = GPU_PRESETS["h100-sxm"]
+_H100_96_MATMUL = {m: round(_H100_96[p] * _H100[m] / _H100[p], 1)
+                   for m, p in (("matmul_tflops", "peak_tflops"), ("matmul_tflops_fp8", "peak_tflops_fp8"))}
 MODERN_GPUS: dict[str, dict[str, object]] = {
-    "H100-96GB-500W": {"preset": "H100-SXM", "name": "H100-96GB-500W", **_H100_96,
-                       "matmul_tflops": round(_H100_96["peak_tflops"] * 794.5 / 989, 1),
-                       "matmul_tflops_fp8": round(_H100_96["peak_tflops_fp8"] * 1402.6 / 1979, 1),
+    "H100-96GB-500W": {"preset": "H100-SXM", "name": "H100-96GB-500W", **_H100_96, **_H100_96_MATMUL,
                        "memory_gib": 94.5, "memory_bandwidth_GBps": 2400,
                        "source": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (memory, HBM "
                                  "bandwidth); peaks: midpoint of the H100 SXM and H100 NVL datasheets (assumed); "

@@ -15,7 +15,7 @@
     .venv/bin/python bench/hybrid.py --rerun-galvatron   # re-run Galvatron (needs .venv-galvatron) and re-cache
     .venv/bin/python bench/hybrid.py --hetero        # mixed fleets (cluster.groups) against their two baselines
     .venv/bin/python bench/hybrid.py --scale         # 16K-100K H100s: 405B-class dense and large MoE plans
-    .venv/bin/python bench/hybrid.py --sizing        # two sizing fronts (the first: 20 points) and their time
+    .venv/bin/python bench/hybrid.py --sizing        # two sizing fronts (the first: 18 points) and their time
 
 Galvatron side: ``../shared/peers/galvatron_pypi/run_galvatron_pypi.py`` runs hetu-galvatron 2.4.0's search
 engine; its converted profiles, the hardware files and its result are cached in ``bench/data/galvatron/<case>/``
@@ -594,9 +594,10 @@ def scale_table() -> None:
 
 # Two sizing requests for llama3-70b (1T tokens, 60-day deadline, global batch 1536 x 4096): a grid of 28 node counts
 # (16-12,288 GPUs: 2^k and 3 x 2^k nodes, and 9 x 2^k) with H100 at 2.50 and H200 at 3.20 per GPU-hour, whose front
-# has 20 points, then the default grid (two node counts per doubling to 256 nodes) with H100 at 2.50 and A100-80GB at
-# 1.20. The 20-point front runs first, in a process that has priced nothing yet (a process keeps cost-model answers
-# across requests of one GPU type: the second request starts with some of its H100 answers known).
+# has 18 points (20 before the GPUs' GEMMs were priced at their measured matmul shares), then the default grid (two
+# node counts per doubling to 256 nodes) with H100 at 2.50 and A100-80GB at 1.20. The 18-point front runs first, in
+# a process that has priced nothing yet (a process keeps cost-model answers across requests of one GPU type: the
+# second request starts with some of its H100 answers known).
 SIZING_CASES: list[tuple[str, dict[str, Any]]] = [
     ("28 node counts, H100 + H200", {"nodes": [2, 3, 4, 6, 8, 9, 12, 16, 18, 24, 32, 36, 48, 64, 72, 96, 128, 144,
                                                192, 256, 288, 384, 512, 576, 768, 1024, 1152, 1536],

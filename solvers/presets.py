@@ -29,16 +29,15 @@ _HGX_H100 = {"intra_node_bandwidth_GBps": 450, "inter_node_bandwidth_Gbps": 3200
 # 1402.6 (FP8), MI300X 668.4 (PYTORCH_TUNABLEOP_ENABLED=1); a later revision adds H200 1453.4 (FP8; its bf16 row
 # says "H200 is the same" as the H100's) and B200 1745.0 and 3432.5. GPUs absent from that table state none.
 _MAMF = "; matmul_tflops: maximum achievable matmul FLOPS table, stas00/ml-engineering (see solvers/presets.py)"
+_MAMF_A100 = {"matmul_tflops": 271.2}  # the reference GPU of the shipped constants (matmul.REFERENCE_SHARE)
 _MAMF_H100 = {"matmul_tflops": 794.5, "matmul_tflops_fp8": 1402.6}
 GPU_PRESETS: dict[str, dict[str, Any]] = {
     "a100-40gb": {"name": "A100-40GB", "peak_tflops": 312, "peak_tflops_fp32": 19.5, "memory_gib": 39.5,
-                  "memory_bandwidth_GBps": 1555, **_DGX_A100,
-                  "matmul_tflops": 271.2,
+                  "memory_bandwidth_GBps": 1555, **_DGX_A100, **_MAMF_A100,
                   "source": "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB); NVIDIA DGX A100 datasheet (links)"
                             + _MAMF},
     "a100-80gb": {"name": "A100-80GB", "peak_tflops": 312, "peak_tflops_fp32": 19.5, "memory_gib": 79.1,
-                  "memory_bandwidth_GBps": 2039, **_DGX_A100,
-                  "matmul_tflops": 271.2,
+                  "memory_bandwidth_GBps": 2039, **_DGX_A100, **_MAMF_A100,
                   "source": "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB); NVIDIA DGX A100 datasheet (links)"
                             + _MAMF},
     "h100-sxm": {"name": "H100-SXM", "peak_tflops": 989, "peak_tflops_fp8": 1979, "peak_tflops_fp32": 67,

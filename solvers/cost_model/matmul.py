@@ -16,24 +16,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from solvers.presets import GPU_PRESETS
 from solvers.specs import GPUSpec, Precision
 
-# The GPU the shipped constants describe: the A100 SXM's bf16 MAMF (271.2 of 312 TFLOP/s; the a100 presets).
+# The GPU the shipped constants describe: the A100 SXM's bf16 MAMF over its peak (the a100 presets' figures).
 REFERENCE_NAME = "A100 SXM bf16"
-REFERENCE_SHARE = 271.2 / 312.0
+REFERENCE_SHARE = GPU_PRESETS["a100-80gb"]["matmul_tflops"] / GPU_PRESETS["a100-80gb"]["peak_tflops"]
 
 
 @dataclass(frozen=True)
 class MatmulScale:
-    """Multipliers of the GEMM curve's plateau: ``linear`` for the linear layers' GEMMs (at the training
-    precision), ``sixteen_bit`` for the GEMMs that stay 16-bit under FP8 (attention core, LM head)."""
+    """The shares of the peak a GPU's GEMMs are priced at: ``linear_share`` for the linear layers' GEMMs (at the
+    training precision), ``sixteen_bit_share`` for the GEMMs that stay 16-bit under FP8 (attention core, LM head);
+    each measured, or the reference's where assumed."""
 
-    linear: float
-    sixteen_bit: float
-    linear_share: float  # of the peak at the training precision: measured, or the reference's where assumed
+    linear_share: float
     sixteen_bit_share: float
     measured: bool  # every share priced comes from the GPU's own figure
     note: str
+
+    @property
+    def linear(self) -> float:
+        """The multiplier of the GEMM curve's plateau for the linear layers' GEMMs."""
+        return self.linear_share / REFERENCE_SHARE
+
+    @property
+    def sixteen_bit(self) -> float:
+        return self.sixteen_bit_share / REFERENCE_SHARE
 
 
 def _share(measured_tflops: float | None, peak_tflops: float | None) -> float | None:
@@ -64,5 +73,5 @@ def matmul_scale(gpu: GPUSpec, precision: Precision) -> MatmulScale:
     six = lin if precision != "fp8" else REFERENCE_SHARE if bf16 is None else bf16
     note = ("GEMMs priced at " + "; 16-bit ones (attention core, LM head) at ".join(said(*x) for x in parts)
             + f"; the constants describe {100 * REFERENCE_SHARE:.1f} % on the {REFERENCE_NAME}")
-    return MatmulScale(linear=lin / REFERENCE_SHARE, sixteen_bit=six / REFERENCE_SHARE, linear_share=lin,
-                       sixteen_bit_share=six, measured=all(share is not None for _, share, _ in parts), note=note)
+    return MatmulScale(linear_share=lin, sixteen_bit_share=six,
+                       measured=all(share is not None for _, share, _ in parts), note=note)

@@ -34,7 +34,7 @@ LIMIT_CPU_S = 8.0  # on the reference VM; cpu_budget scales it
 # The 100,000-GPU plan with its certificate takes about 3.5 s there: a guard against a blow-up, not the issue's
 # figure, which bench/hybrid.py --scale quotes
 LIMIT_100K_CPU_S = 10.0
-# bench/hybrid.py --sizing's 20-point request: about 6 s of CPU (its planning processes' included) on the
+# bench/hybrid.py --sizing's 18-point request: about 6 s of CPU (its planning processes' included) on the
 # reference VM; a guard against a blow-up, not the issue's figure (its wall time, which the bench quotes)
 LIMIT_SIZING_CPU_S = 25.0
 
@@ -181,7 +181,7 @@ def test_the_embedding_relaxation_is_every_variants_least_fixed_terms_on_every_s
 
 def test_a_sizing_front_over_56_clusters_stays_within_its_cpu_guard() -> None:
     """The sizing request of bench/hybrid.py --sizing (llama3-70b on 28 node counts of H100 and H200, a front of
-    about 20 points): every size is planned, pruned or beaten, and the CPU time of the sizing, its planning
+    18 points): every size is planned, pruned or beaten, and the CPU time of the sizing, its planning
     processes included, stays within a guard (see LIMIT_SIZING_CPU_S)."""
     bench = load_bench("hybrid.py")
     request = bench.sizing_request(bench.SIZING_CASES[0][1])
