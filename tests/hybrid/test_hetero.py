@@ -18,10 +18,12 @@ from solvers.cost_model.hetero import HeteroCostModel, stage_groups
 from solvers.errors import SpecError
 from solvers.hybrid.api import quick_plan
 from solvers.hybrid.certificate import certify
+from solvers.hybrid.hetero import fastest
 from solvers.hybrid.planner import Planner, PlannerOptions
 from solvers.hybrid.space import build_space
 from solvers.request import HybridRequest, parse
 from solvers.strategy import LayerStrategy, PlanStrategy
+from tests.gpus import datasheet_only
 from tests.hybrid.brute_force import best_step_time
 
 # the DP on exact memory fronts: exact at any bin size (the analytic model's bytes are not whole MiB)
@@ -193,3 +195,18 @@ def test_sizing_refuses_an_unknown_gpu_and_a_bad_price() -> None:
         with pytest.raises(SpecError) as err:
             validate({**base, "sizing": {"tokens": 1e9, "price_per_gpu_hour": prices}})
         assert ("sizing", "price_per_gpu_hour") in {p.loc for p in err.value.problems}, err.value
+
+
+def test_the_fastest_group_is_the_one_priced_fastest_not_the_highest_datasheet_peak() -> None:
+    """An MI300X's bf16 datasheet peak (1307 TFLOP/s) tops an H100's (989), but its GEMMs reach 51 % of it
+    against the H100's 80 % (``cost_model.matmul``): the "fastest group alone" baseline runs on the H100s. The
+    negative control: without the measured figures the larger peak wins."""
+    groups = [{"gpu": "mi300x", "nodes": 1}, {"gpu": "H100-SXM", "nodes": 1}]
+    result = solve(_request(groups, layers=4, batch=16))
+    assert result.hetero is not None
+    base = result.hetero.baselines["fastest_group"]
+    assert base is not None and "H100" in base.note, base
+    bare = [{"gpu": datasheet_only(name), "nodes": 1} for name in ("mi300x", "h100")]
+    req: HybridRequest = parse(HybridRequest, _request(bare, layers=4, batch=16))
+    assert req.cluster.groups is not None
+    assert req.cluster.groups[fastest(req.cluster.groups, "bf16")].gpu.name == "mi300x-datasheet"
