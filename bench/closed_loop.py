@@ -390,6 +390,7 @@ def main() -> int:
     interleaved: dict[str, float] = {}
     samples: dict[str, list[float]] = {}
     profile_of_nodes: dict[int, dict[str, Any]] = {}
+    passes_of_nodes: dict[int, list[dict[str, Any]]] = {}  # each launch's profile passes before the merge
     profile_spec = {**PROFILE_SPEC, "repeats": args.repeats} if in_launch else None
     launches = sorted({plans[n][2] for n in names} if args.interleave else set(plans[n][2] for n in names) - {1})
     for nnodes in launches:  # a multi-node run is its own launch (its nodes meet at one rendezvous)
@@ -402,6 +403,7 @@ def main() -> int:
         if got["profiles"]:
             from worker.profiler import merge_profiles
 
+            passes_of_nodes[nnodes] = got["profiles"]
             merged = merge_profiles(got["profiles"])
             profile_of_nodes[nnodes] = merged
             describe(merged, f"{nnodes}-node launch, {len(got['profiles'])} profile passes "
@@ -440,7 +442,9 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "mape": mape, "spearman": rho,
                                          "samples": samples,
-                                         "profiles": {str(k): v for k, v in profile_of_nodes.items()}}, indent=1))
+                                         "profiles": {str(k): v for k, v in profile_of_nodes.items()},
+                                         "profile_passes": {str(k): v for k, v in passes_of_nodes.items()}},
+                                        indent=1))
     return 0
 
 
