@@ -33,7 +33,7 @@ from solvers.cost_model.aggregate import GIB, evaluate_plan
 from solvers.cost_model.base import CostModel, Estimate, LayerCosts, PipelineTraits, StageContext, StageFixed
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration
 from solvers.cost_model.flops import head_forward_flops, model_flops_per_step
-from solvers.cost_model.matmul import matmul_scale
+from solvers.cost_model.matmul import linear_gemm_flops, matmul_scale
 from solvers.cost_model.profile import CollectiveOp, Profile
 from solvers.cost_model.shapes import LayerShape, layer_shape
 from solvers.cost_model.stack import stack_terms
@@ -151,7 +151,7 @@ class AnalyticCostModel(CostModel):
         self.peak_flops_16 = cluster.gpu.peak_flops("bf16") if training.precision == "fp8" else self.peak_flops
         # what the GEMM curve prices against: the peaks scaled by this GPU's measured matmul share (matmul.py)
         self.matmul = matmul_scale(cluster.gpu, training.precision)
-        self.gemm_flops = self.peak_flops * self.matmul.linear
+        self.gemm_flops = linear_gemm_flops(cluster.gpu, training.precision)
         self.gemm_flops_16 = self.peak_flops_16 * self.matmul.sixteen_bit
         self.hbm_Bps = cluster.gpu.memory_bandwidth_GBps * 1e9 * calibration.hbm_efficiency
         self.links = comm.Links.of(cluster, calibration.intra_efficiency, calibration.inter_efficiency,

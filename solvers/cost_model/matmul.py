@@ -75,3 +75,9 @@ def matmul_scale(gpu: GPUSpec, precision: Precision) -> MatmulScale:
             + f"; the constants describe {100 * REFERENCE_SHARE:.1f} % on the {REFERENCE_NAME}")
     return MatmulScale(linear_share=lin, sixteen_bit_share=six,
                        measured=all(share is not None for _, share, _ in parts), note=note)
+
+
+def linear_gemm_flops(gpu: GPUSpec, precision: Precision) -> float:
+    """The FLOP/s the GEMM curve prices ``gpu``'s linear layers against: its peak at ``precision`` scaled by its
+    measured matmul share (the cost model's, and what ranks the GPU types of a mixed fleet by speed)."""
+    return gpu.peak_flops(precision) * matmul_scale(gpu, precision).linear

@@ -11,7 +11,7 @@ from typing import Any
 from solvers.cost_model.aggregate import GIB
 from solvers.cost_model.factory import make_cost_model
 from solvers.cost_model.hetero import HeteroCostModel
-from solvers.cost_model.matmul import matmul_scale
+from solvers.cost_model.matmul import linear_gemm_flops
 from solvers.documents.hybrid import HeteroDoc, HybridResult
 from solvers.errors import SpecError
 from solvers.hybrid import baselines
@@ -30,12 +30,9 @@ def homogeneous(request: dict[str, Any], gpu: dict[str, Any], nodes: int, gpus_p
 
 def fastest(groups: tuple[NodeGroup, ...], precision: Any) -> int:
     """The group whose GPUs the cost model prices fastest: the highest peak at the request's precision times the
-    share of it their GEMMs reach (``cost_model.matmul``; the larger group on a tie). By datasheet peak alone an
+    share of it their GEMMs reach (``matmul.linear_gemm_flops``; the larger group on a tie). By datasheet peak alone an
     MI300X (1307 TFLOP/s bf16, 51 % reached) would outrank an H100 (989, 80 % reached)."""
-    def speed(g: NodeGroup) -> float:
-        return g.gpu.peak_flops(precision) * matmul_scale(g.gpu, precision).linear
-
-    return max(range(len(groups)), key=lambda i: (speed(groups[i]), groups[i].num_gpus))
+    return max(range(len(groups)), key=lambda i: (linear_gemm_flops(groups[i].gpu, precision), groups[i].num_gpus))
 
 
 def report(result: HybridResult, req: HybridRequest, request: dict[str, Any], cm: HeteroCostModel,
