@@ -89,21 +89,13 @@ def _gathered(rows: list[list[float]]) -> list[list[list[float]]]:
     return [t.tolist() for t in out]
 
 
-def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int,
-               block: torch.nn.Module | None = None, seq_shards: int = 1, together: bool = True
-               ) -> tuple[float, float]:
-    """(forward, backward) seconds of one block (a fresh one, or ``block``) on a (batch, seq, hidden) input;
-    with ``seq_shards`` > 1 each rank holds its sequence shard, as Megatron SP hands the residual between blocks.
-    ``together`` (with a process group): every rank runs each repeat's forward at once, then its backward at
-    once, and each counts as long as its slowest rank took (the same result on every rank)."""
-    torch.manual_seed(0)
-    block = block if block is not None else Block(cfg).to(device)
-    x = torch.randn(batch, seq // seq_shards, cfg.hidden_size, device=device, requires_grad=True)
-    grad = torch.randn(batch, seq // seq_shards, cfg.hidden_size, device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    together = together and dist.is_initialized()
+def _timed_passes(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, count: int, together: bool
+                  ) -> list[list[float]]:
+    """This rank's (forward, backward) seconds of ``count`` passes of ``block`` on ``x``; ``together``: every rank
+    starts each pass's forward at once, then its backward at once (the process group is up)."""
+    sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
     rows: list[list[float]] = []
-    for i in range(repeats + 1):
+    for _ in range(count):
         sync()
         if together:
             # every rank starts each repeat together, as data-parallel ranks start each micro-batch: left to drift
@@ -120,9 +112,29 @@ def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, rep
         t2 = time.perf_counter()
         y.backward(grad)
         sync()
-        t3 = time.perf_counter()
-        if i:  # the first pass warms allocator and kernels up
-            rows.append([t1 - t0, t3 - t2])
+        rows.append([t1 - t0, time.perf_counter() - t2])
+    return rows
+
+
+def _layer_input(cfg: ModelConfig, batch: int, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (batch, seq, hidden) input to a block and the gradient its output gets back, the same on every rank."""
+    torch.manual_seed(0)
+    x = torch.randn(batch, seq, cfg.hidden_size, device=device, requires_grad=True)
+    return x, torch.randn(batch, seq, cfg.hidden_size, device=device)
+
+
+def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int,
+               block: torch.nn.Module | None = None, seq_shards: int = 1, together: bool = True
+               ) -> tuple[float, float]:
+    """(forward, backward) seconds of one block (a fresh one, or ``block``) on a (batch, seq, hidden) input;
+    with ``seq_shards`` > 1 each rank holds its sequence shard, as Megatron SP hands the residual between blocks.
+    ``together`` (with a process group): every rank runs each repeat's forward at once, then its backward at
+    once, and each counts as long as its slowest rank took (the same result on every rank)."""
+    torch.manual_seed(0)
+    block = block if block is not None else Block(cfg).to(device)
+    x, grad = _layer_input(cfg, batch, seq // seq_shards, device)
+    together = together and dist.is_initialized()
+    rows = _timed_passes(block, x, grad, repeats + 1, together)[1:]  # the first pass warms allocator and kernels up
     if together:
         # A pass lasts until its slowest rank is done: ranks sharing a host's cores do not progress evenly (one
         # finishes early and idles at the next barrier, lending its core to the others), and whatever synchronises
@@ -315,14 +327,36 @@ def host_contention(cfg: ModelConfig, batch: int, seq: int, device: torch.device
     return {"busy_ranks": dist.get_world_size(), "slowdown": max(1.0, busy_s / float(alone[0]))}
 
 
+def paired_fsdp_overheads(rows: Sequence[Sequence[float]], gather_s: float, scatter_s: float
+                          ) -> list[dict[str, Any]]:
+    """FSDP2's per-layer overhead entries from rounds of paired timings: each row is one round's (forward,
+    backward) seconds of two plain blocks, then of the two blocks sharded with resharding, then without, run
+    back to back. Per round, the sharded pair's time less the plain pair's, halved, less the collectives FSDP
+    issues for one layer (all-gather forward, reduce-scatter backward, all-gather again backward when
+    resharding); the median round.
+
+    The overhead is a small difference of two large timings: taken as the difference of two medians, each over a
+    few repeats minutes apart, a load swing on a shared host between them became the overhead (24-211 ms per
+    layer over four passes of one launch). A round's timings share its load, so the swing cancels in the pair."""
+    out = []
+    for col, reshard in ((2, True), (4, False)):
+        forward = statistics.median((r[col] - r[0]) / 2 - gather_s for r in rows)
+        backward = statistics.median((r[col + 1] - r[1]) / 2 - scatter_s - (gather_s if reshard else 0.0)
+                                     for r in rows)
+        out.append({"parallelism": "fsdp", "reshard": reshard, "forward_ms": 1e3 * max(0.0, forward),
+                    "backward_ms": 1e3 * max(0.0, backward)})
+    return out
+
+
 def fsdp_overheads(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int,
                    collectives: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """FSDP2's own cost per layer beyond the plain layer and its collectives (hooks, copy-in/copy-out,
-    DTensor bookkeeping), with and without resharding after forward, over all ranks of the node.
+    DTensor bookkeeping), with and without resharding after forward, over all ranks of the node
+    (``paired_fsdp_overheads``; the same on every rank).
 
     Two blocks under a parameterless root, as the runtime shards a model (the root's own parameters would
-    not be resharded); their time less two plain blocks' time less the collectives FSDP issues for them
-    (all-gather forward, reduce-scatter backward, all-gather again backward when resharding), timed by the
+    not be resharded), against two plain blocks, the three run in turn in each of ``max(9, 3 * repeats)`` rounds
+    (each pass as long as its slowest rank took, as ``layer_time``); the collectives FSDP issues are timed by the
     collective fit of this same profile."""
     from torch.distributed.fsdp import fully_shard
 
@@ -335,34 +369,31 @@ def fsdp_overheads(cfg: ModelConfig, batch: int, seq: int, device: torch.device,
     across = _nodes(world) > 1  # the world group spans the nodes of a multi-node launch
     mesh = _mesh(device.type, (world,), ("fsdp",))
 
-    def pair() -> torch.nn.Sequential:
+    def pair(reshard: bool | None) -> torch.nn.Module:
         torch.manual_seed(0)
-        return torch.nn.Sequential(Block(cfg), Block(cfg)).to(device)
+        model = torch.nn.Sequential(Block(cfg), Block(cfg)).to(device)
+        if reshard is not None:
+            for block in model:
+                fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        return model
 
-    dist.barrier()
-    plain_f, plain_b = layer_time(cfg, batch, seq, device, repeats, block=pair())
     param_bytes = float(sum(p.numel() * p.element_size() for p in Block(cfg).parameters()))
 
     def coll(op: CollectiveOp) -> float:
         t = float(fit.collective_s(op, np.array(param_bytes), np.array(world), np.array(across)))
         return t if math.isfinite(t) else 0.0
 
-    gather, scatter = coll("allgather"), coll("reduce_scatter")
-    out = []
-    for reshard in (True, False):
-        model = pair()
-        for block in model:
-            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
-        dist.barrier()
-        f, b = layer_time(cfg, batch, seq, device, repeats, block=model)
-        extra = torch.tensor([(f - plain_f) / 2 - gather, (b - plain_b) / 2 - scatter - (gather if reshard else 0.0)],
-                             dtype=torch.float64)
-        dist.all_reduce(extra)
-        extra /= world
-        out.append({"parallelism": "fsdp", "reshard": reshard, "forward_ms": 1e3 * max(0.0, float(extra[0])),
-                    "backward_ms": 1e3 * max(0.0, float(extra[1]))})
-    return out
+    models = [pair(None), pair(True), pair(False)]
+    x, grad = _layer_input(cfg, batch, seq, device)
+    for model in models:  # warm-up
+        _timed_passes(model, x, grad, 1, together=True)
+    rows = []
+    for i in range(max(9, 3 * repeats)):
+        # each model first in a third of the rounds: a load that builds up within a round hits all three alike
+        times = {k: _timed_passes(models[k], x, grad, 1, together=True)[0] for k in ((i + j) % 3 for j in range(3))}
+        rows.append([t for k in range(3) for t in times[k]])
+    return paired_fsdp_overheads(slowest_rank(_gathered(rows)), coll("allgather"), coll("reduce_scatter"))
 
 
 def optimizer_s_per_param(cfg: ModelConfig, device: torch.device, repeats: int, blocks: int = 1) -> float:

@@ -1,5 +1,6 @@
-"""``worker.profiler``'s timing rule: with every rank measuring at once, a repeat lasts as long as its slowest rank
-took (a synchronised plan waits for the last rank), on every rank alike."""
+"""``worker.profiler``'s timing rules: with every rank measuring at once, a repeat lasts as long as its slowest rank
+took (a synchronised plan waits for the last rank), on every rank alike; FSDP2's overhead, a small difference of
+two large timings, is taken from paired rounds."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from worker.profiler import layer_time, slowest_rank
+from solvers.cost_model.profile import Profile
+from worker.profiler import fsdp_overheads, layer_time, paired_fsdp_overheads, profile_collectives, slowest_rank
 from worker.runtime.model import ModelConfig
 
 CFG = ModelConfig(num_layers=1, hidden_size=16, num_heads=2, num_kv_heads=2, head_dim=8, ffn_hidden_size=32,
@@ -61,3 +63,58 @@ def test_a_repeat_lasts_until_the_slowest_rank_is_done_on_every_rank() -> None:
     assert forward >= 0.08 and backward < 0.08  # rank 1's slow forward (not rank 0's fast one), outside backward
     alone = layer_time(CFG, 1, 4, torch.device("cpu"), 3, block=_Slow(0.0))  # no process group: this process's own
     assert alone[0] < 0.08
+
+
+# (forward, backward) seconds of one plain block and FSDP2's own per-layer overhead, with and without resharding
+PLAIN, GATHER, SCATTER = (0.30, 0.55), 0.004, 0.005
+RESHARD, KEEP = (0.010, 0.030), (0.006, 0.012)
+
+
+def _rounds(loads: list[float]) -> list[list[float]]:
+    """Paired rounds of two plain blocks, two sharded with resharding, two without, each round under its own
+    load (a multiple of the compute)."""
+    rows = []
+    for load in loads:
+        f, b = 2 * PLAIN[0] * load, 2 * PLAIN[1] * load
+        rows.append([f, b, f + 2 * (GATHER + RESHARD[0]), b + 2 * (SCATTER + GATHER + RESHARD[1]),
+                     f + 2 * (GATHER + KEEP[0]), b + 2 * (SCATTER + KEEP[1])])
+    return rows
+
+
+def test_the_fsdp_overhead_is_the_median_paired_difference_whatever_the_load_of_each_round() -> None:
+    loads = [1.0, 2.5, 1.4, 3.0, 1.1, 2.0, 1.7, 2.8, 1.2]  # a shared host: the load swings 3x between rounds
+    got = {o["reshard"]: o for o in paired_fsdp_overheads(_rounds(loads), GATHER, SCATTER)}
+    for reshard, (forward, backward) in ((True, RESHARD), (False, KEEP)):
+        assert got[reshard]["parallelism"] == "fsdp"
+        assert got[reshard]["forward_ms"] == pytest.approx(1e3 * forward)
+        assert got[reshard]["backward_ms"] == pytest.approx(1e3 * backward)
+    # negative control: the same timings unpaired (each sharded pass set against the plain pass of the next round)
+    rows = _rounds(loads)
+    shifted = [[*rows[(i + 1) % len(rows)][:2], *row[2:]] for i, row in enumerate(rows)]
+    off = {o["reshard"]: o for o in paired_fsdp_overheads(shifted, GATHER, SCATTER)}
+    assert abs(off[True]["backward_ms"] - 1e3 * RESHARD[1]) > 50
+
+
+def _fsdp_rank(rank: int, port: int, out: dict[int, list[dict[str, object]]]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        collectives = profile_collectives(2, torch.device("cpu"), 2)
+        out[rank] = fsdp_overheads(CFG, 1, 4, torch.device("cpu"), 1, collectives)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_fsdp_overheads_are_measured_on_real_ranks_and_agree_on_every_rank() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_fsdp_rank, args=(port, out), nprocs=2)
+        got = dict(out)
+    assert got[0] == got[1]  # one figure for the node, whichever rank reports it
+    assert sorted(o["reshard"] for o in got[0]) == [False, True]
+    assert all(0 <= o["forward_ms"] < 1e4 and 0 <= o["backward_ms"] < 1e4 for o in got[0])
+    Profile.model_validate({"overheads": got[0]})  # the profile document takes them as they come
