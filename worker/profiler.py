@@ -311,20 +311,34 @@ def profile_moe_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[
     return out
 
 
-def host_contention(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int,
-                    busy_s: float) -> dict[str, Any] | None:
-    """How much slower a layer runs with every rank of the node busy (``busy_s``, measured by
-    ``profile_layers``) than on one rank alone while the others wait: on a CPU host the ranks share cores,
-    and the cost model gives an idle pipeline rank's cores back to the busy ones. None on GPUs (one each)."""
+def paired_slowdown(rows: Sequence[Sequence[float]]) -> float:
+    """How much slower a layer runs with every rank busy than on one rank alone, from rounds of paired timings: each
+    row is one round's (forward, backward) seconds with every rank busy, then the seconds alone, back to back; the
+    median round's ratio, at least 1. A round's two timings share its load, which on a shared host swings between
+    rounds (as ``paired_fsdp_overheads``)."""
+    return max(1.0, statistics.median((r[0] + r[1]) / r[2] for r in rows))
+
+
+def host_contention(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int
+                    ) -> dict[str, Any] | None:
+    """How much slower a layer runs with every rank of the node busy than on one rank alone while the others
+    wait (``paired_slowdown`` over ``max(9, 3 * repeats)`` rounds; the same on every rank): on a CPU host the ranks
+    share cores, and the cost model gives an idle pipeline rank's cores back to the busy ones. None on GPUs (one
+    each)."""
     if device.type != "cpu":
         return None
-    alone = torch.zeros(1, dtype=torch.float64)
-    dist.barrier()
-    if dist.get_rank() == 0:
-        alone[0] = sum(layer_time(cfg, batch, seq, device, repeats, together=False))
-    dist.barrier()
-    dist.broadcast(alone, src=0)
-    return {"busy_ranks": dist.get_world_size(), "slowdown": max(1.0, busy_s / float(alone[0]))}
+    torch.manual_seed(0)
+    block = Block(cfg).to(device)
+    x, grad = _layer_input(cfg, batch, seq, device)
+    _timed_passes(block, x, grad, 1, together=True)  # warm-up
+    rows = []
+    for _ in range(max(9, 3 * repeats)):
+        busy = _timed_passes(block, x, grad, 1, together=True)[0]
+        dist.barrier()
+        alone = sum(_timed_passes(block, x, grad, 1, together=False)[0]) if dist.get_rank() == 0 else 0.0
+        dist.barrier()
+        rows.append([*busy, alone])  # the other ranks' 0 s alone: the slowest rank's is rank 0's
+    return {"busy_ranks": dist.get_world_size(), "slowdown": paired_slowdown(slowest_rank(_gathered(rows)))}
 
 
 def paired_fsdp_overheads(rows: Sequence[Sequence[float]], gather_s: float, scatter_s: float
@@ -571,8 +585,7 @@ def measure_node(full: ModelConfig, batches: Sequence[int], seqs: Sequence[int],
     overheads = fsdp_overheads(cfg, int(mid["batch"]), seq0, device, repeats, collectives)
     if pause:
         pause()
-    host = host_contention(cfg, int(mid["batch"]), seq0, device, repeats,
-                           (mid["forward_ms"] + mid["backward_ms"]) / 1e3)
+    host = host_contention(cfg, int(mid["batch"]), seq0, device, repeats)
     if pause:
         pause()
     # as many of the model's blocks as fit in 2^26 parameters (a small model's whole stack; one block of a large one)

@@ -14,7 +14,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from solvers.cost_model.profile import Profile
-from worker.profiler import fsdp_overheads, layer_time, paired_fsdp_overheads, profile_collectives, slowest_rank
+from worker.profiler import (
+    fsdp_overheads,
+    host_contention,
+    layer_time,
+    paired_fsdp_overheads,
+    paired_slowdown,
+    profile_collectives,
+    slowest_rank,
+)
 from worker.runtime.model import ModelConfig
 
 CFG = ModelConfig(num_layers=1, hidden_size=16, num_heads=2, num_kv_heads=2, head_dim=8, ffn_hidden_size=32,
@@ -95,18 +103,29 @@ def test_the_fsdp_overhead_is_the_median_paired_difference_whatever_the_load_of_
     assert abs(off[True]["backward_ms"] - 1e3 * RESHARD[1]) > 50
 
 
-def _fsdp_rank(rank: int, port: int, out: dict[int, list[dict[str, object]]]) -> None:
+def test_the_host_slowdown_is_the_median_paired_ratio_whatever_the_load_of_each_round() -> None:
+    loads = [1.0, 2.5, 1.4, 3.0, 1.1, 2.0, 1.7, 2.8, 1.2]
+    rows = [[0.6 * 2.2 * load, 1.1 * 2.2 * load, 1.7 * load] for load in loads]  # busy 2.2x slower than alone
+    assert paired_slowdown(rows) == pytest.approx(2.2)
+    assert paired_slowdown([[0.5, 0.5, 1.5]]) == 1.0  # never faster busy than alone
+    # negative control: each busy pass set against the next round's alone pass
+    shifted = [[*row[:2], rows[(i + 1) % len(rows)][2]] for i, row in enumerate(rows)]
+    assert abs(paired_slowdown(shifted) - 2.2) > 0.3
+
+
+def _fsdp_rank(rank: int, port: int, out: dict[int, object]) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         collectives = profile_collectives(2, torch.device("cpu"), 2)
-        out[rank] = fsdp_overheads(CFG, 1, 4, torch.device("cpu"), 1, collectives)
+        out[rank] = (fsdp_overheads(CFG, 1, 4, torch.device("cpu"), 1, collectives),
+                     host_contention(CFG, 1, 4, torch.device("cpu"), 1))
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.timeout(120)
-def test_fsdp_overheads_are_measured_on_real_ranks_and_agree_on_every_rank() -> None:
+def test_fsdp_overheads_and_host_contention_are_measured_on_real_ranks_and_agree_on_every_rank() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -115,6 +134,8 @@ def test_fsdp_overheads_are_measured_on_real_ranks_and_agree_on_every_rank() -> 
         mp.spawn(_fsdp_rank, args=(port, out), nprocs=2)
         got = dict(out)
     assert got[0] == got[1]  # one figure for the node, whichever rank reports it
-    assert sorted(o["reshard"] for o in got[0]) == [False, True]
-    assert all(0 <= o["forward_ms"] < 1e4 and 0 <= o["backward_ms"] < 1e4 for o in got[0])
-    Profile.model_validate({"overheads": got[0]})  # the profile document takes them as they come
+    overheads, host = got[0]
+    assert sorted(o["reshard"] for o in overheads) == [False, True]
+    assert all(0 <= o["forward_ms"] < 1e4 and 0 <= o["backward_ms"] < 1e4 for o in overheads)
+    assert host["busy_ranks"] == 2 and 1.0 <= host["slowdown"] < 100
+    Profile.model_validate({"overheads": overheads, "host": host})  # the profile document takes them as they come
