@@ -311,6 +311,12 @@ def profile_moe_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[
     return out
 
 
+def _paired_rounds(repeats: int) -> int:
+    """How many rounds a paired measurement (``host_contention``, ``fsdp_overheads``) takes: a median of rounds
+    needs more of them than a median of ``repeats`` passes of one timing."""
+    return max(9, 3 * repeats)
+
+
 def paired_slowdown(rows: Sequence[Sequence[float]]) -> float:
     """How much slower a layer runs with every rank busy than on one rank alone, from rounds of paired timings: each
     row is one round's (forward, backward) seconds with every rank busy, then the seconds alone, back to back; the
@@ -322,7 +328,7 @@ def paired_slowdown(rows: Sequence[Sequence[float]]) -> float:
 def host_contention(cfg: ModelConfig, batch: int, seq: int, device: torch.device, repeats: int
                     ) -> dict[str, Any] | None:
     """How much slower a layer runs with every rank of the node busy than on one rank alone while the others
-    wait (``paired_slowdown`` over ``max(9, 3 * repeats)`` rounds; the same on every rank): on a CPU host the ranks
+    wait (``paired_slowdown`` over ``_paired_rounds(repeats)`` rounds; the same on every rank): on a CPU host the ranks
     share cores, and the cost model gives an idle pipeline rank's cores back to the busy ones. None on GPUs (one
     each)."""
     if device.type != "cpu":
@@ -332,7 +338,7 @@ def host_contention(cfg: ModelConfig, batch: int, seq: int, device: torch.device
     x, grad = _layer_input(cfg, batch, seq, device)
     _timed_passes(block, x, grad, 1, together=True)  # warm-up
     rows = []
-    for _ in range(max(9, 3 * repeats)):
+    for _ in range(_paired_rounds(repeats)):
         busy = _timed_passes(block, x, grad, 1, together=True)[0]
         dist.barrier()
         alone = sum(_timed_passes(block, x, grad, 1, together=False)[0]) if dist.get_rank() == 0 else 0.0
@@ -369,7 +375,7 @@ def fsdp_overheads(cfg: ModelConfig, batch: int, seq: int, device: torch.device,
     (``paired_fsdp_overheads``; the same on every rank).
 
     Two blocks under a parameterless root, as the runtime shards a model (the root's own parameters would
-    not be resharded), against two plain blocks, the three run in turn in each of ``max(9, 3 * repeats)`` rounds
+    not be resharded), against two plain blocks, the three run in turn in each of ``_paired_rounds(repeats)`` rounds
     (each pass as long as its slowest rank took, as ``layer_time``); the collectives FSDP issues are timed by the
     collective fit of this same profile."""
     from torch.distributed.fsdp import fully_shard
@@ -403,7 +409,7 @@ def fsdp_overheads(cfg: ModelConfig, batch: int, seq: int, device: torch.device,
     for model in models:  # warm-up
         _timed_passes(model, x, grad, 1, together=True)
     rows = []
-    for i in range(max(9, 3 * repeats)):
+    for i in range(_paired_rounds(repeats)):
         # each model first in a third of the rounds: a load that builds up within a round hits all three alike
         times = {k: _timed_passes(models[k], x, grad, 1, together=True)[0] for k in ((i + j) % 3 for j in range(3))}
         rows.append([t for k in range(3) for t in times[k]])

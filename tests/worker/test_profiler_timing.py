@@ -5,8 +5,9 @@ two large timings, is taken from paired rounds."""
 from __future__ import annotations
 
 import os
-import socket
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from solvers.cost_model.profile import Profile
+from tests.conftest import free_port
 from worker.profiler import (
     fsdp_overheads,
     host_contention,
@@ -48,24 +50,30 @@ class _Slow(torch.nn.Module):
         return self.lin(x)
 
 
-def _rank(rank: int, port: int, out: dict[int, tuple[float, float]]) -> None:
+def _on_rank(rank: int, port: int, out: dict[int, Any], measure: Callable[[int], Any]) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        out[rank] = layer_time(CFG, 1, 4, torch.device("cpu"), 3, block=_Slow(0.08 if rank == 1 else 0.0))
+        out[rank] = measure(rank)
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.timeout(60)
-def test_a_repeat_lasts_until_the_slowest_rank_is_done_on_every_rank() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def _on_two_ranks(measure: Callable[[int], Any]) -> dict[int, Any]:
+    """``measure(rank)`` on each of two real gloo processes, by rank."""
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_rank, args=(port, out), nprocs=2)
-        times = dict(out)
+        mp.spawn(_on_rank, args=(free_port(), out, measure), nprocs=2)
+        return dict(out)
+
+
+def _layer_time_with_a_slow_rank_1(rank: int) -> tuple[float, float]:
+    return layer_time(CFG, 1, 4, torch.device("cpu"), 3, block=_Slow(0.08 if rank == 1 else 0.0))
+
+
+@pytest.mark.timeout(60)
+def test_a_repeat_lasts_until_the_slowest_rank_is_done_on_every_rank() -> None:
+    times = _on_two_ranks(_layer_time_with_a_slow_rank_1)
     assert times[0] == times[1]  # the same on every rank
     forward, backward = times[0]
     assert forward >= 0.08 and backward < 0.08  # rank 1's slow forward (not rank 0's fast one), outside backward
@@ -113,26 +121,15 @@ def test_the_host_slowdown_is_the_median_paired_ratio_whatever_the_load_of_each_
     assert abs(paired_slowdown(shifted) - 2.2) > 0.3
 
 
-def _fsdp_rank(rank: int, port: int, out: dict[int, object]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        collectives = profile_collectives(2, torch.device("cpu"), 2)
-        out[rank] = (fsdp_overheads(CFG, 1, 4, torch.device("cpu"), 1, collectives),
-                     host_contention(CFG, 1, 4, torch.device("cpu"), 1))
-    finally:
-        dist.destroy_process_group()
+def _fsdp_and_host(rank: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    collectives = profile_collectives(2, torch.device("cpu"), 2)
+    return (fsdp_overheads(CFG, 1, 4, torch.device("cpu"), 1, collectives),
+            host_contention(CFG, 1, 4, torch.device("cpu"), 1))
 
 
 @pytest.mark.timeout(120)
 def test_fsdp_overheads_and_host_contention_are_measured_on_real_ranks_and_agree_on_every_rank() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.spawn(_fsdp_rank, args=(port, out), nprocs=2)
-        got = dict(out)
+    got = _on_two_ranks(_fsdp_and_host)
     assert got[0] == got[1]  # one figure for the node, whichever rank reports it
     overheads, host = got[0]
     assert sorted(o["reshard"] for o in overheads) == [False, True]
