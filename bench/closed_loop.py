@@ -32,8 +32,9 @@ What the profile carries beyond layer and collective times (all measured by ``wo
 to these plans): layer times with every rank busy (each repeat as long as its slowest rank took, as the next
 synchronisation waits for it; the median repeat), Megatron-SP layer times as the runtime runs them,
 ring-attention layers as the runtime runs them (cp 2 and 4, the ring's exchanges inside), the model's MoE layer
-(all experts on one rank, and under tp 2 / 4 with and without SP with its experts split over the tp ranks, the
-expert-TP exchanges inside), FSDP2's per-layer wrapper overhead with and without resharding, the host
+as the runtime runs it (all experts on one rank; under tp 2 / 4 with and without SP with its experts split over
+the tp ranks, the expert-TP exchanges inside; its experts dealt over ep 2 / 4 ranks, alone and with tp 2, the
+dispatch and combine all-to-alls inside), FSDP2's per-layer wrapper overhead with and without resharding, the host
 contention (a layer with all ranks busy vs one rank alone: idle pipeline ranks hand their cores to busy ones;
 the cost model simulates GPipe and 1F1B steps under that processor sharing), p2p send/recv (the cluster's link
 bandwidth in the request, ``measured_links``) and the AdamW step time per parameter over the model's blocks

@@ -164,29 +164,36 @@ def tensor_parallel_block(cfg: ModelConfig, tp: int, device: torch.device, seque
     return block, mesh["tp"]
 
 
-def tensor_parallel_moe_block(cfg: ModelConfig, moe_index: int, tp: int, device: torch.device,
-                              sequence_parallel: bool) -> tuple[Block, DeviceMesh]:
-    """The model's MoE block as the runtime runs it in a layer of tensor parallelism ``tp`` (contiguous groups,
-    every group at once) whose experts keep the default expert TP (etp = tp) and no expert parallelism: attention
-    sharded as ``tensor_parallel_block``, every expert's MLP split over the tp ranks (the fold's etp groups are the
-    tp groups), the router replicated (``worker.runtime.expert_parallel``)."""
+def moe_block(cfg: ModelConfig, moe_index: int, tp: int, ep: int, device: torch.device, sequence_parallel: bool
+              ) -> tuple[Block, DeviceMesh | None]:
+    """The model's MoE block as the runtime runs it in a layer of tensor parallelism ``tp`` whose experts keep the
+    default expert TP (etp = tp) and are dealt over ``ep`` ranks, every group at once: the runtime's fold mesh
+    edp x ep x etp over the ranks (``worker.runtime.expert_parallel``: etp groups are the contiguous tp groups, ep
+    ranks etp apart), attention sharded as ``tensor_parallel_block``, every expert's MLP split over the tp ranks,
+    the router replicated. Returns the block and its tp mesh (None at tp = 1)."""
     from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
 
     from worker.runtime.moe import MoELayer
     from worker.runtime.tensor_parallel import tensor_parallel_block as shard_block
 
-    mesh = _mesh(device.type, (dist.get_world_size() // tp, tp), ("dp", "tp"))
-    group = mesh["tp"].get_group()
     torch.manual_seed(0)
     block = Block(cfg, moe_index).to(device)
+    if tp == ep == 1:
+        return block, None
+    world = dist.get_world_size()
+    fold = _mesh(device.type, (world // (ep * tp), ep, tp), ("edp", "ep", "etp"))
+    tp_mesh = _mesh(device.type, (world // tp, tp), ("dp", "tp"))["tp"] if tp > 1 else None
+    tp_group = tp_mesh.get_group() if tp_mesh is not None else None
     full = block.feed_forward
     assert isinstance(full, MoELayer)
     # without SP the tp ranks hold the same tokens and each routes its 1/tp of them
-    layer = MoELayer.sharded_from(full, None, group, None if sequence_parallel else group)
-    parallelize_module(layer.router.gate, mesh["tp"], SequenceParallel(sequence_dim=0, use_local_output=True))
+    layer = MoELayer.sharded_from(full, fold["ep"].get_group() if ep > 1 else None, tp_group,
+                                  None if sequence_parallel else tp_group)
     block.feed_forward = layer
-    shard_block(block, mesh["tp"], sequence_parallel)
-    return block, mesh["tp"]
+    if tp_mesh is not None:
+        parallelize_module(layer.router.gate, tp_mesh, SequenceParallel(sequence_dim=0, use_local_output=True))
+        shard_block(block, tp_mesh, sequence_parallel)
+    return block, tp_mesh
 
 
 def tensor_parallel_layer_time(cfg: ModelConfig, block: Block, tp_mesh: DeviceMesh, sequence_parallel: bool,
@@ -276,36 +283,44 @@ def profile_context_parallel_layers(cfg: ModelConfig, batches: Sequence[int], se
     return out
 
 
+def moe_layouts(cfg: ModelConfig, seq: int, tps: Sequence[int], world: int) -> list[tuple[int, bool, int]]:
+    """The (tp, sp, ep) layouts ``profile_moe_layers`` measures the MoE layer in at ``seq``: tp 1 and each degree of
+    ``tps`` that divides the sequence and the expert width (with and without SP), each at ep 1 and at every ep of
+    2, 4, 8 that divides the experts with ep x tp dividing the world."""
+    assert cfg.moe is not None
+    tp_sp = [(1, False)] + [(t, sp) for t in tps if t > 1 and seq % t == 0 and cfg.moe.ffn_hidden_size % t == 0
+                            for sp in (False, True)]
+    return [(tp, sp, ep) for tp, sp in tp_sp for ep in (1, 2, 4, 8)
+            if cfg.moe.num_experts % ep == 0 and world % (tp * ep) == 0]
+
+
 def profile_moe_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int], device: torch.device,
                        repeats: int, pause: Pause = None, tps: Sequence[int] = ()) -> list[dict[str, Any]]:
-    """The model's MoE layer (router, capacity, all its experts on this rank: ep = etp = 1) by batch and sequence,
-    ``layer_type`` "moe", the slowest rank's; none for a dense model. An expert-parallel rank computes the same
-    routed rows of its experts (balanced routing); its all-to-alls are priced from the collectives. For each
-    tensor-parallel degree in ``tps`` (> 1), with and without Megatron SP, the layer as a TP layer with expert TP
-    runs it (``tensor_parallel_moe_block``: etp = tp), less its attention's collectives; its expert-TP exchanges
-    stay in the time."""
+    """The model's MoE layer (router, capacity, experts) as the runtime runs it in each layout of ``moe_layouts``
+    (``moe_block``), by batch and sequence, ``layer_type`` "moe", the slowest rank's; none for a dense model. Under
+    TP, less its attention's collectives: its expert-TP exchanges stay in the time; under expert parallelism
+    (``ep`` > 1) so do its token dispatch and combine all-to-alls, as the runtime issues them (the count exchange,
+    uneven splits, a rank's experts on the rows all ep ranks routed to them)."""
     moe_index = next((i for i in range(cfg.num_layers) if cfg.is_moe_layer(i)), None)
     if moe_index is None:
         return []
-    assert cfg.moe is not None
     out = []
     for seq in seqs:
-        for tp, sp in [(1, False)] + [(t, sp) for t in tps if t > 1 and seq % t == 0
-                                      and cfg.moe.ffn_hidden_size % t == 0 for sp in (False, True)]:
-            sharded = tensor_parallel_moe_block(cfg, moe_index, tp, device, sp) if tp > 1 else None
+        for tp, sp, ep in moe_layouts(cfg, seq, tps, dist.get_world_size()):
+            block, tp_mesh = moe_block(cfg, moe_index, tp, ep, device, sp)
             for batch in batches:
                 dist.barrier()
-                if sharded is None:
-                    torch.manual_seed(0)
-                    block = Block(cfg, moe_index).to(device)
+                if tp_mesh is None:
                     f, b = layer_time(cfg, batch, seq, device, repeats, block=block)
                 else:
-                    f, b = tensor_parallel_layer_time(cfg, *sharded, sp, batch, seq, device, repeats, sublayers=1)
+                    f, b = tensor_parallel_layer_time(cfg, block, tp_mesh, sp, batch, seq, device, repeats,
+                                                      sublayers=1)
                 t = torch.tensor([f, b], dtype=torch.float64, device=device)
                 dist.all_reduce(t)
                 t /= dist.get_world_size()
                 out.append({"batch": batch, "seq": seq, "tp": tp, "forward_ms": 1e3 * float(t[0]),
-                            "backward_ms": 1e3 * float(t[1]), "layer_type": "moe", **({"sp": True} if sp else {})})
+                            "backward_ms": 1e3 * float(t[1]), "layer_type": "moe", **({"sp": True} if sp else {}),
+                            **({"ep": ep} if ep > 1 else {})})
                 if pause:
                     pause()
     return out
@@ -610,8 +625,8 @@ def measure_node(full: ModelConfig, batches: Sequence[int], seqs: Sequence[int],
 
 def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One document from several ``measure_node`` passes of the same launch: each measured point (a layer at a
-    batch / seq / tp / sp / type, a collective at an op / group / placement / size, an overhead) and each rate the
-    median of its passes, so that a pass hit by a burst of background load does not decide it."""
+    batch / seq / tp / sp / cp / ep / type, a collective at an op / group / placement / size, an overhead) and each
+    rate the median of its passes, so that a pass hit by a burst of background load does not decide it."""
     if not docs:
         raise ValueError("no profile passes to merge")
 
@@ -633,7 +648,8 @@ def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     profiles = [d["profile"] for d in docs]
     profile = dict(profiles[0])
     profile["layer_times"] = merged([p["layer_times"] for p in profiles],
-                                    ("batch", "seq", "tp", "sp", "cp", "layer_type"), ("forward_ms", "backward_ms"))
+                                    ("batch", "seq", "tp", "sp", "cp", "ep", "layer_type"),
+                                    ("forward_ms", "backward_ms"))
     profile["collectives"] = merged([p["collectives"] for p in profiles],
                                     ("op", "group_size", "across_nodes", "message_bytes"), ("time_ms",))
     profile["overheads"] = merged([p.get("overheads", []) for p in profiles], ("parallelism", "reshard"),

@@ -208,11 +208,13 @@ class AnalyticCostModel(CostModel):
         return np.where(np.isfinite(measured) & (np.asarray(size) > 1), measured, analytic)
 
     def _measured_layer(self, shape: LayerShape, b: np.ndarray, c: Candidates, fwd: np.ndarray, bwd: np.ndarray
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(forward, backward) seconds: profiled where this layout was measured, else the analytic ones; where a
-        ring-attention layer was measured as such (its ring exchanges are then in those times); and where an MoE
+        ring-attention layer was measured as such (its ring exchanges are then in those times); where an MoE
         layer was measured under TP with its experts split over the same ranks (etp = tp: the expert-TP exchanges
-        are then in those times; another etp under TP is not measured).
+        are then in those times; another etp under TP is not measured); and where an MoE layer was measured under
+        its expert parallelism (ep > 1 with etp = tp, uncompressed: its dispatch / combine all-to-alls are then in
+        those times; otherwise the ep = 1 layer is used and the all-to-alls priced from ``collectives``).
 
         Profiles hold Megatron-TP layers at the full sequence, and may hold ring-attention (cp) layers as the
         runtime runs them. A cp rank's layer without such a measurement does the work of the same layer at
@@ -224,7 +226,7 @@ class AnalyticCostModel(CostModel):
         ``collectives``)."""
         none = np.zeros(np.shape(c.tp), dtype=bool)
         if self.profile is None or not self.profile.layer_times:
-            return fwd, bwd, none, none
+            return fwd, bwd, none, none, none
         kind = "moe" if shape.is_moe else "dense"
         seq = self.training.seq_length
         sp = c.sp == mem.SP_MEGATRON
@@ -233,10 +235,17 @@ class AnalyticCostModel(CostModel):
         same_work = b / c.cp / np.where(uly, c.tp, 1)
         f = self.profile.layer_s(same_work, seq, tp, kind, sp=sp)
         bw = self.profile.layer_s(same_work, seq, tp, kind, backward=True, sp=sp)
-        expert_tp = none
+        expert_tp = expert_parallel = none
         if shape.is_moe:
             other_etp = (tp > 1) & (c.etp != tp)
             f, bw = np.where(other_etp, np.nan, f), np.where(other_etp, np.nan, bw)
+            candidates = (c.ep > 1) & (c.etp == tp) & (c.lsh == 0)
+            if candidates.any():
+                ep_f = self.profile.layer_s(same_work, seq, tp, kind, sp=sp, ep=c.ep)
+                expert_parallel = candidates & np.isfinite(ep_f)
+                f = np.where(expert_parallel, ep_f, f)
+                bw = np.where(expert_parallel,
+                              self.profile.layer_s(same_work, seq, tp, kind, backward=True, sp=sp, ep=c.ep), bw)
             expert_tp = (tp > 1) & np.isfinite(f)
         ring = (c.cp > 1) & ~uly
         if ring.any():
@@ -245,7 +254,7 @@ class AnalyticCostModel(CostModel):
             f = np.where(ring, ring_f, f)
             bw = np.where(ring, self.profile.layer_s(b, seq, tp, kind, backward=True, sp=sp, cp=c.cp), bw)
         use = np.isfinite(f)
-        return np.where(use, f, fwd), np.where(use, bw, bwd), ring, expert_tp & ~ring
+        return np.where(use, f, fwd), np.where(use, bw, bwd), ring, expert_tp & ~ring, expert_parallel & ~ring
 
     def _wrapper_overhead(self, c: Candidates, ctx: StageContext) -> tuple[np.ndarray, np.ndarray]:
         """Host time the FSDP2 wrapper adds per layer: (per micro-batch, per step); profiled, zero without a
@@ -328,8 +337,8 @@ class AnalyticCostModel(CostModel):
         # from Q and K besides (FlashAttention: five matmuls backward to two forward, 2.5 times the forward)
         fwd_s = qkv + out + mlp + core + elem
         bwd_s = 2.0 * fwd_s + (0.5 * core if fused else 0.0)
-        fwd, bwd, ring_measured, etp_measured = self._measured_layer(shape, np.broadcast_to(b, c.tp.shape), c, fwd_s,
-                                                                     bwd_s)
+        fwd, bwd, ring_measured, etp_measured, ep_measured = self._measured_layer(
+            shape, np.broadcast_to(b, c.tp.shape), c, fwd_s, bwd_s)
         compute = fwd + bwd
 
         # tensor / sequence parallel collectives (one direction = forward)
@@ -358,8 +367,8 @@ class AnalyticCostModel(CostModel):
         cp_fwd = np.maximum(0.0, ring - cal.cp_overlap * core)
         cp_comm = cp_fwd + np.maximum(0.0, 2 * ring - cal.cp_overlap * 2 * core)
 
-        # MoE token dispatch and combine
-        ep_fwd = expert.alltoall_fwd_s if expert is not None else np.zeros_like(tok)
+        # MoE token dispatch and combine (in the layer time where it was measured under its expert parallelism)
+        ep_fwd = np.where(ep_measured, 0.0, expert.alltoall_fwd_s) if expert is not None else np.zeros_like(tok)
         ep_comm = 2.0 * ep_fwd
 
         recompute = np.where(c.rc == mem.RC_FULL, fwd + tp_fwd + cp_fwd + ep_fwd,

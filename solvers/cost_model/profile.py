@@ -8,7 +8,8 @@ JSON form (what the worker uploads; ``cost_model.profile`` inline or ``cost_mode
      "layer_times": [                      # one transformer layer, Megatron TP layout, on its tp ranks
         {"batch": 1, "seq": 2048, "tp": 1, "forward_ms": 11.9, "backward_ms": 24.1},
         {"batch": 4, "seq": 2048, "tp": 1, "forward_ms": 45.0},          # backward defaults to 2x forward
-        {"batch": 2, "seq": 2048, "tp": 2, "forward_ms": 12.4, "layer_type": "moe"}],
+        {"batch": 2, "seq": 2048, "tp": 2, "forward_ms": 12.4, "layer_type": "moe"},
+        {"batch": 2, "seq": 2048, "tp": 1, "ep": 4, "forward_ms": 9.8, "layer_type": "moe"}],
      "collectives": [                      # one collective, time per call
         {"op": "allreduce", "group_size": 8, "across_nodes": false, "message_bytes": 67108864, "time_ms": 0.61},
         {"op": "allreduce", "group_size": 8, "across_nodes": false, "message_bytes": 4194304, "time_ms": 0.07}],
@@ -17,8 +18,11 @@ JSON form (what the worker uploads; ``cost_model.profile`` inline or ``cost_mode
      "host": {"busy_ranks": 4, "slowdown": 1.9}}   # optional: ranks share the host's cores (CPU "clusters")
 
 Rules: ``batch`` is samples per data-parallel rank; layer times exclude the layer's communication (that
-comes from ``collectives``). For a (seq, tp, layer type) with two or more batch sizes the time is the
-least-squares line in batch; with one, it scales in proportion to the batch. Collective times are fitted as
+comes from ``collectives``), except exchanges that run inside a layout's own layer: ring attention's K/V
+exchanges (``cp`` > 1), an MoE layer's expert-TP exchanges (``tp`` > 1, its experts split over the tp ranks) and,
+under expert parallelism (``ep`` > 1: its experts dealt over ep ranks), its token dispatch and combine
+all-to-alls. For a (seq, tp, sp, cp, ep, layer type) with two or more batch sizes the time is the least-squares
+line in batch; with one, it scales in proportion to the batch. Collective times are fitted as
 ``latency + bytes / bandwidth`` per (op, group size, across nodes). Where nothing was measured, the
 analytic formula stands; ``cost_model.kind = "profile"`` requires a profile.
 
@@ -75,6 +79,9 @@ class LayerTime(_Strict):
     # context parallelism: ring attention over cp ranks, each holding batch samples of seq / cp tokens; the time
     # includes the ring's K/V exchanges (its p2p transfers, its per-step kernels and merges)
     cp: int = Field(default=1, gt=0)
+    # expert parallelism (an MoE layer): its experts dealt over ep ranks, expert TP = tp; the time includes the
+    # token dispatch and combine all-to-alls over the ep group
+    ep: int = Field(default=1, gt=0)
 
 
 class CollectiveTime(_Strict):
@@ -150,11 +157,11 @@ class Profile(_Strict):
             return linear_s
         return min(linear_s, max(linear_s / self.host.slowdown, mean_work_s))
 
-    def _layer_fit(self, seq: int, tp: int, layer_type: str, backward: bool, sp: bool = False, cp: int = 1
-                   ) -> tuple[float, float] | None:
+    def _layer_fit(self, seq: int, tp: int, layer_type: str, backward: bool, sp: bool = False, cp: int = 1,
+                   ep: int = 1) -> tuple[float, float] | None:
         def points(sp: bool) -> list[LayerTime]:
-            return [x for x in self.layer_times
-                    if x.seq == seq and x.tp == tp and x.layer_type == layer_type and x.sp == sp and x.cp == cp]
+            return [x for x in self.layer_times if x.seq == seq and x.tp == tp and x.layer_type == layer_type
+                    and x.sp == sp and x.cp == cp and x.ep == ep]
 
         # an SP layout without SP measurements falls back on the plain TP layout's
         pts = points(sp) or (points(False) if sp else [])
@@ -169,22 +176,24 @@ class Profile(_Strict):
         return float(intercept), float(slope)
 
     def layer_s(self, batch: np.ndarray, seq: int, tp: np.ndarray, layer_type: str = "dense",
-                backward: bool = False, sp: np.ndarray | None = None, cp: np.ndarray | None = None) -> np.ndarray:
-        """Measured forward (or backward) seconds per candidate; NaN where this (seq, tp, cp) was not profiled.
-        ``sp`` marks the candidates running Megatron SP (only meaningful with tp > 1); ``cp`` their context
-        parallel degree (default 1; ``batch`` is then samples of seq / cp tokens each)."""
+                backward: bool = False, sp: np.ndarray | None = None, cp: np.ndarray | None = None,
+                ep: np.ndarray | None = None) -> np.ndarray:
+        """Measured forward (or backward) seconds per candidate; NaN where this (seq, tp, cp, ep) was not
+        profiled. ``sp`` marks the candidates running Megatron SP (only meaningful with tp > 1); ``cp`` their
+        context parallel degree (default 1; ``batch`` is then samples of seq / cp tokens each); ``ep`` an MoE
+        layer's expert-parallel degree (default 1)."""
         batch, tp = np.asarray(batch, dtype=float), np.asarray(tp, dtype=float)
         cp_arr = np.asarray(cp if cp is not None else 1.0, dtype=float)
-        shape = np.broadcast(batch, tp, cp_arr).shape
+        ep_arr = np.asarray(ep if ep is not None else 1.0, dtype=float)
+        shape = np.broadcast(batch, tp, cp_arr, ep_arr).shape
         sp_arr = np.broadcast_to(np.asarray(sp if sp is not None else False, dtype=bool), shape) & (tp > 1)
         out = np.full(shape, np.nan)
-        for t in np.unique(tp):
-            for c in np.unique(cp_arr):
-                for s in (False, True):
-                    fit = self._layer_fit(seq, int(t), layer_type, backward, s, int(c))
-                    if fit is not None:
-                        sel = np.broadcast_to((tp == t) & (cp_arr == c), shape) & (sp_arr == s)
-                        out = np.where(sel, np.maximum(0.0, fit[0] + fit[1] * batch), out)
+        for t, c, e in {(int(t), int(c), int(e)) for t, c, e in np.broadcast(tp, cp_arr, ep_arr)}:
+            for s in (False, True):
+                fit = self._layer_fit(seq, t, layer_type, backward, s, c, e)
+                if fit is not None:
+                    sel = np.broadcast_to((tp == t) & (cp_arr == c) & (ep_arr == e), shape) & (sp_arr == s)
+                    out = np.where(sel, np.maximum(0.0, fit[0] + fit[1] * batch), out)
         return out
 
     def _collective_fit(self, op: str, size: int, across: bool) -> tuple[float, float] | None:

@@ -79,6 +79,36 @@ def test_an_moe_layer_measured_under_tp_prices_layers_whose_experts_split_over_t
     assert got.parts_s["tp_comm"][1] == pytest.approx(ref.parts_s["tp_comm"][1])
 
 
+def test_an_moe_layer_measured_under_its_expert_parallelism_has_its_all_to_alls_inside() -> None:
+    """A profile's MoE layer measured with its experts dealt over 2 ranks (ep 2) holds the dispatch / combine
+    all-to-alls: an ep 2 candidate takes that time and adds no ep_comm (nor, recomputed, a second all-to-all). An
+    ep 4 layer, an LSH-compressed one (its all-to-alls move fewer bytes) and one whose expert TP differs from the
+    measured layout's were not measured so: they take the ep 1 layer and price the all-to-alls apart."""
+    row = {"batch": 1, "seq": 2048, "tp": 1, "layer_type": "moe"}
+    layer_times = [{**row, "forward_ms": 40.0, "backward_ms": 80.0},  # ep 1: every expert on the rank
+                   {**row, "batch": 2, "forward_ms": 80.0, "backward_ms": 160.0},
+                   {**row, "ep": 2, "forward_ms": 55.0, "backward_ms": 95.0},
+                   {**row, "ep": 2, "batch": 2, "forward_ms": 110.0, "backward_ms": 190.0}]
+    base = request(model={"preset": "mixtral-8x7b", "num_layers": 2})
+    measured = make_cost_model(parse(HybridRequest, {**base, "cost_model": {
+        "kind": "profile", "profile": {"layer_times": layer_times}}}))
+    cands = (LayerStrategy(tp=1, dp=16, ep=2), LayerStrategy(tp=1, dp=16, ep=2, recompute="full"),
+             LayerStrategy(tp=1, dp=16, ep=4), LayerStrategy(tp=1, dp=16, ep=2, lsh=True),
+             LayerStrategy(tp=1, dp=16, ep=2, etp=2))
+    got = measured.layer_costs(0, cands, _ctx(2, samples=64, micro_batches=4))  # 1 sample per data-parallel rank
+    compute, ep_comm, recompute = got.parts_s["compute"], got.parts_s["ep_comm"], got.parts_s["recompute"]
+    assert list(compute[:2]) == pytest.approx([0.055 + 0.095] * 2)
+    assert list(ep_comm[:2]) == [0.0, 0.0]
+    assert recompute[1] == pytest.approx(0.055)  # the forward again, all-to-alls included once
+    assert list(compute[2:]) == pytest.approx([0.040 + 0.080] * 3) and ep_comm[2] > 0 and ep_comm[4] > 0
+    # without the ep 2 rows an ep 2 candidate takes the ep 1 layer and prices its all-to-alls apart, as the LSH one
+    # does with both (compressed: fewer bytes)
+    ep1 = make_cost_model(parse(HybridRequest, {**base, "cost_model": {
+        "kind": "profile", "profile": {"layer_times": layer_times[:2]}}})).layer_costs(0, cands, _ctx(2))
+    assert ep1.parts_s["compute"][0] == pytest.approx(0.040 + 0.080)
+    assert ep_comm[3] == pytest.approx(ep1.parts_s["ep_comm"][3]) and 0 < ep_comm[3] < ep1.parts_s["ep_comm"][0]
+
+
 def test_a_profiles_measured_all_to_alls_price_the_expert_dispatch() -> None:
     """The EP dispatch / combine all-to-alls are priced from the profile's measured all-to-alls of that group size
     where it has them (as Ulysses' are); they were once priced from the analytic links alone, ~5x fast for the

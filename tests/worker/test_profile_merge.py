@@ -16,7 +16,11 @@ def one_pass(scale: float) -> dict[str, Any]:
                         "layer_times": [{"batch": 4, "seq": 128, "tp": 1, "forward_ms": 10 * scale,
                                          "backward_ms": 20 * scale},
                                         {"batch": 4, "seq": 128, "tp": 1, "cp": 2, "forward_ms": 7 * scale,
-                                         "backward_ms": 9 * scale}],
+                                         "backward_ms": 9 * scale},
+                                        {"batch": 4, "seq": 128, "tp": 1, "layer_type": "moe",
+                                         "forward_ms": 11 * scale, "backward_ms": 21 * scale},
+                                        {"batch": 4, "seq": 128, "tp": 1, "ep": 2, "layer_type": "moe",
+                                         "forward_ms": 13 * scale, "backward_ms": 23 * scale}],
                         "collectives": [{"op": "allreduce", "group_size": 4, "across_nodes": False,
                                          "message_bytes": 1024.0, "time_ms": scale},
                                         {"op": "allreduce", "group_size": 4, "across_nodes": True,
@@ -31,8 +35,10 @@ def one_pass(scale: float) -> dict[str, Any]:
 def test_passes_merge_point_by_point_into_their_median() -> None:
     doc = merge_profiles([one_pass(1.0), one_pass(5.0), one_pass(2.0)])  # a burst of load in the second pass
     prof = load_profile(doc["profile"])
-    by_cp = {x.cp: x for x in prof.layer_times}
-    assert len(prof.layer_times) == 2 and by_cp[1].forward_ms == 20.0 and by_cp[2].backward_ms == 18.0
+    dense = {x.cp: x for x in prof.layer_times if x.layer_type == "dense"}
+    assert len(prof.layer_times) == 4 and dense[1].forward_ms == 20.0 and dense[2].backward_ms == 18.0
+    moe = {x.ep: x for x in prof.layer_times if x.layer_type == "moe"}  # the expert-parallel degree keeps them apart
+    assert (moe[1].forward_ms, moe[2].forward_ms, moe[2].backward_ms) == (22.0, 26.0, 46.0)
     by_across = {c.across_nodes: c.time_ms for c in prof.collectives}
     assert by_across == {False: 2.0, True: 6.0}  # the placement is part of a point's identity
     assert prof.overheads[0].forward_ms == 2.0 and prof.host is not None and prof.host.slowdown == 3.0

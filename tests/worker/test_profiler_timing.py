@@ -4,18 +4,14 @@ two large timings, is taken from paired rounds."""
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from solvers.cost_model.profile import Profile
-from tests.conftest import free_port
+from tests.worker.two_ranks import on_two_ranks
 from worker.profiler import (
     fsdp_overheads,
     host_contention,
@@ -50,30 +46,13 @@ class _Slow(torch.nn.Module):
         return self.lin(x)
 
 
-def _on_rank(rank: int, port: int, out: dict[int, Any], measure: Callable[[int], Any]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        out[rank] = measure(rank)
-    finally:
-        dist.destroy_process_group()
-
-
-def _on_two_ranks(measure: Callable[[int], Any]) -> dict[int, Any]:
-    """``measure(rank)`` on each of two real gloo processes, by rank."""
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.spawn(_on_rank, args=(free_port(), out, measure), nprocs=2)
-        return dict(out)
-
-
 def _layer_time_with_a_slow_rank_1(rank: int) -> tuple[float, float]:
     return layer_time(CFG, 1, 4, torch.device("cpu"), 3, block=_Slow(0.08 if rank == 1 else 0.0))
 
 
 @pytest.mark.timeout(60)
 def test_a_repeat_lasts_until_the_slowest_rank_is_done_on_every_rank() -> None:
-    times = _on_two_ranks(_layer_time_with_a_slow_rank_1)
+    times = on_two_ranks(_layer_time_with_a_slow_rank_1)
     assert times[0] == times[1]  # the same on every rank
     forward, backward = times[0]
     assert forward >= 0.08 and backward < 0.08  # rank 1's slow forward (not rank 0's fast one), outside backward
@@ -129,7 +108,7 @@ def _fsdp_and_host(rank: int) -> tuple[list[dict[str, Any]], dict[str, Any] | No
 
 @pytest.mark.timeout(120)
 def test_fsdp_overheads_and_host_contention_are_measured_on_real_ranks_and_agree_on_every_rank() -> None:
-    got = _on_two_ranks(_fsdp_and_host)
+    got = on_two_ranks(_fsdp_and_host)
     assert got[0] == got[1]  # one figure for the node, whichever rank reports it
     overheads, host = got[0]
     assert sorted(o["reshard"] for o in overheads) == [False, True]
