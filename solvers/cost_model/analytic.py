@@ -213,8 +213,9 @@ class AnalyticCostModel(CostModel):
         ring-attention layer was measured as such (its ring exchanges are then in those times); where an MoE
         layer was measured under TP with its experts split over the same ranks (etp = tp: the expert-TP exchanges
         are then in those times; another etp under TP is not measured); and where an MoE layer was measured under
-        its expert parallelism (ep > 1 with etp = tp, uncompressed: its dispatch / combine all-to-alls are then in
-        those times; otherwise the ep = 1 layer is used and the all-to-alls priced from ``collectives``).
+        its expert parallelism (ep > 1 with etp = tp, uncompressed, the ep x etp ranks within a node: its dispatch /
+        combine all-to-alls are then in those times; otherwise the ep = 1 layer is used and the all-to-alls priced
+        from ``collectives``).
 
         Profiles hold Megatron-TP layers at the full sequence, and may hold ring-attention (cp) layers as the
         runtime runs them. A cp rank's layer without such a measurement does the work of the same layer at
@@ -239,7 +240,8 @@ class AnalyticCostModel(CostModel):
         if shape.is_moe:
             other_etp = (tp > 1) & (c.etp != tp)
             f, bw = np.where(other_etp, np.nan, f), np.where(other_etp, np.nan, bw)
-            candidates = (c.ep > 1) & (c.etp == tp) & (c.lsh == 0)
+            # (a profile's ep layer was timed on one node: an ep x etp group spanning nodes is not what it measured)
+            candidates = (c.ep > 1) & (c.etp == tp) & (c.lsh == 0) & (c.ep * c.etp <= self.cluster.gpus_per_node)
             if candidates.any():
                 ep_f = self.profile.layer_s(same_work, seq, tp, kind, sp=sp, ep=c.ep)
                 expert_parallel = candidates & np.isfinite(ep_f)

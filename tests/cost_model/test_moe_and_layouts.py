@@ -109,6 +109,24 @@ def test_an_moe_layer_measured_under_its_expert_parallelism_has_its_all_to_alls_
     assert ep_comm[3] == pytest.approx(ep1.parts_s["ep_comm"][3]) and 0 < ep_comm[3] < ep1.parts_s["ep_comm"][0]
 
 
+def test_an_expert_parallel_layer_measured_on_one_node_prices_only_expert_groups_within_a_node() -> None:
+    """ep 8 x etp 2 spans 16 ranks: on nodes of 8 the all-to-alls cross nodes, which a profile's layer, timed on one
+    node, did not; on a node of 16 it is the measured layout."""
+    row = {"batch": 1, "seq": 2048, "tp": 2, "sp": True, "layer_type": "moe"}
+    layer_times = [{**row, "forward_ms": 40.0, "backward_ms": 80.0},
+                   {**row, "ep": 8, "forward_ms": 55.0, "backward_ms": 95.0}]
+    cand = (LayerStrategy(tp=2, dp=8, sp="megatron", ep=8),)
+    got = {}
+    for gpus_per_node, nodes in ((8, 2), (16, 1)):
+        model = make_cost_model(parse(HybridRequest, request(
+            model={"preset": "mixtral-8x7b", "num_layers": 2}, cluster={"gpu": "h100", "nodes": nodes,
+                                                                          "gpus_per_node": gpus_per_node},
+            cost_model={"kind": "profile", "profile": {"layer_times": layer_times}})))
+        got[gpus_per_node] = model.layer_costs(0, cand, _ctx(2, samples=64, micro_batches=4))  # 2 samples per rank
+    assert got[16].parts_s["compute"][0] == pytest.approx(2 * (0.055 + 0.095)) and got[16].parts_s["ep_comm"][0] == 0
+    assert got[8].parts_s["compute"][0] == pytest.approx(2 * (0.040 + 0.080)) and got[8].parts_s["ep_comm"][0] > 0
+
+
 def test_a_profiles_measured_all_to_alls_price_the_expert_dispatch() -> None:
     """The EP dispatch / combine all-to-alls are priced from the profile's measured all-to-alls of that group size
     where it has them (as Ulysses' are); they were once priced from the analytic links alone, ~5x fast for the
