@@ -181,14 +181,15 @@ def moe_block(cfg: ModelConfig, moe_index: int, tp: int, ep: int, device: torch.
     if tp == ep == 1:
         return block, None
     world = dist.get_world_size()
-    fold = _mesh(device.type, (world // (ep * tp), ep, tp), ("edp", "ep", "etp"))
+    ep_group = None
+    if ep > 1:  # (the fold mesh only where there are experts to deal: every mesh adds gloo groups to each rank)
+        ep_group = _mesh(device.type, (world // (ep * tp), ep, tp), ("edp", "ep", "etp"))["ep"].get_group()
     tp_mesh = _mesh(device.type, (world // tp, tp), ("dp", "tp"))["tp"] if tp > 1 else None
     tp_group = tp_mesh.get_group() if tp_mesh is not None else None
     full = block.feed_forward
     assert isinstance(full, MoELayer)
     # without SP the tp ranks hold the same tokens and each routes its 1/tp of them
-    layer = MoELayer.sharded_from(full, fold["ep"].get_group() if ep > 1 else None, tp_group,
-                                  None if sequence_parallel else tp_group)
+    layer = MoELayer.sharded_from(full, ep_group, tp_group, None if sequence_parallel else tp_group)
     block.feed_forward = layer
     if tp_mesh is not None:
         parallelize_module(layer.router.gate, tp_mesh, SequenceParallel(sequence_dim=0, use_local_output=True))
