@@ -241,10 +241,10 @@ class AnalyticCostModel(CostModel):
             other_etp = (tp > 1) & (c.etp != tp)
             f, bw = np.where(other_etp, np.nan, f), np.where(other_etp, np.nan, bw)
             # (a profile's ep layer was timed on one node: an ep x etp group spanning nodes is not what it measured)
-            candidates = (c.ep > 1) & (c.etp == tp) & (c.lsh == 0) & (c.ep * c.etp <= self.cluster.gpus_per_node)
-            if candidates.any():
+            ep_layout = (c.ep > 1) & (c.etp == tp) & (c.lsh == 0) & (c.ep * c.etp <= self.cluster.gpus_per_node)
+            if ep_layout.any():
                 ep_f = self.profile.layer_s(same_work, seq, tp, kind, sp=sp, ep=c.ep)
-                expert_parallel = candidates & np.isfinite(ep_f)
+                expert_parallel = ep_layout & np.isfinite(ep_f)
                 f = np.where(expert_parallel, ep_f, f)
                 bw = np.where(expert_parallel,
                               self.profile.layer_s(same_work, seq, tp, kind, backward=True, sp=sp, ep=c.ep), bw)

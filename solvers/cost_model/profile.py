@@ -39,6 +39,7 @@ the contended critical path; GPipe and 1F1B steps are simulated under that proce
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import product
 from typing import Literal
 
 import numpy as np
@@ -188,9 +189,10 @@ class Profile(_Strict):
         shape = np.broadcast(batch, tp, cp_arr, ep_arr).shape
         sp_arr = np.broadcast_to(np.asarray(sp if sp is not None else False, dtype=bool), shape) & (tp > 1)
         out = np.full(shape, np.nan)
-        for t, c, e in {(int(t), int(c), int(e)) for t, c, e in np.broadcast(tp, cp_arr, ep_arr)}:
+        # the degrees' distinct values, not every candidate, in a Python loop (the search's hot path)
+        for t, c, e in product(np.unique(tp), np.unique(cp_arr), np.unique(ep_arr)):
             for s in (False, True):
-                fit = self._layer_fit(seq, t, layer_type, backward, s, c, e)
+                fit = self._layer_fit(seq, int(t), layer_type, backward, s, int(c), int(e))
                 if fit is not None:
                     sel = np.broadcast_to((tp == t) & (cp_arr == c) & (ep_arr == e), shape) & (sp_arr == s)
                     out = np.where(sel, np.maximum(0.0, fit[0] + fit[1] * batch), out)
