@@ -214,6 +214,15 @@ def tensor_parallel_layer_time(cfg: ModelConfig, block: Block, tp_mesh: DeviceMe
     return max(fwd - comm, 0.25 * fwd), max(bwd - comm, 0.25 * bwd)
 
 
+def _layer_row(forward_s: float, backward_s: float, device: torch.device, **keys: Any) -> dict[str, Any]:
+    """A row of the profile's layer table: ``keys`` and the (forward, backward) times in ms, the ranks' mean (one
+    figure for the node on every rank)."""
+    t = torch.tensor([forward_s, backward_s], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    t /= dist.get_world_size()
+    return {**keys, "forward_ms": 1e3 * float(t[0]), "backward_ms": 1e3 * float(t[1])}
+
+
 Pause = Callable[[], None] | None  # called between measurements (see ``measure_node``)
 
 
@@ -231,11 +240,7 @@ def profile_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int]
                     f, b = layer_time(cfg, batch, seq, device, repeats)
                 else:
                     f, b = tensor_parallel_layer_time(cfg, *sharded, sp, batch, seq, device, repeats)
-                t = torch.tensor([f, b], dtype=torch.float64, device=device)
-                dist.all_reduce(t)
-                t /= dist.get_world_size()
-                out.append({"batch": batch, "seq": seq, "tp": tp, "forward_ms": 1e3 * float(t[0]),
-                            "backward_ms": 1e3 * float(t[1]), **({"sp": True} if sp else {})})
+                out.append(_layer_row(f, b, device, batch=batch, seq=seq, tp=tp, **({"sp": True} if sp else {})))
                 if pause:
                     pause()
     return out
@@ -274,11 +279,7 @@ def profile_context_parallel_layers(cfg: ModelConfig, batches: Sequence[int], se
             for batch in batches:
                 dist.barrier()
                 f, b = layer_time(cfg, batch, seq, device, repeats, block=block, seq_shards=cp)
-                t = torch.tensor([f, b], dtype=torch.float64, device=device)
-                dist.all_reduce(t)
-                t /= dist.get_world_size()
-                out.append({"batch": batch, "seq": seq, "tp": 1, "cp": cp, "forward_ms": 1e3 * float(t[0]),
-                            "backward_ms": 1e3 * float(t[1])})
+                out.append(_layer_row(f, b, device, batch=batch, seq=seq, tp=1, cp=cp))
                 if pause:
                     pause()
     return out
@@ -316,12 +317,8 @@ def profile_moe_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[
                 else:
                     f, b = tensor_parallel_layer_time(cfg, block, tp_mesh, sp, batch, seq, device, repeats,
                                                       sublayers=1)
-                t = torch.tensor([f, b], dtype=torch.float64, device=device)
-                dist.all_reduce(t)
-                t /= dist.get_world_size()
-                out.append({"batch": batch, "seq": seq, "tp": tp, "forward_ms": 1e3 * float(t[0]),
-                            "backward_ms": 1e3 * float(t[1]), "layer_type": "moe", **({"sp": True} if sp else {}),
-                            **({"ep": ep} if ep > 1 else {})})
+                out.append(_layer_row(f, b, device, batch=batch, seq=seq, tp=tp, layer_type="moe",
+                                      **({"sp": True} if sp else {}), **({"ep": ep} if ep > 1 else {})))
                 if pause:
                     pause()
     return out
