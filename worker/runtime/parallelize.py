@@ -38,7 +38,7 @@ from worker.runtime.model import blocks, build_model, lm_loss
 from worker.runtime.pipeline import Schedule, build_schedule, cut_stage, stage_ids
 from worker.runtime.plan import LayerLayout, RuntimePlan
 from worker.runtime.ring_attention import apply_context_parallel
-from worker.runtime.tensor_parallel import tensor_parallel_block, tensor_parallel_ends
+from worker.runtime.tensor_parallel import reduce_partial_gradients, tensor_parallel_block, tensor_parallel_ends
 from worker.runtime.ulysses import apply_ulysses
 
 MeshShape = tuple[int, int, int]  # (dp, cp, tp) of a layout
@@ -240,6 +240,7 @@ class ParallelModel:
                     loss.backward()
                     loss_sum += float(loss.detach())
                 count = 1
+        reduce_partial_gradients(self.parameters())
         for group in self.replicated:
             group.reduce_gradients()
         self.optimizer.step()

@@ -2,16 +2,22 @@
 
 Attention projections and the MLP's first matrices are split by columns, ``wo`` / ``w2`` by rows, so a block
 needs one all-reduce (or, with sequence parallelism, one all-gather + one reduce-scatter) per sub-layer.
-With ``sequence_parallel`` the norms and residual stream hold 1/tp of the sequence between sub-layers.
+With ``sequence_parallel`` the norms and residual stream hold 1/tp of the sequence between sub-layers; the norms'
+weights are then replicated while each tp rank saw its own slice of the sequence, so their gradients are partial
+sums, reduced once per step by ``reduce_partial_gradients`` (Megatron-LM's all-reduce of the sequence-parallel
+norm gradients).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -84,3 +90,37 @@ def tensor_parallel_block(block: nn.Module, mesh: DeviceMesh, sequence_parallel:
     if sequence_parallel:
         plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()})
     parallelize_module(block, mesh, plan)
+
+
+@torch.no_grad()
+def reduce_partial_gradients(params: Iterable[nn.Parameter]) -> None:
+    """Sum the gradients that are partial over a mesh dimension (a Megatron-SP norm's: ``Partial``) over it, one
+    flat all-reduce per (mesh, dimension) for all of them, leaving them ``Replicate`` there.
+
+    Left partial, the optimizer would redistribute each such gradient inside every elementwise op that reads it:
+    a few all-reduces per tensor and step, one tensor at a time (on 4 gloo ranks, AdamW on a tp4 x SP model took
+    about 300 ms instead of about 30 ms)."""
+    groups: dict[tuple[int, int, str], list[nn.Parameter]] = {}
+    meshes: dict[int, DeviceMesh] = {}
+    for p in params:
+        g = p.grad
+        if isinstance(g, DTensor):
+            for dim, placement in enumerate(g.placements):
+                if isinstance(placement, Partial):
+                    groups.setdefault((id(g.device_mesh), dim, placement.reduce_op), []).append(p)
+                    meshes[id(g.device_mesh)] = g.device_mesh
+    for (mesh_id, dim, reduce_op), ps in groups.items():
+        if reduce_op not in ("sum", "avg"):
+            raise ValueError(f"a gradient partial by {reduce_op!r}: only sum and avg are reduced")
+        mesh = meshes[mesh_id]
+        grads = [g for p in ps if isinstance(g := p.grad, DTensor)]  # all of them: only DTensor gradients got here
+        flat = torch.cat([g.to_local().reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=mesh.get_group(dim))  # gloo has no AVG
+        if reduce_op == "avg":
+            flat /= mesh.size(dim)
+        offset = 0
+        for p, g in zip(ps, grads, strict=True):
+            local = flat[offset:offset + g.to_local().numel()].view_as(g.to_local())
+            offset += local.numel()
+            placements = [Replicate() if i == dim else x for i, x in enumerate(g.placements)]
+            p.grad = DTensor.from_local(local, mesh, placements, run_check=False, shape=g.shape, stride=g.stride())
