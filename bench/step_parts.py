@@ -9,8 +9,10 @@ Parts (rank 0's wall clock; every rank waits for the others inside the collectiv
   FSDP all-gather to after its last hook) and backward (from its output's gradient to its input's, the re-layout's
   backward and FSDP's reduce-scatter included); ``head f`` / ``head b``: final norm, LM head and loss, forward and
   backward; ``emb b``: from layer 0's input gradient to the end of ``backward()``;
-- ``reduce``: the ZeRO-0/1 gradient all-reduces; ``optim``: AdamW; ``bcast``: ZeRO-1's parameter broadcasts;
-  ``rest``: zero_grad and the loss all-reduce.
+- ``reduce``: the SP norms' and the ZeRO-0/1 gradient all-reduces; ``optim``: AdamW; ``bcast``: ZeRO-1's
+  parameter broadcasts; ``rest``: zero_grad and the loss all-reduce;
+- ``relayout wait f`` / ``relayout xchg f`` (``b``: backward): of the re-layouts between layers (inside the layer
+  parts above), the wait for the stage's slowest rank (a barrier put before each exchange) and the exchange.
 
 Plans are ``bench/closed_loop.py``'s ``PLANS_4`` by name, plus ``tp4-sp`` (tp4 with Megatron SP) and the
 uniform forms of the mixes' layouts: ``tp2-dp2``, ``uly4``, ``cp2-dp2`` ... (see ``EXTRA``). Prints the median
@@ -66,6 +68,29 @@ def rank_main(spec_path: Path, out: Path) -> int:
     def mark(label: str) -> None:
         marks.append((label, time.perf_counter()))
 
+    # every re-layout between layers, forward and backward: the wait for the stage's slowest rank (a barrier)
+    # apart from the exchange itself
+    from worker.runtime import layouts
+
+    forward_pass = False
+    relayout_s = {"relayout wait f": 0.0, "relayout xchg f": 0.0, "relayout wait b": 0.0, "relayout xchg b": 0.0}
+    exchange = layouts._exchange
+
+    def timed_exchange(x: torch.Tensor, plan: Any, group: Any) -> torch.Tensor:
+        # autograd runs a Function's forward with grad off too: a forward exchange is one under the forward hooks
+        side = "f" if forward_pass else "b"
+        t0 = time.perf_counter()
+        if not plan.local:
+            dist.barrier(group=group)
+        t1 = time.perf_counter()
+        out = exchange(x, plan, group)
+        t2 = time.perf_counter()
+        relayout_s[f"relayout wait {side}"] += t1 - t0
+        relayout_s[f"relayout xchg {side}"] += t2 - t1
+        return out
+
+    layouts._exchange = timed_exchange
+
     def instrument(pm: ParallelModel) -> None:
         model = pm.modules[0]
         for key, block in blocks(model).items():
@@ -98,13 +123,18 @@ def rank_main(spec_path: Path, out: Path) -> int:
         """``ParallelModel.train_step`` of one micro-batch, its phases marked."""
         assert pm.optimizer is not None
         marks.clear()
+        for key in relayout_s:
+            relayout_s[key] = 0.0
         emb = pm.plan.embedding
         inputs, labels = local_batch(tokens, pm.dp_rank, pm.plan.dp, pm.sp_rank, emb.ulysses, pm.cp_rank, emb.cp)
+        nonlocal forward_pass
+        forward_pass = True
         mark("start")
         with loss_parallel() if vocab_parallel_loss(pm.plan) else contextlib.nullcontext():
             logits = pm.modules[0](inputs)
             loss = lm_loss(logits, labels)
             mark("loss")
+            forward_pass = False
             loss.backward()
         mark("backward")
         reduce_partial_gradients(pm.parameters())
@@ -134,6 +164,7 @@ def rank_main(spec_path: Path, out: Path) -> int:
         for a, b in (("backward", "reduce"), ("reduce", "optim"), ("optim", "bcast"), ("bcast", "rest")):
             parts[b] = t[b] - t[a]
         parts["step"] = t["rest"] - t["start"]
+        parts |= relayout_s
         return parts
 
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in models}

@@ -442,7 +442,9 @@ class AnalyticCostModel(CostModel):
 
     def transition_s(self, prev: Sequence[LayerStrategy], nxt: Sequence[LayerStrategy], ctx: StageContext
                      ) -> np.ndarray:
-        """Re-laying out the activation between differently split layers: an all-to-all each way."""
+        """Re-laying out the activation between differently split layers: an all-to-all over the stage each way,
+        of the larger of the two layouts' shares of the micro-batch's activation, at the profile's measured
+        all-to-all where it has one for the stage's ranks (as the MoE and Ulysses all-to-alls), else analytic."""
         n_stage = self.num_gpus // ctx.pp
         total = ctx.micro_batch_samples * self.training.seq_length * self.model.hidden_size * self.elem_bytes
 
@@ -459,7 +461,9 @@ class AnalyticCostModel(CostModel):
         lb = np.array([ids[layout(x)] for x in nxt])
         ha = np.array([held(x) for x in prev], dtype=float)
         hb = np.array([held(x) for x in nxt], dtype=float)
-        moved = 2.0 * comm.alltoall_s(np.maximum(ha[:, None], hb[None, :]), n_stage, k, self.links)
+        shape = (len(ha), len(hb))
+        moved = 2.0 * self._collective("alltoall", np.maximum(ha[:, None], hb[None, :]), np.full(shape, n_stage),
+                                       np.full(shape, k))
         return np.where(la[:, None] != lb[None, :], moved, 0.0).reshape(len(prev), len(nxt))
 
     def _embedding(self, ctx: StageContext) -> EmbeddingStrategy:

@@ -152,3 +152,26 @@ def test_a_profiles_measured_all_to_alls_price_the_expert_dispatch() -> None:
                                                          req.model.moe.top_k, req.model.moe.capacity_factor))
     nbytes = float(rows) * req.model.hidden_size * 2  # bf16
     assert got.parts_s["ep_comm"][0] == pytest.approx(4 * nbytes / 1e9)
+
+
+def test_a_profiles_measured_all_to_all_prices_the_re_layout_between_layers() -> None:
+    """Re-laying out the activation between two layers is one all-to-all over the stage each way, of the larger
+    of the two layouts' shares: priced from the profile's all-to-all of the stage's size where it has one (it
+    was once priced from the analytic links alone, ~8x fast for the closed loop's gloo exchanges)."""
+    cluster = {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8}
+    measured = [{"op": "alltoall", "group_size": 8, "message_bytes": m, "time_ms": m / 1e6} for m in (1e6, 4e6)]
+    plain = make_cost_model(parse(HybridRequest, request(cluster=cluster)))
+    prof = make_cost_model(parse(HybridRequest, request(cluster=cluster, cost_model={
+        "kind": "profile", "profile": {"name": "a2a", "collectives": measured}})))
+    req = parse(HybridRequest, request(cluster=cluster))
+    tp8, dp8, tp2 = LayerStrategy(tp=8, dp=1, sp="megatron"), LayerStrategy(tp=1, dp=8), LayerStrategy(tp=2, dp=4)
+    ctx = _ctx(2)
+    got = prof.transition_s([tp8, dp8], [dp8, tp2], ctx)
+    activation = 64 / 4 * req.training.seq_length * req.model.hidden_size * 2  # a micro-batch's, bf16
+    # tp8 x SP and dp8 both hold 1/8 of it; tp2 x dp4 (no SP) holds 1/4: 1 ms per MB each way
+    assert got[0, 0] == pytest.approx(2 * activation / 8 / 1e9)
+    assert got[0, 1] == got[1, 1] == pytest.approx(2 * activation / 4 / 1e9)
+    assert got[1, 0] == 0  # the same layout: nothing moves
+    # negative control: without the measurement, the analytic links price it (far below the measured line here)
+    ref = plain.transition_s([tp8], [dp8], ctx)
+    assert 0 < ref[0, 0] < got[0, 0] / 5
