@@ -1,7 +1,8 @@
 """Where a plan's training step goes on the worker runtime: the step of each plan timed by part, on 4 gloo ranks in
 one launch (plans round-robin, as ``bench/closed_loop.py --interleave`` runs them).
 
-    .venv/bin/python bench/step_parts.py --plans mix-cp2dp2-tp4-cp4-dp4,cp2-dp2,tp4,cp4-zero3,dp4 --rounds 4
+    .venv/bin/python bench/step_parts.py    # a per-layer mix and the uniform plans of its four layouts
+    .venv/bin/python bench/step_parts.py --plans mix-tp2dp2-tp4-uly4-dp4z3,tp2-dp2,tp4-sp,uly4,dp4-zero3
 
 Parts (rank 0's wall clock; every rank waits for the others inside the collectives, so a part includes the wait):
 
@@ -14,9 +15,10 @@ Parts (rank 0's wall clock; every rank waits for the others inside the collectiv
 - ``relayout wait f`` / ``relayout xchg f`` (``b``: backward): of the re-layouts between layers (inside the layer
   parts above), the wait for the stage's slowest rank (a barrier put before each exchange) and the exchange.
 
-Plans are ``bench/closed_loop.py``'s ``PLANS_4`` by name, plus ``tp4-sp`` (tp4 with Megatron SP) and the
-uniform forms of the mixes' layouts: ``tp2-dp2``, ``uly4``, ``cp2-dp2`` ... (see ``EXTRA``). Prints the median
-of each part over the measured steps, per plan. A diagnostic: it prices nothing.
+Plans are ``bench/closed_loop.py``'s ``PLANS_4`` by name (one micro-batch, no pipeline), plus the uniform forms of
+the mixes' layouts that it lacks (``EXTRA``: ``tp4-sp``, tp4 with Megatron SP; ``tp2-dp2``; ``uly4``). Prints the
+median of each part over the measured steps (``--rounds`` x ``--steps`` per plan, after one warm-up round), per
+plan. A diagnostic: it prices nothing.
 """
 
 from __future__ import annotations
@@ -191,7 +193,8 @@ def main() -> int:
         code = rank_main(Path(sys.argv[2]), Path(sys.argv[3]))
         os._exit(code)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--plans", required=True)
+    ap.add_argument("--plans", default="mix-cp2dp2-tp4-cp4-dp4,cp2-dp2,tp4-sp,cp4-zero3,dp4",
+                    help="comma-separated plan names (default: a per-layer mix and the uniform plans of its layouts)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--json", type=Path)
