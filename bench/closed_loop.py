@@ -60,7 +60,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -68,6 +68,9 @@ sys.path.insert(0, str(ROOT))
 from solvers.api import estimate  # noqa: E402
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION  # noqa: E402
 from worker.launch import run_locally  # noqa: E402
+
+if TYPE_CHECKING:
+    from worker.runtime.parallelize import ParallelModel
 
 RANKS = 4
 MODEL: dict[str, Any] = {"name": "small-llama", "num_layers": 8, "hidden_size": 256, "num_attention_heads": 8,
@@ -267,22 +270,36 @@ def _profile_pass(spec: dict[str, Any], pause: Callable[[], None]) -> dict[str, 
     return profiler.measure_node(full, spec["batches"], spec["seqs"], None, device, repeats, pause=pause)
 
 
+def launched_plans(docs: dict[str, dict[str, Any]]) -> dict[str, ParallelModel]:
+    """On a rank started by torchrun: join the launch's gloo group and build every plan document of ``docs`` on
+    this rank with the worker runtime's own ``parallelize``."""
+    import torch
+    import torch.distributed as dist
+
+    from worker.runtime.parallelize import parallelize
+    from worker.runtime.plan import from_document, load_plan
+
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    return {name: parallelize(from_document(*load_plan(doc), world_size=world), 0, torch.device("cpu"))
+            for name, doc in docs.items()}
+
+
+def round_order(names: list[str], r: int) -> list[str]:
+    """The plans in round ``r``'s order: each round starts at another plan."""
+    return names[r % len(names):] + names[:r % len(names)]
+
+
 def interleaved_rank(spec_path: Path, out: Path) -> int:
     """One rank of ``measure_interleaved`` (run by torchrun): the worker runtime's own parallelize/train_step."""
     import statistics
 
-    import torch
     import torch.distributed as dist
 
     from worker.runtime.data import global_batch
-    from worker.runtime.parallelize import parallelize
-    from worker.runtime.plan import from_document, load_plan
 
     spec = json.loads(spec_path.read_text())
-    dist.init_process_group("gloo")
-    world = dist.get_world_size()
-    models = {name: parallelize(from_document(*load_plan(doc), world_size=world), 0, torch.device("cpu"))
-              for name, doc in spec["plans"].items()}
+    models = launched_plans(spec["plans"])
     times: dict[str, list[float]] = {name: [] for name in models}
     profiles: list[dict[str, Any]] = []
     step = 0
@@ -302,7 +319,7 @@ def interleaved_rank(spec_path: Path, out: Path) -> int:
     names = list(models)
     pauses, every = 0, 1
     for r in range(spec["rounds"] + 1):  # round 0 warms every plan (and the profiler) up
-        queue = names[r % len(names):] + names[:r % len(names)]  # each round starts at another plan
+        queue = round_order(names, r)
 
         def pause(r: int = r, queue: list[str] = queue, every: int = every) -> None:
             nonlocal pauses

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from closed_loop import MODEL, PLANS_4, Plan, request  # noqa: E402
+from closed_loop import MODEL, PLANS_4, Plan, launched_plans, request, round_order  # noqa: E402
 
 EXTRA: dict[str, Plan] = {
     "tp4-sp": ({"tp": 4, "sp": "megatron", "micro_batches": 1}, MODEL, 1),
@@ -56,15 +56,11 @@ def rank_main(spec_path: Path, out: Path) -> int:
 
     from worker.runtime.data import global_batch, local_batch
     from worker.runtime.model import blocks, lm_loss
-    from worker.runtime.parallelize import ParallelModel, parallelize, vocab_parallel_loss
-    from worker.runtime.plan import from_document, load_plan
+    from worker.runtime.parallelize import ParallelModel, vocab_parallel_loss
     from worker.runtime.tensor_parallel import reduce_partial_gradients
 
     spec = json.loads(spec_path.read_text())
-    dist.init_process_group("gloo")
-    world = dist.get_world_size()
-    models = {name: parallelize(from_document(*load_plan(doc), world_size=world), 0, torch.device("cpu"))
-              for name, doc in spec["plans"].items()}
+    models = launched_plans(spec["plans"])
     marks: list[tuple[str, float]] = []
 
     def mark(label: str) -> None:
@@ -173,7 +169,7 @@ def rank_main(spec_path: Path, out: Path) -> int:
     names = list(models)
     k = 0
     for r in range(spec["rounds"] + 1):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in round_order(names, r):
             pm = models[name]
             for _ in range(spec["steps"]):
                 tokens = global_batch(pm.plan.model.vocab_size, pm.plan.global_batch_size, pm.plan.seq_length, 0, k)
