@@ -30,16 +30,17 @@ def _norm_gradients(rank: int) -> Gaps:
     apply_tensor_parallel(model, init_device_mesh("cpu", (2,)), sequence_parallel=True)
     lm_loss(model(x), y).backward()
     params = dict(model.named_parameters())
-    before = {n: params[n].grad for n in expected}
+    # (placement, this rank's part) before the call, which sums the parts in place
+    before = {n: (g.placements[0], g.to_local().clone()) for n in expected if isinstance(g := params[n].grad, DTensor)}
     reduce_partial_gradients(model.parameters())
     out: Gaps = {}
     for n, want in expected.items():
-        partial, reduced = before[n], params[n].grad
-        assert isinstance(partial, DTensor) and isinstance(reduced, DTensor)
+        (placement, part), reduced = before[n], params[n].grad
+        assert isinstance(reduced, DTensor)
         # the partial gradient's own part (this rank's slice alone) against the sum it becomes, relative to the
         # gradient's largest element
         scale = float(want.abs().max())
-        out[n] = (isinstance(partial.placements[0], Partial), float((partial.to_local() - want).abs().max()) / scale,
+        out[n] = (isinstance(placement, Partial), float((part - want).abs().max()) / scale,
                   reduced.placements == (Replicate(),), float((reduced.to_local() - want).abs().max()) / scale)
     return out
 

@@ -48,6 +48,18 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def all_reduce_flat(tensors: list[torch.Tensor], group: dist.ProcessGroup, divide_by: int = 1) -> None:
+    """Sum ``tensors`` over ``group`` in place, divided by ``divide_by``: one flat all-reduce for all of them (one
+    message, not one per tensor)."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    flat /= divide_by
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
 class ReplicatedParameters:
     """Parameters held whole by every rank of ``group`` (ZeRO-0, or ZeRO-1 with ``zero=1``)."""
 
@@ -86,13 +98,7 @@ class ReplicatedParameters:
             if p.grad is None:  # unused this step: a zero gradient, so that every rank sends the same buffer
                 p.grad = torch.zeros_like(p)
             grads.append(_local(p.grad))
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.group)
-        flat /= self.size
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        all_reduce_flat(grads, self.group, self.size)
         for p in self.others():
             p.grad = None
 

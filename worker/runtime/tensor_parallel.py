@@ -14,7 +14,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
@@ -26,6 +25,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from worker.runtime.data_parallel import all_reduce_flat
 from worker.runtime.model import FeedForward, blocks
 
 
@@ -100,27 +100,19 @@ def reduce_partial_gradients(params: Iterable[nn.Parameter]) -> None:
     Left partial, the optimizer would redistribute each such gradient inside every elementwise op that reads it:
     a few all-reduces per tensor and step, one tensor at a time (on 4 gloo ranks, AdamW on a tp4 x SP model took
     about 300 ms instead of about 30 ms)."""
-    groups: dict[tuple[int, int, str], list[nn.Parameter]] = {}
-    meshes: dict[int, DeviceMesh] = {}
+    groups: dict[tuple[DeviceMesh, int, str], list[nn.Parameter]] = {}
     for p in params:
-        g = p.grad
-        if isinstance(g, DTensor):
+        if isinstance(g := p.grad, DTensor):
             for dim, placement in enumerate(g.placements):
                 if isinstance(placement, Partial):
-                    groups.setdefault((id(g.device_mesh), dim, placement.reduce_op), []).append(p)
-                    meshes[id(g.device_mesh)] = g.device_mesh
-    for (mesh_id, dim, reduce_op), ps in groups.items():
+                    groups.setdefault((g.device_mesh, dim, placement.reduce_op), []).append(p)
+    for (mesh, dim, reduce_op), ps in groups.items():
         if reduce_op not in ("sum", "avg"):
             raise ValueError(f"a gradient partial by {reduce_op!r}: only sum and avg are reduced")
-        mesh = meshes[mesh_id]
         grads = [g for p in ps if isinstance(g := p.grad, DTensor)]  # all of them: only DTensor gradients got here
-        flat = torch.cat([g.to_local().reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=mesh.get_group(dim))  # gloo has no AVG
-        if reduce_op == "avg":
-            flat /= mesh.size(dim)
-        offset = 0
+        # (under no_grad a DTensor's to_local is its very storage: reduced in place)
+        all_reduce_flat([g.to_local() for g in grads], mesh.get_group(dim), mesh.size(dim) if reduce_op == "avg" else 1)
         for p, g in zip(ps, grads, strict=True):
-            local = flat[offset:offset + g.to_local().numel()].view_as(g.to_local())
-            offset += local.numel()
             placements = [Replicate() if i == dim else x for i, x in enumerate(g.placements)]
-            p.grad = DTensor.from_local(local, mesh, placements, run_check=False, shape=g.shape, stride=g.stride())
+            p.grad = DTensor.from_local(g.to_local(), mesh, placements, run_check=False, shape=g.shape,
+                                        stride=g.stride())
