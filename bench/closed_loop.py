@@ -31,7 +31,8 @@ priced with the 1-node launch's layer times, both 2-node plans came out 15-20 % 
 What the profile carries beyond layer and collective times (all measured by ``worker.profiler``, none fitted
 to these plans): layer times with every rank busy (each repeat as long as its slowest rank took, as the next
 synchronisation waits for it; the median repeat), Megatron-SP layer times as the runtime runs them,
-ring-attention layers as the runtime runs them (cp 2 and 4, the ring's exchanges inside), the model's MoE layer
+ring-attention layers as the runtime runs them (cp 2 and 4, the ring's exchanges inside), DeepSpeed-Ulysses layers
+as the runtime runs them (over 2 and 4 ranks, the all-to-alls inside), the model's MoE layer
 as the runtime runs it (all experts on one rank; under tp 2 / 4 with and without SP with its experts split over
 the tp ranks, the expert-TP exchanges inside; its experts dealt over ep 2 / 4 ranks, alone and with tp 2, the
 dispatch and combine all-to-alls inside), FSDP2's per-layer wrapper overhead with and without resharding, the host

@@ -246,21 +246,26 @@ def profile_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int]
     return out
 
 
+def _contiguous_group(size: int) -> dist.ProcessGroup:
+    """This rank's group of ``size`` contiguous ranks (every rank creates every group, in the same order)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mine: dist.ProcessGroup | None = None
+    for start in range(0, world, size):
+        g = _group(range(start, start + size))
+        if start <= rank < start + size:
+            mine = g
+    assert mine is not None
+    return mine
+
+
 def context_parallel_block(cfg: ModelConfig, cp: int, device: torch.device) -> Block:
     """One block whose attention is the runtime's ring attention over contiguous groups of ``cp`` ranks, every
     group at once."""
     from worker.runtime.ring_attention import apply_context_parallel
 
-    world, rank = dist.get_world_size(), dist.get_rank()
-    mine: dist.ProcessGroup | None = None
-    for start in range(0, world, cp):  # every rank creates every group, in the same order
-        g = _group(range(start, start + cp))
-        if start <= rank < start + cp:
-            mine = g
-    assert mine is not None
     torch.manual_seed(0)
     block = Block(cfg).to(device)
-    apply_context_parallel(block, mine)
+    apply_context_parallel(block, _contiguous_group(cp))
     return block
 
 
@@ -280,6 +285,38 @@ def profile_context_parallel_layers(cfg: ModelConfig, batches: Sequence[int], se
                 dist.barrier()
                 f, b = layer_time(cfg, batch, seq, device, repeats, block=block, seq_shards=cp)
                 out.append(_layer_row(f, b, device, batch=batch, seq=seq, tp=1, cp=cp))
+                if pause:
+                    pause()
+    return out
+
+
+def ulysses_block(cfg: ModelConfig, degree: int, device: torch.device) -> Block:
+    """One block whose attention trades sequence for heads over contiguous groups of ``degree`` ranks
+    (DeepSpeed-Ulysses, as the runtime runs it), every group at once."""
+    from worker.runtime.ulysses import apply_ulysses
+
+    torch.manual_seed(0)
+    block = Block(cfg).to(device)
+    apply_ulysses(block, _contiguous_group(degree))
+    return block
+
+
+def profile_ulysses_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int], degrees: Sequence[int],
+                           device: torch.device, repeats: int, pause: Pause = None) -> list[dict[str, Any]]:
+    """Ulysses layers (``ulysses`` > 1, tp = 1) as the runtime runs them, each rank on ``batch`` samples of its
+    ``seq / ulysses`` tokens, the slowest rank's; the time includes the all-to-alls around attention (the layer
+    is the tp = 1 layer's work plus those exchanges and their copies, which the cost model would otherwise price
+    from the collectives alone)."""
+    out = []
+    for seq in seqs:
+        for degree in degrees:
+            if degree < 2 or seq % degree or cfg.num_heads % degree or cfg.num_kv_heads % degree:
+                continue
+            block = ulysses_block(cfg, degree, device)
+            for batch in batches:
+                dist.barrier()
+                f, b = layer_time(cfg, batch, seq, device, repeats, block=block, seq_shards=degree)
+                out.append(_layer_row(f, b, device, batch=batch, seq=seq, tp=1, ulysses=degree))
                 if pause:
                     pause()
     return out
@@ -581,8 +618,9 @@ def measure_node(full: ModelConfig, batches: Sequence[int], seqs: Sequence[int],
                  cps: Sequence[int] | None = None) -> dict[str, Any]:
     """Every measurement of this module on the launched ranks (the process group is up): ``{"profile":
     <Profile>, "device": {...}}``, the same on every rank. ``full`` is the model (its dense layers are timed, and
-    its MoE layer if it has one); ``tps`` default to the degrees dividing the heads and the world, ``cps`` (ring
-    attention) to 2, 4, 8 where they divide the world (``[]``: none). May run many
+    its MoE layer if it has one); ``tps`` default to the degrees dividing the heads and the world (the dense
+    layer is also timed under DeepSpeed-Ulysses at each of them above 1), ``cps`` (ring attention) to 2, 4, 8
+    where they divide the world (``[]``: none). May run many
     times in one process (meshes and groups are made once). ``pause``, if given, is called on every rank between
     two measurements (about 50 calls a pass), as the same collective code: a caller may run other work there
     (the closed-loop bench spreads its plans' steps over the pass)."""
@@ -595,11 +633,12 @@ def measure_node(full: ModelConfig, batches: Sequence[int], seqs: Sequence[int],
     layers += profile_moe_layers(full, batches, seqs, device, repeats, pause, tps)
     cps = [c for c in (2, 4, 8) if c <= world and world % c == 0] if cps is None else cps
     layers += profile_context_parallel_layers(cfg, batches, seqs, cps, device, repeats, pause)
+    layers += profile_ulysses_layers(cfg, batches, seqs, tps, device, repeats, pause)
     collectives = profile_collectives(world, device, repeats, pause=pause)
     # the overheads and the contention at a mid-sized batch of the first sequence length
     seq0 = layers[0]["seq"]
     plain = [x for x in layers if x["tp"] == 1 and x["seq"] == seq0 and x.get("layer_type", "dense") == "dense"
-             and x.get("cp", 1) == 1]
+             and x.get("cp", 1) == 1 and x.get("ulysses", 1) == 1]
     mid = plain[len(plain) // 2]
     overheads = fsdp_overheads(cfg, int(mid["batch"]), seq0, device, repeats, collectives)
     if pause:
@@ -623,8 +662,9 @@ def measure_node(full: ModelConfig, batches: Sequence[int], seqs: Sequence[int],
 
 def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One document from several ``measure_node`` passes of the same launch: each measured point (a layer at a
-    batch / seq / tp / sp / cp / ep / type, a collective at an op / group / placement / size, an overhead) and each
-    rate the median of its passes, so that a pass hit by a burst of background load does not decide it."""
+    batch / seq / tp / sp / cp / ep / ulysses / type, a collective at an op / group / placement / size, an
+    overhead) and each rate the median of its passes, so that a pass hit by a burst of background load does not
+    decide it."""
     if not docs:
         raise ValueError("no profile passes to merge")
 
@@ -646,7 +686,7 @@ def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     profiles = [d["profile"] for d in docs]
     profile = dict(profiles[0])
     profile["layer_times"] = merged([p["layer_times"] for p in profiles],
-                                    ("batch", "seq", "tp", "sp", "cp", "ep", "layer_type"),
+                                    ("batch", "seq", "tp", "sp", "cp", "ep", "ulysses", "layer_type"),
                                     ("forward_ms", "backward_ms"))
     profile["collectives"] = merged([p["collectives"] for p in profiles],
                                     ("op", "group_size", "across_nodes", "message_bytes"), ("time_ms",))

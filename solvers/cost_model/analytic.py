@@ -208,9 +208,10 @@ class AnalyticCostModel(CostModel):
         return np.where(np.isfinite(measured) & (np.asarray(size) > 1), measured, analytic)
 
     def _measured_layer(self, shape: LayerShape, b: np.ndarray, c: Candidates, fwd: np.ndarray, bwd: np.ndarray
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(forward, backward) seconds: profiled where this layout was measured, else the analytic ones; where a
-        ring-attention layer was measured as such (its ring exchanges are then in those times); where an MoE
+        ring-attention layer was measured as such (its ring exchanges are then in those times); where a Ulysses
+        layer was measured as such (its all-to-alls are then in those times); where an MoE
         layer was measured under TP with its experts split over the same ranks (etp = tp: the expert-TP exchanges
         are then in those times; another etp under TP is not measured); and where an MoE layer was measured under
         its expert parallelism (ep > 1 with etp = tp, uncompressed, the ep x etp ranks within a node: its dispatch /
@@ -227,7 +228,7 @@ class AnalyticCostModel(CostModel):
         ``collectives``)."""
         none = np.zeros(np.shape(c.tp), dtype=bool)
         if self.profile is None or not self.profile.layer_times:
-            return fwd, bwd, none, none, none
+            return fwd, bwd, none, none, none, none
         kind = "moe" if shape.is_moe else "dense"
         seq = self.training.seq_length
         sp = c.sp == mem.SP_MEGATRON
@@ -255,8 +256,17 @@ class AnalyticCostModel(CostModel):
             ring = ring & np.isfinite(ring_f)
             f = np.where(ring, ring_f, f)
             bw = np.where(ring, self.profile.layer_s(b, seq, tp, kind, backward=True, sp=sp, cp=c.cp), bw)
+        # a Ulysses layer as the runtime runs it, its all-to-alls inside (timed within a node, without cp)
+        ulysses = uly & (c.cp == 1) & (c.tp <= self.cluster.gpus_per_node)
+        if ulysses.any():
+            degree = np.where(ulysses, c.tp, 1)
+            uly_f = self.profile.layer_s(b, seq, tp, kind, ulysses=degree)
+            ulysses = ulysses & np.isfinite(uly_f)
+            f = np.where(ulysses, uly_f, f)
+            bw = np.where(ulysses, self.profile.layer_s(b, seq, tp, kind, backward=True, ulysses=degree), bw)
         use = np.isfinite(f)
-        return np.where(use, f, fwd), np.where(use, bw, bwd), ring, expert_tp & ~ring, expert_parallel & ~ring
+        return (np.where(use, f, fwd), np.where(use, bw, bwd), ring, expert_tp & ~ring, expert_parallel & ~ring,
+                ulysses)
 
     def _wrapper_overhead(self, c: Candidates, ctx: StageContext) -> tuple[np.ndarray, np.ndarray]:
         """Host time the FSDP2 wrapper adds per layer: (per micro-batch, per step); profiled, zero without a
@@ -339,7 +349,7 @@ class AnalyticCostModel(CostModel):
         # from Q and K besides (FlashAttention: five matmuls backward to two forward, 2.5 times the forward)
         fwd_s = qkv + out + mlp + core + elem
         bwd_s = 2.0 * fwd_s + (0.5 * core if fused else 0.0)
-        fwd, bwd, ring_measured, etp_measured, ep_measured = self._measured_layer(
+        fwd, bwd, ring_measured, etp_measured, ep_measured, uly_measured = self._measured_layer(
             shape, np.broadcast_to(b, c.tp.shape), c, fwd_s, bwd_s)
         compute = fwd + bwd
 
@@ -351,7 +361,8 @@ class AnalyticCostModel(CostModel):
         # (in the layer time where it was measured so)
         mlp_fwd = np.where(etp_measured, 0.0, expert.etp_fwd_s) if expert is not None else np.where(
             uly, 0.0, attention_fwd)
-        ulysses_fwd = self._collective("alltoall", tok * (2 * shape.q_width + 2 * shape.kv_width) * e, c.tp, k_tp)
+        ulysses_fwd = np.where(uly_measured, 0.0, self._collective(  # (in the layer time where measured so)
+            "alltoall", tok * (2 * shape.q_width + 2 * shape.kv_width) * e, c.tp, k_tp))
         tp_full = np.where(uly, ulysses_fwd, attention_fwd) + mlp_fwd
         # backward: Megatron issues the input-gradient all-reduce asynchronously and computes the weight
         # gradient meanwhile (a forward's worth of GEMMs), hiding up to tp_overlap of it where the stack does;

@@ -19,9 +19,10 @@ JSON form (what the worker uploads; ``cost_model.profile`` inline or ``cost_mode
 
 Rules: ``batch`` is samples per data-parallel rank; layer times exclude the layer's communication (that
 comes from ``collectives``), except exchanges that run inside a layout's own layer: ring attention's K/V
-exchanges (``cp`` > 1), an MoE layer's expert-TP exchanges (``tp`` > 1, its experts split over the tp ranks) and,
-under expert parallelism (``ep`` > 1: its experts dealt over ep ranks), its token dispatch and combine
-all-to-alls. For a (seq, tp, sp, cp, ep, layer type) with two or more batch sizes the time is the least-squares
+exchanges (``cp`` > 1), DeepSpeed-Ulysses' all-to-alls around attention (``ulysses`` > 1), an MoE layer's
+expert-TP exchanges (``tp`` > 1, its experts split over the tp ranks) and, under expert parallelism (``ep`` > 1:
+its experts dealt over ep ranks), its token dispatch and combine all-to-alls. For a (seq, tp, sp, cp, ep,
+ulysses, layer type) with two or more batch sizes the time is the least-squares
 line in batch; with one, it scales in proportion to the batch. Collective times are fitted as
 ``latency + bytes / bandwidth`` per (op, group size, across nodes). Where nothing was measured, the
 analytic formula stands; ``cost_model.kind = "profile"`` requires a profile.
@@ -83,6 +84,9 @@ class LayerTime(_Strict):
     # expert parallelism (an MoE layer): its experts dealt over ep ranks, expert TP = tp; the time includes the
     # token dispatch and combine all-to-alls over the ep group
     ep: int = Field(default=1, gt=0)
+    # DeepSpeed-Ulysses over this many ranks (tp = 1, full weights), each holding batch samples of seq / ulysses
+    # tokens; the time includes the four all-to-alls each way that trade sequence for heads around attention
+    ulysses: int = Field(default=1, gt=0)
 
 
 class CollectiveTime(_Strict):
@@ -159,10 +163,10 @@ class Profile(_Strict):
         return min(linear_s, max(linear_s / self.host.slowdown, mean_work_s))
 
     def _layer_fit(self, seq: int, tp: int, layer_type: str, backward: bool, sp: bool = False, cp: int = 1,
-                   ep: int = 1) -> tuple[float, float] | None:
+                   ep: int = 1, ulysses: int = 1) -> tuple[float, float] | None:
         def points(sp: bool) -> list[LayerTime]:
             return [x for x in self.layer_times if x.seq == seq and x.tp == tp and x.layer_type == layer_type
-                    and x.sp == sp and x.cp == cp and x.ep == ep]
+                    and x.sp == sp and x.cp == cp and x.ep == ep and x.ulysses == ulysses]
 
         # an SP layout without SP measurements falls back on the plain TP layout's
         pts = points(sp) or (points(False) if sp else [])
@@ -178,24 +182,25 @@ class Profile(_Strict):
 
     def layer_s(self, batch: np.ndarray, seq: int, tp: np.ndarray, layer_type: str = "dense",
                 backward: bool = False, sp: np.ndarray | None = None, cp: np.ndarray | None = None,
-                ep: np.ndarray | None = None) -> np.ndarray:
-        """Measured forward (or backward) seconds per candidate; NaN where this (seq, tp, cp, ep) was not
+                ep: np.ndarray | None = None, ulysses: np.ndarray | None = None) -> np.ndarray:
+        """Measured forward (or backward) seconds per candidate; NaN where this (seq, tp, cp, ep, ulysses) was not
         profiled. ``sp`` marks the candidates running Megatron SP (only meaningful with tp > 1); ``cp`` their
         context parallel degree (default 1; ``batch`` is then samples of seq / cp tokens each); ``ep`` an MoE
-        layer's expert-parallel degree (default 1)."""
+        layer's expert-parallel degree (default 1); ``ulysses`` their DeepSpeed-Ulysses degree (default 1; with
+        tp = 1, ``batch`` samples of seq / ulysses tokens each)."""
         batch, tp = np.asarray(batch, dtype=float), np.asarray(tp, dtype=float)
-        cp_arr = np.asarray(cp if cp is not None else 1.0, dtype=float)
-        ep_arr = np.asarray(ep if ep is not None else 1.0, dtype=float)
-        shape = np.broadcast(batch, tp, cp_arr, ep_arr).shape
+        degrees = [np.asarray(x if x is not None else 1.0, dtype=float) for x in (cp, ep, ulysses)]
+        shape = np.broadcast(batch, tp, *degrees).shape
         sp_arr = np.broadcast_to(np.asarray(sp if sp is not None else False, dtype=bool), shape) & (tp > 1)
         out = np.full(shape, np.nan)
         # the degrees' distinct values, not every candidate, in a Python loop (the search's hot path)
-        for t, c, e in product(np.unique(tp), np.unique(cp_arr), np.unique(ep_arr)):
+        for t, c, e, u in product(np.unique(tp), *(np.unique(d) for d in degrees)):
             for s in (False, True):
-                fit = self._layer_fit(seq, int(t), layer_type, backward, s, int(c), int(e))
+                fit = self._layer_fit(seq, int(t), layer_type, backward, s, int(c), int(e), int(u))
                 if fit is not None:
-                    sel = np.broadcast_to((tp == t) & (cp_arr == c) & (ep_arr == e), shape) & (sp_arr == s)
-                    out = np.where(sel, np.maximum(0.0, fit[0] + fit[1] * batch), out)
+                    cp_arr, ep_arr, uly_arr = degrees
+                    sel = np.broadcast_to((tp == t) & (cp_arr == c) & (ep_arr == e) & (uly_arr == u), shape)
+                    out = np.where(sel & (sp_arr == s), np.maximum(0.0, fit[0] + fit[1] * batch), out)
         return out
 
     def _collective_fit(self, op: str, size: int, across: bool) -> tuple[float, float] | None:

@@ -175,3 +175,32 @@ def test_a_profiles_measured_all_to_all_prices_the_re_layout_between_layers() ->
     # negative control: without the measurement, the analytic links price it (far below the measured line here)
     ref = plain.transition_s([tp8], [dp8], ctx)
     assert 0 < ref[0, 0] < got[0, 0] / 5
+
+
+def test_a_profiles_ulysses_layer_prices_the_layer_with_its_all_to_alls_inside() -> None:
+    """A Ulysses layer measured as the runtime runs it (``ulysses`` rows: each rank on its samples' seq / u tokens,
+    the all-to-alls around attention inside) is priced from that row, its all-to-alls not added again. A degree
+    the profile lacks keeps the derived price: the tp = 1 layer at b / u samples plus the all-to-alls."""
+    cluster = {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8}
+    seq = parse(HybridRequest, request(cluster=cluster)).training.seq_length
+    plain_rows = [{"batch": n, "seq": seq, "tp": 1, "forward_ms": 10.0 * n, "backward_ms": 20.0 * n} for n in (1, 2, 4)]
+    # the measured Ulysses layer: 30 % above the plain layer's work at b / 4 samples, plus 1 ms a pass
+    uly_rows = [{"batch": n, "seq": seq, "tp": 1, "ulysses": 4, "forward_ms": 1.0 + 3.25 * n,
+                 "backward_ms": 1.0 + 6.5 * n} for n in (4, 8)]
+
+    def priced(rows: list[dict[str, object]]) -> object:
+        model = make_cost_model(parse(HybridRequest, request(cluster=cluster, cost_model={
+            "kind": "profile", "profile": {"name": "uly", "layer_times": rows}})))
+        cands = (LayerStrategy(tp=4, dp=2, sp="ulysses"), LayerStrategy(tp=2, dp=4, sp="ulysses"))
+        return model.layer_costs(0, cands, _ctx(2, samples=64, micro_batches=4))  # 16 samples a micro-batch
+
+    got, ref = priced(plain_rows + uly_rows), priced(plain_rows)
+    # u = 4: 8 samples per dp rank, each rank on 8 x seq / 4 tokens: the row's line at batch 8, nothing added
+    assert got.parts_s["compute"][0] == pytest.approx((1.0 + 3.25 * 8 + 1.0 + 6.5 * 8) / 1e3)
+    assert got.parts_s["tp_comm"][0] == 0
+    # u = 2 not measured: 4 samples per dp rank, the tp = 1 layer at 4 / 2 samples (20 + 40 ms) and the all-to-alls,
+    # as without the rows
+    assert got.parts_s["compute"][1] == pytest.approx(0.060) == ref.parts_s["compute"][1]
+    assert got.parts_s["tp_comm"][1] == pytest.approx(ref.parts_s["tp_comm"][1]) and got.parts_s["tp_comm"][1] > 0
+    # negative control: without the Ulysses rows, u = 4 is the plain layer at 8 / 4 samples plus priced all-to-alls
+    assert ref.parts_s["compute"][0] == pytest.approx(0.060) and ref.parts_s["tp_comm"][0] > 0

@@ -31,11 +31,12 @@ def test_profile_is_measured_uploaded_and_readable_by_the_cost_model(
                     headers={"Authorization": f"Bearer {server.token('admin')}"}).json()
     assert got["kind"] == "hardware"
     profile = load_profile(got["data"])
-    plain = [x for x in profile.layer_times if x.cp == 1 and not x.sp and x.layer_type == "dense"]
+    plain = [x for x in profile.layer_times if x.cp == x.ulysses == 1 and not x.sp and x.layer_type == "dense"]
     by_tp = {(x.tp, x.batch): x for x in plain}
     assert {tp for tp, _ in by_tp} == {1, 2} and all(x.seq == 64 for x in profile.layer_times)
     assert by_tp[(1, 8)].forward_ms > by_tp[(1, 1)].forward_ms  # 8x the tokens costs more
     assert {x.cp for x in profile.layer_times} == {1, 2}  # ring attention measured as the runtime runs it
+    assert {x.ulysses for x in profile.layer_times} == {1, 2}  # and DeepSpeed-Ulysses
     ops = {c.op for c in profile.collectives}
     assert {"allreduce", "allgather", "alltoall", "p2p"} <= ops
     assert all(c.group_size == 2 for c in profile.collectives)
