@@ -269,25 +269,37 @@ def context_parallel_block(cfg: ModelConfig, cp: int, device: torch.device) -> B
     return block
 
 
+def _sequence_sharded_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int], degrees: Sequence[int],
+                             device: torch.device, repeats: int, pause: Pause, key: str,
+                             fits: Callable[[int, int], bool], block_of: Callable[[int], Block]
+                             ) -> list[dict[str, Any]]:
+    """Rows of a layout that splits the sequence over contiguous groups of ``degree`` ranks (tp = 1), keyed
+    ``key``: for each sequence and each degree above 1 that ``fits(seq, degree)``, the block ``block_of(degree)``
+    timed at every batch, each rank on ``batch`` samples of its ``seq / degree`` tokens, the slowest rank's."""
+    out = []
+    for seq in seqs:
+        for degree in degrees:
+            if degree < 2 or not fits(seq, degree):
+                continue
+            block = block_of(degree)
+            for batch in batches:
+                dist.barrier()
+                f, b = layer_time(cfg, batch, seq, device, repeats, block=block, seq_shards=degree)
+                out.append(_layer_row(f, b, device, batch=batch, seq=seq, tp=1, **{key: degree}))
+                if pause:
+                    pause()
+    return out
+
+
 def profile_context_parallel_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int],
                                     cps: Sequence[int], device: torch.device, repeats: int, pause: Pause = None
                                     ) -> list[dict[str, Any]]:
     """Ring-attention layers (``cp`` > 1, tp = 1) as the runtime runs them, each rank on ``batch`` samples of its
     ``seq / cp`` tokens (two load-balanced chunks), the slowest rank's; the time includes the ring's K/V
     exchanges (P2P within the cp group), its per-step kernels and merges."""
-    out = []
-    for seq in seqs:
-        for cp in cps:
-            if cp < 2 or seq % (2 * cp):
-                continue
-            block = context_parallel_block(cfg, cp, device)
-            for batch in batches:
-                dist.barrier()
-                f, b = layer_time(cfg, batch, seq, device, repeats, block=block, seq_shards=cp)
-                out.append(_layer_row(f, b, device, batch=batch, seq=seq, tp=1, cp=cp))
-                if pause:
-                    pause()
-    return out
+    return _sequence_sharded_layers(cfg, batches, seqs, cps, device, repeats, pause, "cp",
+                                    lambda seq, cp: seq % (2 * cp) == 0,
+                                    lambda cp: context_parallel_block(cfg, cp, device))
 
 
 def ulysses_block(cfg: ModelConfig, degree: int, device: torch.device) -> Block:
@@ -307,19 +319,10 @@ def profile_ulysses_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Seque
     ``seq / ulysses`` tokens, the slowest rank's; the time includes the all-to-alls around attention (the layer
     is the tp = 1 layer's work plus those exchanges and their copies, which the cost model would otherwise price
     from the collectives alone)."""
-    out = []
-    for seq in seqs:
-        for degree in degrees:
-            if degree < 2 or seq % degree or cfg.num_heads % degree or cfg.num_kv_heads % degree:
-                continue
-            block = ulysses_block(cfg, degree, device)
-            for batch in batches:
-                dist.barrier()
-                f, b = layer_time(cfg, batch, seq, device, repeats, block=block, seq_shards=degree)
-                out.append(_layer_row(f, b, device, batch=batch, seq=seq, tp=1, ulysses=degree))
-                if pause:
-                    pause()
-    return out
+    return _sequence_sharded_layers(
+        cfg, batches, seqs, degrees, device, repeats, pause, "ulysses",
+        lambda seq, u: seq % u == 0 and cfg.num_heads % u == 0 and cfg.num_kv_heads % u == 0,
+        lambda u: ulysses_block(cfg, u, device))
 
 
 def moe_layouts(cfg: ModelConfig, seq: int, tps: Sequence[int], world: int) -> list[tuple[int, bool, int]]:

@@ -189,16 +189,15 @@ class Profile(_Strict):
         layer's expert-parallel degree (default 1); ``ulysses`` their DeepSpeed-Ulysses degree (default 1; with
         tp = 1, ``batch`` samples of seq / ulysses tokens each)."""
         batch, tp = np.asarray(batch, dtype=float), np.asarray(tp, dtype=float)
-        degrees = [np.asarray(x if x is not None else 1.0, dtype=float) for x in (cp, ep, ulysses)]
-        shape = np.broadcast(batch, tp, *degrees).shape
+        cp_arr, ep_arr, uly_arr = (np.asarray(x if x is not None else 1.0, dtype=float) for x in (cp, ep, ulysses))
+        shape = np.broadcast(batch, tp, cp_arr, ep_arr, uly_arr).shape
         sp_arr = np.broadcast_to(np.asarray(sp if sp is not None else False, dtype=bool), shape) & (tp > 1)
         out = np.full(shape, np.nan)
         # the degrees' distinct values, not every candidate, in a Python loop (the search's hot path)
-        for t, c, e, u in product(np.unique(tp), *(np.unique(d) for d in degrees)):
+        for t, c, e, u in product(*(np.unique(d) for d in (tp, cp_arr, ep_arr, uly_arr))):
             for s in (False, True):
                 fit = self._layer_fit(seq, int(t), layer_type, backward, s, int(c), int(e), int(u))
                 if fit is not None:
-                    cp_arr, ep_arr, uly_arr = degrees
                     sel = np.broadcast_to((tp == t) & (cp_arr == c) & (ep_arr == e) & (uly_arr == u), shape)
                     out = np.where(sel & (sp_arr == s), np.maximum(0.0, fit[0] + fit[1] * batch), out)
         return out
