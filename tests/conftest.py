@@ -32,6 +32,31 @@ PARAPLAN = [sys.executable, "-m", "paraplan_cli.main"]
 _TABLES = ("idempotency_keys", "runs", "jobs", "plans", "plan_requests", "workers", "profiles", "api_tokens")
 
 
+FRAMEWORKS = ROOT / "tests" / "frameworks"
+_background: list[subprocess.Popen[bytes]] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The frameworks' tests last, so that a cold build of their venv (minutes) runs beside the rest."""
+    items.sort(key=lambda item: item.path.is_relative_to(FRAMEWORKS))  # stable: each group keeps its order
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    from tests.frameworks.venv import megatron_lm_present, start_background_build
+
+    if session.config.option.collectonly or not megatron_lm_present():
+        return
+    if any(item.path.is_relative_to(FRAMEWORKS) for item in session.items):
+        _background.append(start_background_build())
+
+
+def pytest_sessionfinish() -> None:
+    for proc in _background:  # an interrupted session: the unfinished build leaves no stamp, the next one rebuilds
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

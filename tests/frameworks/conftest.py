@@ -1,5 +1,6 @@
 """The frameworks' own parsers as fixtures: ``tools/frameworks/setup.sh`` builds (or finds, cached) the frameworks
-venv once a session, and ``validators`` runs ``tools/frameworks/validate.py FRAMEWORK --serve`` in one
+venv once a session (started in the background as the session begins, these tests run last:
+``tests/frameworks/venv.py``), and ``validators`` runs ``tools/frameworks/validate.py FRAMEWORK --serve`` in one
 long-lived subprocess per framework (their imports take seconds).
 
 Without the venv (no network to build it, no Megatron-LM training code in ../shared) the tests skip, except
@@ -17,10 +18,8 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-TOOLS = ROOT / "tools" / "frameworks"
-VENV = Path(os.environ.get("PARAPLAN_FRAMEWORKS_VENV", ROOT / ".venv-frameworks"))
-MEGATRON_LM = Path(os.environ.get("PARAPLAN_MEGATRON_LM", ROOT.parent / "shared" / "reference" / "megatron-lm"))
+from tests.frameworks.venv import MEGATRON_LM, SETUP, TOOLS, VENV, megatron_lm_present
+
 SETUP_TIMEOUT_S = 1200
 
 
@@ -34,11 +33,10 @@ def unavailable(reason: str) -> None:
 @pytest.fixture(scope="session")
 def frameworks_python() -> Path:
     """The frameworks venv's python, the venv built by setup.sh (a no-op when its stamp is current)."""
-    if not (MEGATRON_LM / "megatron" / "training" / "arguments.py").is_file():
+    if not megatron_lm_present():
         unavailable(f"Megatron-LM's training code is not at {MEGATRON_LM}")
-    try:
-        done = subprocess.run(["bash", str(TOOLS / "setup.sh"), str(VENV)], capture_output=True, text=True,
-                              timeout=SETUP_TIMEOUT_S, check=False)
+    try:  # waits for the root conftest's background build, if one is still running
+        done = subprocess.run(SETUP, capture_output=True, text=True, timeout=SETUP_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         unavailable(f"setup.sh took over {SETUP_TIMEOUT_S} s")
     if done.returncode:
