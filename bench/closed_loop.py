@@ -43,6 +43,9 @@ bandwidth in the request, ``measured_links``) and the AdamW step time per parame
 
 Prints a table (predicted vs measured step time per plan, * = held out), the spread of the measured times,
 the MAPE and Spearman's rank correlation over all plans, over the plans tuned on and over the held-out ones.
+With ``--interleave`` it then prints each round's host speed against the launch's median round and the same
+scores against each plan's time with that round-to-round drift removed (``drift_removed``: a plan x round
+median polish of the samples), beside the plain medians, which stay the headline figures.
 Goal (issue 31): over all plans MAPE <= 20 %, Spearman >= 0.9, reported apart for the held-out plans.
 The FlexSP and Spindle plans' closed loops (issue 32: ``--kind flexsp`` / ``--kind spindle``) run
 ``bench/flexsp_runtime.py`` and ``bench/spindle_runtime.py`` with the options that follow. Measured
@@ -224,6 +227,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+ROUND_STEPS = 2  # each plan's steps in one round of ``measure_interleaved``
 PROFILE_SPEC: dict[str, Any] = {"model": MOE_MODEL, "batches": [1, 2, 4, 8, 16], "seqs": [TRAINING["seq_length"]]}
 
 
@@ -345,6 +349,34 @@ def interleaved_rank(spec_path: Path, out: Path) -> int:
     return 0
 
 
+def drift_removed(samples: dict[str, list[float]], steps: int) -> tuple[dict[str, float], list[float]]:
+    """Each plan's step time with the host's round-to-round speed taken out, and each round's speed factor.
+
+    ``samples[plan]`` holds ``steps`` step times a round, round after round (``interleaved_rank``). The table of
+    each (plan, round)'s mean log step time is fitted as overall + plan effect + round effect by Tukey's median
+    polish: a round in which the shared host ran every plan slow moves its round effect, not the plans' times, and
+    one slow sample moves no median. A plan's time is ``exp(overall + plan effect)``, its time at the run's
+    median round speed; the factors are ``exp(round effect)`` (1.10: that round ran 10 % slow)."""
+    import numpy as np
+
+    names = list(samples)
+    rounds = min(len(samples[n]) for n in names) // steps
+    table = np.array([[np.mean(np.log(samples[n][r * steps:(r + 1) * steps])) for r in range(rounds)]
+                      for n in names])
+    overall, plan, round_ = 0.0, np.zeros(len(names)), np.zeros(rounds)
+    for _ in range(20):  # median polish converges in a few sweeps
+        rows = np.median(table, axis=1)
+        table, plan = table - rows[:, None], plan + rows
+        shift = float(np.median(round_))
+        overall, round_ = overall + shift, round_ - shift
+        cols = np.median(table, axis=0)
+        table, round_ = table - cols[None, :], round_ + cols
+        shift = float(np.median(plan))
+        overall, plan = overall + shift, plan - shift
+    return ({n: float(np.exp(overall + plan[i])) for i, n in enumerate(names)},
+            [float(np.exp(b)) for b in round_])
+
+
 def spearman(a: list[float], b: list[float]) -> float:
     def ranks(x: list[float]) -> list[float]:
         order = sorted(range(len(x)), key=lambda i: x[i])
@@ -423,8 +455,8 @@ def main() -> int:
     for nnodes in launches:  # a multi-node run is its own launch (its nodes meet at one rendezvous)
         group = {n: d for n, d in docs.items() if plans[n][2] == nnodes}
         # every launch profiles in full: its plans are priced from what its own ranks measured under its own load
-        got = measure_interleaved(group, ranks, args.interleave or max(1, args.steps // 2), 2, work, nnodes,
-                                  profile_spec)
+        got = measure_interleaved(group, ranks, args.interleave or max(1, args.steps // ROUND_STEPS), ROUND_STEPS,
+                                  work, nnodes, profile_spec)
         interleaved |= got["times"]
         samples |= got.get("samples", {})
         if got["profiles"]:
@@ -466,6 +498,23 @@ def main() -> int:
     if held:
         h_mape, h_rho = scores(held)
         print(f"held out (* {len(held)} plans, fixed before tuning): MAPE {100 * h_mape:.1f}%   Spearman {h_rho:.3f}")
+    if args.interleave and samples:
+        # the same comparison with each launch's round-to-round host drift removed (``drift_removed``)
+        for nnodes in launches:
+            launch = {n: samples[n] for n in names if plans[n][2] == nnodes and n in samples}
+            steady, factors = drift_removed(launch, ROUND_STEPS)
+            print(f"{nnodes}-node launch: rounds ran x{', x'.join(f'{f:.3f}' for f in factors)} the median round")
+            for r in rows:
+                if r["plan"] in steady:
+                    r["measured_steady_s"] = steady[r["plan"]]
+        steady_rows = [{**r, "measured_s": r["measured_steady_s"],
+                        "error": (r["predicted_s"] - r["measured_steady_s"]) / r["measured_steady_s"]} for r in rows]
+        for label, subset in (("all", steady_rows), ("tuned-on", [r for r in steady_rows if not r["held_out"]]),
+                              ("held out", [r for r in steady_rows if r["held_out"]])):
+            if subset:
+                s_mape, s_rho = scores(subset)
+                print(f"drift removed, {label} ({len(subset)} plans): MAPE {100 * s_mape:.1f}%   "
+                      f"Spearman {s_rho:.3f}")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "mape": mape, "spearman": rho,
                                          "samples": samples,
