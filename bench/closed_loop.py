@@ -2,6 +2,7 @@
 cost model calibrated by that profile, run the plans with the worker runtime, compare.
 
     .venv/bin/python bench/closed_loop.py --interleave 4    # 21 plans on 4 gloo ranks, profiled in their launch
+    .venv/bin/python bench/closed_loop.py --interleave 2 --launches 2   # the same rounds over two launches
     .venv/bin/python bench/closed_loop.py                 # profile first, then one daemon-style launch per plan
     .venv/bin/python bench/closed_loop.py --profile P.json  # reuse a profile written by worker.profiler
     .venv/bin/python bench/closed_loop.py --ranks 2         # 7 plans on 2 ranks (one core per rank here)
@@ -26,7 +27,10 @@ a profile taken minutes earlier under another load missed by 20-40 %). The passe
 the cost model alone (nothing is fitted to their measured times). The 2-node launch takes its own profile the same
 way, layers included, and its plans are priced from it: its collectives across nodes (groups spanning the two
 agents) are its own, and its layers run under its own load (it runs 2 plans where the 1-node launch runs 18;
-priced with the 1-node launch's layer times, both 2-node plans came out 15-20 % slow).
+priced with the 1-node launch's layer times, both 2-node plans came out 15-20 % slow). ``--launches K`` runs each
+launch K times and pools the samples and profile passes of its K launches: one plan can run 10-20 % slower than
+another through every round of one launch and not of the next (moe-ep2-etp2-tp2-dp2 against pp2-tp2-1f1b, two runs
+of one commit), which no number of rounds within one launch averages out.
 
 What the profile carries beyond layer and collective times (all measured by ``worker.profiler``, none fitted
 to these plans): layer times with every rank busy (each repeat as long as its slowest rank took, as the next
@@ -58,6 +62,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -297,8 +302,6 @@ def round_order(names: list[str], r: int) -> list[str]:
 
 def interleaved_rank(spec_path: Path, out: Path) -> int:
     """One rank of ``measure_interleaved`` (run by torchrun): the worker runtime's own parallelize/train_step."""
-    import statistics
-
     import torch.distributed as dist
 
     from worker.runtime.data import global_batch
@@ -430,6 +433,10 @@ def main() -> int:
                     help="measure all plans in one launch, round-robin, ROUNDS x 2 steps each (less exposed to "
                          "background load drifting between plans), each round after one profile pass on the same "
                          "ranks (unless --profile or --separate-profile); default: one daemon-style launch per plan")
+    ap.add_argument("--launches", type=int, default=1, metavar="K",
+                    help="with --interleave: run each launch K times (ROUNDS rounds each) and pool their samples and "
+                         "profile passes: a plan can run a few percent slow through a whole launch, and only "
+                         "another launch averages that out")
     ap.add_argument("--separate-profile", action="store_true",
                     help="with --interleave: profile in a launch of its own before the plans run")
     args = ap.parse_args()
@@ -454,18 +461,24 @@ def main() -> int:
     launches = sorted({plans[n][2] for n in names} if args.interleave else set(plans[n][2] for n in names) - {1})
     for nnodes in launches:  # a multi-node run is its own launch (its nodes meet at one rendezvous)
         group = {n: d for n, d in docs.items() if plans[n][2] == nnodes}
-        # every launch profiles in full: its plans are priced from what its own ranks measured under its own load
-        got = measure_interleaved(group, ranks, args.interleave or max(1, args.steps // ROUND_STEPS), ROUND_STEPS,
-                                  work, nnodes, profile_spec)
-        interleaved |= got["times"]
-        samples |= got.get("samples", {})
-        if got["profiles"]:
+        # every launch profiles in full: its plans are priced from what its own ranks measured under its own load;
+        # --launches K repeats the launch, its samples and profile passes pooled (rounds numbered on across them)
+        passes: list[dict[str, Any]] = []
+        for _ in range(args.launches if args.interleave else 1):
+            got = measure_interleaved(group, ranks, args.interleave or max(1, args.steps // ROUND_STEPS), ROUND_STEPS,
+                                      work, nnodes, profile_spec)
+            for name, t in got.get("samples", {}).items():
+                samples.setdefault(name, []).extend(t)
+            interleaved |= {name: statistics.median(samples[name]) if name in samples else t
+                            for name, t in got["times"].items()}
+            passes += got["profiles"]
+        if passes:
             from worker.profiler import merge_profiles
 
-            passes_of_nodes[nnodes] = got["profiles"]
-            merged = merge_profiles(got["profiles"])
+            passes_of_nodes[nnodes] = passes
+            merged = merge_profiles(passes)
             profile_of_nodes[nnodes] = merged
-            describe(merged, f"{nnodes}-node launch, {len(got['profiles'])} profile passes "
+            describe(merged, f"{nnodes}-node launch x{args.launches}, {len(passes)} profile passes "
                              f"({time.time() - t0:.0f} s, load {os.getloadavg()[0]:.1f})")
     predictor = PREDICTORS[args.predictor]
     rows: list[dict[str, Any]] = []
