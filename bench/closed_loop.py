@@ -30,7 +30,8 @@ agents) are its own, and its layers run under its own load (it runs 2 plans wher
 priced with the 1-node launch's layer times, both 2-node plans came out 15-20 % slow). ``--launches K`` runs each
 launch K times and pools the samples and profile passes of its K launches: one plan can run 10-20 % slower than
 another through every round of one launch and not of the next (moe-ep2-etp2-tp2-dp2 against pp2-tp2-1f1b, two runs
-of one commit), which no number of rounds within one launch averages out.
+of one commit), and the communication-heavy TP plans up to 50 % slower in one of two launches than in the other
+(pp2-tp2-1f1b 2.87 vs 1.88 s, while dp4 moved 8 %), which no number of rounds within one launch averages out.
 
 What the profile carries beyond layer and collective times (all measured by ``worker.profiler``, none fitted
 to these plans): layer times with every rank busy (each repeat as long as its slowest rank took, as the next
@@ -435,11 +436,13 @@ def main() -> int:
                          "ranks (unless --profile or --separate-profile); default: one daemon-style launch per plan")
     ap.add_argument("--launches", type=int, default=1, metavar="K",
                     help="with --interleave: run each launch K times (ROUNDS rounds each) and pool their samples and "
-                         "profile passes: a plan can run a few percent slow through a whole launch, and only "
+                         "profile passes: a plan can run 10 %% or more slower through a whole launch, and only "
                          "another launch averages that out")
     ap.add_argument("--separate-profile", action="store_true",
                     help="with --interleave: profile in a launch of its own before the plans run")
     args = ap.parse_args()
+    if args.launches < 1 or (args.launches > 1 and not args.interleave):
+        ap.error("--launches K needs K >= 1, and --interleave when K > 1")
     work = Path(tempfile.mkdtemp(prefix="closed-loop-"))
     t0 = time.time()
     print(f"load average at start {os.getloadavg()}", flush=True)
