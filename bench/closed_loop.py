@@ -240,12 +240,12 @@ PROFILE_SPEC: dict[str, Any] = {"model": MOE_MODEL, "batches": [1, 2, 4, 8, 16],
 def measure_interleaved(docs: dict[str, dict[str, Any]], ranks: int, rounds: int, steps: int, workdir: Path,
                         nnodes: int = 1, profile: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run every plan in one launch, round-robin (``rounds`` x ``steps`` steps each, after one warm-up round),
-    so that a change in the machine's background load hits all plans alike: ``{"times": {plan: median step
-    time}, "profiles": [...]}``. With ``profile`` (``PROFILE_SPEC`` and ``repeats``) each round is also one pass
-    of ``worker.profiler.measure_node`` on the same ranks, the round's plans run between its measurements,
-    evenly spread: the profile is taken under the load the plans see (the warm-up round's pass is discarded).
-    ``nnodes`` > 1: that many torchrun agents on this host (``ranks // nnodes`` ranks each), node 0 hosting the
-    c10d rendezvous, as ``worker.launch`` starts the nodes of a multi-node run."""
+    so that a change in the machine's background load hits all plans alike: ``{"samples": {plan: step times,
+    round after round}, "profiles": [...]}``. With ``profile`` (``PROFILE_SPEC`` and ``repeats``) each round is
+    also one pass of ``worker.profiler.measure_node`` on the same ranks, the round's plans run between its
+    measurements, evenly spread: the profile is taken under the load the plans see (the warm-up round's pass is
+    discarded). ``nnodes`` > 1: that many torchrun agents on this host (``ranks // nnodes`` ranks each), node 0
+    hosting the c10d rendezvous, as ``worker.launch`` starts the nodes of a multi-node run."""
     spec = workdir / f"interleave-{nnodes}n.json"
     out = workdir / f"interleave-{nnodes}n-out.json"
     spec.write_text(json.dumps({"plans": docs, "rounds": rounds, "steps": steps, "profile": profile}))
@@ -347,8 +347,7 @@ def interleaved_rank(spec_path: Path, out: Path) -> int:
         for name in queue:
             run(name, r > 0)
     if dist.get_rank() == 0:
-        out.write_text(json.dumps({"times": {name: statistics.median(t) for name, t in times.items()},
-                                   "samples": times, "profiles": profiles}))
+        out.write_text(json.dumps({"samples": times, "profiles": profiles}))
     dist.barrier()
     return 0
 
@@ -470,11 +469,10 @@ def main() -> int:
         for _ in range(args.launches if args.interleave else 1):
             got = measure_interleaved(group, ranks, args.interleave or max(1, args.steps // ROUND_STEPS), ROUND_STEPS,
                                       work, nnodes, profile_spec)
-            for name, t in got.get("samples", {}).items():
+            for name, t in got["samples"].items():
                 samples.setdefault(name, []).extend(t)
-            interleaved |= {name: statistics.median(samples[name]) if name in samples else t
-                            for name, t in got["times"].items()}
             passes += got["profiles"]
+        interleaved |= {name: statistics.median(samples[name]) for name in group}
         if passes:
             from worker.profiler import merge_profiles
 
@@ -514,10 +512,10 @@ def main() -> int:
     if held:
         h_mape, h_rho = scores(held)
         print(f"held out (* {len(held)} plans, fixed before tuning): MAPE {100 * h_mape:.1f}%   Spearman {h_rho:.3f}")
-    if args.interleave and samples:
+    if args.interleave:
         # the same comparison with each launch's round-to-round host drift removed (``drift_removed``)
         for nnodes in launches:
-            launch = {n: samples[n] for n in names if plans[n][2] == nnodes and n in samples}
+            launch = {n: samples[n] for n in names if plans[n][2] == nnodes}
             steady, factors = drift_removed(launch, ROUND_STEPS)
             print(f"{nnodes}-node launch: rounds ran x{', x'.join(f'{f:.3f}' for f in factors)} the median round")
             for r in rows:

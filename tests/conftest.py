@@ -36,9 +36,13 @@ FRAMEWORKS = ROOT / "tests" / "frameworks"
 _background: list[subprocess.Popen[bytes]] = []
 
 
+def _in_frameworks(item: pytest.Item) -> bool:
+    return item.path.is_relative_to(FRAMEWORKS)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The frameworks' tests last, so that a cold build of their venv (minutes) runs beside the rest."""
-    items.sort(key=lambda item: item.path.is_relative_to(FRAMEWORKS))  # stable: each group keeps its order
+    items.sort(key=_in_frameworks)  # stable: each group keeps its order
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -46,7 +50,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     if session.config.option.collectonly or not megatron_lm_present():
         return
-    if any(item.path.is_relative_to(FRAMEWORKS) for item in session.items):
+    if any(_in_frameworks(item) for item in session.items):
         _background.append(start_background_build())
 
 
