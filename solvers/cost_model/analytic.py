@@ -8,7 +8,8 @@ Per layer and micro-batch on one GPU (``b`` samples per data-parallel rank, ``s`
 - recompute = one more forward (full) or the attention core (selective);
 - tp_comm = Megatron TP/SP: 2 all-reduces (or reduce-scatter + all-gather pairs) forward and 2 backward
   of the b s h activation on the TP group, the backward ones partly hidden behind the weight-gradient
-  GEMMs (``tp_overlap``); Ulysses: 4 all-to-alls each way;
+  GEMMs (``tp_overlap``); Ulysses: 4 all-to-alls each way; a vocabulary-parallel embedding one all-reduce
+  forward, the LM head one backward and its cross-entropy three of one fp32 per token forward;
 - cp_comm = ring attention's K/V exchange not hidden behind the attention core;
 - ep_comm = MoE dispatch/combine all-to-alls over the expert-parallel group (``solvers.cost_model.moe``:
   capacity-capped load imbalance, parallel folding, optional LSH-MoE compression; a profile's measured
@@ -522,11 +523,15 @@ class AnalyticCostModel(CostModel):
         k_tp = float(comm.members_per_node(tp_e, 1, self.cluster.gpus_per_node))
         parts: dict[str, float] = {}
         act = 0.0
+        def allreduce(nbytes: float, calls: float = 1.0) -> float:  # on the vocabulary-parallel group, as the layers'
+            return calls * float(self._collective("allreduce", np.array([nbytes]), np.array([float(tp_e)]),
+                                                  np.array([k_tp]))[0])
+
         if first and V:
             lookup = float(self._hbm(3.0 * tokens * h * e))  # gather rows, write, scatter-add gradient
-            reduce = float(comm.allreduce_s(tokens * h * e, tp_e, k_tp, self.links))
             parts["compute"] = lookup
-            parts["tp_comm"] = reduce
+            # the shards' partial rows summed forward (under SP a reduce-scatter, the same ring traffic)
+            parts["tp_comm"] = allreduce(tokens * h * e) if tp_e > 1 else 0.0
             # the embedding output, and its dropout mask where the model has hidden dropout
             act += tokens * h * (e + (1 if self.model.hidden_dropout > 0 else 0))
         if last and V:
@@ -534,8 +539,12 @@ class AnalyticCostModel(CostModel):
             logits = float(self._gemm(m, V / tp_e, h, self.gemm_flops_16))
             head = 3.0 * logits + float(self._hbm(cal.elementwise_traffic * m * V / tp_e * 4.0))
             parts["compute"] = parts.get("compute", 0.0) + head
-            parts["tp_comm"] = parts.get("tp_comm", 0.0) + 2.0 * float(
-                comm.allreduce_s(tokens * h * e, tp_e, k_tp, self.links))
+            if tp_e > 1:
+                # Megatron's vocabulary-parallel head, as the runtime runs it too: the replicated head input's
+                # gradient all-reduced backward (under SP an all-gather forward and a reduce-scatter backward, the
+                # same ring traffic) and the cross-entropy's three all-reduces of one fp32 per token forward (the
+                # max logit, the sum of exponentials, the target's logit), latency-bound where links are slow
+                parts["tp_comm"] = parts.get("tp_comm", 0.0) + allreduce(tokens * h * e) + allreduce(tokens * 4.0, 3)
             act += m * V / tp_e * (4.0 + e) + tokens * h * e  # fp32 softmax, logits, final-norm input
         hit = self._answers.edge_work[key] = (parts, act)
         return hit

@@ -39,7 +39,7 @@ def test_spearman_helper_matches_scipy(fidelity: ModuleType) -> None:
 # Groups whose measurements contradict each other under any model whose micro-batch time scales at most linearly
 # with work (README, Fidelity; ``bench/fidelity.py --pairs``): the rank goal is checked there too, and fails.
 RANK_GOAL_MISSED = {"18.4": "Spearman 0.707: a bias by TP degree no mechanism examined explains",
-                    "39.1": "Spearman 0.561: 26 measured pairs break the pipelined-work bound"}
+                    "39.1": "Spearman 0.557: 26 measured pairs break the pipelined-work bound"}
 
 
 @pytest.mark.parametrize("group", [
