@@ -50,7 +50,10 @@ Prints a table (predicted vs measured step time per plan, * = held out), the spr
 the MAPE and Spearman's rank correlation over all plans, over the plans tuned on and over the held-out ones.
 With ``--interleave`` it then prints each round's host speed against the launch's median round and the same
 scores against each plan's time with that round-to-round drift removed (``drift_removed``: a plan x round
-median polish of the samples), beside the plain medians, which stay the headline figures.
+median polish of the samples), beside the plain medians, which stay the headline figures. With ``--launches K``
+(K >= 2) it also prints the measurement against itself: Spearman's rank correlation between each two launches'
+medians of the plans (``launch_agreement``, no model involved), over all plans and the held-out ones, the
+ceiling against which a model's rank correlation with one measurement is read.
 Goal (issue 31): over all plans MAPE <= 20 %, Spearman >= 0.9, reported apart for the held-out plans.
 The FlexSP and Spindle plans' closed loops (issue 32: ``--kind flexsp`` / ``--kind spindle``) run
 ``bench/flexsp_runtime.py`` and ``bench/spindle_runtime.py`` with the options that follow. Measured
@@ -402,6 +405,20 @@ def scores(rows: list[dict[str, Any]]) -> tuple[float, float]:
     return mape, spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
 
 
+def subsets(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The rows the scores are printed for: all of them, the plans tuned on and the held-out ones (those there are)."""
+    tuned, held = [r for r in rows if not r["held_out"]], [r for r in rows if r["held_out"]]
+    return [(label, part) for label, part in (("all", rows), ("tuned-on", tuned), ("held out", held)) if part]
+
+
+def launch_agreement(launches: list[dict[str, float]], names: list[str]) -> list[float]:
+    """Spearman's rank correlation of the plans ``names`` between every two launches' measured times (each launch a
+    plan -> median step time): how well the measurement agrees with itself from launch to launch, the ceiling
+    against which a model's rank correlation with one measurement is to be read."""
+    return [spearman([a[n] for n in names], [b[n] for n in names])
+            for i, a in enumerate(launches) for b in launches[i + 1:]]
+
+
 def describe(profiled: dict[str, Any], label: str) -> None:
     prof, dev = profiled["profile"], profiled["device"]
     print(f"{label}: host {prof.get('host')}; wrapper overheads {prof.get('overheads', [])}; "
@@ -459,6 +476,7 @@ def main() -> int:
     samples: dict[str, list[float]] = {}
     profile_of_nodes: dict[int, dict[str, Any]] = {}
     passes_of_nodes: dict[int, list[dict[str, Any]]] = {}  # each launch's profile passes before the merge
+    launch_medians: list[dict[str, float]] = [{} for _ in range(args.launches)]  # the k-th launch of every group
     profile_spec = {**PROFILE_SPEC, "repeats": args.repeats} if in_launch else None
     launches = sorted({plans[n][2] for n in names} if args.interleave else set(plans[n][2] for n in names) - {1})
     for nnodes in launches:  # a multi-node run is its own launch (its nodes meet at one rendezvous)
@@ -466,11 +484,12 @@ def main() -> int:
         # every launch profiles in full: its plans are priced from what its own ranks measured under its own load;
         # --launches K repeats the launch, its samples and profile passes pooled (rounds numbered on across them)
         passes: list[dict[str, Any]] = []
-        for _ in range(args.launches if args.interleave else 1):
+        for k in range(args.launches if args.interleave else 1):
             got = measure_interleaved(group, ranks, args.interleave or max(1, args.steps // ROUND_STEPS), ROUND_STEPS,
                                       work, nnodes, profile_spec)
             for name, t in got["samples"].items():
                 samples.setdefault(name, []).extend(t)
+                launch_medians[k][name] = statistics.median(t)
             passes += got["profiles"]
         interleaved |= {name: statistics.median(samples[name]) for name in group}
         if passes:
@@ -500,18 +519,21 @@ def main() -> int:
         print(f"{r['plan'] + (' *' if r['held_out'] else ''):<28}{r['predicted_s']:>13.4f}{r['measured_s']:>12.4f}"
               f"{100 * r['error']:>8.1f}%")
     mape, rho = scores(rows)
-    held = [r for r in rows if r["held_out"]]
     measured_s = sorted(r["measured_s"] for r in rows)
     print(f"\nmeasured step times {measured_s[0]:.3f} .. {measured_s[-1]:.3f} s")
     print(f"all {len(rows)} plans: MAPE {100 * mape:.1f}% (goal <= 20%)   Spearman {rho:.3f} (goal >= 0.9)   "
           f"on {ranks} gloo ranks, {time.time() - t0:.0f} s, load average {os.getloadavg()}")
-    tuned = [r for r in rows if not r["held_out"]]
-    if held and tuned:
-        t_mape, t_rho = scores(tuned)
-        print(f"tuned-on ({len(tuned)} plans): MAPE {100 * t_mape:.1f}%   Spearman {t_rho:.3f}")
-    if held:
-        h_mape, h_rho = scores(held)
-        print(f"held out (* {len(held)} plans, fixed before tuning): MAPE {100 * h_mape:.1f}%   Spearman {h_rho:.3f}")
+    split = subsets(rows)[1:] if any(r["held_out"] for r in rows) else []  # (all of them: the line above)
+    for label, subset in split:
+        s_mape, s_rho = scores(subset)
+        tag = f"* {len(subset)} plans, fixed before tuning" if label == "held out" else f"{len(subset)} plans"
+        print(f"{label} ({tag}): MAPE {100 * s_mape:.1f}%   Spearman {s_rho:.3f}")
+    if args.interleave and args.launches > 1:
+        # the measurement against itself: each launch's medians against another's (no model involved)
+        for label, subset in subsets(rows):
+            agree = launch_agreement(launch_medians, [r["plan"] for r in subset])
+            print(f"launch against launch, measured only, {label} ({len(subset)} plans): Spearman "
+                  f"{', '.join(f'{a:.3f}' for a in agree)}")
     if args.interleave:
         # the same comparison with each launch's round-to-round host drift removed (``drift_removed``)
         for nnodes in launches:
@@ -523,15 +545,12 @@ def main() -> int:
                     r["measured_steady_s"] = steady[r["plan"]]
         steady_rows = [{**r, "measured_s": r["measured_steady_s"],
                         "error": (r["predicted_s"] - r["measured_steady_s"]) / r["measured_steady_s"]} for r in rows]
-        for label, subset in (("all", steady_rows), ("tuned-on", [r for r in steady_rows if not r["held_out"]]),
-                              ("held out", [r for r in steady_rows if r["held_out"]])):
-            if subset:
-                s_mape, s_rho = scores(subset)
-                print(f"drift removed, {label} ({len(subset)} plans): MAPE {100 * s_mape:.1f}%   "
-                      f"Spearman {s_rho:.3f}")
+        for label, subset in subsets(steady_rows):
+            s_mape, s_rho = scores(subset)
+            print(f"drift removed, {label} ({len(subset)} plans): MAPE {100 * s_mape:.1f}%   Spearman {s_rho:.3f}")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "mape": mape, "spearman": rho,
-                                         "samples": samples,
+                                         "samples": samples, "launch_medians": launch_medians,
                                          "profiles": {str(k): v for k, v in profile_of_nodes.items()},
                                          "profile_passes": {str(k): v for k, v in passes_of_nodes.items()}},
                                         indent=1))

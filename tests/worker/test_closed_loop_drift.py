@@ -52,3 +52,17 @@ def test_without_drift_it_is_the_samples_geometric_centre(bench: ModuleType) -> 
     steady, factors = bench.drift_removed(synthetic(plans, [1.0, 1.0, 1.0], seed=1), STEPS)
     assert factors == pytest.approx([1.0, 1.0, 1.0], abs=0.02)
     assert steady == pytest.approx(plans, rel=0.02)
+
+
+def test_launch_agreement_is_the_measurements_rank_correlation_between_launches(bench: ModuleType) -> None:
+    names = ["a", "b", "c", "d", "e", "f"]
+    first = {n: 1.0 + i for i, n in enumerate(names)}
+    swapped = {**first, "c": first["d"], "d": first["c"]}  # one adjacent pair in the other order
+    assert bench.launch_agreement([first, first], names) == pytest.approx([1.0])
+    assert bench.launch_agreement([first, swapped], names) == pytest.approx([1 - 6 * 2 / (6 * 35)])  # 0.943
+    # three launches: every pair, in order (1-2, 1-3, 2-3)
+    reverse = {n: -t for n, t in first.items()}
+    assert bench.launch_agreement([first, swapped, reverse], names) == pytest.approx(
+        [1 - 6 * 2 / 210, -1.0, -(1 - 6 * 2 / 210)])
+    # over a subset (the held-out plans): only their order counts
+    assert bench.launch_agreement([first, swapped], ["a", "b", "e"]) == pytest.approx([1.0])
