@@ -197,6 +197,15 @@ def main() -> int:
     args = ap.parse_args()
     every = {**PLANS_4, **EXTRA}
     names = args.plans.split(",")
+    unknown = [n for n in names if n not in every]
+    if unknown:
+        ap.error(f"--plans: no plan named {', '.join(unknown)} (known: {', '.join(every)})")
+    # the parts are a single forward and backward on every rank: a pipeline's schedule has no such split
+    piped = [n for n in names if every[n][0].get("pp", 1) > 1 or every[n][0].get("micro_batches", 1) > 1
+             or every[n][2] > 1]
+    if piped:
+        ap.error(f"--plans: {', '.join(piped)}: only one-node plans of one micro-batch and no pipeline are broken "
+                 "down")
     docs = {n: {"kind": "hybrid", "request": request(every[n], None, 4)} for n in names}
     work = Path(tempfile.mkdtemp(prefix="step-parts-"))
     spec, out = work / "spec.json", work / "out.json"
