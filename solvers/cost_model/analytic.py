@@ -523,6 +523,7 @@ class AnalyticCostModel(CostModel):
         k_tp = float(comm.members_per_node(tp_e, 1, self.cluster.gpus_per_node))
         parts: dict[str, float] = {}
         act = 0.0
+
         def allreduce(nbytes: float, calls: float = 1.0) -> float:  # on the vocabulary-parallel group, as the layers'
             return calls * float(self._collective("allreduce", np.array([nbytes]), np.array([float(tp_e)]),
                                                   np.array([k_tp]))[0])
@@ -530,7 +531,8 @@ class AnalyticCostModel(CostModel):
         if first and V:
             lookup = float(self._hbm(3.0 * tokens * h * e))  # gather rows, write, scatter-add gradient
             parts["compute"] = lookup
-            # the shards' partial rows summed forward (under SP a reduce-scatter, the same ring traffic)
+            # the shards' partial rows summed forward (under SP a reduce-scatter, half that ring traffic: priced as
+            # the all-reduce, an upper bound)
             parts["tp_comm"] = allreduce(tokens * h * e) if tp_e > 1 else 0.0
             # the embedding output, and its dropout mask where the model has hidden dropout
             act += tokens * h * (e + (1 if self.model.hidden_dropout > 0 else 0))
