@@ -523,14 +523,14 @@ def main() -> int:
     print(f"\nmeasured step times {measured_s[0]:.3f} .. {measured_s[-1]:.3f} s")
     print(f"all {len(rows)} plans: MAPE {100 * mape:.1f}% (goal <= 20%)   Spearman {rho:.3f} (goal >= 0.9)   "
           f"on {ranks} gloo ranks, {time.time() - t0:.0f} s, load average {os.getloadavg()}")
-    split = subsets(rows)[1:] if any(r["held_out"] for r in rows) else []  # (all of them: the line above)
-    for label, subset in split:
+    parts = subsets(rows)
+    for label, subset in parts[1:] if any(r["held_out"] for r in rows) else []:  # ("all": the line above)
         s_mape, s_rho = scores(subset)
         tag = f"* {len(subset)} plans, fixed before tuning" if label == "held out" else f"{len(subset)} plans"
         print(f"{label} ({tag}): MAPE {100 * s_mape:.1f}%   Spearman {s_rho:.3f}")
     if args.interleave and args.launches > 1:
         # the measurement against itself: each launch's medians against another's (no model involved)
-        for label, subset in subsets(rows):
+        for label, subset in parts:
             agree = launch_agreement(launch_medians, [r["plan"] for r in subset])
             print(f"launch against launch, measured only, {label} ({len(subset)} plans): Spearman "
                   f"{', '.join(f'{a:.3f}' for a in agree)}")

@@ -208,6 +208,10 @@ class AnalyticCostModel(CostModel):
         measured = self.profile.collective_s(op, nbytes, size, across)
         return np.where(np.isfinite(measured) & (np.asarray(size) > 1), measured, analytic)
 
+    def _one_collective(self, op: CollectiveOp, nbytes: float, size: float, k: float) -> float:
+        """``_collective`` for one call of one group (the edge layers' terms, outside the vectorised search)."""
+        return float(self._collective(op, np.array([nbytes]), np.array([size]), np.array([k]))[0])
+
     def _measured_layer(self, shape: LayerShape, b: np.ndarray, c: Candidates, fwd: np.ndarray, bwd: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(forward, backward) seconds: profiled where this layout was measured, else the analytic ones; where a
@@ -524,9 +528,8 @@ class AnalyticCostModel(CostModel):
         parts: dict[str, float] = {}
         act = 0.0
 
-        def allreduce(nbytes: float, calls: float = 1.0) -> float:  # on the vocabulary-parallel group, as the layers'
-            return calls * float(self._collective("allreduce", np.array([nbytes]), np.array([float(tp_e)]),
-                                                  np.array([k_tp]))[0])
+        def allreduce(nbytes: float) -> float:  # on the vocabulary-parallel group, priced as the layers' are
+            return self._one_collective("allreduce", nbytes, tp_e, k_tp)
 
         if first and V:
             lookup = float(self._hbm(3.0 * tokens * h * e))  # gather rows, write, scatter-add gradient
@@ -546,7 +549,7 @@ class AnalyticCostModel(CostModel):
                 # gradient all-reduced backward (under SP an all-gather forward and a reduce-scatter backward, the
                 # same ring traffic) and the cross-entropy's three all-reduces of one fp32 per token forward (the
                 # max logit, the sum of exponentials, the target's logit), latency-bound where links are slow
-                parts["tp_comm"] = parts.get("tp_comm", 0.0) + allreduce(tokens * h * e) + allreduce(tokens * 4.0, 3)
+                parts["tp_comm"] = parts.get("tp_comm", 0.0) + allreduce(tokens * h * e) + 3 * allreduce(tokens * 4.0)
             act += m * V / tp_e * (4.0 + e) + tokens * h * e  # fp32 softmax, logits, final-norm input
         hit = self._answers.edge_work[key] = (parts, act)
         return hit
@@ -572,10 +575,9 @@ class AnalyticCostModel(CostModel):
             mparts.update({"parameters": w, "gradients": g, "optimizer": o})
             # the layers' ZeRO rule; only the collectives this level uses are costed
             k_dp = float(comm.members_per_node(dp_e, tp_e, self.cluster.gpus_per_node))
-            size, k = np.array([float(dp_e)]), np.array([k_dp])
 
             def collective(op: CollectiveOp, per_param: float) -> float:
-                return float(self._collective(op, np.array([params * per_param]), size, k)[0])
+                return self._one_collective(op, params * per_param, dp_e, k_dp)
 
             zero = emb.zero
             allreduce = collective("allreduce", cal.grad_comm_bytes) if zero == 0 else 0.0
