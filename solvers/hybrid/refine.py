@@ -2,8 +2,8 @@
 
 The tables are solved at a few time weights (w x time + step time per stage); the search picks one per stage.
 The chosen plan's stages then get more weights (a dichotomic search over the lower convex hull of each stage's
-(time, step time) points), for mixed layer kinds finer memory bins (``polish``), and under a non-linear pipeline
-formula single-layer changes (``swaps``).
+(time, step time) points), for mixed layer kinds finer memory bins (``polish``), and single-layer changes priced
+by the cost model's own pipeline formula (``swaps``; under a non-linear formula, two-layer changes too).
 """
 
 from __future__ import annotations
@@ -89,8 +89,10 @@ class PlanRefinement(ConfigBounds):
         equal, (u_a - u_b) / (t_b - t_a), either finds a point below their chord or proves there is none, so
         repeating it finds a stage's hull (a dichotomic search; a fixed sweep of weights left a 2.4 % gap on a
         3-layer case). Each round splits the gaps next to each stage's picked point, then picks again. Points
-        off the hull no weight finds (``swap`` goes there). A linear pipeline formula needs only the fixed
-        sweep (measured: exact on 1,995 random cases). ``rounds``: for a rival, only that many rounds."""
+        off the hull, or on a hull edge between two vertices, no weight finds (``swap`` goes there). A linear
+        pipeline formula takes only the fixed sweep (measured: exact on 1,995 random synthetic cases; the
+        misses on mixed clusters are on hull edges, which more weights do not reach). ``rounds``: for a rival,
+        only that many rounds."""
         if self.one_critical_stage(cc.config):
             return step_s
         sweep = stage_costs.sweep_weights(float(cc.config.micro_batches))
@@ -170,14 +172,19 @@ class PlanRefinement(ConfigBounds):
 
     def swap(self, cc: stage_costs.ConfigCosts, parts: Parts, step_s: float) -> float:
         """The plan's layers changed one at a time while the cost model's pipeline formula says faster
-        (``swaps``): for formulas the weighted DP does not capture exactly. A linear pipeline's is captured
-        (measured: no gap on 1,995 random cases), so it is left alone, and so is one critical stage."""
-        if self.linear or self.one_critical_stage(cc.config) or self.opt.swap_moves <= 0:
+        (``swaps``): the weighted DP finds only vertices of each stage's (time, step time) hull, while the
+        formula's max over stages can make a point off them best, even under the linear formula: a stage of
+        identical layers mixing two strategies lies on the edge between the two pure stages, which no weight
+        ranks first (``bench/exactness.py --hetero --seeds 120 1200``: 11 of 950 cases up to 1.74 % slower than
+        enumeration without swaps under the linear formula, 1 at 0.14 % with). Under the linear formula single
+        changes only: pairs found nothing more there or on the 158 plans of ``bench/hybrid.py --sweep`` and cost
+        up to 3 s CPU on the largest of them. One critical stage is left alone (its weight-m table is exact)."""
+        if self.one_critical_stage(cc.config) or self.opt.swap_moves <= 0:
             return step_s
         ends = list(itertools.accumulate(parts))
         kinds = [self.kinds[end - n:end] for n, end in zip(parts, ends, strict=True)]
         got, v = swaps.improve(cc.stages, kinds, self.choices(cc, parts), self.limit, self.pipeline_time(cc),
-                               self.opt.swap_moves, self.opt.swap_pairs)
+                               self.opt.swap_moves, self.opt.swap_pairs and not self.linear)
         # ``v`` prices the choices exactly, as the cost model's evaluate does; ``step_s`` is the tables' figure for
         # the choices the swaps started from, which a weighted table can put a hair off (a random case under
         # Galvatron's formula: 0.0797 s claimed for a plan of 0.0801 s). The exact one stands.

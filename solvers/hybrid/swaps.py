@@ -1,15 +1,17 @@
 """Layer swaps: a chosen plan improved one layer's strategy at a time under the exact pipeline formula.
 
-The layer DP ranks a stage's plans by w x time + step time, so it finds only the points of each stage's lower
-convex (time, step time) hull. A pipeline formula with a kink, such as Galvatron's ``max(0, sync - compute)``
-on top of the pipelined time, can have its optimum off that hull: the fastest stage whose gradient sync
-still hides behind its compute is a constrained optimum no weight ranks first (measured on random 2-4 layer
-cases: 12 of 1,995 off the hull, up to 4.4 % slower). Steepest descent over single-layer changes, each
-checked against the memory limit and priced by the cost model's own formula, closes most of that gap; where no
-single change helps, a change of two layers of one stage at once (one turning leaner and slower so another
-can turn faster, or two trading strategies) closes more: ``bench/exactness.py --formula galvatron``, 1,995
-cases, 6 inexact (worst 0.78 %) with single changes, 2 (worst 0.38 %) with pairs too. The pairs are priced
-as outer sums of the two layers' changes and only their (time, step time) front is priced by the formula.
+The layer DP ranks a stage's plans by w x time + step time, so it finds only the points of each stage's lower convex
+(time, step time) hull. A pipeline formula with a kink, such as Galvatron's ``max(0, sync - compute)`` on top of the
+pipelined time, can have its optimum off that hull: the fastest stage whose gradient sync still hides behind its
+compute is a constrained optimum no weight ranks first (measured on random 2-4 layer cases: 12 of 1,995 off the
+hull, up to 4.4 % slower). So can the linear formula's max over the stages' step times: a stage of identical layers
+mixing two strategies lies on the hull's edge between the two pure stages, where no weight ranks it first, and can
+be the one whose step time meets the slowest stage's. Steepest descent over single-layer changes, each checked
+against the memory limit and priced by the cost model's own formula, closes most of that gap; where no single change
+helps, a change of two layers of one stage at once (one turning leaner and slower so another can turn faster, or two
+trading strategies) closes more: ``bench/exactness.py --formula galvatron``, 1,995 cases, 6 inexact (worst 0.78 %)
+with single changes, 2 (worst 0.38 %) with pairs too. The pairs are priced as outer sums of the two layers' changes
+and only their (time, step time) front is priced by the formula.
 """
 
 from __future__ import annotations
