@@ -586,10 +586,14 @@ class AnalyticCostModel(CostModel):
             per_mb, per_step = (float(x) for x in zero_traffic_s(zero, allreduce, gather_w, scatter_g))
             if zero == 3:  # gathered for forward and backward, held while they run
                 mparts["gathered"] = params * self.state_per_param.params - w
-            sync = per_step
-            if self.model.tied_embeddings and pipelined:  # first and last stage sum the shared embedding's grads
-                sync += float(comm.allreduce_s(V * h / tp_e * cal.grad_comm_bytes, 2, 1, self.links))
-            step_parts["dp_comm_exposed"] = sync * (1.0 - self.stack.dp_overlap)
+            sync = per_step * (1.0 - self.stack.dp_overlap)
+            if self.model.tied_embeddings and pipelined:
+                # the first and last stages sum the shared embedding's gradients after the data-parallel sync has
+                # finished (Megatron's finalize_model_grads), so nothing hides it; the two stages share a node only
+                # where the whole job does
+                pair_k = 2.0 if self.num_gpus <= self.cluster.gpus_per_node else 1.0
+                sync += self._one_collective("allreduce", V * h / tp_e * cal.grad_comm_bytes, 2, pair_k)
+            step_parts["dp_comm_exposed"] = sync
             shard = params / (dp_e if emb.zero >= 1 else 1)
             step_parts["optimizer"] = float(self._hbm(shard * cal.optimizer_traffic_bytes))
         hit = self._answers.edge_states[key] = (step_parts, mparts, per_mb)

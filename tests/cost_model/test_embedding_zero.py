@@ -1,5 +1,6 @@
 """The embedding and LM head follow the layers' ZeRO rule: ZeRO-2 reduce-scatters every micro-batch,
-ZeRO-3 also gathers the weights for forward and backward and holds them while they run."""
+ZeRO-3 also gathers the weights for forward and backward and holds them while they run; a tied embedding split over
+the pipeline sums its gradients between its two stages, exposed."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from solvers.api import estimate
 from solvers.cost_model import communication as comm
 from solvers.cost_model.aggregate import stage_context
 from solvers.cost_model.analytic import AnalyticCostModel
@@ -53,3 +55,22 @@ def test_embedding_zero_traffic_and_gathered_weights() -> None:
     for zero, expected in per_step.items():
         _, _, step, _ = _fixed(zero, dp_overlap=0.0)
         assert step["dp_comm_exposed"] == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize(("nodes", "per_node"), [(1, 2), (2, 1)])
+def test_a_tied_embedding_split_over_the_pipeline_sums_its_gradients_exposed(nodes: int, per_node: int) -> None:
+    """A tied embedding's first (lookup) and last (LM head) stages sum its gradients once a step, after the
+    data-parallel sync (Megatron's finalize_model_grads): exposed although the stack overlaps that sync, over the
+    node's links where both stages share it and over the network where they do not. An untied model has no sum."""
+    model = {"preset": "bert-large", "num_layers": 2}
+    req = request(model=model, cluster={"gpu": "A100-80GB", "nodes": nodes, "gpus_per_node": per_node},
+                  training={"global_batch_size": 2, "seq_length": 512},
+                  strategy={"pp": 2, "micro_batches": 1, "stage_layers": [1, 1]})
+    parsed = parse(HybridRequest, req)
+    links = AnalyticCostModel(parsed.model, parsed.cluster, parsed.training).links
+    grads = parsed.model.vocab_size * parsed.model.hidden_size * DEFAULT_CALIBRATION.grad_comm_bytes
+    expected = float(comm.allreduce_s(grads, 2, 2 if nodes == 1 else 1, links))
+    breakdown = estimate(req).to_json()["breakdown_s"]
+    assert breakdown["dp_comm_exposed"] == pytest.approx(expected, rel=1e-9)
+    untied = estimate({**req, "model": {**model, "tied_embeddings": False}}).to_json()["breakdown_s"]
+    assert untied.get("dp_comm_exposed", 0.0) == 0.0  # (one GPU a stage: no data-parallel sync either)
