@@ -32,6 +32,9 @@ launch K times and pools the samples and profile passes of its K launches: one p
 another through every round of one launch and not of the next (moe-ep2-etp2-tp2-dp2 against pp2-tp2-1f1b, two runs
 of one commit), and the communication-heavy TP plans up to 50 % slower in one of two launches than in the other
 (pp2-tp2-1f1b 2.87 vs 1.88 s, while dp4 moved 8 %), which no number of rounds within one launch averages out.
+A launch's ranks share one gloo group per set of ranks across all its plans and profile passes
+(``worker.runtime.groups``): built plan by plan, the 21 plans' meshes gave each rank 364 threads (121 groups, each
+with a transport loop waking every 10 ms) and a load average of ~80 on this 2-core host; shared, 16 threads and ~5.
 
 What the profile carries beyond layer and collective times (all measured by ``worker.profiler``, none fitted
 to these plans): layer times with every rank busy (each repeat as long as its slowest rank took, as the next
@@ -433,7 +436,10 @@ OTHER_KINDS = {"flexsp": "flexsp_runtime.py", "spindle": "spindle_runtime.py"}
 
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--interleaved-rank":
-        code = interleaved_rank(Path(sys.argv[2]), Path(sys.argv[3]))
+        from worker.runtime.groups import shared_process_groups
+
+        with shared_process_groups():  # one gloo group per set of ranks for all the launch's plans and profile
+            code = interleaved_rank(Path(sys.argv[2]), Path(sys.argv[3]))
         os._exit(code)  # skip gloo teardown (see worker/runtime/train.py)
     if len(sys.argv) >= 3 and sys.argv[1] == "--kind" and sys.argv[2] in OTHER_KINDS:
         script = Path(__file__).with_name(OTHER_KINDS[sys.argv[2]])

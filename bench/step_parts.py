@@ -186,7 +186,10 @@ def rank_main(spec_path: Path, out: Path) -> int:
 
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--rank":
-        code = rank_main(Path(sys.argv[2]), Path(sys.argv[3]))
+        from worker.runtime.groups import shared_process_groups
+
+        with shared_process_groups():  # as bench/closed_loop.py's launches
+            code = rank_main(Path(sys.argv[2]), Path(sys.argv[3]))
         os._exit(code)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plans", default="mix-cp2dp2-tp4-cp4-dp4,cp2-dp2,tp4-sp,cp4-zero3,dp4",
