@@ -91,7 +91,7 @@ class PlanRefinement(ConfigBounds):
         3-layer case). Each round splits the gaps next to each stage's picked point, then picks again. Points
         off the hull, or on a hull edge between two vertices, no weight finds (``swap`` goes there). A linear
         pipeline formula takes only the fixed sweep (measured: exact on 1,995 random synthetic cases; the
-        misses on mixed clusters are on hull edges, which more weights do not reach). ``rounds``: for a rival,
+        mixed-cluster miss traced lay on a hull edge, which more weights do not reach). ``rounds``: for a rival,
         only that many rounds."""
         if self.one_critical_stage(cc.config):
             return step_s
