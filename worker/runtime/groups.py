@@ -4,7 +4,7 @@ Each plan's device meshes ask ``torch.distributed.new_group`` for a group per me
 and every gloo group brings threads of its own to each rank: two worker threads and a transport loop that wakes
 every 10 ms whether or not the group is used. A process that builds one plan, as the daemon's does, holds a few.
 The closed loop builds its 21 plans in one launch: each of its 4 CPU ranks held 364 threads (121 groups' worth),
-37 of them runnable at a sample while the plans ran, on a 2-core host (load average 60) — so a plan's measured
+37 of them runnable at a sample while the plans ran, on a 2-core host (load average 60-80) — so a plan's measured
 time also depended on how many other plans the launch had built. Over 4 ranks there are only 15 distinct sets of
 ranks: while ``shared_process_groups`` is open, a group asked for again over the same ranks (and backend) is the
 one made the first time. Every rank asks for the same groups in the same order, so every rank hits or misses the
