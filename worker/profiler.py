@@ -32,34 +32,23 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from solvers.cost_model.profile import CollectiveOp
+from worker.runtime.groups import shared_process_groups
 from worker.runtime.model import Block, ModelConfig
 
 # up to 32 MiB: a small model's whole gradient (the closed loop's is 25 MB) is one flat all-reduce in the runtime
 MESSAGE_BYTES = (16 * 2**10, 256 * 2**10, 2 * 2**20, 8 * 2**20, 32 * 2**20)
 
-# Meshes and process groups made once per process: ``measure_node`` may run many times in one launch (the closed
-# loop interleaves profile passes with the plans it runs), and every new gloo group adds threads to each rank.
-_MESHES: dict[tuple[str, tuple[int, ...], tuple[str, ...]], DeviceMesh] = {}
-_GROUPS: dict[tuple[int, ...], dist.ProcessGroup] = {}
-
-
 def _mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
     from torch.distributed.device_mesh import init_device_mesh
 
-    key = (device_type, shape, names)
-    if key not in _MESHES:
-        _MESHES[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
-    return _MESHES[key]
+    return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
 def _group(ranks: Sequence[int]) -> dist.ProcessGroup:
     """The process group of ``ranks`` (collective: every rank asks for every group, in the same order)."""
-    key = tuple(ranks)
-    if key not in _GROUPS:
-        group = dist.new_group(list(ranks))
-        assert group is not None
-        _GROUPS[key] = group
-    return _GROUPS[key]
+    group = dist.new_group(list(ranks))
+    assert group is not None
+    return group
 
 
 def _median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
@@ -623,10 +612,18 @@ def measure_node(full: ModelConfig, batches: Sequence[int], seqs: Sequence[int],
     <Profile>, "device": {...}}``, the same on every rank. ``full`` is the model (its dense layers are timed, and
     its MoE layer if it has one); ``tps`` default to the degrees dividing the heads and the world (the dense
     layer is also timed under DeepSpeed-Ulysses at each of them above 1), ``cps`` (ring attention) to 2, 4, 8
-    where they divide the world (``[]``: none). May run many
-    times in one process (meshes and groups are made once). ``pause``, if given, is called on every rank between
-    two measurements (about 50 calls a pass), as the same collective code: a caller may run other work there
-    (the closed-loop bench spreads its plans' steps over the pass)."""
+    where they divide the world (``[]``: none). ``pause``, if given, is called on every rank between two
+    measurements (about 50 calls a pass), as the same collective code: a caller may run other work there (the
+    closed-loop bench spreads its plans' steps over the pass). Its process groups are shared
+    (``worker.runtime.groups``): made once a pass, and once for all its passes where the caller holds
+    ``shared_process_groups`` open (the closed loop runs many passes in one launch; every gloo group adds threads)."""
+    with shared_process_groups():
+        return _measure_node(full, batches, seqs, tps, device, repeats, name, pause, cps)
+
+
+def _measure_node(full: ModelConfig, batches: Sequence[int], seqs: Sequence[int], tps: Sequence[int] | None,
+                  device: torch.device, repeats: int, name: str, pause: Pause, cps: Sequence[int] | None
+                  ) -> dict[str, Any]:
     cfg = replace(full, moe=None)
     world = dist.get_world_size()
     tps = list(tps or []) or [t for t in (1, 2, 4, 8)

@@ -1,5 +1,6 @@
 """Plans built in one process share their process groups (``worker.runtime.groups``): on two real gloo ranks, a
-plan built again adds no group, each set of ranks has one group, and the plans train as when built alone."""
+plan built again (also inside a second, nested open) adds no group, each set of ranks has one group, and the plans
+train as when built alone."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ def _build_twice(rank: int) -> dict[str, Any]:
         first = _build(TP2)
         after_first = _groups_in_the_world()
         other = _build(DP2_ZERO3)
-        again = _build(TP2)
+        with shared_process_groups() as inner:  # opened again inside (as the profiler does): the outer's groups
+            again = _build(TP2)
+            out["inner_is_outer"] = inner is groups
         out["shared_again"] = _groups_in_the_world() - after_first
         out["keys"] = sorted(groups)
         out["losses"] = [_first_loss(m) for m in (first, other, again)]
@@ -56,6 +59,7 @@ def test_plans_built_in_one_process_share_their_groups_and_train_as_alone() -> N
     for out in got.values():
         assert out["unshared_again"] > 0
         assert out["shared_again"] == 0  # another plan and the first plan again: every group already there
+        assert out["inner_is_outer"]
         ranks = [k[0] for k in out["keys"]]
         assert len(ranks) == len(set(ranks))  # one group per set of ranks
         first, other, again = out["losses"]

@@ -22,12 +22,19 @@ import torch.distributed.device_mesh as device_mesh
 
 GroupKey = tuple[tuple[int, ...], str | None]  # (ranks, backend)
 
+_open: dict[GroupKey, Any] | None = None  # the groups of the outermost open ``shared_process_groups``
+
 
 @contextmanager
 def shared_process_groups() -> Iterator[dict[GroupKey, Any]]:
     """While open, ``new_group`` (also as the device meshes call it) returns the group made first over the same ranks
-    and backend. Yields the groups made (for a caller that counts them). The groups belong to the process-group
-    world they were made in: open it within one."""
+    and backend. Yields the groups made (for a caller that counts them). Opened again inside, it shares the outer
+    one's groups (the profiler opens it around each pass, the closed loop around all its passes and plans). The
+    groups belong to the process-group world they were made in: open it within one."""
+    global _open
+    if _open is not None:
+        yield _open
+        return
     made, made_for_meshes = dist.new_group, device_mesh.new_group
     groups: dict[GroupKey, Any] = {}
 
@@ -40,7 +47,9 @@ def shared_process_groups() -> Iterator[dict[GroupKey, Any]]:
         return groups[key]
 
     dist.new_group = device_mesh.new_group = shared
+    _open = groups
     try:
         yield groups
     finally:
         dist.new_group, device_mesh.new_group = made, made_for_meshes
+        _open = None
