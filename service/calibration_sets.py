@@ -134,7 +134,11 @@ def _fit_words(row: CalibrationSet) -> str:
     fit = CalibrationFitDoc.model_validate(row.fit)
     held = (f"held out {100 * fit.held_out_mape:.1f} %" if fit.held_out_mape is not None
             else "no held-out figure (one measurement)")
-    return f"fitted on {fit.measurements} measured step(s) of {row.gpu}: in-sample {100 * fit.fit_mape:.1f} %, {held}"
+    pinned = ("" if fit.identified is None else
+              f"; measured by them: {', '.join(fit.identified) or 'none'}, assumed: "
+              f"{', '.join(k for k in fit.keys if k not in fit.identified) or 'none'}")
+    return (f"fitted on {fit.measurements} measured step(s) of {row.gpu}: in-sample {100 * fit.fit_mape:.1f} %, "
+            f"{held}{pinned}")
 
 
 def resolve(session: Session, request: dict[str, Any]) -> CalibrationSetUse | None:

@@ -58,6 +58,20 @@ def coordinate_fit(loss: Loss, start: AnalyticCalibration = DEFAULT_CALIBRATION,
     return best
 
 
+def identified_keys(loss: Loss, fitted: AnalyticCalibration, keys: Sequence[str], step: float = 0.2,
+                    tolerance: float = 0.005) -> list[str]:
+    """The ``keys`` the data behind ``loss`` pin down: moving one by ± ``step`` from the fit raises the loss by more
+    than ``tolerance``. A constant the data leave free keeps (or drifts near) its start: assumed, not measured —
+    a single-node run says nothing of the network, a large model's step nothing of the host's kernel issue."""
+    base = loss(fitted)
+    out = []
+    for key in keys:
+        moved = [min(getattr(fitted, key) * f, FIT_BOUNDS.get(key, float("inf"))) for f in (1 - step, 1 + step)]
+        if max(loss(replace(fitted, **{key: v})) for v in moved) - base > tolerance:
+            out.append(key)
+    return out
+
+
 @dataclass(frozen=True)
 class Measurement:
     """One measured training step: what ran (model, cluster, training with its stack, the plan) and how long."""
@@ -122,6 +136,8 @@ def fit_calibration(measurements: Sequence[Measurement], start: AnalyticCalibrat
     if not measurements:
         raise ValueError("a fit needs at least one measurement")
     fitted = coordinate_fit(_mape_of(measurements), start, keys, max_sweeps, good_enough=SET_GOOD_ENOUGH)
+    # pinned: a ±20 % move costs more than the runs' noise (as SET_GOOD_ENOUGH has it)
+    identified = identified_keys(_mape_of(measurements), fitted, keys, tolerance=SET_GOOD_ENOUGH)
     held_out: float | None = None
     note: str | None = "one measurement: nothing to hold out"
     if len(measurements) > 1:
@@ -133,4 +149,4 @@ def fit_calibration(measurements: Sequence[Measurement], start: AnalyticCalibrat
         held_out, note = float(np.mean(errors)), None
     return CalibrationFit(fitted, CalibrationFitDoc(
         measurements=len(measurements), keys=list(keys), start_mape=mape(measurements, start),
-        fit_mape=mape(measurements, fitted), held_out_mape=held_out, held_out_note=note))
+        fit_mape=mape(measurements, fitted), held_out_mape=held_out, held_out_note=note, identified=identified))

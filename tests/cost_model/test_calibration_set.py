@@ -47,6 +47,9 @@ def test_the_fit_finds_constants_that_predict_what_it_did_not_see() -> None:
     fit = fit_calibration(seen)
     assert fit.report.fit_mape < 0.01 < fit.report.start_mape
     assert fit.report.held_out_mape is not None and fit.report.held_out_mape < fit.report.start_mape
+    # what the runs measured, and what they could not: one node's steps say nothing of the network
+    assert fit.report.identified is not None
+    assert "gemm_eta_max" in fit.report.identified and "inter_efficiency" not in fit.report.identified
     unseen = {"tp": 1, "pp": 2, "micro_batch_size": 1, "zero": 1}
     m = measurement_of(REQ, unseen, predict_s(measurement_of(REQ, unseen, 1.0), truth))
     assert abs(predict_s(m, fit.constants) / m.step_time_s - 1) < abs(predict_s(m, DEFAULT_CALIBRATION)

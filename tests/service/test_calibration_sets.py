@@ -91,12 +91,17 @@ def test_the_first_run_calibrates_its_cluster_and_the_next_plan_is_priced_closer
     fit = made["fit"]
     assert fit["measurements"] == 1 and fit["fit_mape"] < fit["start_mape"] and fit["fit_mape"] <= 0.03
     assert fit["held_out_mape"] is None and "one measurement" in fit["held_out_note"]
+    # what one run on one node measured, and what it left assumed (no step crossed the network)
+    assert fit["identified"] and set(fit["identified"]) < set(fit["keys"])
+    assert "inter_efficiency" not in fit["identified"]
 
     # a second, different plan on that cluster: picked by GPU type and stack, and closer to what it measures
     after = _step(client, H100, SECOND, submit)
     used = after["calibration_set"]
     assert (used["name"], used["version"], used["chosen_by"]) == ("h100-fused", 1, "cluster")
     assert used["constants"]["gemm_eta_max"] == made["constants"]["gemm_eta_max"] and used["fit"] == fit
+    measured, assumed = used["note"].split("measured by them: ")[1].split(", assumed: ")
+    assert measured.split(", ") == fit["identified"] and "inter_efficiency" in assumed.split(", ")
     truth = measured_s(H100, SECOND)
     error_before, error_after = abs(before["step_time_s"] / truth - 1), abs(after["step_time_s"] / truth - 1)
     assert error_after < error_before / 3, (error_before, error_after)
