@@ -38,6 +38,7 @@ from worker.runtime.model import Block, ModelConfig
 # up to 32 MiB: a small model's whole gradient (the closed loop's is 25 MB) is one flat all-reduce in the runtime
 MESSAGE_BYTES = (16 * 2**10, 256 * 2**10, 2 * 2**20, 8 * 2**20, 32 * 2**20)
 
+
 def _mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
     from torch.distributed.device_mesh import init_device_mesh
 
