@@ -113,6 +113,7 @@ def test_the_first_run_calibrates_its_cluster_and_the_next_plan_is_priced_closer
     assert solved["result"]["estimate"]["calibration_set"]["name"] == "h100-fused"
     page = client.get(f"/plans/{second['id']}", headers=_auth(submit))
     assert page.status_code == 200 and "calibration set h100-fused v1 (cluster)" in page.text
+    assert f"measured by them: {', '.join(fit['identified'])}, assumed: " in page.text
 
     # the first plan's request again is now priced with the set, and a run of it says so on its page (the first
     # run's page: the shipped constants it was predicted with)
