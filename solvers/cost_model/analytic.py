@@ -213,15 +213,17 @@ class AnalyticCostModel(CostModel):
         return float(self._collective(op, np.array([nbytes]), np.array([size]), np.array([k]))[0])
 
     def _measured_layer(self, shape: LayerShape, b: np.ndarray, c: Candidates, fwd: np.ndarray, bwd: np.ndarray
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(forward, backward) seconds: profiled where this layout was measured, else the analytic ones; where a
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                   np.ndarray]:
+        """(forward, backward) seconds: profiled where this layout was measured, else the analytic ones (raised to
+        ``_unmeasured_floor``), and masks: where a
         ring-attention layer was measured as such (its ring exchanges are then in those times); where a Ulysses
         layer was measured as such (its all-to-alls are then in those times); where an MoE
         layer was measured under TP with its experts split over the same ranks (etp = tp: the expert-TP exchanges
         are then in those times; another etp under TP is not measured); and where an MoE layer was measured under
         its expert parallelism (ep > 1 with etp = tp, uncompressed, the ep x etp ranks within a node: its dispatch /
         combine all-to-alls are then in those times; otherwise the ep = 1 layer is used and the all-to-alls priced
-        from ``collectives``).
+        from ``collectives``); last, where the times came from the profile at all.
 
         Profiles hold Megatron-TP layers at the full sequence, and may hold ring-attention (cp) layers as the
         runtime runs them. A cp rank's layer without such a measurement does the work of the same layer at
@@ -233,7 +235,7 @@ class AnalyticCostModel(CostModel):
         ``collectives``)."""
         none = np.zeros(np.shape(c.tp), dtype=bool)
         if self.profile is None or not self.profile.layer_times:
-            return fwd, bwd, none, none, none, none
+            return fwd, bwd, none, none, none, none, none
         kind = "moe" if shape.is_moe else "dense"
         seq = self.training.seq_length
         sp = c.sp == mem.SP_MEGATRON
@@ -270,8 +272,24 @@ class AnalyticCostModel(CostModel):
             f = np.where(ulysses, uly_f, f)
             bw = np.where(ulysses, self.profile.layer_s(b, seq, tp, kind, backward=True, ulysses=degree), bw)
         use = np.isfinite(f)
+        if not use.all():
+            fwd, bwd = self._unmeasured_floor(same_work, tp, kind, fwd, bwd)
         return (np.where(use, f, fwd), np.where(use, bw, bwd), ring, expert_tp & ~ring, expert_parallel & ~ring,
-                ulysses)
+                ulysses, use)
+
+    def _unmeasured_floor(self, same_work: np.ndarray, tp: np.ndarray, kind: str, fwd: np.ndarray, bwd: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray]:
+        """The analytic times of layouts the profile did not measure, raised to at least the measured tp = 1
+        layer's time on the same work split perfectly over the tp ranks (splitting work tp ways never makes it more
+        than tp times faster). The analytic formula alone can be far below what the profiled hardware does, and a
+        search would then prefer exactly the layout nobody measured. Where the profile has no tp = 1 layer at this
+        sequence length either, the analytic times stand (``unmeasured_layouts`` flags both)."""
+        assert self.profile is not None
+        seq = self.training.seq_length
+        one = np.ones_like(tp)
+        floor_f = self.profile.layer_s(same_work, seq, one, kind) / tp
+        floor_b = self.profile.layer_s(same_work, seq, one, kind, backward=True) / tp
+        return np.fmax(fwd, floor_f), np.fmax(bwd, floor_b)  # (fmax: the analytic where the floor is NaN)
 
     def _wrapper_overhead(self, c: Candidates, ctx: StageContext) -> tuple[np.ndarray, np.ndarray]:
         """Host time the FSDP2 wrapper adds per layer: (per micro-batch, per step); profiled, zero without a
@@ -354,7 +372,7 @@ class AnalyticCostModel(CostModel):
         # from Q and K besides (FlashAttention: five matmuls backward to two forward, 2.5 times the forward)
         fwd_s = qkv + out + mlp + core + elem
         bwd_s = 2.0 * fwd_s + (0.5 * core if fused else 0.0)
-        fwd, bwd, ring_measured, etp_measured, ep_measured, uly_measured = self._measured_layer(
+        fwd, bwd, ring_measured, etp_measured, ep_measured, uly_measured, _ = self._measured_layer(
             shape, np.broadcast_to(b, c.tp.shape), c, fwd_s, bwd_s)
         compute = fwd + bwd
 
@@ -674,7 +692,8 @@ class AnalyticCostModel(CostModel):
         if self.calibration_set is not None:
             est.calibration_set = self.calibration_set
         for note in (self.memory_limit_note, moe_cost.approximate_note(plan.layers),
-                     self._unfused_attention_note(plan), self._unfused_context_parallel_note(plan)):
+                     self._unfused_attention_note(plan), self._unfused_context_parallel_note(plan),
+                     self._unmeasured_layouts_note(plan)):
             if note:
                 est.notes.append(note)
         return est
@@ -683,6 +702,37 @@ class AnalyticCostModel(CostModel):
         m = self.matmul
         return MatmulDoc(gpu=self.cluster.gpu.name, precision=self.training.precision, share_of_peak=m.linear_share,
                          share_of_peak_16bit=m.sixteen_bit_share, scale=m.linear, measured=m.measured, note=m.note)
+
+    def _unmeasured_layouts_note(self, plan: PlanStrategy) -> str | None:
+        """Under a profile, the plan's layer layouts it has no times for: priced analytically (at least the measured
+        tp = 1 layer's time split over their ranks, ``_unmeasured_floor``), which the estimate must not pass off
+        as measured."""
+        if self.profile is None or not self.profile.layer_times:
+            return None
+        floored: list[str] = []
+        bare: list[str] = []
+        seq = self.training.seq_length
+        for i, x in sorted({(self._shape_of_layer[j], x) for j, x in enumerate(plan.layers)},
+                           key=lambda k: (k[0], str(k[1]))):
+            shape, c = self._shapes[i], Candidates.of([x])
+            zero = np.zeros(1)
+            if self._measured_layer(shape, np.ones(1), c, zero, zero)[-1][0]:
+                continue
+            kind = "moe" if shape.is_moe else "dense"
+            label = (f"{kind} tp {x.tp}" + (f" sp {x.sp}" if x.sp else "") + (f" cp {x.cp}" if x.cp > 1 else "")
+                     + (f" ep {x.ep}" if shape.is_moe and x.ep > 1 else ""))
+            has_floor = np.isfinite(self.profile.layer_s(np.ones(1), seq, np.ones(1), kind))[0]
+            (floored if has_floor else bare).append(label)
+        if not floored and not bare:
+            return None
+        parts = []
+        if floored:
+            parts.append(f"{', '.join(dict.fromkeys(floored))}: the analytic time, at least the profile's tp 1 layer "
+                         f"split over the tp ranks")
+        if bare:
+            parts.append(f"{', '.join(dict.fromkeys(bare))}: the analytic time alone (no tp 1 layer at seq {seq} "
+                         f"in the profile either)")
+        return "layer layouts the profile did not measure, estimated: " + "; ".join(parts)
 
     def _unfused_context_parallel_note(self, plan: PlanStrategy) -> str | None:
         """Context parallelism as shipped (Megatron-LM through Transformer Engine, torchtitan through SDPA) runs

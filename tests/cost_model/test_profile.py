@@ -59,8 +59,10 @@ def test_profiled_layer_times_replace_the_analytic_compute() -> None:
     assert got.parts_s["compute"][0] == pytest.approx(0.018 + 0.037)
     # tp=2, 4 samples per rank, one point at batch 2: proportional -> 18 ms forward, 36 ms backward
     assert got.parts_s["compute"][1] == pytest.approx(0.018 + 0.036)
-    # tp=4 was not profiled: it stays analytic
-    assert got.parts_s["compute"][2] == pytest.approx(ref.parts_s["compute"][2])
+    # tp=4 was not profiled: the analytic time, raised to the measured tp=1 layer's at the same 8 samples a rank
+    # split 4 ways (forward 10 + 8 x 7 = 66 ms, backward 21 + 16 x 7 = 133 ms, / 4), which is above it here
+    assert ref.parts_s["compute"][2] < 0.0165 + 0.03325
+    assert got.parts_s["compute"][2] == pytest.approx(0.0165 + 0.03325)
     # Ulysses 2 and cp 2, 4 samples per rank: the work of the tp=1 layer at 2 samples (its 18 + 37 ms)
     for i in (3, 4):
         assert got.parts_s["compute"][i] == pytest.approx(0.018 + 0.037)
@@ -153,3 +155,27 @@ def test_a_tensor_parallel_head_is_priced_with_the_exchanges_it_issues() -> None
                               "calibration": {"tp_overlap": 0}})
     breakdown = estimate(req).to_json()["breakdown_s"]
     assert breakdown["tp_comm"] == pytest.approx((4 * layers + 1 + 1 + 3) * 5e-3)
+
+
+def test_a_layout_the_profile_did_not_measure_is_flagged_and_never_priced_below_perfect_scaling() -> None:
+    base = request(model={"preset": "llama2-7b", "num_layers": 4},
+                   cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})
+
+    def priced(strategy: dict[str, Any], profile: Mapping[str, Any]) -> dict[str, Any]:
+        return estimate({**base, "strategy": strategy, "cost_model": {"kind": "profile", "profile": profile}}).to_json()
+
+    def flagged(notes: list[str]) -> list[str]:
+        return [n for n in notes if n.startswith("layer layouts the profile did not measure")]
+
+    tp2, tp4 = {"tp": 2, "micro_batch_size": 2}, {"tp": 4, "micro_batch_size": 2}
+    assert flagged(priced(tp2, PROFILE)["notes"]) == []  # measured
+    got = priced(tp4, PROFILE)
+    assert flagged(got["notes"]) == ["layer layouts the profile did not measure, estimated: dense tp 4: the analytic "
+                                     "time, at least the profile's tp 1 layer split over the tp ranks"]
+    # 16 micro-batches of 2 samples a rank (64 / (2 x dp 2)), 4 layers each at no less than the tp=1 line at 2
+    # samples, 18 + 37 ms, split 4 ways (the analytic compute alone is 0.47 s)
+    assert got["breakdown_s"]["compute"] >= 16 * 4 * (0.018 + 0.037) / 4
+    no_tp1 = {**PROFILE, "layer_times": [r for r in PROFILE["layer_times"] if r["tp"] == 2]}
+    assert flagged(priced(tp4, no_tp1)["notes"]) == [
+        "layer layouts the profile did not measure, estimated: dense tp 4: the analytic time alone (no tp 1 layer "
+        "at seq 2048 in the profile either)"]
