@@ -170,6 +170,8 @@ class AnalyticCostModel(CostModel):
                 self._shapes.append(shape)
             self._shape_of_layer.append(self._shapes.index(shape))
         # (a profile is one object per request: its models keep their own cache)
+        # (op, group size, across nodes) priced by the formula for want of a profile entry, while a note counts them
+        self._missed: set[tuple[str, int, bool]] | None = None
         self._answers = _shared_answers(None if profile is not None else "\n".join((
             model.model_dump_json(), cluster.model_dump_json(exclude={"nodes"}), training.model_dump_json(),
             repr(calibration))))
@@ -197,8 +199,11 @@ class AnalyticCostModel(CostModel):
         h = shape.hidden
         return self._gemm(tokens, shape.mlp_in_width / split, h) + self._gemm(tokens, h, shape.ffn / split)
 
-    def _collective(self, op: CollectiveOp, nbytes: np.ndarray, size: np.ndarray, k: np.ndarray) -> np.ndarray:
-        """A collective's time: measured where the profile has this (op, group, placement), else analytic."""
+    def _collective(self, op: CollectiveOp, nbytes: np.ndarray, size: np.ndarray, k: np.ndarray,
+                    used: np.ndarray | None = None) -> np.ndarray:
+        """A collective's time: measured where the profile has this (op, group, placement), else analytic.
+        ``used``: where the caller's price takes this time (it computes every candidate's, then selects), for
+        ``_unmeasured_collectives_note``."""
         fn = {"allreduce": comm.allreduce_s, "allgather": comm.allgather_s, "reduce_scatter": comm.allgather_s,
               "alltoall": comm.alltoall_s}[op]
         analytic = fn(nbytes, size, k, self.links)
@@ -206,6 +211,11 @@ class AnalyticCostModel(CostModel):
             return analytic
         across = np.ceil(np.asarray(size, dtype=float) / np.maximum(np.asarray(k, dtype=float), 1.0)) > 1
         measured = self.profile.collective_s(op, nbytes, size, across)
+        if self._missed is not None:
+            miss = ~np.isfinite(measured) & (np.asarray(size) > 1) & (True if used is None else used)
+            shape = np.shape(miss)
+            self._missed |= {(op, int(n), bool(a)) for n, a in zip(np.broadcast_to(size, shape)[miss],
+                                                                    np.broadcast_to(across, shape)[miss], strict=True)}
         return np.where(np.isfinite(measured) & (np.asarray(size) > 1), measured, analytic)
 
     def _one_collective(self, op: CollectiveOp, nbytes: float, size: float, k: float) -> float:
@@ -379,13 +389,13 @@ class AnalyticCostModel(CostModel):
         # tensor / sequence parallel collectives (one direction = forward)
         k_tp = comm.members_per_node(c.tp, 1.0, gpn)
         act = tok * np.where(uly, c.tp, 1.0) * h * e  # the b s h activation of this rank's cp slice
-        attention_fwd = self._collective("allreduce", act, c.tp, k_tp)
+        attention_fwd = self._collective("allreduce", act, c.tp, k_tp, used=~uly)
         # the MLP's all-reduce; an MoE layer's experts instead gather / scatter the routed rows over etp
         # (in the layer time where it was measured so)
         mlp_fwd = np.where(etp_measured, 0.0, expert.etp_fwd_s) if expert is not None else np.where(
             uly, 0.0, attention_fwd)
         ulysses_fwd = np.where(uly_measured, 0.0, self._collective(  # (in the layer time where measured so)
-            "alltoall", tok * (2 * shape.q_width + 2 * shape.kv_width) * e, c.tp, k_tp))
+            "alltoall", tok * (2 * shape.q_width + 2 * shape.kv_width) * e, c.tp, k_tp, used=uly & ~uly_measured))
         tp_full = np.where(uly, ulysses_fwd, attention_fwd) + mlp_fwd
         # backward: Megatron issues the input-gradient all-reduce asynchronously and computes the weight
         # gradient meanwhile (a forward's worth of GEMMs), hiding up to tp_overlap of it where the stack does;
@@ -423,12 +433,13 @@ class AnalyticCostModel(CostModel):
         local_params = np.sum([p for p, _, _ in groups], axis=0)
         weight_bytes = local_params * self.state_per_param.params
 
-        def over_groups(op: CollectiveOp, per_param: float) -> np.ndarray:
-            return np.sum([self._collective(op, p * per_param, grp, k) for p, grp, k in groups], axis=0)
+        def over_groups(op: CollectiveOp, per_param: float, used: np.ndarray) -> np.ndarray:
+            return np.sum([self._collective(op, p * per_param, grp, k, used) for p, grp, k in groups], axis=0)
 
-        sync = over_groups("allreduce", cal.grad_comm_bytes)
-        gather_w = over_groups("allgather", self.state_per_param.params)
-        scatter_g = over_groups("reduce_scatter", cal.grad_comm_bytes)
+        # (ZeRO-0 all-reduces the gradients; ZeRO-1/2/3 reduce-scatter them and all-gather the weights)
+        sync = over_groups("allreduce", cal.grad_comm_bytes, c.zero == 0)
+        gather_w = over_groups("allgather", self.state_per_param.params, c.zero > 0)
+        scatter_g = over_groups("reduce_scatter", cal.grad_comm_bytes, c.zero > 0)
         per_mb, per_step = zero_traffic_s(c.zero, sync, gather_w, scatter_g)
         dp_mb = np.maximum(0.0, per_mb - cal.zero_overlap * (compute + recompute))
         dp_step = np.maximum(0.0, per_step - self.stack.dp_overlap * (bwd + recompute))
@@ -496,9 +507,10 @@ class AnalyticCostModel(CostModel):
         ha = np.array([held(x) for x in prev], dtype=float)
         hb = np.array([held(x) for x in nxt], dtype=float)
         shape = (len(ha), len(hb))
+        differ = la[:, None] != lb[None, :]
         moved = 2.0 * self._collective("alltoall", np.maximum(ha[:, None], hb[None, :]), np.full(shape, n_stage),
-                                       np.full(shape, k))
-        return np.where(la[:, None] != lb[None, :], moved, 0.0).reshape(len(prev), len(nxt))
+                                       np.full(shape, k), used=differ)
+        return np.where(differ, moved, 0.0).reshape(len(prev), len(nxt))
 
     def _embedding(self, ctx: StageContext) -> EmbeddingStrategy:
         return ctx.embedding if ctx.embedding is not None else EmbeddingStrategy()
@@ -693,7 +705,7 @@ class AnalyticCostModel(CostModel):
             est.calibration_set = self.calibration_set
         for note in (self.memory_limit_note, moe_cost.approximate_note(plan.layers),
                      self._unfused_attention_note(plan), self._unfused_context_parallel_note(plan),
-                     self._unmeasured_layouts_note(plan)):
+                     self._unmeasured_layouts_note(plan), self._unmeasured_collectives_note(plan)):
             if note:
                 est.notes.append(note)
         return est
@@ -733,6 +745,27 @@ class AnalyticCostModel(CostModel):
             parts.append(f"{', '.join(dict.fromkeys(bare))}: the analytic time alone (no tp 1 layer at seq {seq} "
                          f"in the profile either)")
         return "layer layouts the profile did not measure, estimated: " + "; ".join(parts)
+
+    def _unmeasured_collectives_note(self, plan: PlanStrategy) -> str | None:
+        """Under a profile with collectives, those the plan issues that it has no times for (an op, group size or
+        placement it did not measure), which the formula priced. Found by pricing the plan once more with fresh
+        caches (the search's cached answers would not call them again) while ``_collective`` notes its misses."""
+        if self.profile is None or not self.profile.collectives:
+            return None
+        saved, self._answers, self._missed = self._answers, _Answers(), set()
+        try:
+            evaluate_plan(self, plan, global_batch_size=self.training.global_batch_size,
+                          seq_length=self.training.seq_length, model_flops_per_step=self.flops_per_step(),
+                          peak_flops_per_gpu=self.peak_flops)
+            missed = sorted(self._missed)
+        finally:
+            self._answers, self._missed = saved, None
+        if not missed:
+            return None
+        names = {"allreduce": "all-reduce", "allgather": "all-gather", "reduce_scatter": "reduce-scatter",
+                 "alltoall": "all-to-all"}
+        return ("collectives the profile did not measure, estimated by the formula from the cluster's links: "
+                + ", ".join(f"{names.get(op, op)} over {n} GPUs{' across nodes' if a else ''}" for op, n, a in missed))
 
     def _unfused_context_parallel_note(self, plan: PlanStrategy) -> str | None:
         """Context parallelism as shipped (Megatron-LM through Transformer Engine, torchtitan through SDPA) runs

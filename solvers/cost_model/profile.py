@@ -26,8 +26,8 @@ ulysses, layer type) with two or more batch sizes the time is the least-squares
 line in batch; with one, it scales in proportion to the batch. Collective times per (op, group size, across nodes)
 are interpolated between the measured message sizes (``interpolated_collective_s``). Where nothing was measured, the
 analytic formula stands: for a layer layout, raised to at least the profile's tp = 1 layer time on the same work
-split over the layout's tp ranks, and named in the estimate's notes (a collective the profile lacks is priced by the
-formula without a note); ``cost_model.kind = "profile"`` requires a profile.
+split over the layout's tp ranks; a collective (op, group size, placement) the profile lacks, from the cluster's
+links. The estimate's notes name both; ``cost_model.kind = "profile"`` requires a profile.
 
 ``overheads`` are the wrapper's own cost beyond the plain layer and the collectives it issues: FSDP2's
 per-layer hooks, parameter copy-in/copy-out and DTensor bookkeeping. The profiler times one wrapped and one

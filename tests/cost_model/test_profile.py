@@ -179,3 +179,21 @@ def test_a_layout_the_profile_did_not_measure_is_flagged_and_never_priced_below_
     assert flagged(priced(tp4, no_tp1)["notes"]) == [
         "layer layouts the profile did not measure, estimated: dense tp 4: the analytic time alone (no tp 1 layer "
         "at seq 2048 in the profile either)"]
+
+
+def test_the_collectives_a_plan_issues_that_the_profile_did_not_measure_are_named() -> None:
+    base = request(model={"preset": "llama2-7b", "num_layers": 4},
+                   cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})
+
+    def named(strategy: dict[str, Any], profile: Mapping[str, Any]) -> list[str]:
+        notes = estimate({**base, "strategy": strategy,
+                          "cost_model": {"kind": "profile", "profile": profile}}).to_json()["notes"]
+        return [n.split(": ", 1)[1] for n in notes if n.startswith("collectives the profile did not measure")]
+
+    # PROFILE measured all-reduces over 2 GPUs only
+    assert named({"tp": 2, "dp": 4, "micro_batch_size": 2, "zero": 0}, PROFILE) == ["all-reduce over 4 GPUs"]
+    assert named({"tp": 1, "dp": 8, "micro_batch_size": 2, "zero": 3}, PROFILE) == [
+        "all-gather over 8 GPUs, reduce-scatter over 8 GPUs"]  # ZeRO-3 issues no all-reduce of the layers
+    more = {**PROFILE, "collectives": [*PROFILE["collectives"],
+                                       {"op": "allreduce", "group_size": 4, "message_bytes": 1e6, "time_ms": 0.2}]}
+    assert named({"tp": 2, "dp": 4, "micro_batch_size": 2, "zero": 0}, more) == []
