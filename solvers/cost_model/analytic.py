@@ -293,7 +293,7 @@ class AnalyticCostModel(CostModel):
         layer's time on the same work split perfectly over the tp ranks (splitting work tp ways never makes it more
         than tp times faster). The analytic formula alone can be far below what the profiled hardware does, and a
         search would then prefer exactly the layout nobody measured. Where the profile has no tp = 1 layer at this
-        sequence length either, the analytic times stand (``unmeasured_layouts`` flags both)."""
+        sequence length either, the analytic times stand (``_unmeasured_layouts_note`` names both)."""
         assert self.profile is not None
         seq = self.training.seq_length
         one = np.ones_like(tp)
