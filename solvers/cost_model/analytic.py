@@ -696,16 +696,14 @@ class AnalyticCostModel(CostModel):
         return head_forward_flops(self.model, self.training.seq_length)
 
     def evaluate(self, plan: PlanStrategy) -> Estimate:
-        est = evaluate_plan(self, plan, global_batch_size=self.training.global_batch_size,
-                            seq_length=self.training.seq_length, model_flops_per_step=self.flops_per_step(),
-                            peak_flops_per_gpu=self.peak_flops)
+        est, missed = self._priced_noting_misses(plan)
         est.stack = self.training.priced_stack()
         est.matmul = [self.matmul_doc()]
         if self.calibration_set is not None:
             est.calibration_set = self.calibration_set
         for note in (self.memory_limit_note, moe_cost.approximate_note(plan.layers),
                      self._unfused_attention_note(plan), self._unfused_context_parallel_note(plan),
-                     self._unmeasured_layouts_note(plan), self._unmeasured_collectives_note(plan)):
+                     self._unmeasured_layouts_note(plan), self._unmeasured_collectives_note(missed)):
             if note:
                 est.notes.append(note)
         return est
@@ -746,20 +744,27 @@ class AnalyticCostModel(CostModel):
                          f"in the profile either)")
         return "layer layouts the profile did not measure, estimated: " + "; ".join(parts)
 
-    def _unmeasured_collectives_note(self, plan: PlanStrategy) -> str | None:
-        """Under a profile with collectives, those the plan issues that it has no times for (an op, group size or
-        placement it did not measure), which the formula priced. Found by pricing the plan once more with fresh
-        caches (the search's cached answers would not call them again) while ``_collective`` notes its misses."""
+    def _priced_noting_misses(self, plan: PlanStrategy) -> tuple[Estimate, list[tuple[str, int, bool]]]:
+        """The plan's estimate, and under a profile with collectives those it issues that the profile has no times
+        for (op, group size, across nodes), which the formula priced. To find them the plan is priced with fresh
+        caches (the search's cached answers would not call ``_collective`` again) while ``_collective`` notes its
+        misses: one evaluation either way."""
+        def priced() -> Estimate:
+            return evaluate_plan(self, plan, global_batch_size=self.training.global_batch_size,
+                                 seq_length=self.training.seq_length, model_flops_per_step=self.flops_per_step(),
+                                 peak_flops_per_gpu=self.peak_flops)
+
         if self.profile is None or not self.profile.collectives:
-            return None
+            return priced(), []
         saved, self._answers, self._missed = self._answers, _Answers(), set()
         try:
-            evaluate_plan(self, plan, global_batch_size=self.training.global_batch_size,
-                          seq_length=self.training.seq_length, model_flops_per_step=self.flops_per_step(),
-                          peak_flops_per_gpu=self.peak_flops)
-            missed = sorted(self._missed)
+            return priced(), sorted(self._missed)
         finally:
             self._answers, self._missed = saved, None
+
+    @staticmethod
+    def _unmeasured_collectives_note(missed: list[tuple[str, int, bool]]) -> str | None:
+        """The collectives ``_priced_noting_misses`` found priced by the formula, named."""
         if not missed:
             return None
         names = {"allreduce": "all-reduce", "allgather": "all-gather", "reduce_scatter": "reduce-scatter",
