@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from solvers.cost_model.profile import CollectiveOp
 from worker.runtime.groups import shared_process_groups
@@ -37,12 +37,6 @@ from worker.runtime.model import Block, ModelConfig
 
 # up to 32 MiB: a small model's whole gradient (the closed loop's is 25 MB) is one flat all-reduce in the runtime
 MESSAGE_BYTES = (16 * 2**10, 256 * 2**10, 2 * 2**20, 8 * 2**20, 32 * 2**20)
-
-
-def _mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
 def _group(ranks: Sequence[int]) -> dist.ProcessGroup:
@@ -144,7 +138,7 @@ def tensor_parallel_block(cfg: ModelConfig, tp: int, device: torch.device, seque
     from worker.runtime.model import Decoder
     from worker.runtime.tensor_parallel import apply_tensor_parallel
 
-    mesh = _mesh(device.type, (dist.get_world_size() // tp, tp), ("dp", "tp"))
+    mesh = init_device_mesh(device.type, (dist.get_world_size() // tp, tp), mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)
     model = Decoder(replace(cfg, num_layers=1)).to(device)
     model.tok_embeddings = model.norm = model.output = None
@@ -173,8 +167,9 @@ def moe_block(cfg: ModelConfig, moe_index: int, tp: int, ep: int, device: torch.
     world = dist.get_world_size()
     ep_group = None
     if ep > 1:  # (the fold mesh only where there are experts to deal: every mesh adds gloo groups to each rank)
-        ep_group = _mesh(device.type, (world // (ep * tp), ep, tp), ("edp", "ep", "etp"))["ep"].get_group()
-    tp_mesh = _mesh(device.type, (world // tp, tp), ("dp", "tp"))["tp"] if tp > 1 else None
+        fold = init_device_mesh(device.type, (world // (ep * tp), ep, tp), mesh_dim_names=("edp", "ep", "etp"))
+        ep_group = fold["ep"].get_group()
+    tp_mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))["tp"] if tp > 1 else None
     tp_group = tp_mesh.get_group() if tp_mesh is not None else None
     full = block.feed_forward
     assert isinstance(full, MoELayer)
@@ -430,7 +425,7 @@ def fsdp_overheads(cfg: ModelConfig, batch: int, seq: int, device: torch.device,
         return []
     fit = Profile(collectives=[CollectiveTime.model_validate(c) for c in collectives])
     across = _nodes(world) > 1  # the world group spans the nodes of a multi-node launch
-    mesh = _mesh(device.type, (world,), ("fsdp",))
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",))
 
     def pair(reshard: bool | None) -> torch.nn.Module:
         torch.manual_seed(0)
