@@ -170,7 +170,8 @@ class AnalyticCostModel(CostModel):
                 self._shapes.append(shape)
             self._shape_of_layer.append(self._shapes.index(shape))
         # (a profile is one object per request: its models keep their own cache)
-        # (op, group size, across nodes) priced by the formula for want of a profile entry, while a note counts them
+        # (op, group size, across nodes) priced by the formula for want of a profile entry, recorded while
+        # ``_priced_noting_misses`` prices a plan (None otherwise)
         self._missed: set[tuple[str, int, bool]] | None = None
         self._answers = _shared_answers(None if profile is not None else "\n".join((
             model.model_dump_json(), cluster.model_dump_json(exclude={"nodes"}), training.model_dump_json(),
@@ -203,7 +204,7 @@ class AnalyticCostModel(CostModel):
                     used: np.ndarray | None = None) -> np.ndarray:
         """A collective's time: measured where the profile has this (op, group, placement), else analytic.
         ``used``: where the caller's price takes this time (it computes every candidate's, then selects), for
-        ``_unmeasured_collectives_note``."""
+        ``_priced_noting_misses``."""
         fn = {"allreduce": comm.allreduce_s, "allgather": comm.allgather_s, "reduce_scatter": comm.allgather_s,
               "alltoall": comm.alltoall_s}[op]
         analytic = fn(nbytes, size, k, self.links)
