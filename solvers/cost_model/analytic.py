@@ -169,10 +169,10 @@ class AnalyticCostModel(CostModel):
             if shape not in self._shapes:
                 self._shapes.append(shape)
             self._shape_of_layer.append(self._shapes.index(shape))
-        # (a profile is one object per request: its models keep their own cache)
         # (op, group size, across nodes) priced by the formula for want of a profile entry, recorded while
         # ``_priced_noting_misses`` prices a plan (None otherwise)
         self._missed: set[tuple[str, int, bool]] | None = None
+        # (a profile is one object per request: its models keep their own cache)
         self._answers = _shared_answers(None if profile is not None else "\n".join((
             model.model_dump_json(), cluster.model_dump_json(exclude={"nodes"}), training.model_dump_json(),
             repr(calibration))))
