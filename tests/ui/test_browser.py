@@ -177,6 +177,7 @@ def test_plans_list_shows_the_submitted_plans(browser: Any, server: LiveServer) 
     kind = stored[-1]["kind"]
     page.select_option("select[name=kind]", kind)
     page.click(".filters button")
+    page.wait_for_url(f"**kind={kind}**")  # the GET form's navigation loaded (read before it, the table can be empty)
     assert set(page.locator("#plans-table tbody tr td:nth-child(2)").all_text_contents()) == {kind}
 
 
