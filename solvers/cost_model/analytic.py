@@ -383,7 +383,7 @@ class AnalyticCostModel(CostModel):
         # from Q and K besides (FlashAttention: five matmuls backward to two forward, 2.5 times the forward)
         fwd_s = qkv + out + mlp + core + elem
         bwd_s = 2.0 * fwd_s + (0.5 * core if fused else 0.0)
-        fwd, bwd, ring_measured, etp_measured, ep_measured, uly_measured, _ = self._measured_layer(
+        fwd, bwd, ring_measured, etp_measured, ep_measured, uly_measured, measured = self._measured_layer(
             shape, np.broadcast_to(b, c.tp.shape), c, fwd_s, bwd_s)
         compute = fwd + bwd
 
@@ -448,10 +448,11 @@ class AnalyticCostModel(CostModel):
         optimizer = self._hbm(opt_params * cal.optimizer_traffic_bytes)
 
         gpu = compute + recompute + tp_comm + cp_comm + ep_comm + dp_mb
-        # the host issues ~a forward's worth of kernels per pass; small layers wait for it, not for the GPU
+        # the host issues ~a forward's worth of kernels per pass; small layers wait for it, not for the GPU. A
+        # measured layer's time already holds its host's issue time (the profiler times it as it runs)
         passes = 3.0 + (c.rc == mem.RC_FULL)
         wrapper_mb, wrapper_step = self._wrapper_overhead(c, ctx)
-        launch = np.maximum(0.0, cal.kernel_overhead_s * passes - gpu) + wrapper_mb
+        launch = np.where(measured, 0.0, np.maximum(0.0, cal.kernel_overhead_s * passes - gpu)) + wrapper_mb
         time = gpu + launch
         states = [mem.model_state_bytes(p, grp, c.zero, self.state_per_param) for p, grp, _ in groups]
         w, g, o = (np.sum([x[i] for x in states], axis=0) for i in range(3))

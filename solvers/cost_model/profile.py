@@ -22,12 +22,17 @@ comes from ``collectives``), except exchanges that run inside a layout's own lay
 exchanges (``cp`` > 1), DeepSpeed-Ulysses' all-to-alls around attention (``ulysses`` > 1), an MoE layer's
 expert-TP exchanges (``tp`` > 1, its experts split over the tp ranks) and, under expert parallelism (``ep`` > 1:
 its experts dealt over ep ranks), its token dispatch and combine all-to-alls. For a (seq, tp, sp, cp, ep,
-ulysses, layer type) with two or more batch sizes the time is the least-squares
-line in batch; with one, it scales in proportion to the batch. Collective times per (op, group size, across nodes)
-are interpolated between the measured message sizes (``interpolated_collective_s``). Where nothing was measured, the
-analytic formula stands: for a layer layout, raised to at least the profile's tp = 1 layer time on the same work
-split over the layout's tp ranks; a collective (op, group size, placement) the profile lacks, from the cluster's
-links. The estimate's notes name both; ``cost_model.kind = "profile"`` requires a profile.
+ulysses, layer type) with two or more batch sizes the time is interpolated between the measured batches and
+extended beyond them on the end segments' lines (``interpolated_s``); with one, it scales in proportion to the
+batch. Not one line through all the batches: a GPU layer's time is flat while the host issuing its kernels is the
+bottleneck, linear above, and not always monotone (vTrain's A100 runs, hidden 2048, a layer and micro-batch at 1,
+2, 4, 8 samples: tp 1 3.4, 5.0, 9.1, 16.7 ms; tp 4 3.0, 2.8, 5.0, 7.5 ms, which one line misprices by -11, +20,
+-5 %). A measured layer's time holds the host's issue time: the analytic launch floor (``kernel_overhead_s``)
+applies only to layouts priced analytically. Collective times per (op, group size, across nodes) are interpolated
+between the measured message sizes the same way. Where nothing was measured, the analytic formula stands: for a
+layer layout, raised to at least the profile's tp = 1 layer time on the same work split over the layout's tp
+ranks; a collective (op, group size, placement) the profile lacks, from the cluster's links. The estimate's notes
+name both; ``cost_model.kind = "profile"`` requires a profile.
 
 ``overheads`` are the wrapper's own cost beyond the plain layer and the collectives it issues: FSDP2's
 per-layer hooks, parameter copy-in/copy-out and DTensor bookkeeping. The profiler times one wrapped and one
@@ -164,8 +169,10 @@ class Profile(_Strict):
             return linear_s
         return min(linear_s, max(linear_s / self.host.slowdown, mean_work_s))
 
-    def _layer_fit(self, seq: int, tp: int, layer_type: str, backward: bool, sp: bool = False, cp: int = 1,
-                   ep: int = 1, ulysses: int = 1) -> tuple[float, float] | None:
+    def _layer_points(self, seq: int, tp: int, layer_type: str, backward: bool, sp: bool = False, cp: int = 1,
+                      ep: int = 1, ulysses: int = 1) -> tuple[np.ndarray, np.ndarray] | None:
+        """The measured (batch, seconds) of this layout, one point per batch (the median where a batch was measured
+        more than once), by batch; None where it was not measured."""
         def points(sp: bool) -> list[LayerTime]:
             return [x for x in self.layer_times if x.seq == seq and x.tp == tp and x.layer_type == layer_type
                     and x.sp == sp and x.cp == cp and x.ep == ep and x.ulysses == ulysses]
@@ -174,13 +181,12 @@ class Profile(_Strict):
         pts = points(sp) or (points(False) if sp else [])
         if not pts:
             return None
-        xs = np.array([x.batch for x in pts])
-        ys = np.array([(x.backward_ms if (backward and x.backward_ms) else (2 if backward else 1) * x.forward_ms)
-                       for x in pts]) / 1e3
-        if len(set(xs.tolist())) < 2:
-            return 0.0, float(ys.mean() / xs.mean())
-        slope, intercept = np.polyfit(xs, ys, 1)
-        return float(intercept), float(slope)
+        by_batch: dict[float, list[float]] = {}
+        for x in pts:
+            ms = x.backward_ms if (backward and x.backward_ms) else (2 if backward else 1) * x.forward_ms
+            by_batch.setdefault(x.batch, []).append(ms / 1e3)
+        xs = np.array(sorted(by_batch))
+        return xs, np.array([float(np.median(by_batch[x])) for x in xs])
 
     def layer_s(self, batch: np.ndarray, seq: int, tp: np.ndarray, layer_type: str = "dense",
                 backward: bool = False, sp: np.ndarray | None = None, cp: np.ndarray | None = None,
@@ -198,10 +204,10 @@ class Profile(_Strict):
         # the degrees' distinct values, not every candidate, in a Python loop (the search's hot path)
         for t, c, e, u in product(*(np.unique(d) for d in (tp, cp_arr, ep_arr, uly_arr))):
             for s in (False, True):
-                fit = self._layer_fit(seq, int(t), layer_type, backward, s, int(c), int(e), int(u))
-                if fit is not None:
+                points = self._layer_points(seq, int(t), layer_type, backward, s, int(c), int(e), int(u))
+                if points is not None:
                     sel = np.broadcast_to((tp == t) & (cp_arr == c) & (ep_arr == e) & (uly_arr == u), shape)
-                    out = np.where(sel & (sp_arr == s), np.maximum(0.0, fit[0] + fit[1] * batch), out)
+                    out = np.where(sel & (sp_arr == s), interpolated_s(*points, batch), out)
         return out
 
     def _collective_points(self, op: str, size: int, across: bool) -> tuple[np.ndarray, np.ndarray] | None:
@@ -227,26 +233,26 @@ class Profile(_Strict):
             points = self._collective_points(op, n, a)
             if points is not None:
                 sel = (size == n) & ((across > 0) == a)
-                out = np.where(sel, interpolated_collective_s(*points, nbytes), out)
+                out = np.where(sel, interpolated_s(*points, nbytes), out)
         return out
 
 
-def interpolated_collective_s(xs: np.ndarray, ys: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-    """A collective's seconds at ``nbytes`` from its measured (bytes ``xs``, ascending; seconds ``ys``): between two
-    measured sizes on the line through them, beyond the measured range on the nearest end segment's line (its slope
-    at least 0: a noisy pair never makes a larger message cheaper), never below 0; one measured size scales in
-    proportion to the bytes.
+def interpolated_s(xs: np.ndarray, ys: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Seconds at ``size`` (a collective's message bytes, a layer's batch) from the measured (sizes ``xs``,
+    ascending; seconds ``ys``): between two measured sizes on the line through them, beyond the measured range on the
+    nearest end segment's line (its slope at least 0: a noisy pair never makes a larger message cheaper), never below
+    0; one measured size scales in proportion to the size.
 
     Not one least-squares line over all sizes: gloo's small all-reduces are latency-bound (6.2 ms at 16 KiB and at
     256 KiB, 7.0 ms at 2 MiB on 4 CPU ranks) and a line fitted through them and 8-32 MiB put 2 MiB at 8.9 ms and
     16 KiB at 4.1 ms, the TP activation and the vocabulary-parallel loss's exchanges 28 % too slow and 33 % too fast."""
-    nbytes = np.asarray(nbytes, dtype=float)
+    size = np.asarray(size, dtype=float)
     if len(xs) < 2:
-        return np.asarray(ys[0] / xs[0] * nbytes)
-    inside = np.interp(nbytes, xs, ys)
-    low = ys[0] - max(0.0, (ys[1] - ys[0]) / (xs[1] - xs[0])) * (xs[0] - nbytes)
-    high = ys[-1] + max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])) * (nbytes - xs[-1])
-    return np.maximum(0.0, np.where(nbytes < xs[0], low, np.where(nbytes > xs[-1], high, inside)))
+        return np.asarray(ys[0] / xs[0] * size)
+    inside = np.interp(size, xs, ys)
+    low = ys[0] - max(0.0, (ys[1] - ys[0]) / (xs[1] - xs[0])) * (xs[0] - size)
+    high = ys[-1] + max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])) * (size - xs[-1])
+    return np.maximum(0.0, np.where(size < xs[0], low, np.where(size > xs[-1], high, inside)))
 
 
 def load_profile(data: object, loc: tuple[str | int, ...] = ("cost_model", "profile")) -> Profile:

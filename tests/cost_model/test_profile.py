@@ -74,6 +74,53 @@ def test_profiled_layer_times_replace_the_analytic_compute() -> None:
     np.testing.assert_allclose(got.state_bytes, ref.state_bytes)  # memory is not what a profile measures
 
 
+def test_layer_times_are_interpolated_between_the_measured_batches() -> None:
+    """A GPU layer's time is flat while the host issuing its kernels is the bottleneck and linear in the batch above
+    (vTrain's A100 runs: 3.4, 5.0, 9.1, 16.7 ms per layer and micro-batch at 1, 2, 4, 8 samples); a profile that
+    measured the batch a plan runs prices it at that measurement, not on one line through all the batches."""
+    points = {1: 3.0, 2: 3.1, 4: 5.0, 8: 9.0}
+    prof = Profile.model_validate({"layer_times": [{"batch": b, "seq": 2048, "tp": 1, "forward_ms": ms}
+                                                   for b, ms in points.items()]})
+
+    def at(batch: float, backward: bool = False) -> float:
+        return 1e3 * float(prof.layer_s(np.array([batch]), 2048, np.array([1.0]), backward=backward)[0])
+
+    for b, ms in points.items():
+        assert at(b) == pytest.approx(ms) and at(b, backward=True) == pytest.approx(2 * ms)
+    assert at(3) == pytest.approx((3.1 + 5.0) / 2)  # between two batches, on the line through them
+    assert at(16) == pytest.approx(9.0 + 8 * (9.0 - 5.0) / 4)  # beyond: the last segment's line
+    slope, intercept = np.polyfit(list(points), list(points.values()), 1)  # the negative control: the line it replaced
+    assert abs(intercept + slope - 3.0) / 3.0 > 0.1
+
+    # through the cost model: 8 samples a micro-batch over dp 8 / 4 / 2 / 1 ranks = 1 / 2 / 4 / 8 samples a rank
+    _, model = _models({"layer_times": prof.model_dump()["layer_times"]})
+    cands = [LayerStrategy(tp=1, dp=d) for d in (8, 4, 2, 1)]
+    got = model.layer_costs(0, cands, _ctx(8)).parts_s["compute"]
+    np.testing.assert_allclose(got, [3 * points[b] / 1e3 for b in (1, 2, 4, 8)])
+
+
+def test_a_measured_layer_carries_its_own_host_time() -> None:
+    """The profiler times a layer as it runs, the host's issuing of its kernels included: the analytic floor for
+    the host (``kernel_overhead_s`` a pass) is not added to a measured layer again, only to one priced
+    analytically."""
+    base = request(model={"name": "small", "num_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
+                          "vocab_size": 32000},
+                   cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8},
+                   training={"global_batch_size": 8, "seq_length": 512})
+    strategy = {"tp": 1, "dp": 8, "micro_batch_size": 1}
+    profile = {"layer_times": [{"batch": 1, "seq": 512, "tp": 1, "forward_ms": 0.05}]}
+
+    def launch(cost_model: dict[str, Any]) -> float:
+        return float(estimate({**base, "strategy": strategy, "cost_model": cost_model}).to_json()["breakdown_s"]
+                     .get("launch_overhead", 0.0))
+
+    assert launch({"kind": "analytic"}) > 4 * 3 * 0.5e-3  # a layer this small waits for the host: the floor applies
+    assert launch({"kind": "profile", "profile": profile}) == 0.0  # measured: the 0.15 ms a layer is what it took
+    tp2 = estimate({**base, "strategy": {**strategy, "tp": 2, "dp": 4},
+                    "cost_model": {"kind": "profile", "profile": profile}}).to_json()["breakdown_s"]
+    assert tp2["launch_overhead"] > 0  # tp 2 was not measured: priced analytically, floor and all
+
+
 @pytest.mark.parametrize("forward_ms", [-1, float("inf"), 1e308])  # 1e308 ms priced every plan at inf
 def test_bad_profiles_name_the_field(forward_ms: float) -> None:
     bad = {**PROFILE, "layer_times": [{"batch": 1, "seq": 2048, "forward_ms": forward_ms}]}
