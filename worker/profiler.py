@@ -6,6 +6,8 @@ node is busy, as it is in training (on a CPU host the ranks share cores, and tha
 - per-layer forward / backward time of one transformer block by batch and sequence, for each tensor-parallel
   degree as the runtime runs it (DTensor shards), less its own collectives (profiled apart); every rank runs
   each repeat at once and the repeat lasts as long as its slowest rank took (``layer_time``);
+- forward / backward time of the final norm, LM head and loss by batch, sequence and tensor-parallel degree, as
+  the runtime runs them (vocabulary-parallel logits and loss at tp > 1, their exchanges included: ``head_time``);
 - all-reduce / all-gather / reduce-scatter / all-to-all time by group size and message size, every group of
   that size running at once (as tp or dp groups do), and p2p send/recv between neighbouring ranks;
 - the host's GEMM rate and memory bandwidth (for the parts the cost model keeps analytic).
@@ -16,6 +18,7 @@ Rank 0 writes ``{"profile": <Profile>, "device": {...}}`` to ``--out``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -73,11 +76,12 @@ def _gathered(rows: list[list[float]]) -> list[list[list[float]]]:
     return [t.tolist() for t in out]
 
 
-def _timed_passes(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, count: int, together: bool
+def _timed_passes(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor | None, count: int, together: bool
                   ) -> list[list[float]]:
     """This rank's (forward, backward) seconds of ``count`` passes of ``block`` on ``x``; ``together``: every rank
     starts each pass's forward at once, then its backward at once (the process group is up)."""
-    sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
+    cuda = x.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     rows: list[list[float]] = []
     for _ in range(count):
         sync()
@@ -86,7 +90,9 @@ def _timed_passes(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, c
             # apart, a rank's repeats overlapped its neighbours' idle waits and measured uncontended speed
             dist.barrier()
         t0 = time.perf_counter()
-        y = block(x)
+        # on a GPU the runtime computes under bf16 autocast (its default precision; a CPU run computes in fp32)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=cuda):
+            y = block(x)
         sync()
         t1 = time.perf_counter()
         if together:
@@ -117,6 +123,14 @@ def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, rep
     torch.manual_seed(0)
     block = block if block is not None else Block(cfg).to(device)
     x, grad = _layer_input(cfg, batch, seq // seq_shards, device)
+    return _median_passes(block, x, grad, repeats, together)
+
+
+def _median_passes(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor | None, repeats: int,
+                   together: bool = True) -> tuple[float, float]:
+    """(forward, backward) seconds of ``block`` on ``x`` (``grad`` back into its output, None for a scalar loss):
+    the median of ``repeats`` passes after one to warm up, each the slowest rank's with ``together``
+    (``layer_time``)."""
     together = together and dist.is_initialized()
     rows = _timed_passes(block, x, grad, repeats + 1, together)[1:]  # the first pass warms allocator and kernels up
     if together:
@@ -129,6 +143,42 @@ def layer_time(cfg: ModelConfig, batch: int, seq: int, device: torch.device, rep
     # The median repeat, taken while every rank runs the same loop: training keeps all ranks busy, and the
     # fastest repeat is the one where a neighbour happened to idle (it underestimated every plan by ~25 %).
     return statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
+
+
+class _HeadLoss(torch.nn.Module):
+    """A model's final norm, LM head and loss on fixed labels, the last layer's output in, the mean loss out."""
+
+    def __init__(self, model: torch.nn.Module, labels: torch.Tensor) -> None:
+        super().__init__()
+        self.model, self.labels = model, labels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from worker.runtime.model import lm_loss
+
+        return lm_loss(self.model(x), self.labels)
+
+
+def head_time(cfg: ModelConfig, tp: int, batch: int, seq: int, device: torch.device, repeats: int
+              ) -> tuple[float, float]:
+    """(forward, backward) seconds of the final norm, LM head and loss as the runtime runs them over contiguous
+    groups of ``tp`` ranks, every group at once: at tp > 1 vocabulary-parallel (DTensor logits sharded over the
+    vocabulary, the loss under ``loss_parallel``), its exchanges in the time; ``_median_passes``' statistics."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from worker.runtime.model import Decoder
+    from worker.runtime.tensor_parallel import tensor_parallel_ends
+
+    torch.manual_seed(0)
+    model = Decoder(replace(cfg, num_layers=0)).to(device)
+    model.tok_embeddings = None
+    if tp > 1:
+        mesh = init_device_mesh(device.type, (dist.get_world_size() // tp, tp), mesh_dim_names=("dp", "tp"))
+        tensor_parallel_ends(model, mesh["tp"], embedding_sp=False, head_sp=False, vocab_parallel_loss=True)
+    x, _ = _layer_input(cfg, batch, seq, device)
+    labels = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
+    # a vocabulary-parallel loss's forward and backward both run inside loss_parallel, as in the runtime's step
+    with loss_parallel() if tp > 1 else contextlib.nullcontext():
+        return _median_passes(_HeadLoss(model, labels), x, None, repeats)
 
 
 def tensor_parallel_block(cfg: ModelConfig, tp: int, device: torch.device, sequence_parallel: bool = False
@@ -193,7 +243,9 @@ def tensor_parallel_layer_time(cfg: ModelConfig, block: Block, tp_mesh: DeviceMe
     fwd, bwd = layer_time(cfg, batch, seq, device, repeats, block=block,
                           seq_shards=tp_mesh.size() if sequence_parallel else 1)
     group = tp_mesh.get_group()
-    act = torch.ones(batch * seq * cfg.hidden_size, device=device)
+    # (the activation as the layer exchanges it: bf16 under a GPU's autocast)
+    act = torch.ones(batch * seq * cfg.hidden_size, device=device,
+                     dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
     comm = _median_time(lambda: [dist.all_reduce(act, group=group) for _ in range(sublayers)], repeats)
     # Keep a floor: on a loaded host a collective can measure slower alone than inside the layer.
     return max(fwd - comm, 0.25 * fwd), max(bwd - comm, 0.25 * bwd)
@@ -252,6 +304,21 @@ def context_parallel_block(cfg: ModelConfig, cp: int, device: torch.device) -> B
     block = Block(cfg).to(device)
     apply_context_parallel(block, _contiguous_group(cp))
     return block
+
+
+def profile_heads(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int], tps: Sequence[int],
+                  device: torch.device, repeats: int, pause: Pause = None) -> list[dict[str, Any]]:
+    """Head times (``head_time``) by batch, sequence and tensor-parallel degree (tp 1 and each of ``tps``)."""
+    out = []
+    for seq in seqs:
+        for tp in [1, *(t for t in tps if t > 1 and cfg.vocab_size % t == 0)]:
+            for batch in batches:
+                dist.barrier()
+                f, b = head_time(cfg, tp, batch, seq, device, repeats)
+                out.append(_layer_row(f, b, device, batch=batch, seq=seq, tp=tp))
+                if pause:
+                    pause()
+    return out
 
 
 def _sequence_sharded_layers(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int], degrees: Sequence[int],
@@ -630,6 +697,7 @@ def _measure_node(full: ModelConfig, batches: Sequence[int], seqs: Sequence[int]
     cps = [c for c in (2, 4, 8) if c <= world and world % c == 0] if cps is None else cps
     layers += profile_context_parallel_layers(cfg, batches, seqs, cps, device, repeats, pause)
     layers += profile_ulysses_layers(cfg, batches, seqs, tps, device, repeats, pause)
+    heads = profile_heads(cfg, batches, seqs, tps, device, repeats, pause)
     collectives = profile_collectives(world, device, repeats, pause=pause)
     # the overheads and the contention at a mid-sized batch of the first sequence length
     seq0 = layers[0]["seq"]
@@ -650,8 +718,8 @@ def _measure_node(full: ModelConfig, batches: Sequence[int], seqs: Sequence[int]
     cuda = device.type == "cuda"
     gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
     name = name or f"{gpu} x{world} {time.strftime('%Y-%m-%d %H:%M')}"
-    return {"profile": {"name": name, "gpu": gpu, "layer_times": layers, "collectives": collectives,
-                        "overheads": overheads, **({"host": host} if host else {})},
+    return {"profile": {"name": name, "gpu": gpu, "layer_times": layers, "head_times": heads,
+                        "collectives": collectives, "overheads": overheads, **({"host": host} if host else {})},
             "device": {"name": gpu, "ranks": world, **rates, "torch_version": torch.__version__,
                        "profile_time_s": time.perf_counter() - started}}
 
@@ -684,6 +752,8 @@ def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     profile["layer_times"] = merged([p["layer_times"] for p in profiles],
                                     ("batch", "seq", "tp", "sp", "cp", "ep", "ulysses", "layer_type"),
                                     ("forward_ms", "backward_ms"))
+    profile["head_times"] = merged([p.get("head_times", []) for p in profiles], ("batch", "seq", "tp"),
+                                   ("forward_ms", "backward_ms"))
     profile["collectives"] = merged([p["collectives"] for p in profiles],
                                     ("op", "group_size", "across_nodes", "message_bytes"), ("time_ms",))
     profile["overheads"] = merged([p.get("overheads", []) for p in profiles], ("parallelism", "reshard"),

@@ -572,17 +572,21 @@ class AnalyticCostModel(CostModel):
             # the embedding output, and its dropout mask where the model has hidden dropout
             act += tokens * h * (e + (1 if self.model.hidden_dropout > 0 else 0))
         if last and V:
-            m = tokens
-            logits = float(self._gemm(m, V / tp_e, h, self.gemm_flops_16))
-            head = 3.0 * logits + float(self._hbm(cal.elementwise_traffic * m * V / tp_e * 4.0))
-            parts["compute"] = parts.get("compute", 0.0) + head
-            if tp_e > 1:
-                # Megatron's vocabulary-parallel head, as the runtime runs it too: the replicated head input's
-                # gradient all-reduced backward (under SP an all-gather forward and a reduce-scatter backward, the
-                # same ring traffic) and the cross-entropy's three all-reduces of one fp32 per token forward (the
-                # max logit, the sum of exponentials, the target's logit), latency-bound where links are slow
-                parts["tp_comm"] = parts.get("tp_comm", 0.0) + allreduce(tokens * h * e) + 3 * allreduce(tokens * 4.0)
-            act += m * V / tp_e * (4.0 + e) + tokens * h * e  # fp32 softmax, logits, final-norm input
+            measured = self.profile.head_s(tokens / s, s, tp_e) if self.profile is not None else None
+            if measured is not None:  # as the runtime ran it, its exchanges included
+                parts["compute"] = parts.get("compute", 0.0) + measured
+            else:
+                logits = float(self._gemm(tokens, V / tp_e, h, self.gemm_flops_16))
+                head = 3.0 * logits + float(self._hbm(cal.elementwise_traffic * tokens * V / tp_e * 4.0))
+                parts["compute"] = parts.get("compute", 0.0) + head
+                if tp_e > 1:
+                    # Megatron's vocabulary-parallel head, as the runtime runs it too: the replicated head input's
+                    # gradient all-reduced backward (under SP an all-gather forward and a reduce-scatter backward, the
+                    # same ring traffic) and the cross-entropy's three all-reduces of one fp32 per token forward (the
+                    # max logit, the sum of exponentials, the target's logit), latency-bound where links are slow
+                    parts["tp_comm"] = (parts.get("tp_comm", 0.0) + allreduce(tokens * h * e)
+                                        + 3 * allreduce(tokens * 4.0))
+            act += tokens * V / tp_e * (4.0 + e) + tokens * h * e  # fp32 softmax, logits, final-norm input
         hit = self._answers.edge_work[key] = (parts, act)
         return hit
 
@@ -705,7 +709,8 @@ class AnalyticCostModel(CostModel):
             est.calibration_set = self.calibration_set
         for note in (self.memory_limit_note, moe_cost.approximate_note(plan.layers),
                      self._unfused_attention_note(plan), self._unfused_context_parallel_note(plan),
-                     self._unmeasured_layouts_note(plan), self._unmeasured_collectives_note(missed)):
+                     self._unmeasured_layouts_note(plan), self._unmeasured_head_note(plan),
+                     self._unmeasured_collectives_note(missed)):
             if note:
                 est.notes.append(note)
         return est
@@ -745,6 +750,16 @@ class AnalyticCostModel(CostModel):
             parts.append(f"{', '.join(dict.fromkeys(bare))}: the analytic time alone (no tp 1 layer at seq {seq} "
                          f"in the profile either)")
         return "layer layouts the profile did not measure, estimated: " + "; ".join(parts)
+
+    def _unmeasured_head_note(self, plan: PlanStrategy) -> str | None:
+        """Under a profile with head times, a head layout it lacks (the formula prices it)."""
+        if self.profile is None or not self.profile.head_times or not self.model.vocab_size:
+            return None
+        tp = max(1, min(plan.embedding.tp, self.num_gpus // plan.pp))
+        seq = self.training.seq_length
+        if self.profile.head_s(1.0, seq, tp) is not None:
+            return None
+        return f"the LM head the profile did not measure (tp {tp} at seq {seq}): estimated by the formula"
 
     def _priced_noting_misses(self, plan: PlanStrategy) -> tuple[Estimate, list[tuple[str, int, bool]]]:
         """The plan's estimate, and under a profile with collectives those it issues that the profile has no times

@@ -10,6 +10,8 @@ JSON form (what the worker uploads; ``cost_model.profile`` inline or ``cost_mode
         {"batch": 4, "seq": 2048, "tp": 1, "forward_ms": 45.0},          # backward defaults to 2x forward
         {"batch": 2, "seq": 2048, "tp": 2, "forward_ms": 12.4, "layer_type": "moe"},
         {"batch": 2, "seq": 2048, "tp": 1, "ep": 4, "forward_ms": 9.8, "layer_type": "moe"}],
+     "head_times": [                       # optional: final norm + LM head + loss, vocabulary-parallel over tp
+        {"batch": 1, "seq": 2048, "tp": 2, "forward_ms": 3.1, "backward_ms": 5.9}],
      "collectives": [                      # one collective, time per call
         {"op": "allreduce", "group_size": 8, "across_nodes": false, "message_bytes": 67108864, "time_ms": 0.61},
         {"op": "allreduce", "group_size": 8, "across_nodes": false, "message_bytes": 4194304, "time_ms": 0.07}],
@@ -21,7 +23,10 @@ Rules: ``batch`` is samples per data-parallel rank; layer times exclude the laye
 comes from ``collectives``), except exchanges that run inside a layout's own layer: ring attention's K/V
 exchanges (``cp`` > 1), DeepSpeed-Ulysses' all-to-alls around attention (``ulysses`` > 1), an MoE layer's
 expert-TP exchanges (``tp`` > 1, its experts split over the tp ranks) and, under expert parallelism (``ep`` > 1:
-its experts dealt over ep ranks), its token dispatch and combine all-to-alls. For a (seq, tp, sp, cp, ep,
+its experts dealt over ep ranks), its token dispatch and combine all-to-alls. Head times are the final norm, LM
+head and loss as the runtime runs them, their exchanges included (at tp > 1 the head input's gradient all-reduce and
+the vocabulary-parallel loss's all-reduces); where the profile has none for a plan's (seq, tp) the formula prices the
+head (named in the estimate's notes when the profile has head times at all). For a (seq, tp, sp, cp, ep,
 ulysses, layer type) with two or more batch sizes the time is interpolated between the measured batches and
 extended beyond them on the end segments' lines (``interpolated_s``); with one, it scales in proportion to the
 batch. Not one line through all the batches: a GPU layer's time is flat while the host issuing its kernels is the
@@ -46,7 +51,7 @@ the contended critical path; GPipe and 1F1B steps are simulated under that proce
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import product
 from typing import Literal
 
@@ -96,6 +101,16 @@ class LayerTime(_Strict):
     ulysses: int = Field(default=1, gt=0)
 
 
+class HeadTime(_Strict):
+    """The final norm, LM head and loss of one micro-batch, vocabulary-parallel over ``tp`` ranks, as the runtime
+    runs them: their exchanges (the head input's gradient all-reduce, the loss's all-reduces) are in the time."""
+    batch: float = Field(ge=MIN_BATCH, le=2**40)
+    seq: int = Field(gt=0, le=MAX_SEQ_LENGTH)
+    tp: int = Field(default=1, gt=0)
+    forward_ms: float = Field(gt=0, le=MAX_MS)
+    backward_ms: float | None = Field(default=None, gt=0, le=MAX_MS)
+
+
 class CollectiveTime(_Strict):
     op: CollectiveOp
     group_size: int = Field(gt=1)
@@ -120,9 +135,17 @@ class Profile(_Strict):
     name: str = "profile"
     gpu: str | None = None
     layer_times: list[LayerTime] = Field(default_factory=list)
+    head_times: list[HeadTime] = Field(default_factory=list)
     collectives: list[CollectiveTime] = Field(default_factory=list)
     overheads: list[LayerOverhead] = Field(default_factory=list)
     host: HostContention | None = None
+
+    def head_s(self, batch: float, seq: int, tp: int) -> float | None:
+        """Measured forward + backward seconds of the head at ``batch`` samples per data-parallel rank (interpolated
+        between the measured batches as layer times are); None where this (seq, tp) was not measured."""
+        points = median_points((x.batch, (x.forward_ms + (x.backward_ms or 2 * x.forward_ms)) / 1e3)
+                               for x in self.head_times if x.seq == seq and x.tp == tp)
+        return None if points is None else float(interpolated_s(*points, np.array([batch]))[0])
 
     def fsdp_overhead_s(self, mode: np.ndarray) -> np.ndarray:
         """Forward + backward seconds per layer and micro-batch that FSDP2 adds: ``mode`` 0 = no FSDP,
@@ -181,12 +204,11 @@ class Profile(_Strict):
         pts = points(sp) or (points(False) if sp else [])
         if not pts:
             return None
-        by_batch: dict[float, list[float]] = {}
-        for x in pts:
-            ms = x.backward_ms if (backward and x.backward_ms) else (2 if backward else 1) * x.forward_ms
-            by_batch.setdefault(x.batch, []).append(ms / 1e3)
-        xs = np.array(sorted(by_batch))
-        return xs, np.array([float(np.median(by_batch[x])) for x in xs])
+
+        def seconds(x: LayerTime) -> float:
+            return (x.backward_ms if (backward and x.backward_ms) else (2 if backward else 1) * x.forward_ms) / 1e3
+
+        return median_points((x.batch, seconds(x)) for x in pts)
 
     def layer_s(self, batch: np.ndarray, seq: int, tp: np.ndarray, layer_type: str = "dense",
                 backward: bool = False, sp: np.ndarray | None = None, cp: np.ndarray | None = None,
@@ -213,14 +235,8 @@ class Profile(_Strict):
     def _collective_points(self, op: str, size: int, across: bool) -> tuple[np.ndarray, np.ndarray] | None:
         """The measured (message bytes, seconds) of this (op, group size, placement), one point per size (the
         median where a size was measured more than once), by size."""
-        by_size: dict[float, list[float]] = {}
-        for x in self.collectives:
-            if x.op == op and x.group_size == size and x.across_nodes == across:
-                by_size.setdefault(x.message_bytes, []).append(x.time_ms / 1e3)
-        if not by_size:
-            return None
-        xs = np.array(sorted(by_size))
-        return xs, np.array([float(np.median(by_size[x])) for x in xs])
+        return median_points((x.message_bytes, x.time_ms / 1e3) for x in self.collectives
+                             if x.op == op and x.group_size == size and x.across_nodes == across)
 
     def collective_s(self, op: CollectiveOp, nbytes: np.ndarray, size: np.ndarray, across: np.ndarray) -> np.ndarray:
         """Measured seconds per call; NaN where this (op, group size, across nodes) was not profiled."""
@@ -235,6 +251,18 @@ class Profile(_Strict):
                 sel = (size == n) & ((across > 0) == a)
                 out = np.where(sel, interpolated_s(*points, nbytes), out)
         return out
+
+
+def median_points(points: Iterable[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(sizes ascending, seconds) with one point per size, the median where a size was measured more than once;
+    None for no points."""
+    by_size: dict[float, list[float]] = {}
+    for size, seconds in points:
+        by_size.setdefault(size, []).append(seconds)
+    if not by_size:
+        return None
+    xs = np.array(sorted(by_size))
+    return xs, np.array([float(np.median(by_size[x])) for x in xs])
 
 
 def interpolated_s(xs: np.ndarray, ys: np.ndarray, size: np.ndarray) -> np.ndarray:

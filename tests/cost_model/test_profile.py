@@ -15,7 +15,7 @@ from solvers.cost_model.factory import make_cost_model
 from solvers.cost_model.profile import CollectiveTime, Profile
 from solvers.errors import SpecError
 from solvers.request import HybridRequest, parse
-from solvers.strategy import LayerStrategy, PlanStrategy
+from solvers.strategy import EmbeddingStrategy, LayerStrategy, PlanStrategy
 
 from .conftest import request
 
@@ -119,6 +119,43 @@ def test_a_measured_layer_carries_its_own_host_time() -> None:
     tp2 = estimate({**base, "strategy": {**strategy, "tp": 2, "dp": 4},
                     "cost_model": {"kind": "profile", "profile": profile}}).to_json()["breakdown_s"]
     assert tp2["launch_overhead"] > 0  # tp 2 was not measured: priced analytically, floor and all
+
+
+def test_a_measured_head_replaces_the_formula_and_its_exchanges() -> None:
+    """The LM head and loss as the runtime ran them (vocabulary-parallel, their exchanges included): the last
+    stage's head costs its measured time a micro-batch, no all-reduce priced beside it; a head layout the profile
+    lacks is priced by the formula and named."""
+    base = request(model={"preset": "llama2-7b", "num_layers": 4},
+                   cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})
+
+    def with_head(forward_ms: float, backward_ms: float) -> dict[str, Any]:
+        return {**PROFILE, "head_times": [
+            {"batch": 2, "seq": 2048, "tp": 2, "forward_ms": forward_ms, "backward_ms": backward_ms},
+            {"batch": 4, "seq": 2048, "tp": 2, "forward_ms": 8.0}]}  # (backward: twice the forward)
+
+    def stage(profile: Mapping[str, Any], mbs: int) -> dict[str, float]:
+        """pp 1, tp 2 x dp 4: the one stage holds embedding and head, each rank ``mbs`` samples a micro-batch."""
+        req = parse(HybridRequest, {**base, "cost_model": {"kind": "profile", "profile": profile}})
+        plan = PlanStrategy(pp=1, micro_batches=64 // (4 * mbs), layers=(LayerStrategy(tp=2, dp=4),) * 4,
+                            stage_layers=(4,), embedding=EmbeddingStrategy(tp=2))
+        return make_cost_model(req).stage_fixed(stage_context(plan, 0, 64)).parts_s
+
+    plain, fast, slow = stage(PROFILE, 2), stage(with_head(5.0, 10.0), 2), stage(with_head(15.0, 30.0), 2)
+    assert slow["compute"] - fast["compute"] == pytest.approx(0.030)  # the measured 45 ms against 15 ms
+    # the embedding's forward all-reduce stays; the head's input-gradient and loss all-reduces are in its time
+    assert fast["tp_comm"] == pytest.approx(slow["tp_comm"]) and 0 < fast["tp_comm"] < plain["tp_comm"]
+    lookup = fast["compute"] - 0.015  # the embedding's share, in proportion to the tokens
+    assert stage(with_head(5.0, 10.0), 4)["compute"] == pytest.approx(2 * lookup + 0.024)  # the batch-4 point
+
+    def head_notes(profile: Mapping[str, Any], tp: int) -> list[str]:
+        notes = estimate({**base, "strategy": {"tp": tp, "dp": 8 // tp, "micro_batch_size": 2},
+                          "cost_model": {"kind": "profile", "profile": profile}}).to_json()["notes"]
+        return [n for n in notes if n.startswith("the LM head the profile did not measure")]
+
+    assert head_notes(with_head(5.0, 10.0), 2) == []
+    assert head_notes(with_head(5.0, 10.0), 4) == [
+        "the LM head the profile did not measure (tp 4 at seq 2048): estimated by the formula"]
+    assert head_notes(PROFILE, 4) == []  # a profile without head times: the formula, as before
 
 
 @pytest.mark.parametrize("forward_ms", [-1, float("inf"), 1e308])  # 1e308 ms priced every plan at inf

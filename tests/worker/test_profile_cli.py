@@ -37,6 +37,8 @@ def test_profile_is_measured_uploaded_and_readable_by_the_cost_model(
     assert by_tp[(1, 8)].forward_ms > by_tp[(1, 1)].forward_ms  # 8x the tokens costs more
     assert {x.cp for x in profile.layer_times} == {1, 2}  # ring attention measured as the runtime runs it
     assert {x.ulysses for x in profile.layer_times} == {1, 2}  # and DeepSpeed-Ulysses
+    heads = {(x.tp, x.batch): x for x in profile.head_times}  # the LM head and loss, vocabulary-parallel at tp 2
+    assert set(heads) == {(1, 1), (1, 8), (2, 1), (2, 8)} and heads[(1, 8)].forward_ms > heads[(1, 1)].forward_ms
     ops = {c.op for c in profile.collectives}
     assert {"allreduce", "allgather", "alltoall", "p2p"} <= ops
     assert all(c.group_size == 2 for c in profile.collectives)

@@ -19,6 +19,7 @@ from worker.profiler import (
     paired_fsdp_overheads,
     paired_slowdown,
     profile_collectives,
+    profile_heads,
     slowest_rank,
 )
 from worker.runtime.model import ModelConfig
@@ -115,3 +116,20 @@ def test_fsdp_overheads_and_host_contention_are_measured_on_real_ranks_and_agree
     assert all(0 <= o["forward_ms"] < 1e4 and 0 <= o["backward_ms"] < 1e4 for o in overheads)
     assert host["busy_ranks"] == 2 and 1.0 <= host["slowdown"] < 100
     Profile.model_validate({"overheads": overheads, "host": host})  # the profile document takes them as they come
+
+
+def _heads(rank: int) -> list[dict[str, Any]]:
+    return profile_heads(CFG, [1, 8], [16], [2], torch.device("cpu"), 3)
+
+
+@pytest.mark.timeout(120)
+def test_the_head_is_timed_as_the_runtime_runs_it_on_every_tp_and_agrees_on_every_rank() -> None:
+    """The final norm, LM head and loss at tp 1 and vocabulary-parallel over the 2 ranks (DTensor logits, the loss
+    under loss_parallel: without it the sharded loss's backward raises), one figure for the node."""
+    got = on_two_ranks(_heads)
+    assert got[0] == got[1]
+    rows = {(r["tp"], r["batch"]): r for r in got[0]}
+    assert set(rows) == {(1, 1), (1, 8), (2, 1), (2, 8)}
+    assert all(r["seq"] == 16 and 0 < r["forward_ms"] < 1e4 and 0 < r["backward_ms"] < 1e4 for r in rows.values())
+    profile = Profile.model_validate({"head_times": got[0]})  # the profile document takes them as they come
+    assert profile.head_s(8, 16, 2) is not None and profile.head_s(8, 16, 4) is None
