@@ -4,6 +4,7 @@
     .venv/bin/python bench/fidelity.py --rows     # also every row of the smaller sets
     .venv/bin/python bench/fidelity.py --fit      # re-fit the calibration constants (slow; see below)
     .venv/bin/python bench/fidelity.py --pairs    # measured pairs no physical model can order right (see below)
+    .venv/bin/python bench/fidelity.py --profiled # vTrain single-node priced from a profile, held out by layer count
     .venv/bin/python bench/fidelity.py --held-out # leave-one-data-set-out: fit on two sets, report the third and
                                                   # the constants the two do not pin down (slow: ~8 min)
 
@@ -58,6 +59,7 @@ from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibrat
 from solvers.cost_model.factory import plan_from_shorthand  # noqa: E402
 from solvers.cost_model.fitting import FIT_KEYS, coordinate_fit, identified_keys  # noqa: E402
 from solvers.cost_model.flops import megatron_sc21_flops  # noqa: E402
+from solvers.cost_model.profile import HeadTime, LayerTime, Profile  # noqa: E402
 from solvers.presets import GPU_PRESETS  # noqa: E402
 from solvers.specs import ClusterSpec, ModelSpec, StackSpec, TrainingSpec  # noqa: E402
 
@@ -474,6 +476,117 @@ def data_sets(vtrain_intra_GBps: float = 150.0) -> Sets:
     }
 
 
+# --- the profile path on vTrain single-node: per-layout layer times, held out by layer count -----------------------
+
+def _config(r: Row) -> tuple[object, ...]:
+    """A row's configuration but for its layer count."""
+    s = r.strategy
+    return (r.model.hidden_size, r.cluster.num_gpus, r.training.global_batch_size, s["tp"], s["dp"], s["pp"],
+            s["micro_batch_size"])
+
+
+def _layout(r: Row) -> tuple[int, int]:
+    return int(r.strategy["tp"]), int(r.strategy["micro_batch_size"])  # type: ignore[call-overload]
+
+
+def _profile(layers: dict[tuple[int, int], float], heads: dict[tuple[int, int], float], seq: int) -> Profile:
+    """A profile of forward times (ms) per (tp, samples) of a layer and of the head; backward twice the forward
+    (the profile's default)."""
+    return Profile(name="derived from vTrain runs", gpu="A100-80GB",
+                   layer_times=[LayerTime(batch=b, seq=seq, tp=tp, forward_ms=ms) for (tp, b), ms in layers.items()],
+                   head_times=[HeadTime(batch=b, seq=seq, tp=tp, forward_ms=ms) for (tp, b), ms in heads.items()])
+
+
+def profiled_ms(row: Row, profile: Profile, cal: AnalyticCalibration = DEFAULT_CALIBRATION) -> float:
+    plan = plan_from_shorthand(row.strategy, row.model, row.cluster, row.training)
+    return 1e3 * AnalyticCostModel(row.model, row.cluster, row.training, calibration=cal,
+                                   profile=profile).evaluate(plan).step_time_s
+
+
+def _secant(gap: Callable[[float], float], x0: float = 1.0, x1: float = 1.1, steps: int = 1) -> float:
+    """A root of ``gap`` (about affine) by secant steps, kept above 1 us."""
+    g0, g1 = gap(x0), gap(x1)
+    for _ in range(steps):
+        if g1 == g0:
+            break
+        x0, x1, g0 = x1, max(1e-3, x1 - g1 * (x1 - x0) / (g1 - g0)), g1
+        g1 = gap(x1)
+    return x1
+
+
+def derived_times_ms(runs: Sequence[Row], layers: dict[tuple[int, int], float] | None = None,
+                     cal: AnalyticCalibration = DEFAULT_CALIBRATION) -> float:
+    """What a profiler timing the runs' layout (one configuration measured at several layer counts) would have had to
+    measure for the runs to come out as they did. Without ``layers``: the forward time of one layer, at which the
+    profiled model's step grows with the layer count as the measured one does (least-squares slopes). With the
+    layers' times: the head's forward time, at which the step at no layers (the lines' intercepts) matches; it
+    takes whatever the model misprices outside the layers per micro-batch, the embedding's share included."""
+    counts = [r.model.num_layers for r in runs]
+    slope, intercept = np.polyfit(counts, [r.measured for r in runs], 1)
+    layout, seq = _layout(runs[0]), runs[0].training.seq_length
+
+    def gap(ms: float) -> float:
+        prof = _profile({layout: ms}, {}, seq) if layers is None else _profile(layers, {layout: ms}, seq)
+        fitted = np.polyfit(counts, [profiled_ms(r, prof, cal) for r in runs], 1)
+        return float(fitted[0] - slope) if layers is None else float(fitted[1] - intercept)
+
+    return _secant(gap)
+
+
+def profiled_held_out(rows: Sequence[Row], heads: bool = True, cal: AnalyticCalibration = DEFAULT_CALIBRATION
+                      ) -> list[float]:
+    """Each row's step (ms) priced from a profile of its model's layer (and, with ``heads``, its head) derived
+    (``derived_times_ms``, per layout the median over the configurations) from the runs at the other layer counts:
+    leave one layer count out. Neither time depends on how many layers the model has, so no run a prediction is for
+    went into its profile."""
+    by_config: dict[tuple[object, ...], list[Row]] = {}
+    for r in rows:
+        by_config.setdefault(_config(r), []).append(r)
+    predicted: dict[int, float] = {}
+    for held in sorted({r.model.num_layers for r in rows}):
+        for hidden in sorted({r.model.hidden_size for r in rows}):
+            configs = [[r for r in v if r.model.num_layers != held] for k, v in by_config.items() if k[0] == hidden]
+            layers = _per_layout(configs, derived_times_ms)
+            # (the lambda runs within this iteration: it sees this fold's layers)
+            head = _per_layout(configs, lambda runs: derived_times_ms(runs, layers)) if heads else {}  # noqa: B023
+            prof = _profile(layers, head, configs[0][0].training.seq_length)
+            for r in rows:
+                if r.model.num_layers == held and r.model.hidden_size == hidden:
+                    predicted[id(r)] = profiled_ms(r, prof, cal)
+    return [predicted[id(r)] for r in rows]
+
+
+def _per_layout(configs: Sequence[Sequence[Row]], derive: Callable[[Sequence[Row]], float]
+                ) -> dict[tuple[int, int], float]:
+    """Per layout (tp, micro-batch), the median of ``derive`` over its configurations' runs."""
+    found: dict[tuple[int, int], list[float]] = {}
+    for runs in configs:
+        found.setdefault(_layout(runs[0]), []).append(derive(runs))
+    return {k: float(np.median(v)) for k, v in found.items()}
+
+
+def profiled_table(rows: Sequence[Row]) -> str:
+    """vTrain single-node priced as a user with a profile of the hardware is: layer times per layout (tp,
+    micro-batch) from the profile, the rest (pipeline, data-parallel sync, optimizer, embedding and head) from the
+    model; each row held out by its layer count (``profiled_held_out``). Beside it, the analytic model's figures."""
+    analytic = [predict_ms(r, DEFAULT_CALIBRATION) for r in rows]
+    measured = np.array([r.measured for r in rows])
+    lines = ["== vTrain single-node priced from a profile: layer and head times per layout (tp, micro-batch) derived "
+             "from the measured runs at the other layer counts (leave one layer count out), the rest from the model",
+             f"  {'estimates':<44} {'MAPE':>6} {'max APE':>8}  planner regret (goal mean <= 2%, worst <= 10%)"]
+    for label, pred in (("analytic, shipped constants (in-sample)", analytic),
+                        ("profiled layers, held out by layer count", profiled_held_out(rows, heads=False)),
+                        ("profiled layers and head, held out", profiled_held_out(rows))):
+        ape = np.abs(np.array(pred) - measured) / measured
+        regret = planner_regret(rows, pred)
+        values = np.array(list(regret.values()))
+        worst = max(regret, key=lambda k: regret[k])
+        lines.append(f"  {label:<44} {100 * ape.mean():>5.1f}% {100 * ape.max():>7.1f}%  mean "
+                     f"{100 * values.mean():.2f}%, worst {100 * values.max():.1f}% ({worst}), "
+                     f"{int(np.sum(values > 0.10))} of {len(values)} groups over 10%")
+    return "\n".join(lines)
+
+
 # A start that knows nothing of the data: round physical values (GEMMs at 80 % of peak, half-efficiency at 64,
 # links at 80 % of nominal, 10 us a ring step, half of each overlap), for fits whose held-out figures mean something.
 NEUTRAL_START = replace(DEFAULT_CALIBRATION, gemm_eta_max=0.8, gemm_d_half=64.0, gemm_k_half=64.0,
@@ -545,6 +658,9 @@ def main() -> None:
                     help="list the vTrain multi-node pairs that bound each other (model-free)")
     ap.add_argument("--held-out", action="store_true",
                     help="leave each data set out of a fit in turn and report it held out (slow: three fits)")
+    ap.add_argument("--profiled", action="store_true",
+                    help="also price vTrain single-node from per-layout layer times derived from its other layer "
+                         "counts (~40 s)")
     ap.add_argument("--vtrain-nvlink-GBps", type=float, default=150.0,
                     help="sensitivity: NVLink GB/s assumed for the vTrain cluster (its README says 150)")
     args = ap.parse_args()
@@ -567,6 +683,8 @@ def main() -> None:
         multi = sets["vTrain multi-node (iteration ms)"][0]
         print(pairs_table(consistency_pairs(multi), exposed_step_s))
         print(consistent_table(multi, exposed_step_s))
+    if args.profiled:
+        print(profiled_table(sets["vTrain single-node (iteration ms)"][0]))
     if args.held_out:
         print(held_out_table(sets))
     print(f"({time.perf_counter() - t0:.1f} s)")
