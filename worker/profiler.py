@@ -36,7 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from solvers.cost_model.profile import CollectiveOp
 from worker.runtime.groups import shared_process_groups
-from worker.runtime.model import Block, ModelConfig
+from worker.runtime.model import Block, ModelConfig, lm_loss
 
 # up to 32 MiB: a small model's whole gradient (the closed loop's is 25 MB) is one flat all-reduce in the runtime
 MESSAGE_BYTES = (16 * 2**10, 256 * 2**10, 2 * 2**20, 8 * 2**20, 32 * 2**20)
@@ -153,18 +153,12 @@ class _HeadLoss(torch.nn.Module):
         self.model, self.labels = model, labels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from worker.runtime.model import lm_loss
-
         return lm_loss(self.model(x), self.labels)
 
 
-def head_time(cfg: ModelConfig, tp: int, batch: int, seq: int, device: torch.device, repeats: int
-              ) -> tuple[float, float]:
-    """(forward, backward) seconds of the final norm, LM head and loss as the runtime runs them over contiguous
-    groups of ``tp`` ranks, every group at once: at tp > 1 vocabulary-parallel (DTensor logits sharded over the
-    vocabulary, the loss under ``loss_parallel``), its exchanges in the time; ``_median_passes``' statistics."""
-    from torch.distributed.tensor.parallel import loss_parallel
-
+def head_module(cfg: ModelConfig, tp: int, device: torch.device) -> torch.nn.Module:
+    """The final norm and LM head as the runtime shards them over contiguous groups of ``tp`` ranks, every group at
+    once: at tp > 1 vocabulary-parallel, the logits a DTensor sharded over the vocabulary."""
     from worker.runtime.model import Decoder
     from worker.runtime.tensor_parallel import tensor_parallel_ends
 
@@ -174,11 +168,20 @@ def head_time(cfg: ModelConfig, tp: int, batch: int, seq: int, device: torch.dev
     if tp > 1:
         mesh = init_device_mesh(device.type, (dist.get_world_size() // tp, tp), mesh_dim_names=("dp", "tp"))
         tensor_parallel_ends(model, mesh["tp"], embedding_sp=False, head_sp=False, vocab_parallel_loss=True)
+    return model
+
+
+def head_time(cfg: ModelConfig, head: torch.nn.Module, vocab_parallel: bool, batch: int, seq: int,
+              device: torch.device, repeats: int) -> tuple[float, float]:
+    """(forward, backward) seconds of ``head`` (``head_module``) and the loss on a (batch, seq, hidden) input, its
+    exchanges in the time; ``_median_passes``' statistics."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
     x, _ = _layer_input(cfg, batch, seq, device)
     labels = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
     # a vocabulary-parallel loss's forward and backward both run inside loss_parallel, as in the runtime's step
-    with loss_parallel() if tp > 1 else contextlib.nullcontext():
-        return _median_passes(_HeadLoss(model, labels), x, None, repeats)
+    with loss_parallel() if vocab_parallel else contextlib.nullcontext():
+        return _median_passes(_HeadLoss(head, labels), x, None, repeats)
 
 
 def tensor_parallel_block(cfg: ModelConfig, tp: int, device: torch.device, sequence_parallel: bool = False
@@ -312,9 +315,10 @@ def profile_heads(cfg: ModelConfig, batches: Sequence[int], seqs: Sequence[int],
     out = []
     for seq in seqs:
         for tp in [1, *(t for t in tps if t > 1 and cfg.vocab_size % t == 0)]:
+            head = head_module(cfg, tp, device)
             for batch in batches:
                 dist.barrier()
-                f, b = head_time(cfg, tp, batch, seq, device, repeats)
+                f, b = head_time(cfg, head, tp > 1, batch, seq, device, repeats)
                 out.append(_layer_row(f, b, device, batch=batch, seq=seq, tp=tp))
                 if pause:
                     pause()
