@@ -659,8 +659,8 @@ def main() -> None:
     ap.add_argument("--held-out", action="store_true",
                     help="leave each data set out of a fit in turn and report it held out (slow: three fits)")
     ap.add_argument("--profiled", action="store_true",
-                    help="also price vTrain single-node from per-layout layer times derived from its other layer "
-                         "counts (~40 s)")
+                    help="also price vTrain single-node from per-layout layer and head times derived from its other "
+                         "layer counts (~2.5 min)")
     ap.add_argument("--vtrain-nvlink-GBps", type=float, default=150.0,
                     help="sensitivity: NVLink GB/s assumed for the vTrain cluster (its README says 150)")
     args = ap.parse_args()

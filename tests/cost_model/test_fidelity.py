@@ -93,14 +93,19 @@ def test_planner_regret_on_vtrain_single_node_does_not_regress(fidelity: ModuleT
 
 @pytest.fixture(scope="module")
 def profiled_regret(fidelity: ModuleType, reports: dict[str, object]) -> np.ndarray:
-    rows = reports["vTrain single-node"].rows  # type: ignore[attr-defined]
+    # the hidden-2048 half of the set (each hidden size's profile is derived from its own runs alone): the groups
+    # of the analytic model's worst misses, at half the cost of all 144 (``bench/fidelity.py --profiled`` prints those)
+    rows = [r for r in reports["vTrain single-node"].rows if r.model.hidden_size == 2048]  # type: ignore[attr-defined]
     return np.array(list(fidelity.planner_regret(rows, fidelity.profiled_held_out(rows)).values()))
 
 
-def test_planner_regret_goal_from_a_profile_on_vtrain_single_node(profiled_regret: np.ndarray) -> None:
-    """Where the analytic model's ranking of small layers fails (mean 4.0 %, worst 39.1 %), a profile of the layer
+def test_planner_regret_goal_from_a_profile_on_vtrain_single_node(fidelity: ModuleType, reports: dict[str, object],
+                                                                  profiled_regret: np.ndarray) -> None:
+    """Where the analytic model's ranking of small layers fails (worst 39.1 %, at hidden 2048), a profile of the layer
     and head layouts ranks them: every group's plans priced from the times the other layer counts' runs give."""
-    assert len(profiled_regret) == 144 and profiled_regret.mean() <= 0.02 and profiled_regret.max() <= 0.10
+    analytic = _regret(fidelity, reports, "vTrain single-node")
+    assert len(profiled_regret) == 72 and analytic.max() > 0.30  # (the analytic model's worst is in these groups)
+    assert profiled_regret.mean() <= 0.02 and profiled_regret.max() <= 0.10
 
 
 def test_a_profiled_prediction_never_sees_its_own_run(fidelity: ModuleType) -> None:
