@@ -533,17 +533,18 @@ def derived_times_ms(runs: Sequence[Row], layers: dict[tuple[int, int], float] |
     return _secant(gap)
 
 
-def profiled_held_out(rows: Sequence[Row], heads: bool = True, cal: AnalyticCalibration = DEFAULT_CALIBRATION
-                      ) -> list[float]:
+def profiled_held_out(rows: Sequence[Row], heads: bool = True, counts: Iterable[int] | None = None,
+                      cal: AnalyticCalibration = DEFAULT_CALIBRATION) -> list[float]:
     """Each row's step (ms) priced from a profile of its model's layer (and, with ``heads``, its head) derived
     (``derived_times_ms``, per layout the median over the configurations) from the runs at the other layer counts:
     leave one layer count out. Neither time depends on how many layers the model has, so no run a prediction is for
-    went into its profile."""
+    went into its profile. The rows of the layer ``counts`` held out in turn (default: all), in their order."""
     by_config: dict[tuple[object, ...], list[Row]] = {}
     for r in rows:
         by_config.setdefault(_config(r), []).append(r)
     predicted: dict[int, float] = {}
-    for held in sorted({r.model.num_layers for r in rows}):
+    held_out = sorted(set(counts) if counts is not None else {r.model.num_layers for r in rows})
+    for held in held_out:
         for hidden in sorted({r.model.hidden_size for r in rows}):
             configs = [[r for r in v if r.model.num_layers != held] for k, v in by_config.items() if k[0] == hidden]
             layers = _per_layout(configs, derived_times_ms)
@@ -553,7 +554,7 @@ def profiled_held_out(rows: Sequence[Row], heads: bool = True, cal: AnalyticCali
             for r in rows:
                 if r.model.num_layers == held and r.model.hidden_size == hidden:
                     predicted[id(r)] = profiled_ms(r, prof, cal)
-    return [predicted[id(r)] for r in rows]
+    return [predicted[id(r)] for r in rows if r.model.num_layers in held_out]
 
 
 def _per_layout(configs: Sequence[Sequence[Row]], derive: Callable[[Sequence[Row]], float]
