@@ -131,6 +131,12 @@ class Candidates:
         )
 
 
+def _vocabulary_split(emb: EmbeddingStrategy, n_stage: int) -> int:
+    """The tensor-parallel ranks the embedding and LM head split the vocabulary over: theirs, at most the stage's
+    GPUs (the pricing of both and the profile's head lookup must agree on it)."""
+    return max(1, min(emb.tp, n_stage))
+
+
 class AnalyticCostModel(CostModel):
     """Implements ``solvers.cost_model.base.CostModel`` from first principles plus a few calibrated constants."""
 
@@ -537,7 +543,7 @@ class AnalyticCostModel(CostModel):
                     emb: EmbeddingStrategy) -> tuple[dict[str, float], dict[str, float], dict[str, float], float]:
         """The first stage's embedding and the last stage's head: (time parts, step parts, state bytes by
         part, activation bytes), from the work per micro-batch and the weights' state, each cached apart."""
-        parts, act = self._edge_activity(n_stage, micro_batch_samples, first, last, max(1, min(emb.tp, n_stage)))
+        parts, act = self._edge_activity(n_stage, micro_batch_samples, first, last, _vocabulary_split(emb, n_stage))
         step_parts, mparts, per_mb = self._edge_state(n_stage, first, last, pipelined, emb)
         parts = dict(parts)
         if per_mb:  # ZeRO-2/3 traffic every micro-batch, partly hidden behind the edge layers' compute
@@ -599,7 +605,7 @@ class AnalyticCostModel(CostModel):
         if hit is not None:
             return hit
         cal, h, V = self.cal, self.model.hidden_size, self.model.vocab_size
-        tp_e = max(1, min(emb.tp, n_stage))
+        tp_e = _vocabulary_split(emb, n_stage)
         dp_e = max(1, n_stage // tp_e)
         copies = int(bool(first and V)) + int(bool(last and V and (pipelined or not self.model.tied_embeddings)))
         step_parts: dict[str, float] = {}
@@ -755,7 +761,7 @@ class AnalyticCostModel(CostModel):
         """Under a profile with head times, a head layout it lacks (the formula prices it)."""
         if self.profile is None or not self.profile.head_times or not self.model.vocab_size:
             return None
-        tp = max(1, min(plan.embedding.tp, self.num_gpus // plan.pp))
+        tp = _vocabulary_split(plan.embedding, self.num_gpus // plan.pp)
         seq = self.training.seq_length
         if self.profile.head_s(1.0, seq, tp) is not None:
             return None
