@@ -145,6 +145,12 @@ def _median_passes(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor |
     return statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
 
 
+def _tp_mesh(device: torch.device, tp: int) -> DeviceMesh:
+    """The 1-D mesh of this rank's group of ``tp`` contiguous ranks (every group formed at once), as the runtime
+    lays out tensor parallelism."""
+    return init_device_mesh(device.type, (dist.get_world_size() // tp, tp), mesh_dim_names=("dp", "tp"))["tp"]
+
+
 class _HeadLoss(torch.nn.Module):
     """A model's final norm, LM head and loss on fixed labels, the last layer's output in, the mean loss out."""
 
@@ -166,8 +172,7 @@ def head_module(cfg: ModelConfig, tp: int, device: torch.device) -> torch.nn.Mod
     model = Decoder(replace(cfg, num_layers=0)).to(device)
     model.tok_embeddings = None
     if tp > 1:
-        mesh = init_device_mesh(device.type, (dist.get_world_size() // tp, tp), mesh_dim_names=("dp", "tp"))
-        tensor_parallel_ends(model, mesh["tp"], embedding_sp=False, head_sp=False, vocab_parallel_loss=True)
+        tensor_parallel_ends(model, _tp_mesh(device, tp), embedding_sp=False, head_sp=False, vocab_parallel_loss=True)
     return model
 
 
@@ -191,14 +196,14 @@ def tensor_parallel_block(cfg: ModelConfig, tp: int, device: torch.device, seque
     from worker.runtime.model import Decoder
     from worker.runtime.tensor_parallel import apply_tensor_parallel
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size() // tp, tp), mesh_dim_names=("dp", "tp"))
+    mesh = _tp_mesh(device, tp)
     torch.manual_seed(0)
     model = Decoder(replace(cfg, num_layers=1)).to(device)
     model.tok_embeddings = model.norm = model.output = None
-    apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
+    apply_tensor_parallel(model, mesh, sequence_parallel=sequence_parallel)
     block = model.layers["0"]
     assert isinstance(block, Block)
-    return block, mesh["tp"]
+    return block, mesh
 
 
 def moe_block(cfg: ModelConfig, moe_index: int, tp: int, ep: int, device: torch.device, sequence_parallel: bool
@@ -222,7 +227,7 @@ def moe_block(cfg: ModelConfig, moe_index: int, tp: int, ep: int, device: torch.
     if ep > 1:  # (the fold mesh only where there are experts to deal: every mesh adds gloo groups to each rank)
         fold = init_device_mesh(device.type, (world // (ep * tp), ep, tp), mesh_dim_names=("edp", "ep", "etp"))
         ep_group = fold["ep"].get_group()
-    tp_mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))["tp"] if tp > 1 else None
+    tp_mesh = _tp_mesh(device, tp) if tp > 1 else None
     tp_group = tp_mesh.get_group() if tp_mesh is not None else None
     full = block.feed_forward
     assert isinstance(full, MoELayer)
