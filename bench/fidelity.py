@@ -207,9 +207,9 @@ def modern_rows(path: Path) -> list[Row]:
     return rows
 
 
-def estimate(row: Row, cal: AnalyticCalibration = DEFAULT_CALIBRATION) -> Estimate:
+def estimate(row: Row, cal: AnalyticCalibration = DEFAULT_CALIBRATION, profile: Profile | None = None) -> Estimate:
     plan = plan_from_shorthand(row.strategy, row.model, row.cluster, row.training)
-    return AnalyticCostModel(row.model, row.cluster, row.training, calibration=cal).evaluate(plan)
+    return AnalyticCostModel(row.model, row.cluster, row.training, calibration=cal, profile=profile).evaluate(plan)
 
 
 def predict_tokens_per_gpu(row: Row, cal: AnalyticCalibration) -> float:
@@ -251,9 +251,8 @@ def modern_table(rep: Report) -> str:
     return "\n".join(lines)
 
 
-def predict_ms(row: Row, cal: AnalyticCalibration) -> float:
-    plan = plan_from_shorthand(row.strategy, row.model, row.cluster, row.training)
-    return 1e3 * AnalyticCostModel(row.model, row.cluster, row.training, calibration=cal).evaluate(plan).step_time_s
+def predict_ms(row: Row, cal: AnalyticCalibration, profile: Profile | None = None) -> float:
+    return 1e3 * estimate(row, cal, profile).step_time_s
 
 
 def predict_sc21_tflops(row: Row, cal: AnalyticCalibration) -> float:
@@ -476,7 +475,7 @@ def data_sets(vtrain_intra_GBps: float = 150.0) -> Sets:
     }
 
 
-# --- the profile path on vTrain single-node: per-layout layer times, held out by layer count -----------------------
+# --- the profile path on vTrain single-node: per-layout layer and head times, held out by layer count -----------------
 
 def _config(r: Row) -> tuple[object, ...]:
     """A row's configuration but for its layer count."""
@@ -495,12 +494,6 @@ def _profile(layers: dict[tuple[int, int], float], heads: dict[tuple[int, int], 
     return Profile(name="derived from vTrain runs", gpu="A100-80GB",
                    layer_times=[LayerTime(batch=b, seq=seq, tp=tp, forward_ms=ms) for (tp, b), ms in layers.items()],
                    head_times=[HeadTime(batch=b, seq=seq, tp=tp, forward_ms=ms) for (tp, b), ms in heads.items()])
-
-
-def profiled_ms(row: Row, profile: Profile, cal: AnalyticCalibration = DEFAULT_CALIBRATION) -> float:
-    plan = plan_from_shorthand(row.strategy, row.model, row.cluster, row.training)
-    return 1e3 * AnalyticCostModel(row.model, row.cluster, row.training, calibration=cal,
-                                   profile=profile).evaluate(plan).step_time_s
 
 
 def _secant(gap: Callable[[float], float], x0: float = 1.0, x1: float = 1.1, steps: int = 1) -> float:
@@ -527,34 +520,38 @@ def derived_times_ms(runs: Sequence[Row], layers: dict[tuple[int, int], float] |
 
     def gap(ms: float) -> float:
         prof = _profile({layout: ms}, {}, seq) if layers is None else _profile(layers, {layout: ms}, seq)
-        fitted = np.polyfit(counts, [profiled_ms(r, prof, cal) for r in runs], 1)
+        fitted = np.polyfit(counts, [predict_ms(r, cal, prof) for r in runs], 1)
         return float(fitted[0] - slope) if layers is None else float(fitted[1] - intercept)
 
     return _secant(gap)
 
 
-def profiled_held_out(rows: Sequence[Row], heads: bool = True, counts: Iterable[int] | None = None,
-                      cal: AnalyticCalibration = DEFAULT_CALIBRATION) -> list[float]:
-    """Each row's step (ms) priced from a profile of its model's layer (and, with ``heads``, its head) derived
+def profiled_held_out(rows: Sequence[Row], counts: Iterable[int] | None = None,
+                      cal: AnalyticCalibration = DEFAULT_CALIBRATION) -> tuple[list[float], list[float]]:
+    """Each row's step (ms) priced from a profile of its model's layer, then of its layer and head, derived
     (``derived_times_ms``, per layout the median over the configurations) from the runs at the other layer counts:
     leave one layer count out. Neither time depends on how many layers the model has, so no run a prediction is for
-    went into its profile. The rows of the layer ``counts`` held out in turn (default: all), in their order."""
+    went into its profile. The rows of the layer ``counts`` held out in turn (default: all), in their order:
+    (layers profiled, the head by the formula; layers and head profiled)."""
     by_config: dict[tuple[object, ...], list[Row]] = {}
     for r in rows:
         by_config.setdefault(_config(r), []).append(r)
-    predicted: dict[int, float] = {}
+    layers_only: dict[int, float] = {}
+    with_head: dict[int, float] = {}
     held_out = sorted(set(counts) if counts is not None else {r.model.num_layers for r in rows})
     for held in held_out:
         for hidden in sorted({r.model.hidden_size for r in rows}):
             configs = [[r for r in v if r.model.num_layers != held] for k, v in by_config.items() if k[0] == hidden]
+            seq = configs[0][0].training.seq_length
             layers = _per_layout(configs, derived_times_ms)
             # (the lambda runs within this iteration: it sees this fold's layers)
-            head = _per_layout(configs, lambda runs: derived_times_ms(runs, layers)) if heads else {}  # noqa: B023
-            prof = _profile(layers, head, configs[0][0].training.seq_length)
+            head = _per_layout(configs, lambda runs: derived_times_ms(runs, layers))  # noqa: B023
             for r in rows:
                 if r.model.num_layers == held and r.model.hidden_size == hidden:
-                    predicted[id(r)] = profiled_ms(r, prof, cal)
-    return [predicted[id(r)] for r in rows if r.model.num_layers in held_out]
+                    layers_only[id(r)] = predict_ms(r, cal, _profile(layers, {}, seq))
+                    with_head[id(r)] = predict_ms(r, cal, _profile(layers, head, seq))
+    kept = [r for r in rows if r.model.num_layers in held_out]
+    return [layers_only[id(r)] for r in kept], [with_head[id(r)] for r in kept]
 
 
 def _per_layout(configs: Sequence[Sequence[Row]], derive: Callable[[Sequence[Row]], float]
@@ -568,16 +565,18 @@ def _per_layout(configs: Sequence[Sequence[Row]], derive: Callable[[Sequence[Row
 
 def profiled_table(rows: Sequence[Row]) -> str:
     """vTrain single-node priced as a user with a profile of the hardware is: layer times per layout (tp,
-    micro-batch) from the profile, the rest (pipeline, data-parallel sync, optimizer, embedding and head) from the
-    model; each row held out by its layer count (``profiled_held_out``). Beside it, the analytic model's figures."""
+    micro-batch) from the profile, and the head's, or the head by the formula; the rest (pipeline, data-parallel
+    sync, optimizer, embedding) from the model; each row held out by its layer count (``profiled_held_out``).
+    Beside them, the analytic model's figures."""
     analytic = [predict_ms(r, DEFAULT_CALIBRATION) for r in rows]
+    layers_only, with_head = profiled_held_out(rows)
     measured = np.array([r.measured for r in rows])
     lines = ["== vTrain single-node priced from a profile: layer and head times per layout (tp, micro-batch) derived "
              "from the measured runs at the other layer counts (leave one layer count out), the rest from the model",
              f"  {'estimates':<44} {'MAPE':>6} {'max APE':>8}  planner regret (goal mean <= 2%, worst <= 10%)"]
     for label, pred in (("analytic, shipped constants (in-sample)", analytic),
-                        ("profiled layers, held out by layer count", profiled_held_out(rows, heads=False)),
-                        ("profiled layers and head, held out", profiled_held_out(rows))):
+                        ("profiled layers, held out by layer count", layers_only),
+                        ("profiled layers and head, held out", with_head)):
         ape = np.abs(np.array(pred) - measured) / measured
         regret = planner_regret(rows, pred)
         values = np.array(list(regret.values()))
@@ -661,7 +660,7 @@ def main() -> None:
                     help="leave each data set out of a fit in turn and report it held out (slow: three fits)")
     ap.add_argument("--profiled", action="store_true",
                     help="also price vTrain single-node from per-layout layer and head times derived from its other "
-                         "layer counts (~2.5 min)")
+                         "layer counts (~1.5 min)")
     ap.add_argument("--vtrain-nvlink-GBps", type=float, default=150.0,
                     help="sensitivity: NVLink GB/s assumed for the vTrain cluster (its README says 150)")
     args = ap.parse_args()
