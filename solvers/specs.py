@@ -398,8 +398,10 @@ class StackSpec(_Spec):
     - ``attention``: "fused" (FlashAttention / cuDNN) keeps no s² scores and computes only the unmasked half of
       causal scores; "unfused" keeps them and computes all of them (the Megatron-LM of 2021). No shipped
       framework runs context parallelism on unfused kernels: the planner keeps cp = 1 on such a stack.
-    - ``framework`` decides ``tp_comm_overlap`` when it is not given; ``framework_version`` is stated with the
-      estimate and prices nothing by itself.
+    - ``framework`` decides ``tp_comm_overlap`` when it is not given, and what a layer's "selective" recompute
+      is: Megatron's (the attention core recomputed), or on "torchtitan" its per-op policy (every other matmul's
+      output kept, the rest recomputed with the elementwise ops; ``solvers/cost_model/memory.py``);
+      ``framework_version`` is stated with the estimate and prices nothing by itself.
     - ``distributed_optimizer``: optimizer states (and at ZeRO-2/3 gradients and weights) may be sharded over
       data-parallel ranks; without it every layer runs ZeRO-0.
     - ``tp_comm_overlap``: how much tensor-parallel communication hides behind GEMMs: "none", "backward" (the

@@ -424,8 +424,13 @@ class AnalyticCostModel(CostModel):
         ep_fwd = np.where(ep_measured, 0.0, expert.alltoall_fwd_s) if expert is not None else np.zeros_like(tok)
         ep_comm = 2.0 * ep_fwd
 
+        if self.stack.selective_per_op:  # torchtitan's per-op policy: the even matmuls and every elementwise op
+            selective = (self._gemm(tok, shape.kv_width / split, h) + out + mlp / (3.0 if shape.gated else 2.0)
+                         + elem)
+        else:  # Megatron's: the attention core
+            selective = core + core_elem
         recompute = np.where(c.rc == mem.RC_FULL, fwd + tp_fwd + cp_fwd + ep_fwd,
-                             np.where(c.rc == mem.RC_SELECTIVE, core + core_elem, 0.0))
+                             np.where(c.rc == mem.RC_SELECTIVE, selective, 0.0))
 
         # data parallelism: weights are replicated over dp and cp (each cp rank's gradients cover only its
         # sequence slice, so they are summed over cp too, and ZeRO shards over dp x cp as Megatron's
@@ -462,7 +467,8 @@ class AnalyticCostModel(CostModel):
         time = gpu + launch
         states = [mem.model_state_bytes(p, grp, c.zero, self.state_per_param) for p, grp, _ in groups]
         w, g, o = (np.sum([x[i] for x in states], axis=0) for i in range(3))
-        kept, transient = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, c.rc, e, fused)
+        kept, transient = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, c.rc, e, fused,
+                                               per_op=self.stack.selective_per_op)
         if expert is not None:
             kept = kept + expert.extra_activation_bytes
         frag = 1.0 + cal.fragmentation

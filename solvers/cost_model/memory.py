@@ -16,6 +16,13 @@ parallelism replicates (two LayerNorm inputs, the QKV and MLP inputs, two dropou
 split over t. Ulysses splits everything over its group, context parallelism over cp.
 Without dropout (p = 0: PyTorch returns the input, no mask, no copy) the masks go and the attention core
 keeps only the softmax output, 2 a s^2 b: 32 s b h + 2 a s^2 b for the GPT layer above.
+
+torchtitan's selective checkpointing is a per-op policy instead (``per_op``; its ``selective_ac_option = "op"``):
+of a layer's forward it keeps the attention kernel's output and every other matmul's output, in the order the
+layer runs them (Llama: q, v, w1, w2 of q, k, v, o, w1, w3, w2), and recomputes the rest in backward, elementwise
+ops included. Kept: the layer input, those outputs (split over t as their weights are; the last matmul's output
+is a partial sum, whole on each rank). The reduce-scatter outputs it also keeps under sequence parallelism (2 s
+b h / t) are left out.
 """
 
 from __future__ import annotations
@@ -74,6 +81,8 @@ class ActivationTerms:
     core_per_seq_token: float  # attention-core bytes per query per key: softmax 2a (+ mask a, dropout 2a)
     core_masks: float
     layer_input: float  # what full recompute keeps (the layer input)
+    per_op_split: float  # what the per-op policy keeps besides the input, split over t: attention output, matmuls
+    per_op_whole: float  # ... and whole on each tensor-parallel rank: the last matmul's output (a partial sum)
 
 
 def activation_terms(shape: LayerShape) -> ActivationTerms:
@@ -83,6 +92,11 @@ def activation_terms(shape: LayerShape) -> ActivationTerms:
     masks = 2.0 * h if shape.hidden_dropout else 0.0  # after the attention projection and after the MLP
     # softmax output (what the probabilities-times-V GEMM reads); dropout adds its mask and output
     core, core_masks = (5.0, 1.0) if shape.attention_dropout else (2.0, 0.0)
+    # the matmuls' outputs in the order they run (width, split over t); the per-op policy keeps the odd ones
+    ffn = shape.ffn * shape.top_k
+    mlp_outputs = [(ffn, True), (ffn, True), (h, False)] if shape.gated else [(ffn, True), (h, False)]
+    matmuls = [(shape.q_width, True), (shape.kv_width, True), (shape.kv_width, True), (h, False), *mlp_outputs]
+    saved = matmuls[::2]
     return ActivationTerms(
         replicated=8.0 * h + masks,
         replicated_masks=masks,
@@ -90,6 +104,8 @@ def activation_terms(shape: LayerShape) -> ActivationTerms:
         core_per_seq_token=core * shape.heads,
         core_masks=core_masks * shape.heads,
         layer_input=2.0 * h,
+        per_op_split=2.0 * shape.q_width + sum(2.0 * w for w, split in saved if split),
+        per_op_whole=sum(2.0 * w for w, split in saved if not split),
     )
 
 
@@ -100,12 +116,13 @@ def _bytes(elements: ArrayLike, masks: ArrayLike, elem_bytes: float) -> np.ndarr
 
 
 def activation_bytes(shape: LayerShape, seq: int, samples: ArrayLike, tp: ArrayLike, cp: ArrayLike,
-                     sp: ArrayLike, recompute: ArrayLike, elem_bytes: float = 2.0, flash: bool = False
-                     ) -> tuple[np.ndarray, np.ndarray]:
+                     sp: ArrayLike, recompute: ArrayLike, elem_bytes: float = 2.0, flash: bool = False,
+                     per_op: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(kept per micro-batch, transient during backward) activation bytes per GPU for one layer.
 
     ``samples`` is the micro-batch per data-parallel rank; ``seq`` the full sequence (split over cp).
     With ``flash`` the attention core keeps only softmax statistics (negligible) instead of 5 a s^2 b.
+    With ``per_op`` selective recompute is torchtitan's per-op policy (module docstring), else Megatron's.
     """
     samples, tp, cp, sp, recompute = (np.asarray(x, dtype=float) for x in (samples, tp, cp, sp, recompute))
     t = activation_terms(shape)
@@ -116,8 +133,12 @@ def activation_bytes(shape: LayerShape, seq: int, samples: ArrayLike, tp: ArrayL
     split = _bytes(t.split, 0.0, elem_bytes) / tp
     core = 0.0 if flash else _bytes(t.core_per_seq_token, t.core_masks, elem_bytes) * seq / tp
     none = tokens * (repl + split + core)
-    selective = tokens * (repl + split)
     full = tokens * _bytes(t.layer_input, 0.0, elem_bytes) / repl_div
+    if per_op:
+        selective = full + tokens * (_bytes(t.per_op_split, 0.0, elem_bytes) / tp
+                                     + _bytes(t.per_op_whole, 0.0, elem_bytes))
+    else:
+        selective = tokens * (repl + split)
     kept = np.where(recompute == RC_FULL, full, np.where(recompute == RC_SELECTIVE, selective, none))
     # what is rebuilt during backward lives only while that layer's backward runs
     transient = np.where(recompute == RC_FULL, none, np.where(recompute == RC_SELECTIVE, none - selective, 0.0))

@@ -31,6 +31,7 @@ class StackTerms:
     dp_overlap: float  # share of the last backward hiding the per-step gradient sync
     fp8_cast_bytes: float  # HBM bytes per GEMM-input element spent on FP8 quantisation (0: no FP8)
     zero_allowed: bool  # whether layers may shard states over data-parallel ranks (ZeRO >= 1)
+    selective_per_op: bool  # "selective" recompute is torchtitan's per-op policy, not Megatron's attention core
 
 
 def stack_terms(model: ModelSpec, training: TrainingSpec, cal: AnalyticCalibration) -> StackTerms:
@@ -46,4 +47,5 @@ def stack_terms(model: ModelSpec, training: TrainingSpec, cal: AnalyticCalibrati
         dp_overlap=cal.dp_overlap if stack.dp_overlap else 0.0,
         fp8_cast_bytes=FP8_CAST_BYTES[recipe] if recipe is not None else 0.0,
         zero_allowed=stack.distributed_optimizer,
+        selective_per_op=stack.framework == "torchtitan",
     )

@@ -21,13 +21,14 @@ from solvers.specs import TrainingSpec
 # What the bench reports with the shipped constants (MAPE of tokens/s per GPU), pinned so that a change to the
 # model shows here and in the report together.
 REPORTED_MAPE = {"NeMo 24.07 DGX-H100 FP8": 0.059, "NeMo 25.09-26.02 DGX-H100/B200 Llama 3": 0.093,
-                 "torchtitan H100 (2024-12) / H200 (2025-06)": 0.225}
+                 "torchtitan H100 (2024-12) / H200 (2025-06)": 0.201}
 MEETS_GOAL = ("NeMo 24.07 DGX-H100 FP8", "NeMo 25.09-26.02 DGX-H100/B200 Llama 3")
 ROWS = {"NeMo 24.07 DGX-H100 FP8": 9, "NeMo 25.09-26.02 DGX-H100/B200 Llama 3": 16,
         "torchtitan H100 (2024-12) / H200 (2025-06)": 14}
-# Rows the model puts above the GPU's memory although they ran: torchtitan's per-op selective checkpointing keeps
-# fewer activations than the Megatron-style "selective" the model prices for it (the attention core recomputed).
-OVER_MEMORY = {"T1 8B FSDP", "T1 8B FSDP+compile", "T1 8B FSDP+compile+Float8"}
+# Rows the model puts above the GPU's memory although they ran: none. (Before torchtitan's "selective" was priced
+# as its per-op policy, the three T1 rows were put at 105 GiB of 94.5: the Megatron-style selective the model priced
+# them with keeps, on fused attention, as much as no recomputation.)
+OVER_MEMORY: set[str] = set()
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +100,8 @@ def test_the_reported_figures(reports: dict[str, Any], name: str) -> None:
 @pytest.mark.parametrize("name", [
     *MEETS_GOAL,
     pytest.param("torchtitan H100 (2024-12) / H200 (2025-06)", marks=pytest.mark.xfail(
-        strict=True, reason="held out, shipped constants: MAPE 22.5 %, predicted fast: eager rows (no "
-                            "torch.compile) +37-42 %, H200 +34-36 % (bench/data/fidelity/README.md)"))])
+        strict=True, reason="held out, shipped constants: MAPE 20.1 %, predicted fast: eager rows (no "
+                            "torch.compile) +33-38 %, H200 +28-30 % (bench/data/fidelity/README.md)"))])
 def test_modern_goal_mape_within_twelve_percent(reports: dict[str, Any], name: str) -> None:
     assert reports[name].ape.mean() <= 0.12
 

@@ -173,3 +173,25 @@ def test_zero1_reduce_scatters_gradients_and_gathers_weights() -> None:
     grads_all_reduced, weights_all_reduced = exposed(0, 4.0), exposed(0, 2.0)
     assert exposed(1, 4.0) == pytest.approx(0.5 * grads_all_reduced + 0.5 * weights_all_reduced, rel=1e-12)
     assert exposed(1, 4.0) < grads_all_reduced
+
+
+LLAMA = ModelSpec(num_layers=4, hidden_size=4096, num_attention_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
+                  vocab_size=128256, mlp="swiglu", hidden_dropout=0.0, attention_dropout=0.0)
+
+
+@pytest.mark.parametrize(("t", "sp"), [(1, mem.SP_NONE), (2, mem.SP_MEGATRON), (4, mem.SP_NONE)])
+def test_torchtitan_per_op_selective_keeps_the_input_attention_output_and_every_other_matmul(t: int, sp: int) -> None:
+    """torchtitan's per-op policy on a Llama layer (q, k, v, o, w1, w3, w2 run in that order): it keeps the input,
+    the attention kernel's output and the outputs of q, v, w1 and w2, at 2 bytes an element; q, v, w1 and the
+    attention output split over t, the input over t only with SP, w2's output (a partial sum) whole."""
+    h, q, kv, ffn = 4096, 4096, 1024, 14336
+    shape = layer_shape(LLAMA, 0)
+    tokens = S * B
+    expected = tokens * 2 * (h / (t if sp == mem.SP_MEGATRON else 1) + (q + q + kv + ffn) / t + h)
+    kept, transient = mem.activation_bytes(shape, S, B, t, 1, sp, mem.RC_SELECTIVE, flash=True, per_op=True)
+    none = float(mem.activation_bytes(shape, S, B, t, 1, sp, mem.RC_NONE, flash=True)[0])
+    assert float(kept) == pytest.approx(expected, rel=1e-12)
+    assert float(transient) == pytest.approx(none - expected, rel=1e-12)  # the rest is rebuilt in backward
+    # Megatron's selective on fused attention keeps what no recomputation keeps: there is no s^2 core to drop
+    megatron = float(mem.activation_bytes(shape, S, B, t, 1, sp, mem.RC_SELECTIVE, flash=True)[0])
+    assert megatron == pytest.approx(none) and float(kept) < 0.6 * none
