@@ -233,9 +233,25 @@ def torchtitan_command(plan: PlanStrategy, batch: int, seq: int, model: Torchtit
                       f"  {args[-1]}"]) + "\n"
 
 
+def _stack_note(request: Request | None) -> str | None:
+    """Say so where the run is priced on another framework's stack: the request's stack prices the export, and
+    only on a torchtitan stack is "selective" torchtitan's per-op policy and the TP overlap none by default."""
+    training = (request or {}).get("training")
+    stack = training.get("stack") if isinstance(training, dict) else None
+    framework = stack.get("framework", "megatron-core") if isinstance(stack, dict) else "megatron-core"
+    if request is None or framework == "torchtitan":
+        return None
+    return (f"priced on the request's stack ({framework}), as the plan was: to price it as torchtitan runs it (its "
+            "per-op selective checkpointing, plain TP unless async TP), plan with training.stack.framework = "
+            "\"torchtitan\"")
+
+
 def write(job: ExportInput) -> str:
     rc = torchtitan_recompute(job.plan, job.expert_layers, job.request)
     notes = as_run_notes(torchtitan_run_plan(job.plan, job.expert_layers, rc), job, "torchtitan")
+    stack = _stack_note(job.request)
+    if notes and stack:
+        notes.insert(1, stack)
     return "".join(f"# {n}\n" for n in notes) + torchtitan_command(job.plan, job.batch, job.seq,
                                                                 torchtitan_model(job.model), rc)
 

@@ -550,3 +550,22 @@ def test_the_header_prices_each_difference_alone(fmt: str) -> None:
         line = (f"- {d.what}: step {est['step_time_s'] / base['step_time_s'] - 1:+.1%}, "
                 f"peak {est['peak_memory_gib'] - base['peak_memory_gib']:+.1f} GiB")
         assert any(n.startswith(line) for n in said), (line, said)
+
+
+def test_a_torchtitan_stack_prices_the_export_as_torchtitan_runs_it() -> None:
+    """The export prices torchtitan's run on the request's stack. On the default stack (megatron-core) its
+    "selective" is Megatron's, which on fused attention keeps as much as none (21.2 GiB here): at 18 GiB only full
+    checkpointing fits, and the export says the run is priced on another framework's stack. Asked on a torchtitan
+    stack, selective is torchtitan's per-op policy (17.4 GiB): it fits and runs faster than full, and is written."""
+    result = _with(RESULT, MIXED)
+    req: dict[str, Any] = {**REQUEST, "constraints": {"memory_limit_gib": 18}}
+    titan: dict[str, Any] = {**req, "training": {**req["training"], "stack": {"framework": "torchtitan"}}}
+    default, ours = export(result, "torchtitan", req), export(result, "torchtitan", titan)
+    assert _torchtitan_args(default)["activation-checkpoint"] == "full"
+    assert _torchtitan_args(ours)["activation-checkpoint"] == "selective"
+    assert "priced on the request's stack (megatron-core)" in default
+    assert "priced on the request's stack" not in ours
+    steps = {rc.mode: estimate({**titan, "strategy": torchtitan_run_plan(MIXED, None, rc).to_dict()})
+             for rc in TORCHTITAN_RECOMPUTE}
+    assert steps["selective"]["fits"] and steps["selective"]["step_time_s"] < steps["full"]["step_time_s"]
+    assert not steps["none"]["fits"]
