@@ -134,9 +134,9 @@ def activation_bytes(shape: LayerShape, seq: int, samples: ArrayLike, tp: ArrayL
     core = 0.0 if flash else _bytes(t.core_per_seq_token, t.core_masks, elem_bytes) * seq / tp
     none = tokens * (repl + split + core)
     full = tokens * _bytes(t.layer_input, 0.0, elem_bytes) / repl_div
-    if per_op:
+    if per_op:  # (Ulysses splits the tokens of every tensor over its group, the partial sum's too)
         selective = full + tokens * (_bytes(t.per_op_split, 0.0, elem_bytes) / tp
-                                     + _bytes(t.per_op_whole, 0.0, elem_bytes))
+                                     + _bytes(t.per_op_whole, 0.0, elem_bytes) / np.where(sp == SP_ULYSSES, tp, 1.0))
     else:
         selective = tokens * (repl + split)
     kept = np.where(recompute == RC_FULL, full, np.where(recompute == RC_SELECTIVE, selective, none))

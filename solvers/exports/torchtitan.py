@@ -35,8 +35,8 @@ def torchtitan_fsdp_zero(plan: PlanStrategy) -> int:
 @dataclass(frozen=True)
 class TorchtitanRecompute:
     """An activation-checkpoint setting torchtitan 0.3.0 takes (the ``activation-checkpoint:MODE`` subcommand):
-    none, selective (its per-op policy: our selective recomputation) or full, one for every block. 0.3.0 dropped
-    the ``selective_ac_option`` that checkpointed every N-th block."""
+    none, selective (its per-op policy, which the cost model prices as such on a torchtitan stack) or full, one for
+    every block. 0.3.0 dropped the ``selective_ac_option`` that checkpointed every N-th block."""
 
     mode: Recompute = "none"
 

@@ -179,7 +179,7 @@ LLAMA = ModelSpec(num_layers=4, hidden_size=4096, num_attention_heads=32, num_kv
                   vocab_size=128256, mlp="swiglu", hidden_dropout=0.0, attention_dropout=0.0)
 
 
-@pytest.mark.parametrize(("t", "sp"), [(1, mem.SP_NONE), (2, mem.SP_MEGATRON), (4, mem.SP_NONE)])
+@pytest.mark.parametrize(("t", "sp"), [(1, mem.SP_NONE), (2, mem.SP_MEGATRON), (4, mem.SP_NONE), (2, mem.SP_ULYSSES)])
 def test_torchtitan_per_op_selective_keeps_the_input_attention_output_and_every_other_matmul(t: int, sp: int) -> None:
     """torchtitan's per-op policy on a Llama layer (q, k, v, o, w1, w3, w2 run in that order): it keeps the input,
     the attention kernel's output and the outputs of q, v, w1 and w2, at 2 bytes an element; q, v, w1 and the
@@ -187,7 +187,8 @@ def test_torchtitan_per_op_selective_keeps_the_input_attention_output_and_every_
     h, q, kv, ffn = 4096, 4096, 1024, 14336
     shape = layer_shape(LLAMA, 0)
     tokens = S * B
-    expected = tokens * 2 * (h / (t if sp == mem.SP_MEGATRON else 1) + (q + q + kv + ffn) / t + h)
+    ulysses = sp == mem.SP_ULYSSES  # every tensor's tokens split over the group
+    expected = tokens * 2 * (h / (t if sp != mem.SP_NONE else 1) + (q + q + kv + ffn) / t + h / (t if ulysses else 1))
     kept, transient = mem.activation_bytes(shape, S, B, t, 1, sp, mem.RC_SELECTIVE, flash=True, per_op=True)
     none = float(mem.activation_bytes(shape, S, B, t, 1, sp, mem.RC_NONE, flash=True)[0])
     assert float(kept) == pytest.approx(expected, rel=1e-12)
