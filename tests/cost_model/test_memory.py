@@ -183,7 +183,8 @@ LLAMA = ModelSpec(num_layers=4, hidden_size=4096, num_attention_heads=32, num_kv
 def test_torchtitan_per_op_selective_keeps_the_input_attention_output_and_every_other_matmul(t: int, sp: int) -> None:
     """torchtitan's per-op policy on a Llama layer (q, k, v, o, w1, w3, w2 run in that order): it keeps the input,
     the attention kernel's output and the outputs of q, v, w1 and w2, at 2 bytes an element; q, v, w1 and the
-    attention output split over t, the input over t only with SP, w2's output (a partial sum) whole."""
+    attention output split over t, the input over t only with SP, w2's output (a partial sum) whole but
+    under Ulysses."""
     h, q, kv, ffn = 4096, 4096, 1024, 14336
     shape = layer_shape(LLAMA, 0)
     tokens = S * B
