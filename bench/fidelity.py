@@ -6,7 +6,7 @@
     .venv/bin/python bench/fidelity.py --pairs    # measured pairs no physical model can order right (see below)
     .venv/bin/python bench/fidelity.py --profiled # vTrain single-node priced from a profile, held out by layer count
     .venv/bin/python bench/fidelity.py --held-out # leave-one-data-set-out: fit on two sets, report the third and
-                                                  # the constants the two do not pin down (slow: ~10 min)
+                                                  # the constants the two do not pin down (slow: 10-25 min)
 
 Data (``../shared/calibration/``, see its README):
 - vTrain (MICRO'24) ground truth, A100 nodes of 8, NVLink 150 GB/s per GPU, 800 Gb/s network per node,
