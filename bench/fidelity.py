@@ -335,13 +335,20 @@ def planner_regret(rows: Sequence[Row], predicted: Sequence[float]) -> dict[str,
     return out
 
 
-def regret_summary(rows: Sequence[Row], predicted: Sequence[float]) -> str:
+def regret_figures(rows: Sequence[Row], predicted: Sequence[float]) -> tuple[np.ndarray, str] | None:
+    """The groups' planner regrets and the worst group's name; None where the rows form no group."""
     regret = planner_regret(rows, predicted)
     if not regret:
+        return None
+    return np.array(list(regret.values())), max(regret, key=lambda k: regret[k])
+
+
+def regret_summary(rows: Sequence[Row], predicted: Sequence[float]) -> str:
+    figures = regret_figures(rows, predicted)
+    if figures is None:
         return ""
-    worst = max(regret, key=lambda k: regret[k])
-    values = np.array(list(regret.values()))
-    return (f"  planner regret (measured time of the model's first choice over the measured best, {len(regret)} "
+    values, worst = figures
+    return (f"  planner regret (measured time of the model's first choice over the measured best, {len(values)} "
             f"groups of one model, cluster and batch): mean {100 * values.mean():.1f}%, worst "
             f"{100 * values.max():.1f}% ({worst}); goal mean <= 2%, worst <= 10%")
 
@@ -570,9 +577,9 @@ def estimates_line(label: str, rows: Sequence[Row], predicted: Sequence[float]) 
     """One line of a set's estimates: MAPE, max APE and the planner regret over its groups."""
     measured = np.array([r.measured for r in rows])
     ape = np.abs(np.array(predicted) - measured) / measured
-    regret = planner_regret(rows, predicted)
-    values = np.array(list(regret.values()))
-    worst = max(regret, key=lambda k: regret[k])
+    figures = regret_figures(rows, predicted)
+    assert figures is not None, "the rows form no group of choices"
+    values, worst = figures
     return (f"  {label:<44} {100 * ape.mean():>5.1f}% {100 * ape.max():>7.1f}%  mean {100 * values.mean():.2f}%, "
             f"worst {100 * values.max():.1f}% ({worst}), {int(np.sum(values > 0.10))} of {len(values)} groups over 10%")
 
@@ -644,29 +651,27 @@ def held_out_lines(sets: Sets) -> Iterator[str]:
     yield "== leave-one-data-set-out (fit on the other two sets from a neutral start; goal: held-out MAPE <= 12%)"
     yield f"  {'held-out set':<42} {'in-sample MAPE':>15} {'held-out MAPE':>14} {'held-out max APE':>17}"
     for name in sets:
-        lines = []
         rest = {k: v for k, v in sets.items() if k != name}
         fitted = fit(rest, start=NEUTRAL_START)
         rep = run(fitted, {name: sets[name]})[0]
-        lines.append(f"  {name:<42} {100 * shipped[name].ape.mean():>14.1f}% {100 * rep.ape.mean():>13.1f}% "
-                     f"{100 * rep.ape.max():>16.1f}%")
+        yield (f"  {name:<42} {100 * shipped[name].ape.mean():>14.1f}% {100 * rep.ape.mean():>13.1f}% "
+               f"{100 * rep.ape.max():>16.1f}%")
         pinned = identified_keys(fit_loss(rest), fitted, FIT_KEYS)
         free = [k for k in FIT_KEYS if k not in pinned]
         if free:
             at_shipped = replace(fitted, **{k: getattr(DEFAULT_CALIBRATION, k) for k in free})
             diag = run(at_shipped, {name: sets[name]})[0]
-            lines.append(f"    not pinned by the other two sets (a 20 % move changes their fit loss by < 0.5 points): "
-                         f"{', '.join(free)}")
-            lines.append(f"    held-out set with these at the shipped values (a diagnostic, not held out: the shipped "
-                         f"constants were fitted with it in): MAPE {100 * diag.ape.mean():.1f}%")
+            yield (f"    not pinned by the other two sets (a 20 % move changes their fit loss by < 0.5 points): "
+                   f"{', '.join(free)}")
+            yield (f"    held-out set with these at the shipped values (a diagnostic, not held out: the shipped "
+                   f"constants were fitted with it in): MAPE {100 * diag.ape.mean():.1f}%")
         if name == SINGLE_NODE:  # the profile path under constants that never saw the set (see profiled_table)
             layers_only, with_head = profiled_held_out(rep.rows, cal=fitted)
-            lines += ["    priced from a profile of its cluster instead, these held-out constants for the rest "
-                      "(layer and head times derived from its runs at the other layer counts, as --profiled):",
-                      "  " + ESTIMATES_HEADER,
-                      "  " + estimates_line("profiled layers", rep.rows, layers_only),
-                      "  " + estimates_line("profiled layers and head", rep.rows, with_head)]
-        yield from lines
+            yield ("    priced from a profile of its cluster instead, these held-out constants for the rest "
+                   "(layer and head times derived from its runs at the other layer counts, as --profiled):")
+            yield "  " + ESTIMATES_HEADER
+            yield "  " + estimates_line("profiled layers", rep.rows, layers_only)
+            yield "  " + estimates_line("profiled layers and head", rep.rows, with_head)
 
 
 def main() -> None:

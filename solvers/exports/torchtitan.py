@@ -15,7 +15,7 @@ from solvers.exports.layout import dominant, expert_layout, micro_batch_size, wi
 from solvers.exports.notes import layout_notes
 from solvers.exports.pricing import as_run_notes, fastest_that_fits
 from solvers.hybrid.baselines import megatron_embedding
-from solvers.specs import ModelSpec
+from solvers.specs import ModelSpec, StackSpec
 from solvers.strategy import PlanStrategy, Recompute
 
 
@@ -238,7 +238,8 @@ def _stack_note(request: Request | None) -> str | None:
     only on a torchtitan stack is "selective" torchtitan's per-op policy and the TP overlap none by default."""
     training = (request or {}).get("training")
     stack = training.get("stack") if isinstance(training, dict) else None
-    framework = stack.get("framework", "megatron-core") if isinstance(stack, dict) else "megatron-core"
+    default = StackSpec.model_fields["framework"].default
+    framework = stack.get("framework", default) if isinstance(stack, dict) else default
     if request is None or framework == "torchtitan":
         return None
     return (f"priced on the request's stack ({framework}), as the plan was: to price it as torchtitan runs it (its "
