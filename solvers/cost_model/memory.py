@@ -21,8 +21,8 @@ torchtitan's selective checkpointing is a per-op policy instead (``per_op``; its
 of a layer's forward it keeps the attention kernel's output and every other matmul's output, in the order the
 layer runs them (Llama: q, v, w1, w2 of q, k, v, o, w1, w3, w2), and recomputes the rest in backward, elementwise
 ops included. Kept: the layer input, those outputs (split over t as their weights are; the last matmul's output
-is a partial sum, whole on each rank). The reduce-scatter outputs it also keeps under sequence parallelism (2 s
-b h / t) are left out.
+is a partial sum, whole on each rank) and, under sequence parallelism, the outputs of the two reduce-scatters
+that end the attention and the MLP blocks (2 s b h / t: its save list names ``reduce_scatter_tensor``).
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ class ActivationTerms:
     layer_input: float  # what full recompute keeps (the layer input)
     per_op_split: float  # what the per-op policy keeps besides the input, split over t: attention output, matmuls
     per_op_whole: float  # ... and whole on each tensor-parallel rank: the last matmul's output (a partial sum)
+    per_op_scattered: float  # ... and under sequence parallelism the two blocks' reduce-scatter outputs, split over t
 
 
 def activation_terms(shape: LayerShape) -> ActivationTerms:
@@ -106,6 +107,7 @@ def activation_terms(shape: LayerShape) -> ActivationTerms:
         layer_input=2.0 * h,
         per_op_split=2.0 * shape.q_width + sum(2.0 * w for w, split in saved if split),
         per_op_whole=sum(2.0 * w for w, split in saved if not split),
+        per_op_scattered=2.0 * 2 * h,
     )
 
 
@@ -135,8 +137,10 @@ def activation_bytes(shape: LayerShape, seq: int, samples: ArrayLike, tp: ArrayL
     none = tokens * (repl + split + core)
     full = tokens * _bytes(t.layer_input, 0.0, elem_bytes) / repl_div
     if per_op:  # (Ulysses splits the tokens of every tensor over its group, the partial sum's too)
+        scattered = np.where((sp == SP_MEGATRON) & (tp > 1), _bytes(t.per_op_scattered, 0.0, elem_bytes) / tp, 0.0)
         selective = full + tokens * (_bytes(t.per_op_split, 0.0, elem_bytes) / tp
-                                     + _bytes(t.per_op_whole, 0.0, elem_bytes) / np.where(sp == SP_ULYSSES, tp, 1.0))
+                                     + _bytes(t.per_op_whole, 0.0, elem_bytes) / np.where(sp == SP_ULYSSES, tp, 1.0)
+                                     + scattered)
     else:
         selective = tokens * (repl + split)
     kept = np.where(recompute == RC_FULL, full, np.where(recompute == RC_SELECTIVE, selective, none))

@@ -184,16 +184,18 @@ def test_torchtitan_per_op_selective_keeps_the_input_attention_output_and_every_
     """torchtitan's per-op policy on a Llama layer (q, k, v, o, w1, w3, w2 run in that order): it keeps the input,
     the attention kernel's output and the outputs of q, v, w1 and w2, at 2 bytes an element; q, v, w1 and the
     attention output split over t, the input over t only with SP, w2's output (a partial sum) whole but
-    under Ulysses."""
+    under Ulysses; with Megatron's SP also the two reduce-scatters' outputs (after o and after w2), split over t."""
     h, q, kv, ffn = 4096, 4096, 1024, 14336
     shape = layer_shape(LLAMA, 0)
     tokens = S * B
     ulysses = sp == mem.SP_ULYSSES  # every tensor's tokens split over the group
-    expected = tokens * 2 * (h / (t if sp != mem.SP_NONE else 1) + (q + q + kv + ffn) / t + h / (t if ulysses else 1))
+    scattered = 2 * h / t if sp == mem.SP_MEGATRON else 0.0
+    expected = tokens * 2 * (h / (t if sp != mem.SP_NONE else 1) + (q + q + kv + ffn) / t + h / (t if ulysses else 1)
+                             + scattered)
     kept, transient = mem.activation_bytes(shape, S, B, t, 1, sp, mem.RC_SELECTIVE, flash=True, per_op=True)
     none = float(mem.activation_bytes(shape, S, B, t, 1, sp, mem.RC_NONE, flash=True)[0])
     assert float(kept) == pytest.approx(expected, rel=1e-12)
     assert float(transient) == pytest.approx(none - expected, rel=1e-12)  # the rest is rebuilt in backward
     # Megatron's selective on fused attention keeps what no recomputation keeps: there is no s^2 core to drop
     megatron = float(mem.activation_bytes(shape, S, B, t, 1, sp, mem.RC_SELECTIVE, flash=True)[0])
-    assert megatron == pytest.approx(none) and float(kept) < 0.6 * none
+    assert megatron == pytest.approx(none) and float(kept) < 0.7 * none
