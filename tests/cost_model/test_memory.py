@@ -199,3 +199,29 @@ def test_torchtitan_per_op_selective_keeps_the_input_attention_output_and_every_
     # Megatron's selective on fused attention keeps what no recomputation keeps: there is no s^2 core to drop
     megatron = float(mem.activation_bytes(shape, S, B, t, 1, sp, mem.RC_SELECTIVE, flash=True)[0])
     assert megatron == pytest.approx(none) and float(kept) < 0.7 * none
+
+
+@pytest.mark.parametrize(("sp", "replayed"), [(mem.SP_MEGATRON, 0.5), (mem.SP_NONE, 0.5), (mem.SP_ULYSSES, 1.0)])
+def test_torchtitan_per_op_selective_replays_the_collectives_it_does_not_save(sp: int, replayed: float) -> None:
+    """torchtitan's per-op recompute runs again the collectives whose outputs it does not keep: under SP the two
+    all-gathers in front of k and w3 (it keeps the reduce-scatters' outputs), without SP the all-reduce of o's
+    output (the replay stops at w2's input), under Ulysses every all-to-all. With no TP overlap a layer's TP time
+    is its forward collectives twice, so a slower link adds to the recompute that share of what it adds to
+    ``tp_comm``; Megatron's selective replays no collective."""
+    sp_name = {mem.SP_NONE: None, mem.SP_MEGATRON: "megatron", mem.SP_ULYSSES: "ulysses"}[sp]
+    ctx = StageContext(pp=1, stage=0, micro_batches=2, micro_batch_samples=2)
+
+    def parts(framework: str, link_GBps: float) -> dict[str, float]:
+        cluster = ClusterSpec(gpu="H100-SXM", nodes=1, gpus_per_node=8, intra_node_bandwidth_GBps=link_GBps)
+        training = TrainingSpec(global_batch_size=4, seq_length=8192,
+                                stack={"framework": framework, "tp_comm_overlap": "none"})
+        model = AnalyticCostModel(LLAMA, cluster, training)
+        strategy = LayerStrategy(tp=4, dp=2, sp=sp_name, recompute="selective")
+        costs = model.layer_costs(0, [strategy], ctx)
+        return {k: float(costs.parts_s[k][0]) for k in ("recompute", "tp_comm")}
+
+    for framework, share in (("torchtitan", replayed / 2), ("megatron-core", 0.0)):
+        fast, slow = parts(framework, 450.0), parts(framework, 150.0)
+        assert slow["tp_comm"] > 1.5 * fast["tp_comm"] > 0
+        assert slow["recompute"] - fast["recompute"] == pytest.approx(share * (slow["tp_comm"] - fast["tp_comm"]),
+                                                                      rel=1e-9, abs=1e-12)
