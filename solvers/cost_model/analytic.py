@@ -745,6 +745,9 @@ class AnalyticCostModel(CostModel):
         floored: list[str] = []
         bare: list[str] = []
         seq = self.training.seq_length
+        # whether the profile holds a tp 1 layer of the kind at this sequence length (the floor's source)
+        has_floor = {kind: bool(np.isfinite(self.profile.layer_s(np.ones(1), seq, np.ones(1), kind))[0])
+                     for kind in ("dense", "moe")}
         for i, x in sorted({(self._shape_of_layer[j], x) for j, x in enumerate(plan.layers)},
                            key=lambda k: (k[0], str(k[1]))):
             shape, c = self._shapes[i], Candidates.of([x])
@@ -754,8 +757,7 @@ class AnalyticCostModel(CostModel):
             kind = "moe" if shape.is_moe else "dense"
             label = (f"{kind} tp {x.tp}" + (f" sp {x.sp}" if x.sp else "") + (f" cp {x.cp}" if x.cp > 1 else "")
                      + (f" ep {x.ep}" if shape.is_moe and x.ep > 1 else ""))
-            has_floor = np.isfinite(self.profile.layer_s(np.ones(1), seq, np.ones(1), kind))[0]
-            (floored if has_floor else bare).append(label)
+            (floored if has_floor[kind] else bare).append(label)
         if not floored and not bare:
             return None
         parts = []
