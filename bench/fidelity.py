@@ -181,10 +181,12 @@ def _csv_records(path: Path) -> list[dict[str, str]]:
 
 def modern_stack(r: dict[str, str]) -> StackSpec:
     """The default stack (fused attention, distributed optimizer, overlapped gradient sync) with what the row
-    states: its framework and version, its TP overlap (empty: the framework's) and FP8 recipe."""
+    states: its framework and version, its TP overlap (empty: the framework's) and FP8 recipe, and where it ran
+    without torch.compile (torchtitan's ``compile`` column), eager elementwise ops."""
     return StackSpec(framework=r["framework"], framework_version=r["framework_version"],  # type: ignore[arg-type]
                      tp_comm_overlap=r["tp_comm_overlap"] or None,  # type: ignore[arg-type]
-                     fp8_recipe=r["fp8_recipe"] or None)  # type: ignore[arg-type]
+                     fp8_recipe=r["fp8_recipe"] or None,  # type: ignore[arg-type]
+                     elementwise="eager" if r.get("compile") == "false" else "fused")
 
 
 def modern_rows(path: Path) -> list[Row]:
@@ -242,7 +244,8 @@ def modern_table(rep: Report) -> str:
         over |= not est.fits
         st = r.training.priced_stack()
         recipe = f"/{st.fp8_recipe}" if st.fp8_recipe else ""
-        stack = f"{st.framework} {r.training.precision}{recipe} tp-ovl {st.tp_comm_overlap}"
+        eager = " eager" if st.elementwise == "eager" else ""
+        stack = f"{st.framework}{eager} {r.training.precision}{recipe} tp-ovl {st.tp_comm_overlap}"
         memory = f"{est.peak_memory_gib:.1f}/{r.cluster.gpu.memory_gib:.1f} GiB" + ("" if est.fits else " !")
         lines.append(f"    {r.label:<34} {r.cluster.gpu.name:<15} {stack:<34} {r.measured:>9.0f} {p:>9.0f} "
                      f"{100 * err:>+6.1f}% {memory:>16}")

@@ -380,6 +380,7 @@ MAX_GLOBAL_BATCH_SIZE = 2**40
 
 
 AttentionKernel = Literal["fused", "unfused"]
+ElementwiseKernels = Literal["fused", "eager"]
 Framework = Literal["megatron-core", "megatron-lm", "torchtitan", "deepspeed"]
 TpCommOverlap = Literal["none", "backward", "full"]
 Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
@@ -409,7 +410,10 @@ class StackSpec(_Spec):
       the adjacent GEMMs, Transformer Engine's userbuffers).
     - ``dp_overlap``: the per-step gradient sync hides behind the last backward (else it is fully exposed).
     - ``fp8_recipe``: the FP8 scaling recipe of ``precision = "fp8"`` (default "delayed"): what the casts of
-      every GEMM input cost in HBM traffic."""
+      every GEMM input cost in HBM traffic.
+    - ``elementwise``: "fused" (Megatron's and Transformer Engine's fused kernels, torch.compile) or "eager"
+      (PyTorch eager mode, each elementwise op its own kernel: torchtitan without torch.compile), which adds the
+      HBM traffic of the unfused norms, rotary embeddings and SwiGLU (``solvers/cost_model/elementwise.py``)."""
 
     attention: AttentionKernel = "fused"
     framework: Framework = "megatron-core"
@@ -419,6 +423,7 @@ class StackSpec(_Spec):
     tp_comm_overlap: TpCommOverlap | None = None
     dp_overlap: bool = Field(default=True, strict=True)
     fp8_recipe: Fp8Recipe | None = None
+    elementwise: ElementwiseKernels = "fused"
 
     @property
     def tp_overlap(self) -> TpCommOverlap:

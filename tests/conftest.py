@@ -29,7 +29,8 @@ os.environ["PARAPLAN_DATA_DIR"] = tempfile.mkdtemp(prefix="paraplan-test-data-")
 PG_URL = os.environ.get("PARAPLAN_TEST_DATABASE_URL")
 TEST_PEPPER = "paraplan-test-pepper"
 PARAPLAN = [sys.executable, "-m", "paraplan_cli.main"]
-_TABLES = ("idempotency_keys", "runs", "jobs", "plans", "plan_requests", "workers", "profiles", "api_tokens")
+_TABLES = ("idempotency_keys", "runs", "jobs", "plans", "plan_requests", "workers", "profiles", "api_tokens",
+           "calibration_sets")
 
 
 FRAMEWORKS = ROOT / "tests" / "frameworks"

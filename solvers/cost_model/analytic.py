@@ -33,6 +33,7 @@ from solvers.cost_model import pipeline
 from solvers.cost_model.aggregate import GIB, evaluate_plan
 from solvers.cost_model.base import CostModel, Estimate, LayerCosts, PipelineTraits, StageContext, StageFixed
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration
+from solvers.cost_model.elementwise import eager_extra_bytes
 from solvers.cost_model.flops import head_forward_flops, model_flops_per_step
 from solvers.cost_model.matmul import linear_gemm_flops, matmul_scale
 from solvers.cost_model.profile import CollectiveOp, Profile
@@ -382,6 +383,10 @@ class AnalyticCostModel(CostModel):
         kept_sel, _ = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, mem.RC_SELECTIVE, e, fused)
         core_elem = self._hbm(cal.elementwise_traffic * (kept_none - kept_sel))
         elem = self._hbm(cal.elementwise_traffic * kept_sel) + core_elem
+        if self.stack.eager_elementwise:  # each elementwise op its own kernel, its operands through HBM
+            extra = eager_extra_bytes(shape)
+            elem = elem + self._hbm(tok * (extra.replicated / np.where(c.sp == mem.SP_MEGATRON, c.tp, 1.0)
+                                           + extra.split / split) * e / 2.0)
         if self.stack.fp8_cast_bytes:  # quantising each GEMM's input (backward: its output gradient) to FP8
             gemm_inputs = tok * (2 * h + (shape.q_width + shape.ffn * shape.top_k) / split)
             elem = elem + self._hbm(self.stack.fp8_cast_bytes * gemm_inputs)

@@ -32,6 +32,7 @@ class StackTerms:
     fp8_cast_bytes: float  # HBM bytes per GEMM-input element spent on FP8 quantisation (0: no FP8)
     zero_allowed: bool  # whether layers may shard states over data-parallel ranks (ZeRO >= 1)
     selective_per_op: bool  # "selective" recompute is torchtitan's per-op policy, not Megatron's attention core
+    eager_elementwise: bool  # each elementwise op its own kernel (solvers.cost_model.elementwise)
 
 
 def stack_terms(model: ModelSpec, training: TrainingSpec, cal: AnalyticCalibration) -> StackTerms:
@@ -48,4 +49,5 @@ def stack_terms(model: ModelSpec, training: TrainingSpec, cal: AnalyticCalibrati
         fp8_cast_bytes=FP8_CAST_BYTES[recipe] if recipe is not None else 0.0,
         zero_allowed=stack.distributed_optimizer,
         selective_per_op=stack.framework == "torchtitan",
+        eager_elementwise=stack.elementwise == "eager",
     )

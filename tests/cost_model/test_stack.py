@@ -67,7 +67,7 @@ def test_the_estimate_states_the_stack_it_priced_with_defaults_resolved() -> Non
     est = estimate(request(strategy=UNIFORM))
     assert est["stack"] == {"attention": "fused", "framework": "megatron-core", "framework_version": None,
                             "distributed_optimizer": True, "tp_comm_overlap": "backward", "dp_overlap": True,
-                            "fp8_recipe": None}
+                            "fp8_recipe": None, "elementwise": "fused"}
     titan = estimate(_with_stack(request(strategy=UNIFORM), framework="torchtitan", framework_version="0.3.0"))
     assert titan["stack"]["tp_comm_overlap"] == "none" and titan["stack"]["framework_version"] == "0.3.0"
     fp8 = estimate(request(cluster={"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 8}, strategy=UNIFORM,
@@ -119,6 +119,7 @@ def test_fp8_recipes_price_their_casts() -> None:
     ({"tp_comm_overlap": True}, ("training", "stack", "tp_comm_overlap")),
     ({"dp_overlap": "yes"}, ("training", "stack", "dp_overlap")),
     ({"fp8_recipe": "delayed"}, ("training", "stack")),  # a recipe without precision fp8
+    ({"elementwise": "compiled"}, ("training", "stack", "elementwise")),
 ])
 def test_bad_stack_fields_are_named(stack: dict[str, Any], loc: tuple[str, ...]) -> None:
     assert _locs(_with_stack(request(strategy=UNIFORM), **stack)) == [loc]
@@ -155,3 +156,19 @@ def test_torchtitan_prices_selective_recompute_as_its_per_op_policy() -> None:
     # k, o and w3 are 37 % of the layer's matmul work; the elementwise ops add to it, the attention core does not
     assert 0.3 < again["selective"] / again["full"] < 0.6
     assert tt["none"]["step_time_s"] < tt["selective"]["step_time_s"] < tt["full"]["step_time_s"]
+
+
+def test_eager_elementwise_ops_are_priced_stated_and_planned_with() -> None:
+    """torchtitan without torch.compile runs each elementwise op as its own kernel: the same plan takes longer in
+    its compute and recompute (the norms, rotary embeddings and SwiGLU it replays), nothing else changes, the
+    estimate says so, and the planner plans on it."""
+    req = _with_stack(request(strategy={**UNIFORM, "recompute": "selective"}), framework="torchtitan")
+    fused, eager = estimate(req), estimate(_with_stack(req, framework="torchtitan", elementwise="eager"))
+    assert eager["stack"]["elementwise"] == "eager" and fused["stack"]["elementwise"] == "fused"
+    for part in ("compute", "recompute"):
+        assert eager["breakdown_s"][part] > fused["breakdown_s"][part]
+    for part in ("tp_comm", "dp_comm_exposed", "optimizer"):
+        assert eager["breakdown_s"][part] == pytest.approx(fused["breakdown_s"][part], rel=1e-12)
+    assert eager["peak_memory_gib"] == pytest.approx(fused["peak_memory_gib"])
+    planned = solve({k: v for k, v in _with_stack(req, elementwise="eager").items() if k != "strategy"})
+    assert planned["estimate"]["stack"]["elementwise"] == "eager" and planned["estimate"]["fits"]

@@ -7,11 +7,13 @@ launches than the shipped ones), so that a fit has something to find and a secon
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy import select
 
 from service import jobs
@@ -184,3 +186,45 @@ def test_versions_names_and_refusals(client: Any, make_token: Callable[[str], st
                         headers=headers)
         assert r.status_code == 422 and r.json()["detail"][0]["loc"][-2:] == ["cost_model", "calibration_set"]
         assert why in r.json()["detail"][0]["msg"]
+
+
+def test_a_set_stored_before_the_stack_had_elementwise_ops_is_found_after_the_upgrade(
+        database_url: str, settings: Any, make_token: Callable[[str], str]) -> None:
+    """Migration 34elementwise: a set stored when the stack had no ``elementwise`` field was fitted on fused
+    kernels; upgraded, its stack and key say so and a request on that cluster finds it as before. Downgraded, the
+    key is again the one the code of that revision wrote (the stack's fields without it, in sorted order)."""
+    from alembic import command
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.migrate import alembic_config, upgrade
+
+    old_key = ("H100-SXM|attention=fused,distributed_optimizer=True,dp_overlap=True,fp8_recipe=None,"
+               "framework=megatron-core,framework_version=None,tp_comm_overlap=backward")
+    token = make_token("submit")
+    with TestClient(create_app(settings)) as c:
+        made = c.post("/v1/calibration-sets", json={"name": "h100-before", "measurements": _measurements([FIRST])},
+                      headers=_auth(token))
+        assert made.status_code == 201, made.text
+    database = Database.connect(database_url, pool_size=1)
+
+    def stored() -> tuple[str, dict[str, Any]]:
+        with database.engine.connect() as conn:
+            row = conn.execute(sa.text("SELECT set_key, stack FROM calibration_sets")).one()
+        stack = row.stack if isinstance(row.stack, dict) else json.loads(row.stack)
+        return row.set_key, stack
+
+    try:
+        assert stored()[0] == old_key.replace("dp_overlap=True,", "dp_overlap=True,elementwise=fused,")
+        command.downgrade(alembic_config(database_url), "c34a7e51")
+        key, stack = stored()
+        assert key == old_key and "elementwise" not in stack
+    finally:
+        upgrade(database_url=database_url)
+    key, stack = stored()
+    database.dispose()
+    assert key == old_key.replace("dp_overlap=True,", "dp_overlap=True,elementwise=fused,")
+    assert stack["elementwise"] == "fused"
+    with TestClient(create_app(settings)) as c:
+        used = _step(c, H100, SECOND, token)["calibration_set"]
+    assert (used["name"], used["chosen_by"]) == ("h100-before", "cluster")

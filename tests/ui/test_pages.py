@@ -301,6 +301,7 @@ def test_form_asks_for_the_attention_kernel_and_the_plan_states_its_stack(ui_cli
     assert jobs.complete_job(ui_db, claimed.id, "ui-test", api.solve(claimed.request))
     plan = ui_client.get(resp.headers["location"]).text
     assert "Estimated for the stack: unfused attention, megatron-core" in plan
+    assert "fused elementwise ops (training.stack)" in plan
     assert ("GEMM speed (measured): A100-80GB: GEMMs priced at 86.9 % of the bf16 peak (measured: "
             "cluster.gpu.matmul_tflops)") in plan
     bad = ui_client.post("/plans/new", data={**form, "attention": "flash"})
