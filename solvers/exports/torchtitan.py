@@ -1,12 +1,15 @@
 """A torchtitan 0.3.0 launch command: ``torchrun ... -m torchtitan.train --module M --config C`` with command-line
 overrides (0.3.0 reads no TOML job file). torchtitan takes one layer layout (TP always with sequence parallelism, FSDP
 for any sharding), one model part per virtual stage and one activation-checkpoint setting; of the settings it
-accepts, the export writes the one that runs fastest within the memory limit by the plan's cost model."""
+accepts, the export writes the one that runs fastest within the memory limit by the plan's cost model. torch.compile
+is on where the request's stack prices fused elementwise ops (the default), off where it prices them eager
+(``training.stack.elementwise``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from solvers.cost_model.pipeline import chunks, virtual_stage_layers
 from solvers.exports.exporter import Exporter
@@ -181,7 +184,10 @@ def _batch_notes(plan: PlanStrategy, batch: int, b: TorchtitanBatch) -> list[str
 
 
 def torchtitan_command(plan: PlanStrategy, batch: int, seq: int, model: TorchtitanModel,
-                       recompute: TorchtitanRecompute | None = None) -> str:
+                       recompute: TorchtitanRecompute | None = None, compiled: bool = True) -> str:
+    """The command; ``compiled``: torch.compile on, as a stack with fused elementwise ops is priced (torchtitan's
+    own default is off for most configs), else explicitly off (eager, as ``training.stack.elementwise = "eager"``
+    is priced)."""
     s = dominant(plan)
     notes = [f"torchtitan {TORCHTITAN_VERSION}: a config function (--module/--config) with command-line "
              f"overrides; run on NNODES x NPROC_PER_NODE = {plan.pp * s.world} GPUs"]
@@ -227,19 +233,26 @@ def torchtitan_command(plan: PlanStrategy, batch: int, seq: int, model: Torchtit
                 f"--training.seq_len {seq}")
     if plan.pp > 1 or ep > 1:  # CUDA graphs refuse pipelining (and EP's CPU-synchronising dispatch)
         args.append("--training.disable_cuda_graphs")
+    args.append("--compile.enable" if compiled else "--compile.no-enable")
     args.append(rc.argument())
     launch = 'torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE" -m torchtitan.train'
     return "\n".join([*(f"# {n}" for n in notes), *(f"{x} \\" for x in [launch, *(f"  {a}" for a in args[:-1])]),
                       f"  {args[-1]}"]) + "\n"
 
 
+def _stack_field(request: Request | None, name: str) -> Any:
+    """A field of the request's training.stack as priced: as written, else StackSpec's default (exports take the
+    raw request, as the other writers do)."""
+    training = (request or {}).get("training")
+    stack = training.get("stack") if isinstance(training, dict) else None
+    default = StackSpec.model_fields[name].default
+    return stack.get(name, default) if isinstance(stack, dict) else default
+
+
 def _stack_note(request: Request | None) -> str | None:
     """Say so where the run is priced on another framework's stack: the request's stack prices the export, and
     only on a torchtitan stack is "selective" torchtitan's per-op policy and the TP overlap none by default."""
-    training = (request or {}).get("training")
-    stack = training.get("stack") if isinstance(training, dict) else None
-    default = StackSpec.model_fields["framework"].default
-    framework = stack.get("framework", default) if isinstance(stack, dict) else default
+    framework = _stack_field(request, "framework")
     if request is None or framework == "torchtitan":
         return None
     return (f"priced on the request's stack ({framework}), as the plan was: to price it as torchtitan runs it (its "
@@ -253,8 +266,9 @@ def write(job: ExportInput) -> str:
     stack = _stack_note(job.request)
     if notes and stack:
         notes.insert(1, stack)
+    compiled = _stack_field(job.request, "elementwise") == "fused"
     return "".join(f"# {n}\n" for n in notes) + torchtitan_command(job.plan, job.batch, job.seq,
-                                                                torchtitan_model(job.model), rc)
+                                                                torchtitan_model(job.model), rc, compiled)
 
 
 EXPORTER = Exporter("torchtitan", "text/x-shellscript", "sh", exported_run, write)

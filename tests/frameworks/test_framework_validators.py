@@ -73,7 +73,7 @@ GOOD = {
         "world_size": 16, "tp": 2, "pp": 2, "dp": 4, "dp_shard": 4, "cp": 1, "virtual_pp": 2,
         "micro_batch_size": 1, "local_batch_size": 8, "global_batch_size": 64, "grad_accumulation": 2,
         "recompute": "full", "sequence_parallel": True, "stage_layers": [8, 9, 8, 7], "num_layers": 32,
-        "hidden_size": 4096}, suffix=".sh"),
+        "hidden_size": 4096, "compile": False}, suffix=".sh"),
     "galvatron": Case("galvatron", GALVATRON_GOOD, 16, {
         "world_size": 16, "pp": 2, "tp": 2, "dp": 4, "global_batch_size": 64, "grad_accumulation": 8,
         "micro_batch_size": 2, "zero_stage": [3] * 8 + [2] * 24, "recompute": ["full"] * 4 + ["none"] * 28,

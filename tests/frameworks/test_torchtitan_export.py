@@ -64,8 +64,9 @@ def _cases() -> list[Any]:
     return cases
 
 
-def _expected(plan: PlanStrategy, run: PlanStrategy, batch: int) -> dict[str, Any]:
+def _expected(plan: PlanStrategy, run: PlanStrategy, batch: int, request: dict[str, Any]) -> dict[str, Any]:
     s = dominant(run)
+    stack = request["training"].get("stack", {})
     micro = batch // run.micro_batches // s.dp
     pipelined = run.pp > 1
     recompute = {x.recompute for x in run.layers}
@@ -76,7 +77,9 @@ def _expected(plan: PlanStrategy, run: PlanStrategy, batch: int) -> dict[str, An
             "micro_batches": run.micro_batches, "recompute": recompute.pop(),
             "virtual_pp": chunks(run.schedule, run.virtual_stages) if pipelined else 1,
             "stage_layers": list(run.stage_layers) if pipelined else None,
-            "fsdp_zero": (1 if pipelined else 3) if s.zero or s.cp > 1 else 0, "run_zero": s.zero}
+            "fsdp_zero": (1 if pipelined else 3) if s.zero or s.cp > 1 else 0, "run_zero": s.zero,
+            # torch.compile wherever the request's stack prices fused elementwise ops (its default)
+            "compile": stack.get("elementwise", "fused") == "fused"}
 
 
 def _read(got: dict[str, Any], gpus: int) -> dict[str, Any]:
@@ -93,7 +96,7 @@ def _read(got: dict[str, Any], gpus: int) -> dict[str, Any]:
             # FSDP (over dp_shard x cp) without a pipeline reshards after forward (ZeRO-3); pipelined it keeps the
             # weights (ZeRO-1)
             "fsdp_zero": (3 if not pipelined else 1) if r["dp_shard"] * r["cp"] > 1 else 0,
-            "run_zero": None, "world_size": r["world_size"], "_gpus": gpus}
+            "run_zero": None, "compile": r["compile"], "world_size": r["world_size"], "_gpus": gpus}
 
 
 @pytest.mark.parametrize(("name", "of"), _cases())
@@ -113,7 +116,7 @@ def test_torchtitan_accepts_the_export_and_runs_it_as_planned(name: str, of: str
     assert got["accepted"], f"torchtitan refuses the export of {name} ({of}): {got['error']}\n{text}"
     read = _read(got, spec.gpus)
     assert read.pop("world_size") == read.pop("_gpus")
-    want = _expected(plan, run, spec.batch)
+    want = _expected(plan, run, spec.batch, request)
     want["run_zero"] = read["run_zero"] = None  # the FSDP stage is compared through fsdp_zero
     if want["fsdp_zero"]:
         assert {x.zero for x in run.layers} == {want["fsdp_zero"]}
@@ -121,3 +124,21 @@ def test_torchtitan_accepts_the_export_and_runs_it_as_planned(name: str, of: str
     # the plan's own stage split (not only the run's): torchtitan takes any split by module names
     if plan.pp > 1:
         assert read["stage_layers"] == list(plan.stage_layers)
+
+
+def test_an_eager_stack_is_exported_without_torch_compile(validators: dict[str, Validator], tmp_path: Path) -> None:
+    """The export runs what the request's stack prices: fused elementwise ops (the default) with torch.compile,
+    which torchtitan's llama3_8b leaves off; an eager stack (training.stack.elementwise) with it off. torchtitan
+    reads both back so."""
+    name = "llama3-8b-1x8-h100"
+    spec, result = CORPUS[name], solved(name)
+    request = spec.request()
+    eager = {**request, "training": {**request["training"], "stack": {"elementwise": "eager"}}}
+    model = ModelSpec.model_validate(request["model"])
+    read = {}
+    for label, req in (("fused", request), ("eager", eager)):
+        got = check_torchtitan(validators["torchtitan"], export(result, "torchtitan", req), model, spec,
+                               tmp_path / f"{label}.sh")
+        assert got["accepted"], got["error"]
+        read[label] = got["read_back"]["compile"]
+    assert read == {"fused": True, "eager": False}

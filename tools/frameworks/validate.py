@@ -333,6 +333,7 @@ class Torchtitan:
             "stage_layers": stage_layers, "seq_len": t.seq_len,
             "num_layers": layers, "hidden_size": getattr(model, "dim", None),
             "model": None if config.model_spec is None else f"{config.model_spec.name}/{config.model_spec.flavor}",
+            "compile": bool(config.compile.enable and "model" in config.compile.components),
         }
 
 
