@@ -430,9 +430,9 @@ class AnalyticCostModel(CostModel):
         ep_comm = 2.0 * ep_fwd
 
         if self.stack.selective_per_op:  # torchtitan's per-op policy: the even matmuls and every elementwise op
-            # and the collectives it does not save, half the layer's TP traffic: under SP it keeps the reduce-scatters'
-            # outputs and gathers the inputs of k and w3 again; without SP it all-reduces o's output again (the
-            # replay stops at w2's input, the last tensor backward needs); Ulysses' all-to-alls all run again
+            # and the collectives it does not save: under SP (torchtitan runs TP only so) it keeps the reduce-scatters'
+            # outputs and gathers the inputs of k and w3 again, half the layer's TP traffic. Layouts torchtitan does
+            # not run are priced by analogy: without SP half of it too, under Ulysses every all-to-all again
             replayed_tp = np.where(c.sp == mem.SP_ULYSSES, 1.0, 0.5) * tp_fwd
             selective = (self._gemm(tok, shape.kv_width / split, h) + out + mlp / (3.0 if shape.gated else 2.0)
                          + elem + replayed_tp)

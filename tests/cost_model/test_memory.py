@@ -203,11 +203,11 @@ def test_torchtitan_per_op_selective_keeps_the_input_attention_output_and_every_
 
 @pytest.mark.parametrize(("sp", "replayed"), [(mem.SP_MEGATRON, 0.5), (mem.SP_NONE, 0.5), (mem.SP_ULYSSES, 1.0)])
 def test_torchtitan_per_op_selective_replays_the_collectives_it_does_not_save(sp: int, replayed: float) -> None:
-    """torchtitan's per-op recompute runs again the collectives whose outputs it does not keep: under SP the two
-    all-gathers in front of k and w3 (it keeps the reduce-scatters' outputs), without SP the all-reduce of o's
-    output (the replay stops at w2's input), under Ulysses every all-to-all. With no TP overlap a layer's TP time
-    is its forward collectives twice, so a slower link adds to the recompute that share of what it adds to
-    ``tp_comm``; Megatron's selective replays no collective."""
+    """torchtitan's per-op recompute runs again the collectives whose outputs it does not keep: under SP (the only
+    TP torchtitan runs) the two all-gathers in front of k and w3, half the layer's forward TP traffic (it keeps
+    the reduce-scatters' outputs); layouts it does not run by analogy, without SP half too, under Ulysses every
+    all-to-all. With no TP overlap a layer's TP time is its forward collectives twice, so a slower link adds to
+    the recompute that share of what it adds to ``tp_comm``; Megatron's selective replays no collective."""
     sp_name = {mem.SP_NONE: None, mem.SP_MEGATRON: "megatron", mem.SP_ULYSSES: "ulysses"}[sp]
     ctx = StageContext(pp=1, stage=0, micro_batches=2, micro_batch_samples=2)
 
