@@ -176,3 +176,22 @@ def test_a_plan_file_is_not_read_from_the_working_directory_past_the_data_roots(
     assert r.status_code == 422, r.text
     assert [d["loc"] for d in r.json()["detail"]] == [["body", "strategy", "path"]]
     assert "PARAPLAN_DATA_ROOTS" in r.text and "TOP-SECRET" not in r.text
+
+
+def test_the_stacks_elementwise_ops_over_http(client: Any) -> None:
+    """training.stack.elementwise over HTTP, both endpoints: "eager" is priced (longer compute than fused) and
+    stated, a value it does not know is 422 naming the field and the values it takes."""
+    def with_elementwise(value: str) -> dict[str, Any]:
+        return {**HYBRID, "training": {**HYBRID["training"], "stack": {"elementwise": value}}}
+
+    fused = client.post("/v1/estimate", json={**with_elementwise("fused"), "strategy": {"tp": 2}})
+    eager = client.post("/v1/estimate", json={**with_elementwise("eager"), "strategy": {"tp": 2}})
+    assert fused.status_code == eager.status_code == 200, eager.text
+    assert (fused.json()["stack"]["elementwise"], eager.json()["stack"]["elementwise"]) == ("fused", "eager")
+    assert eager.json()["breakdown_s"]["compute"] > fused.json()["breakdown_s"]["compute"]
+    for path in ("/v1/plans", "/v1/estimate"):
+        req = with_elementwise("compiled")
+        r = client.post(path, json={**req, "strategy": {"tp": 2}} if path == "/v1/estimate" else req)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", "training", "stack", "elementwise"]
+        assert "should be 'fused' or 'eager'" in r.text, r.text
