@@ -434,8 +434,9 @@ class AnalyticCostModel(CostModel):
             # outputs and gathers the inputs of k and w3 again, half the layer's TP traffic. Layouts torchtitan does
             # not run are priced by analogy: without SP half of it too, under Ulysses every all-to-all again
             replayed_tp = np.where(c.sp == mem.SP_ULYSSES, 1.0, 0.5) * tp_fwd
-            selective = (self._gemm(tok, shape.kv_width / split, h) + out + mlp / (3.0 if shape.gated else 2.0)
-                         + elem + replayed_tp)
+            # (an MoE layer's experts are grouped GEMMs it does not save: all of them again)
+            mlp_again = mlp if shape.is_moe else mlp / (3.0 if shape.gated else 2.0)
+            selective = self._gemm(tok, shape.kv_width / split, h) + out + mlp_again + elem + replayed_tp
         else:  # Megatron's: the attention core
             selective = core + core_elem
         recompute = np.where(c.rc == mem.RC_FULL, fwd + tp_fwd + cp_fwd + ep_fwd,
@@ -480,6 +481,8 @@ class AnalyticCostModel(CostModel):
                                                per_op=self.stack.selective_per_op)
         if expert is not None:
             kept = kept + expert.extra_activation_bytes
+            if self.stack.selective_per_op:  # its save list names all_to_all_single: dispatch and combine kept
+                kept = kept + np.where(c.rc == mem.RC_SELECTIVE, 2.0 * expert.alltoall_bytes, 0.0)
         frag = 1.0 + cal.fragmentation
         gathered = np.where(c.zero == 3, 2.0 * weight_bytes, 0.0)  # this layer's weights and the prefetched next
         # a layout whose (expert) TP does not divide the FFN width runs on no framework (the validator names it):

@@ -22,7 +22,9 @@ of a layer's forward it keeps the attention kernel's output and every other matm
 layer runs them (Llama: q, v, w1, w2 of q, k, v, o, w1, w3, w2), and recomputes the rest in backward, elementwise
 ops included. Kept: the layer input, those outputs (split over t as their weights are; the last matmul's output
 is a partial sum, whole on each rank) and, under sequence parallelism, the outputs of the two reduce-scatters
-that end the attention and the MLP blocks (2 s b h / t: its save list names ``reduce_scatter_tensor``).
+that end the attention and the MLP blocks (2 s b h / t: its save list names ``reduce_scatter_tensor``). An MoE
+layer's experts run as grouped GEMMs, which the policy does not save: all recomputed, none of their outputs kept
+(the expert-parallel all-to-alls' outputs it keeps are the MoE terms', ``AnalyticCostModel``).
 """
 
 from __future__ import annotations
@@ -93,9 +95,11 @@ def activation_terms(shape: LayerShape) -> ActivationTerms:
     masks = 2.0 * h if shape.hidden_dropout else 0.0  # after the attention projection and after the MLP
     # softmax output (what the probabilities-times-V GEMM reads); dropout adds its mask and output
     core, core_masks = (5.0, 1.0) if shape.attention_dropout else (2.0, 0.0)
-    # the matmuls' outputs in the order they run (width, split over t); the per-op policy keeps the odd ones
+    # the matmuls' outputs in the order they run (width, split over t); the per-op policy keeps the odd ones. An MoE
+    # layer's experts run as grouped GEMMs (torch._grouped_mm), which its save list does not name: none kept
     ffn = shape.ffn * shape.top_k
-    mlp_outputs = [(ffn, True), (ffn, True), (h, False)] if shape.gated else [(ffn, True), (h, False)]
+    mlp_outputs = [] if shape.is_moe else (
+        [(ffn, True), (ffn, True), (h, False)] if shape.gated else [(ffn, True), (h, False)])
     matmuls = [(shape.q_width, True), (shape.kv_width, True), (shape.kv_width, True), (h, False), *mlp_outputs]
     saved = matmuls[::2]
     return ActivationTerms(

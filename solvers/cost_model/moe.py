@@ -78,12 +78,17 @@ def alltoall_crosses_nodes(ep: ArrayLike, etp: ArrayLike, gpus_per_node: int) ->
 AllToAll = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
+def alltoall_bytes(tokens: ArrayLike, lsh: ArrayLike, dims: MoEDims, elem_bytes: float) -> np.ndarray:
+    """Bytes one all-to-all moves from (and to) the busiest rank: its routed rows, compressed under LSH."""
+    nbytes = routed_rows(tokens, dims) * dims.hidden * elem_bytes
+    return nbytes * np.where(np.asarray(lsh, dtype=bool), LSH_COMPRESSION_RATE, 1.0)
+
+
 def alltoall_forward_s(tokens: ArrayLike, ep: ArrayLike, etp: ArrayLike, lsh: ArrayLike, dims: MoEDims,
                        elem_bytes: float, links: comm.Links, alltoall: AllToAll | None = None) -> np.ndarray:
     """Dispatch + combine all-to-alls of one forward (the backward repeats them with the same volume);
     ``alltoall`` prices one call (default: the analytic links; the cost model passes its measured collectives)."""
-    nbytes = routed_rows(tokens, dims) * dims.hidden * elem_bytes
-    nbytes = nbytes * np.where(np.asarray(lsh, dtype=bool), LSH_COMPRESSION_RATE, 1.0)
+    nbytes = alltoall_bytes(tokens, lsh, dims, elem_bytes)
     k = ep_group_members_per_node(ep, etp, links.gpus_per_node)
     size = np.asarray(ep, dtype=float)
     one = alltoall(nbytes, size, k) if alltoall is not None else comm.alltoall_s(nbytes, size, k, links)
@@ -154,6 +159,7 @@ class MoETerms:
     edp: np.ndarray  # ranks holding the same expert shard (ZeRO and gradient sync group)
     edp_per_node: np.ndarray
     extra_activation_bytes: np.ndarray  # LSH residuals, per micro-batch in flight
+    alltoall_bytes: np.ndarray  # what one all-to-all (dispatch or combine) leaves on this rank (0 without ep)
 
 
 def layer_terms(gemm: Gemm, hbm_time: Callable[[ArrayLike], np.ndarray], links: comm.Links, dims: MoEDims,
@@ -169,6 +175,7 @@ def layer_terms(gemm: Gemm, hbm_time: Callable[[ArrayLike], np.ndarray], links: 
         edp=expert_dp(world, ep, etp),
         edp_per_node=expert_dp_members_per_node(ep, etp, world, links.gpus_per_node),
         extra_activation_bytes=lsh_residual_bytes(tokens, lsh, dims, elem_bytes),
+        alltoall_bytes=np.where(np.asarray(ep, dtype=float) > 1, alltoall_bytes(tokens, lsh, dims, elem_bytes), 0.0),
     )
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from solvers.cost_model import memory as mem
 from solvers.cost_model.analytic import AnalyticCostModel
-from solvers.cost_model.base import StageContext
+from solvers.cost_model.base import LayerCosts, StageContext
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION
 from solvers.cost_model.shapes import layer_shape
 from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
@@ -225,3 +225,43 @@ def test_torchtitan_per_op_selective_replays_the_collectives_it_does_not_save(sp
         assert slow["tp_comm"] > 1.5 * fast["tp_comm"] > 0
         assert slow["recompute"] - fast["recompute"] == pytest.approx(share * (slow["tp_comm"] - fast["tp_comm"]),
                                                                       rel=1e-9, abs=1e-12)
+
+
+MIXTRAL = ModelSpec(num_layers=2, hidden_size=4096, num_attention_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
+                    vocab_size=32000, mlp="swiglu", hidden_dropout=0.0, attention_dropout=0.0,
+                    moe={"num_experts": 8, "top_k": 2})
+
+
+def test_torchtitan_per_op_selective_keeps_no_expert_output_and_recomputes_every_expert_gemm() -> None:
+    """torchtitan runs an MoE layer's experts as grouped GEMMs, which its per-op policy does not save: of the layer
+    it keeps the input, the attention output, q and v; the experts' GEMMs all run again in backward (so a wider
+    expert adds to the recompute a third of what it adds to the forward and backward, against a ninth of the GEMMs
+    for a dense SwiGLU, whose w1 and w2 are kept); with expert parallelism it keeps the dispatch and combine
+    all-to-alls' outputs (each the busiest rank's routed rows: tokens x top-k x 1.2, the load over the mean)."""
+    h, q, kv = 4096, 4096, 1024
+    shape = layer_shape(MIXTRAL, 0)
+    kept, _ = mem.activation_bytes(shape, S, B, 1, 1, mem.SP_NONE, mem.RC_SELECTIVE, flash=True, per_op=True)
+    assert float(kept) == pytest.approx(S * B * 2 * (h + q + q + kv), rel=1e-12)
+
+    cluster = ClusterSpec(gpu="H100-SXM", nodes=1, gpus_per_node=8)
+    training = TrainingSpec(global_batch_size=2, seq_length=S, stack={"framework": "torchtitan"})
+    ctx = StageContext(pp=1, stage=0, micro_batches=1, micro_batch_samples=2 * B)
+
+    def costs(model: ModelSpec, ep: int) -> LayerCosts:
+        return AnalyticCostModel(model, cluster, training).layer_costs(
+            0, [LayerStrategy(tp=1, dp=2, ep=ep, recompute="selective")], ctx)
+
+    def parts(model: ModelSpec) -> tuple[float, float]:
+        c = costs(model, 1)
+        return float(c.parts_s["compute"][0]), float(c.parts_s["recompute"][0])
+
+    def wider_expert_share(model: ModelSpec) -> float:
+        (c1, r1), (c2, r2) = parts(model), parts(model.model_copy(update={"ffn_hidden_size": 2 * 14336}))
+        return (r2 - r1) / (c2 - c1)
+
+    assert wider_expert_share(MIXTRAL) == pytest.approx(1 / 3, rel=1e-9)
+    assert wider_expert_share(LLAMA) < 0.2  # (a ninth of the GEMMs, its elementwise ops besides)
+    routed = S * B * 2 * 1.2 * h * 2  # one all-to-all's rows on the busiest rank, 2-byte elements
+    frag = 1 + DEFAULT_CALIBRATION.fragmentation  # (the allocator's share on every activation)
+    assert float(costs(MIXTRAL, 2).activation_bytes[0] - costs(MIXTRAL, 1).activation_bytes[0]) == pytest.approx(
+        2 * routed * frag, rel=1e-9)
