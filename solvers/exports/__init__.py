@@ -58,6 +58,7 @@ def export(result: HybridResult, fmt: str, request: Request | None = None, of: s
     batch, seq = _batch(estimate, parsed)
     job = ExportInput(plan=plan, batch=batch, seq=seq, model=parsed.model if parsed else None,
                       num_gpus=parsed.cluster.num_gpus if parsed else None, request=request,
+                      training=parsed.training if parsed else None,
                       plan_step_time_s=estimate.step_time_s if estimate else 0.0, uniform=_uniform(result))
     return EXPORTERS[fmt].write(job)
 

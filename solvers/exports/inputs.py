@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from solvers.specs import ModelSpec
+from solvers.specs import ModelSpec, Precision, StackSpec, TrainingSpec
 from solvers.strategy import PlanStrategy
 
 # The plan's request as the cost model takes it: forwarded whole to price what a framework runs, never read.
@@ -31,6 +31,7 @@ class ExportInput:
     model: ModelSpec | None  # None without the request's model: the model arguments are left out
     num_gpus: int | None  # the request's cluster; None without a request
     request: Request | None  # None: nothing to price the framework's run with
+    training: TrainingSpec | None  # the request's, parsed; None without a request
     plan_step_time_s: float  # the plan's own estimated step; 0 where the result has none
     uniform: UniformPlan | None
 
@@ -41,7 +42,11 @@ class ExportInput:
         return [m.is_moe_layer(i) for i in range(m.num_layers)] if m is not None and m.moe else None
 
     @property
-    def precision(self) -> str:
+    def precision(self) -> Precision:
         """The request's training precision (the cost model's default, bf16, without one)."""
-        training = (self.request or {}).get("training") or {}
-        return str(training.get("precision") or "bf16")
+        return self.training.precision if self.training is not None else "bf16"
+
+    @property
+    def stack(self) -> StackSpec:
+        """The request's software stack (the default stack without one)."""
+        return self.training.stack if self.training is not None else StackSpec()

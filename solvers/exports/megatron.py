@@ -166,14 +166,15 @@ class Launch:
     precision: str = "bf16"
 
     @classmethod
-    def of(cls, request: Request | None) -> Launch:
-        """From the plan's request as written (the writers read no parsed request: ``inputs``)."""
-        if request is None:
+    def of(cls, job: ExportInput) -> Launch:
+        """From the plan's request: its cluster as written (a cluster of groups names no GPUs per node) and its
+        parsed precision."""
+        if job.request is None:
             return cls()
-        cluster, training = request.get("cluster") or {}, request.get("training") or {}
+        cluster = job.request.get("cluster") or {}
         gpn, nodes = cluster.get("gpus_per_node"), cluster.get("nodes")
         ok = isinstance(gpn, int) and isinstance(nodes, int)
-        return cls(gpn if ok else None, nodes if ok else None, str(training.get("precision") or "bf16"))
+        return cls(gpn if ok else None, nodes if ok else None, job.precision)
 
     def command(self) -> str:
         where = (f"--nproc_per_node {self.gpus_per_node} --nnodes {self.nodes}" if self.gpus_per_node
@@ -363,7 +364,7 @@ def write(job: ExportInput) -> str:
     if est is not None:
         notes[0] += _uniform_hint(job.uniform, est)
     return "".join(f"# {n}\n" for n in notes) + megatron_args(job.plan, job.batch, job.seq, job.model, layout,
-                                                            Launch.of(job.request), run)
+                                                            Launch.of(job), run)
 
 
 EXPORTER = Exporter("megatron", "text/plain", "txt", exported_run, write)

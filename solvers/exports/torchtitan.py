@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from solvers.cost_model.pipeline import chunks, virtual_stage_layers
 from solvers.exports.exporter import Exporter
@@ -18,7 +17,7 @@ from solvers.exports.layout import dominant, expert_layout, micro_batch_size, wi
 from solvers.exports.notes import layout_notes
 from solvers.exports.pricing import as_run_notes, fastest_that_fits
 from solvers.hybrid.baselines import megatron_embedding
-from solvers.specs import ModelSpec, StackSpec
+from solvers.specs import ModelSpec
 from solvers.strategy import PlanStrategy, Recompute
 
 
@@ -240,20 +239,11 @@ def torchtitan_command(plan: PlanStrategy, batch: int, seq: int, model: Torchtit
                       f"  {args[-1]}"]) + "\n"
 
 
-def _stack_field(request: Request | None, name: str) -> Any:
-    """A field of the request's training.stack as priced: as written, else StackSpec's default (exports take the
-    raw request, as the other writers do)."""
-    training = (request or {}).get("training")
-    stack = training.get("stack") if isinstance(training, dict) else None
-    default = StackSpec.model_fields[name].default
-    return stack.get(name, default) if isinstance(stack, dict) else default
-
-
-def _stack_note(request: Request | None) -> str | None:
+def _stack_note(job: ExportInput) -> str | None:
     """Say so where the run is priced on another framework's stack: the request's stack prices the export, and
     only on a torchtitan stack is "selective" torchtitan's per-op policy and the TP overlap none by default."""
-    framework = _stack_field(request, "framework")
-    if request is None or framework == "torchtitan":
+    framework = job.stack.framework
+    if job.request is None or framework == "torchtitan":
         return None
     return (f"priced on the request's stack ({framework}), as the plan was: to price it as torchtitan runs it (its "
             "per-op selective checkpointing, plain TP unless async TP), plan with training.stack.framework = "
@@ -263,10 +253,10 @@ def _stack_note(request: Request | None) -> str | None:
 def write(job: ExportInput) -> str:
     rc = torchtitan_recompute(job.plan, job.expert_layers, job.request)
     notes = as_run_notes(torchtitan_run_plan(job.plan, job.expert_layers, rc), job, "torchtitan")
-    stack = _stack_note(job.request)
+    stack = _stack_note(job)
     if notes and stack:
         notes.insert(1, stack)
-    compiled = _stack_field(job.request, "elementwise") == "fused"
+    compiled = job.stack.elementwise == "fused"
     return "".join(f"# {n}\n" for n in notes) + torchtitan_command(job.plan, job.batch, job.seq,
                                                                 torchtitan_model(job.model), rc, compiled)
 
