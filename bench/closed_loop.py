@@ -83,6 +83,7 @@ sys.path.insert(0, str(ROOT))
 
 from solvers.api import estimate  # noqa: E402
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION  # noqa: E402
+from solvers.run_layout import RUNTIME_STACK  # noqa: E402
 from worker.launch import run_locally  # noqa: E402
 
 if TYPE_CHECKING:
@@ -95,7 +96,10 @@ MODEL: dict[str, Any] = {"name": "small-llama", "num_layers": 8, "hidden_size": 
 MOE_MODEL: dict[str, Any] = {**MODEL, "name": "small-moe",
                              "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 344,
                                      "capacity_factor": 2.0, "moe_layer_frequency": 2}}
-TRAINING = {"global_batch_size": 16, "seq_length": 128, "precision": "fp32"}
+# on the stack the runtime runs (framework "paraplan": eager elementwise ops, no TP overlap, the gradient sync after
+# the backward), as a run's own prediction is (service.runs.runtime_predicted)
+TRAINING = {"global_batch_size": 16, "seq_length": 128, "precision": "fp32",
+            "stack": RUNTIME_STACK.model_dump(mode="json", exclude_unset=True)}
 
 
 def per_layer(layers: list[dict[str, Any]], embedding: dict[str, Any]) -> dict[str, Any]:

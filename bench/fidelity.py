@@ -244,7 +244,7 @@ def modern_table(rep: Report) -> str:
         over |= not est.fits
         st = r.training.priced_stack()
         recipe = f"/{st.fp8_recipe}" if st.fp8_recipe else ""
-        eager = " eager" if st.elementwise == "eager" else ""
+        eager = " eager" if st.elementwise_kernels == "eager" else ""
         stack = f"{st.framework}{eager} {r.training.precision}{recipe} tp-ovl {st.tp_comm_overlap}"
         memory = f"{est.peak_memory_gib:.1f}/{r.cluster.gpu.memory_gib:.1f} GiB" + ("" if est.fits else " !")
         lines.append(f"    {r.label:<34} {r.cluster.gpu.name:<15} {stack:<34} {r.measured:>9.0f} {p:>9.0f} "

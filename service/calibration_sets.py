@@ -27,6 +27,7 @@ from solvers.cost_model.fitting import Measurement, fit_calibration, measurement
 from solvers.documents.calibration import CalibrationFitDoc, CalibrationSetUse, ChosenBy
 from solvers.errors import SpecError
 from solvers.request import HybridRequest
+from solvers.run_layout import runtime_request
 from solvers.specs import StackSpec
 
 
@@ -37,7 +38,8 @@ def set_view(row: CalibrationSet) -> dict[str, Any]:
 
 # --- creating a set from measurements -----------------------------------------------------------------------
 def measurements_of_runs(session: Session, run_ids: Sequence[str]) -> list[Measurement]:
-    """Each finished run's measured step against its plan (request and strategy); SpecError at ``runs[i]``."""
+    """Each finished run's measured step against its plan (request and strategy) on the stack the runtime ran
+    (``solvers.run_layout.RUNTIME_STACK``): a set fitted from runs is the runtime's; SpecError at ``runs[i]``."""
     out = []
     for i, run_id in enumerate(run_ids):
         loc: tuple[str | int, ...] = ("runs", i)
@@ -53,7 +55,8 @@ def measurements_of_runs(session: Session, run_ids: Sequence[str]) -> list[Measu
                                     "succeeded run's measurement fits a set")
         if plan.kind != "hybrid" or not plan.result:
             raise SpecError.at(loc, f"run {run_id} ran a {plan.kind} plan; calibration sets price hybrid plans")
-        out.append(measurement_of(request, plan.result["strategy"], float(step), loc))
+        # what ran is the runtime, on its own stack, whatever stack the plan was priced for
+        out.append(measurement_of(runtime_request(request), plan.result["strategy"], float(step), loc))
     return out
 
 

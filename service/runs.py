@@ -19,14 +19,17 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.calibration_sets import resolve
 from service.db.engine import Database
 from service.db.models import Plan, PlanRequest, Run, utcnow
 from service.errors import Conflict, Forbidden, NotFound, NotRunnable, get_or_404
 from service.tokens import Principal
 from service.workers import owned_worker, workers_of_token
+from solvers.cost_model.calibration_set import RESOLVED
 from solvers.documents import TERMINAL, FlexSPResult, HybridResult, PlanResult, SpindleResult, load_result
+from solvers.documents.hybrid import HybridEstimate
 from solvers.errors import FieldProblem, SpecError
-from solvers.run_layout import check_runnable, dataset_problems
+from solvers.run_layout import check_runnable, dataset_problems, runtime_request
 from solvers.run_spindle import SpindleProgram
 
 
@@ -35,15 +38,43 @@ def predicted_of(result: PlanResult | None) -> dict[str, Any]:
     hybrid plan also the constants it was priced with (``calibration_set``: a stored set's name, version and why it
     was chosen, or null name for the shipped constants)."""
     if isinstance(result, HybridResult):
-        used = result.estimate.calibration_set
-        return {"step_time_s": result.estimate.step_time_s, "peak_memory_gib": result.estimate.peak_memory_gib,
-                "calibration_set": None if used is None else {"name": used.name, "version": used.version,
-                                                               "chosen_by": used.chosen_by}}
+        return _hybrid_predicted(result.estimate)
     if isinstance(result, FlexSPResult):
         return {"step_time_s": result.estimate.step_time_s, "peak_memory_gib": result.estimate.peak_memory_gib}
     if isinstance(result, SpindleResult):
         return {"step_time_s": result.estimate.iteration_time_s, "peak_memory_gib": result.estimate.peak_memory_gib}
     return {"step_time_s": None, "peak_memory_gib": None}
+
+
+def _hybrid_predicted(estimate: HybridEstimate) -> dict[str, Any]:
+    used = estimate.calibration_set
+    return {"step_time_s": estimate.step_time_s, "peak_memory_gib": estimate.peak_memory_gib,
+            "calibration_set": None if used is None else {"name": used.name, "version": used.version,
+                                                           "chosen_by": used.chosen_by}}
+
+
+def runtime_predicted(session: Session, request: dict[str, Any], result: HybridResult) -> dict[str, Any]:
+    """What a run of a hybrid plan should measure: the plan's strategy priced on the stack the runtime runs
+    (``solvers.run_layout.RUNTIME_STACK``) with the newest calibration set stored for its GPU type and that stack,
+    else the shipped constants; ``stack`` says what was priced, and where the plan was priced for another stack,
+    ``plan_step_time_s`` keeps the plan's own figure. Where the runtime's stack cannot be priced, the plan's
+    prediction with a ``note`` that says so."""
+    from solvers.api import estimate
+
+    ask = runtime_request(request)
+    use = resolve(session, ask)
+    if use is not None:
+        ask["cost_model"] = {**(ask.get("cost_model") or {}), RESOLVED: use.to_json()}
+    try:
+        doc = estimate({**ask, "strategy": result.strategy.to_json()})
+    except SpecError as err:
+        return {**predicted_of(result), "note": f"priced for the plan's stack: the runtime's could not be ({err})"}
+    assert isinstance(doc, HybridEstimate)
+    out = _hybrid_predicted(doc)
+    out["stack"] = None if doc.stack is None else doc.stack.model_dump(mode="json")
+    if result.estimate.stack != doc.stack:
+        out["plan_step_time_s"] = result.estimate.step_time_s
+    return out
 
 
 def run_view(run: Run) -> dict[str, Any]:
@@ -83,9 +114,11 @@ def create_run(session: Session, plan_id: str, steps: int, max_attempts: int, ch
                                     dataset.get("document_separator"), by_document=plan.kind == "flexsp")
         if problems:
             raise SpecError(problems)
-    run = Run(plan_id=plan_id, steps=steps, status="queued", max_attempts=max_attempts,
-              predicted=predicted_of(load_result(plan.kind, plan.result) if plan.result else None), progress=[],
-              checkpoint_every_steps=checkpoint_every_steps, dataset=dataset, nodes_needed=layout.nodes,
+    result = load_result(plan.kind, plan.result) if plan.result else None
+    predicted = (runtime_predicted(session, request.request, result) if isinstance(result, HybridResult)
+                 else predicted_of(result))
+    run = Run(plan_id=plan_id, steps=steps, status="queued", max_attempts=max_attempts, predicted=predicted,
+              progress=[], checkpoint_every_steps=checkpoint_every_steps, dataset=dataset, nodes_needed=layout.nodes,
               ranks_per_node=layout.ranks_per_node, nodes=[])
     session.add(run)
     session.flush()

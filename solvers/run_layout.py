@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Literal, get_args
 
+from solvers.cost_model.calibration_set import RESOLVED
 from solvers.cost_model.pipeline import model_layer_order, virtual_stage_layers
 from solvers.documents import DocumentError, HybridResult, load_result
 from solvers.errors import FieldProblem, SpecError
@@ -32,10 +33,18 @@ from solvers.request import HybridRequest, parse
 from solvers.run_experts import ExpertLayout, expert_layouts
 from solvers.run_flexsp import FlexSPRunLayout, check_flexsp_runnable, is_flexsp_plan
 from solvers.run_spindle import SpindleProgram, is_spindle_plan, load_program
-from solvers.specs import ModelSpec, Precision
+from solvers.specs import ModelSpec, Precision, StackSpec
 from solvers.strategy import SCHEDULES, EmbeddingStrategy, LayerStrategy, PlanStrategy, Schedule, SpKind
 
 STRATEGY = ("result", "strategy")
+
+# The software stack the runtime is (``training.stack`` of what a run measures): attention through
+# ``scaled_dot_product_attention`` (fused kernels), every elementwise op in PyTorch eager mode (no torch.compile),
+# DTensor tensor parallelism with no communication overlap, ZeRO-0/1 gradients all-reduced after the step's
+# backward passes (``worker.runtime.data_parallel``; FSDP2's ZeRO-2/3 traffic overlaps as priced by the constants),
+# sharded optimizer states, "selective" recompute of the attention core (``worker.runtime.checkpointing``).
+# ``StackSpec(framework="paraplan")`` resolves to all of this.
+RUNTIME_STACK = StackSpec(framework="paraplan")
 TokenDtype = Literal["uint16", "uint32"]
 TOKEN_DTYPES: tuple[str, ...] = get_args(TokenDtype)
 
@@ -114,6 +123,19 @@ class RunLayout:
     @property
     def ranks_per_node(self) -> int:
         return self.world_size // self.nodes
+
+
+def runtime_request(request: dict[str, Any]) -> dict[str, Any]:
+    """A hybrid request as the runtime runs it (what a run of its plan measures): its ``training.stack`` replaced
+    by ``RUNTIME_STACK`` and, since a set for the request's stack is not one for the runtime's, the calibration set
+    it named or the service resolved for it dropped."""
+    training = request.get("training")
+    cost_model = request.get("cost_model")
+    out = {**request, "training": {**(training if isinstance(training, dict) else {}),
+                                   "stack": RUNTIME_STACK.model_dump(mode="json", exclude_unset=True)}}
+    if isinstance(cost_model, dict):
+        out["cost_model"] = {k: v for k, v in cost_model.items() if k not in ("calibration_set", RESOLVED)}
+    return out
 
 
 def load_plan(doc: Any) -> tuple[HybridRequest, HybridResult | None]:

@@ -381,14 +381,20 @@ MAX_GLOBAL_BATCH_SIZE = 2**40
 
 AttentionKernel = Literal["fused", "unfused"]
 ElementwiseKernels = Literal["fused", "eager"]
-Framework = Literal["megatron-core", "megatron-lm", "torchtitan", "deepspeed"]
+Framework = Literal["megatron-core", "megatron-lm", "torchtitan", "deepspeed", "paraplan"]
 TpCommOverlap = Literal["none", "backward", "full"]
 Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
 # The TP overlap each framework runs unless told otherwise: Megatron issues the backward input-gradient all-reduce
 # asynchronously behind the weight-gradient GEMMs (its forward overlap, --tp-comm-overlap, needs Transformer
-# Engine's userbuffers and is opt-in); torchtitan's async TP and DeepSpeed's AutoTP are opt-in / do not overlap.
+# Engine's userbuffers and is opt-in); torchtitan's async TP and DeepSpeed's AutoTP are opt-in / do not overlap,
+# nor do paraplan's runtime's DTensor layers (worker.runtime.tensor_parallel).
 FRAMEWORK_TP_OVERLAP: dict[str, TpCommOverlap] = {"megatron-core": "backward", "megatron-lm": "backward",
-                                                   "torchtitan": "none", "deepspeed": "none"}
+                                                   "torchtitan": "none", "deepspeed": "none", "paraplan": "none"}
+# What a framework runs where the stack leaves elementwise / dp_overlap out: fused kernels and the gradient sync
+# behind the last backward, except paraplan's runtime, which runs PyTorch eager (no torch.compile) and
+# all-reduces ZeRO-0/1 gradients after the step's backward passes (worker.runtime.data_parallel).
+FRAMEWORK_EAGER_ELEMENTWISE = frozenset({"paraplan"})
+FRAMEWORK_DP_SYNC_AFTER_BACKWARD = frozenset({"paraplan"})
 
 
 class StackSpec(_Spec):
@@ -399,21 +405,25 @@ class StackSpec(_Spec):
     - ``attention``: "fused" (FlashAttention / cuDNN) keeps no s² scores and computes only the unmasked half of
       causal scores; "unfused" keeps them and computes all of them (the Megatron-LM of 2021). No shipped
       framework runs context parallelism on unfused kernels: the planner keeps cp = 1 on such a stack.
-    - ``framework`` decides ``tp_comm_overlap`` when it is not given, and what a layer's "selective" recompute
-      is: Megatron's (the attention core recomputed), or on "torchtitan" its per-op policy (every other matmul's
-      output kept, the rest recomputed with the elementwise ops; ``solvers/cost_model/memory.py``);
-      ``framework_version`` is stated with the estimate and prices nothing by itself.
+    - ``framework`` decides ``tp_comm_overlap``, ``elementwise`` and ``dp_overlap`` when they are not given, and
+      what a layer's "selective" recompute is: Megatron's (the attention core recomputed), or on "torchtitan" its
+      per-op policy (every other matmul's output kept, the rest recomputed with the elementwise ops;
+      ``solvers/cost_model/memory.py``). "paraplan" is paraplan's own runtime (``worker.runtime``, what a run
+      executes; ``solvers.run_layout.RUNTIME_STACK``): eager elementwise ops, no TP overlap, the ZeRO-0/1 gradient
+      sync after the backward. ``framework_version`` is stated with the estimate and prices nothing by itself.
     - ``distributed_optimizer``: optimizer states (and at ZeRO-2/3 gradients and weights) may be sharded over
       data-parallel ranks; without it every layer runs ZeRO-0.
     - ``tp_comm_overlap``: how much tensor-parallel communication hides behind GEMMs: "none", "backward" (the
       input-gradient all-reduce behind the weight-gradient GEMMs), "full" (also the forward collectives behind
       the adjacent GEMMs, Transformer Engine's userbuffers).
-    - ``dp_overlap``: the per-step gradient sync hides behind the last backward (else it is fully exposed).
+    - ``dp_overlap``: the per-step gradient sync hides behind the last backward (else it is fully exposed);
+      default: true, false on "paraplan".
     - ``fp8_recipe``: the FP8 scaling recipe of ``precision = "fp8"`` (default "delayed"): what the casts of
       every GEMM input cost in HBM traffic.
     - ``elementwise``: "fused" (Megatron's and Transformer Engine's fused kernels, torch.compile) or "eager"
       (PyTorch eager mode, each elementwise op its own kernel: torchtitan without torch.compile), which adds the
-      HBM traffic of the unfused norms, rotary embeddings and SwiGLU (``solvers/cost_model/elementwise.py``)."""
+      HBM traffic of the unfused norms, rotary embeddings and SwiGLU (``solvers/cost_model/elementwise.py``);
+      default: "fused", "eager" on "paraplan"."""
 
     attention: AttentionKernel = "fused"
     framework: Framework = "megatron-core"
@@ -421,14 +431,28 @@ class StackSpec(_Spec):
     # strict: "yes" or 1 is no switch (lax validation read "false" as false and "no" as false, "yes" as true)
     distributed_optimizer: bool = Field(default=True, strict=True)
     tp_comm_overlap: TpCommOverlap | None = None
-    dp_overlap: bool = Field(default=True, strict=True)
+    dp_overlap: bool | None = Field(default=None, strict=True)
     fp8_recipe: Fp8Recipe | None = None
-    elementwise: ElementwiseKernels = "fused"
+    elementwise: ElementwiseKernels | None = None
 
     @property
     def tp_overlap(self) -> TpCommOverlap:
         """The TP overlap the stack runs: the given one, else its framework's."""
         return self.tp_comm_overlap or FRAMEWORK_TP_OVERLAP[self.framework]
+
+    @property
+    def elementwise_kernels(self) -> ElementwiseKernels:
+        """The elementwise kernels the stack runs: the given ones, else its framework's."""
+        if self.elementwise is not None:
+            return self.elementwise
+        return "eager" if self.framework in FRAMEWORK_EAGER_ELEMENTWISE else "fused"
+
+    @property
+    def dp_sync_overlapped(self) -> bool:
+        """Whether the per-step gradient sync hides behind the last backward: as given, else its framework's."""
+        if self.dp_overlap is not None:
+            return self.dp_overlap
+        return self.framework not in FRAMEWORK_DP_SYNC_AFTER_BACKWARD
 
 
 class TrainingSpec(_Spec):
@@ -458,7 +482,8 @@ class TrainingSpec(_Spec):
         """The stack with every default resolved, as estimates state it."""
         # built anew, so that every field counts as set and the result's JSON states all of them
         return StackSpec(**{**self.stack.model_dump(), "tp_comm_overlap": self.stack.tp_overlap,
-                            "fp8_recipe": self.fp8_recipe})
+                            "fp8_recipe": self.fp8_recipe, "elementwise": self.stack.elementwise_kernels,
+                            "dp_overlap": self.stack.dp_sync_overlapped})
 
 
 class Constraints(_Spec):

@@ -1,7 +1,8 @@
 """What the run page shows: predicted vs measured step time and memory, memory per rank, the loss curve.
 
-``predicted`` is what the plan's document says; ``metrics`` are what the worker measured, free-form JSON that
-only some workers fill in, so its numbers are read tolerantly.
+``predicted`` is what the run was predicted to measure when it was queued (``service.runs``: for a hybrid plan its
+strategy priced on the runtime's stack, else the plan's document); ``metrics`` are what the worker measured,
+free-form JSON that only some workers fill in, so its numbers are read tolerantly.
 """
 
 from __future__ import annotations
@@ -77,6 +78,22 @@ def prediction_notes(request: Mapping[str, Any], metrics: Mapping[str, Any]) -> 
     return notes
 
 
+def _runtime_stack_note(predicted: Mapping[str, Any]) -> str | None:
+    """What stack a hybrid run's prediction priced: paraplan's runtime, and the plan's own figure where the plan
+    was priced for another stack (``service.runs.runtime_predicted``)."""
+    stack = predicted.get("stack")
+    if not isinstance(stack, Mapping):
+        note = predicted.get("note")
+        return note if isinstance(note, str) else None
+    text = (f"Predicted for paraplan's runtime, what runs the plan (framework {stack.get('framework')}: "
+            f"{stack.get('elementwise')} elementwise ops, TP overlap {stack.get('tp_comm_overlap')}, gradient sync "
+            f"{'behind the backward' if stack.get('dp_overlap') else 'after the backward'}).")
+    plan_s = fmt.as_float(predicted.get("plan_step_time_s"))
+    if plan_s is not None:
+        text += f" The plan's own estimate, for the stack its request names: {fmt.seconds(plan_s)} a step."
+    return text
+
+
 def build(run: Mapping[str, Any], request: Mapping[str, Any] | None = None) -> RunView:
     """The run's page; ``request``: its plan's request (what the prediction was made for)."""
     metrics, predicted = run["metrics"], run["predicted"]
@@ -86,6 +103,9 @@ def build(run: Mapping[str, Any], request: Mapping[str, Any] | None = None) -> R
         view.notes.insert(0, f"Predicted with calibration set {used.get('name')} v{used.get('version')} (chosen by "
                              f"{used.get('chosen_by')})." if used.get("name") else
                              "Predicted with the shipped constants (no calibration set applied).")
+    runtime_note = _runtime_stack_note(predicted)
+    if runtime_note:
+        view.notes.insert(1 if isinstance(used, Mapping) else 0, runtime_note)
     per_rank = _floats(metrics.get("peak_memory_gib_per_rank"))
     measured_peak = max(per_rank) if per_rank else fmt.as_float(metrics.get("peak_memory_gib"))
     per = "rank" if str(metrics.get("device") or "").lower() == "cpu" else "GPU"

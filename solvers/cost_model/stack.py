@@ -45,9 +45,9 @@ def stack_terms(model: ModelSpec, training: TrainingSpec, cal: AnalyticCalibrati
         causal_fraction=0.5 if (fused and model.causal) else 1.0,
         tp_overlap_backward=cal.tp_overlap if overlap in ("backward", "full") else 0.0,
         tp_overlap_forward=cal.tp_overlap if overlap == "full" else 0.0,
-        dp_overlap=cal.dp_overlap if stack.dp_overlap else 0.0,
+        dp_overlap=cal.dp_overlap if stack.dp_sync_overlapped else 0.0,
         fp8_cast_bytes=FP8_CAST_BYTES[recipe] if recipe is not None else 0.0,
         zero_allowed=stack.distributed_optimizer,
         selective_per_op=stack.framework == "torchtitan",
-        eager_elementwise=stack.elementwise == "eager",
+        eager_elementwise=stack.elementwise_kernels == "eager",
     )

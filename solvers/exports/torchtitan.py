@@ -256,7 +256,7 @@ def write(job: ExportInput) -> str:
     stack = _stack_note(job)
     if notes and stack:
         notes.insert(1, stack)
-    compiled = job.stack.elementwise == "fused"
+    compiled = job.stack.elementwise_kernels == "fused"
     return "".join(f"# {n}\n" for n in notes) + torchtitan_command(job.plan, job.batch, job.seq,
                                                                 torchtitan_model(job.model), rc, compiled)
 

@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from solvers.errors import SpecError
+from solvers.run_layout import RUNTIME_STACK
+from solvers.specs import TrainingSpec
 from tests.contract_json import estimate, solve
 
 from .conftest import request
@@ -110,6 +112,31 @@ def test_fp8_recipes_price_their_casts() -> None:
     assert t["delayed"] < t["mxfp8"] < t["tensorwise"]
     bf16 = estimate({**req, "training": {**req["training"], "precision": "bf16"}})["breakdown_s"]["compute"]
     assert t["delayed"] < bf16  # the casts cost less than FP8's doubled peak saves
+
+
+def test_paraplans_runtime_is_a_framework_whose_defaults_are_what_it_runs() -> None:
+    """framework "paraplan" (what a run executes, solvers.run_layout.RUNTIME_STACK) resolves the fields left out to
+    what the runtime does: eager elementwise ops, no TP overlap, the ZeRO-0/1 gradient sync after the backward;
+    its selective recompute is Megatron's. Given fields win; the other frameworks' defaults are unchanged."""
+    plain = request(strategy={**UNIFORM, "zero": 0, "recompute": "selective"})
+    runtime = estimate(_with_stack(plain, framework="paraplan"))
+    assert {k: runtime["stack"][k] for k in ("framework", "elementwise", "dp_overlap", "tp_comm_overlap")} == {
+        "framework": "paraplan", "elementwise": "eager", "dp_overlap": False, "tp_comm_overlap": "none"}
+    spelled = estimate(_with_stack(plain, elementwise="eager", dp_overlap=False, tp_comm_overlap="none"))
+    assert runtime["step_time_s"] == pytest.approx(spelled["step_time_s"], rel=1e-12)
+    assert runtime["breakdown_s"] == pytest.approx(spelled["breakdown_s"], rel=1e-12)
+    default = estimate(plain)
+    assert runtime["breakdown_s"]["dp_comm_exposed"] > default["breakdown_s"]["dp_comm_exposed"]
+    assert runtime["breakdown_s"]["compute"] > default["breakdown_s"]["compute"]  # the eager ops' HBM traffic
+    given = estimate(_with_stack(plain, framework="paraplan", elementwise="fused", dp_overlap=True))
+    assert (given["stack"]["elementwise"], given["stack"]["dp_overlap"]) == ("fused", True)
+    assert given["step_time_s"] == pytest.approx(
+        estimate(_with_stack(plain, tp_comm_overlap="none"))["step_time_s"], rel=1e-12)
+    for framework in ("megatron-core", "megatron-lm", "torchtitan", "deepspeed"):
+        stack = estimate(_with_stack(plain, framework=framework))["stack"]
+        assert (stack["elementwise"], stack["dp_overlap"]) == ("fused", True), framework
+    assert TrainingSpec(global_batch_size=8, stack=RUNTIME_STACK).priced_stack() == TrainingSpec(
+        global_batch_size=8, stack=runtime["stack"]).priced_stack()
 
 
 @pytest.mark.parametrize(("stack", "loc"), [

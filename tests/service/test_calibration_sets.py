@@ -22,6 +22,7 @@ from service.db.models import Job
 from solvers.api import solve
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION
 from solvers.cost_model.fitting import measurement_of, predict_s
+from solvers.run_layout import runtime_request
 
 pytestmark = pytest.mark.db
 
@@ -74,7 +75,10 @@ def test_the_first_run_calibrates_its_cluster_and_the_next_plan_is_priced_closer
         client: Any, db: Database, make_token: Callable[[str], str]) -> None:
     tokens = {scope: make_token(scope) for scope in ("submit", "worker")}
     submit = tokens["submit"]
-    before = _step(client, H100, SECOND, submit)
+    # a run measures paraplan's runtime, whose stack is its own (eager elementwise ops, the gradient sync after
+    # the backward, no TP overlap): what a run of a plan on this cluster is priced on
+    RUNTIME = runtime_request(H100)
+    before = _step(client, RUNTIME, SECOND, submit)
     assert before["calibration_set"]["chosen_by"] == "shipped" and before["calibration_set"]["name"] is None
     assert "none is stored for its GPU type and stack" in before["calibration_set"]["note"]
 
@@ -84,11 +88,14 @@ def test_the_first_run_calibrates_its_cluster_and_the_next_plan_is_priced_closer
                                            "constraints": {"target": "torchtitan"}}, headers=_auth(submit)).json()
     plan = _solve_queued(client, db, first["id"], submit)
     strategy = plan["result"]["strategy"]
-    run_id = _measured_run(client, db, first["id"], tokens, measured_s(plan["request"], strategy))
-    r = client.post("/v1/calibration-sets", json={"name": "h100-fused", "runs": [run_id]}, headers=_auth(submit))
+    run_id = _measured_run(client, db, first["id"], tokens, measured_s(runtime_request(plan["request"]), strategy))
+    r = client.post("/v1/calibration-sets", json={"name": "h100-worker", "runs": [run_id]}, headers=_auth(submit))
     assert r.status_code == 201, r.text
     made = r.json()
-    assert made["version"] == 1 and made["gpu"] == "H100-SXM" and made["stack"]["attention"] == "fused"
+    # the set is the runtime's: keyed by its stack, not by the stack the plan's request was priced for
+    assert made["version"] == 1 and made["gpu"] == "H100-SXM"
+    assert {k: made["stack"][k] for k in ("framework", "elementwise", "dp_overlap", "tp_comm_overlap")} == {
+        "framework": "paraplan", "elementwise": "eager", "dp_overlap": False, "tp_comm_overlap": "none"}
     assert made["sources"] == {"runs": [run_id]}
     fit = made["fit"]
     assert fit["measurements"] == 1 and fit["fit_mape"] < fit["start_mape"] and fit["fit_mape"] <= 0.03
@@ -97,35 +104,43 @@ def test_the_first_run_calibrates_its_cluster_and_the_next_plan_is_priced_closer
     assert fit["identified"] and set(fit["identified"]) < set(fit["keys"])
     assert "inter_efficiency" not in fit["identified"]
 
-    # a second, different plan on that cluster: picked by GPU type and stack, and closer to what it measures
-    after = _step(client, H100, SECOND, submit)
+    # a second, different plan on that cluster, as the runtime runs it: picked by GPU type and stack, and closer
+    # to what it measures
+    after = _step(client, RUNTIME, SECOND, submit)
     used = after["calibration_set"]
-    assert (used["name"], used["version"], used["chosen_by"]) == ("h100-fused", 1, "cluster")
+    assert (used["name"], used["version"], used["chosen_by"]) == ("h100-worker", 1, "cluster")
     assert used["constants"]["gemm_eta_max"] == made["constants"]["gemm_eta_max"] and used["fit"] == fit
     measured, assumed = used["note"].split("measured by them: ")[1].split(", assumed: ")
     assert measured.split(", ") == fit["identified"] and "inter_efficiency" in assumed.split(", ")
-    truth = measured_s(H100, SECOND)
+    truth = measured_s(RUNTIME, SECOND)
     error_before, error_after = abs(before["step_time_s"] / truth - 1), abs(after["step_time_s"] / truth - 1)
     assert error_after < error_before / 3, (error_before, error_after)
+    # a request for another stack (the default: Megatron-core) is not priced with the runtime's set
+    other = _step(client, H100, SECOND, submit)["calibration_set"]
+    assert other["chosen_by"] == "shipped" and "none is stored for its GPU type and stack" in other["note"]
 
-    # a plan solved on that cluster states the set in its stored request and its result
-    second = client.post("/v1/plans", json=H100, headers=_auth(submit)).json()
-    assert second["request"]["cost_model"]["resolved_calibration_set"]["name"] == "h100-fused"
+    # a plan solved on that cluster for the runtime's stack states the set in its stored request and its result
+    second = client.post("/v1/plans", json=RUNTIME, headers=_auth(submit)).json()
+    assert second["request"]["cost_model"]["resolved_calibration_set"]["name"] == "h100-worker"
     solved = _solve_queued(client, db, second["id"], submit)
-    assert solved["result"]["estimate"]["calibration_set"]["name"] == "h100-fused"
+    assert solved["result"]["estimate"]["calibration_set"]["name"] == "h100-worker"
     page = client.get(f"/plans/{second['id']}", headers=_auth(submit))
-    assert page.status_code == 200 and "calibration set h100-fused v1 (cluster)" in page.text
+    assert page.status_code == 200 and "calibration set h100-worker v1 (cluster)" in page.text
     assert f"measured by them: {', '.join(fit['identified'])}, assumed: " in page.text
 
-    # the first plan's request again is now priced with the set, and a run of it says so on its page (the first
-    # run's page: the shipped constants it was predicted with)
-    again = client.post("/v1/plans", json=first["request"] | {"cost_model": {}}, headers=_auth(submit)).json()
-    _solve_queued(client, db, again["id"], submit)
-    rerun = _measured_run(client, db, again["id"], tokens, 1.0)
-    assert client.get(f"/v1/runs/{rerun}", headers=_auth(submit)).json()["predicted"]["calibration_set"] == {
-        "name": "h100-fused", "version": 1, "chosen_by": "cluster"}
+    # the first plan (priced for the default stack with the shipped constants) runs again: this run is predicted
+    # for the runtime, with the set, and closer to what it measures than the first run's prediction was
+    rerun = _measured_run(client, db, first["id"], tokens, 1.0)
+    predicted = client.get(f"/v1/runs/{rerun}", headers=_auth(submit)).json()["predicted"]
+    assert predicted["calibration_set"] == {"name": "h100-worker", "version": 1, "chosen_by": "cluster"}
+    assert predicted["stack"]["framework"] == "paraplan" and predicted["plan_step_time_s"] > 0
+    first_predicted = client.get(f"/v1/runs/{run_id}", headers=_auth(submit)).json()["predicted"]
+    assert first_predicted["calibration_set"]["chosen_by"] == "shipped"
+    truth = measured_s(runtime_request(plan["request"]), strategy)
+    assert abs(predicted["step_time_s"] / truth - 1) < abs(first_predicted["step_time_s"] / truth - 1) / 3
     page = client.get(f"/runs/{rerun}", headers=_auth(submit))
-    assert page.status_code == 200 and "calibration set h100-fused v1 (chosen by cluster)" in page.text
+    assert page.status_code == 200 and "calibration set h100-worker v1 (chosen by cluster)" in page.text
+    assert "paraplan&#39;s runtime" in page.text or "paraplan's runtime" in page.text
     page = client.get(f"/runs/{run_id}", headers=_auth(submit))
     assert "Predicted with the shipped constants" in page.text
 

@@ -13,7 +13,10 @@ from sqlalchemy import update
 
 from service.db.engine import Database
 from service.db.models import Run, utcnow
-from tests.service.helpers import HYBRID, store_plan, variant
+from solvers.api import estimate
+from solvers.documents.hybrid import HybridEstimate
+from solvers.run_layout import runtime_request
+from tests.service.helpers import HYBRID, RESULT, store_plan, variant
 
 pytestmark = pytest.mark.db
 WORKER = {"name": "w", "host": "node-1", "gpus": 8, "gpu_name": "A100-80GB", "memory_gib": 80,
@@ -38,7 +41,19 @@ def test_run_lifecycle(client: Any, db: Database, make_token: Callable[[str], st
     r = client.post(f"/v1/plans/{plan_id}/runs", json={"steps": 5}, headers=_auth(submit))
     assert r.status_code == 201 and r.json()["status"] == "queued"
     run_id = r.json()["id"]
-    assert r.json()["predicted"] == {"step_time_s": 4.2, "peak_memory_gib": 30.5, "calibration_set": None}
+    # predicted for what runs it: the plan's strategy on the runtime's stack (eager elementwise ops, the gradient
+    # sync after the backward), which costs more than the default stack the plan's request was priced for
+    strategy = RESULT["strategy"]
+    runtime = estimate({**runtime_request(HYBRID), "strategy": strategy})
+    default = estimate({**HYBRID, "strategy": strategy})
+    assert isinstance(runtime, HybridEstimate) and isinstance(default, HybridEstimate)
+    predicted = r.json()["predicted"]
+    assert predicted["step_time_s"] == runtime.step_time_s > default.step_time_s
+    assert predicted["peak_memory_gib"] == runtime.peak_memory_gib
+    assert predicted["plan_step_time_s"] == 4.2  # the stored plan's own figure, for its own stack
+    assert predicted["calibration_set"] == {"name": None, "version": None, "chosen_by": "shipped"}
+    assert {k: predicted["stack"][k] for k in ("framework", "elementwise", "dp_overlap", "tp_comm_overlap")} == {
+        "framework": "paraplan", "elementwise": "eager", "dp_overlap": False, "tp_comm_overlap": "none"}
 
     wid = _register(client, worker_token)
     assert client.post(f"/v1/workers/{wid}/heartbeat", headers=_auth(worker_token)).json() == {"ok": True}
@@ -67,6 +82,25 @@ def test_run_lifecycle(client: Any, db: Database, make_token: Callable[[str], st
     assert view["metrics"] == metrics and view["worker"] == wid and view["attempts"] == 1
     assert [p["step"] for p in view["progress"]] == [0, 1]
     assert [r["id"] for r in client.get("/v1/runs", params={"plan_id": plan_id}).json()] == [run_id]
+
+
+def test_a_run_the_runtime_cannot_price_keeps_the_plans_prediction_and_says_so(
+        client: Any, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    import solvers.api
+    from solvers.errors import SpecError
+
+    def refuse(request: dict[str, Any]) -> Any:
+        raise SpecError.at(("training", "stack"), "cannot be priced")
+
+    monkeypatch.setattr(solvers.api, "estimate", refuse)
+    plan_id = store_plan(db)
+    r = client.post(f"/v1/plans/{plan_id}/runs", json={"steps": 5})
+    assert r.status_code == 201, r.text
+    predicted = r.json()["predicted"]
+    assert predicted["step_time_s"] == 4.2 and "stack" not in predicted
+    assert predicted["note"].startswith("priced for the plan's stack") and "cannot be priced" in predicted["note"]
+    page = client.get(f"/runs/{r.json()['id']}")
+    assert page.status_code == 200 and "priced for the plan&#39;s stack" in page.text
 
 
 def test_run_needs_a_succeeded_plan(client: Any, db: Database) -> None:

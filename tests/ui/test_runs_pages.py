@@ -126,8 +126,12 @@ def test_a_cpu_run_without_a_profile_says_what_its_prediction_is(ui_client: Test
     plan_id = store_plan(ui_db, CPU_REQUEST, result.to_json())
     html = ui_client.get(f"/runs/{_completed_run(ui_db, plan_id, 'cpu')}").text
     notes = re.findall(r'<p class="note prediction-note">(.*?)</p>', html, re.S)
-    assert len(notes) == 3, notes
+    assert len(notes) == 4, notes
     assert notes.pop(0) == "Predicted with the shipped constants (no calibration set applied)."
+    # the run is predicted for what runs it, the plan's own figure (its request's default stack) beside it
+    assert notes.pop(0).startswith("Predicted for paraplan&#39;s runtime, what runs the plan (framework paraplan: "
+                                   "eager elementwise ops, TP overlap none, gradient sync after the backward). The "
+                                   "plan&#39;s own estimate, for the stack its request names: ")
     assert notes[0].startswith("The plan was priced for the cpu preset&#39;s nominal speed, without a profile of "
                                "this host: its step time is a placeholder")
     assert "paraplan worker profile" in notes[0]
@@ -143,4 +147,4 @@ def test_a_gpu_plan_run_elsewhere_says_the_prediction_is_for_the_planned_gpu(ui_
             "measures the difference between the two devices, not the cost model.") in html
     plan_id = _solved(ui_db, 80)
     same = ui_client.get(f"/runs/{_completed_run(ui_db, plan_id, 'NVIDIA A100-SXM4-80GB')}").text
-    assert "prediction-note" not in same  # on the planned GPU there is nothing to explain
+    assert "The prediction is for the planned GPU" not in same  # on the planned GPU: no device to explain
