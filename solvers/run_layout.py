@@ -325,6 +325,8 @@ def run_layout(request: HybridRequest, plan: PlanStrategy, world_size: int | Non
     precision = training.precision
     if cluster.gpu.name.lower() == "cpu" and precision != "fp32":
         refuse(("request", "training", "precision"), f"{precision}: CPU ranks compute in fp32 (ask for \"fp32\")")
+    elif precision == "fp8":  # its autocast covers bf16 / fp16 only: an FP8 plan would run in fp32
+        refuse(("request", "training", "precision"), "fp8: the runtime has no FP8 GEMMs (plan in \"bf16\")")
     if problems:
         raise SpecError(problems)
     return RunLayout(pp=plan.pp, layers=layouts, embedding=embedding, head=head,

@@ -218,4 +218,7 @@ REFUSED: dict[str, tuple[dict[str, Any], list[Any], str]] = {
                                          ["request", "training", "seq_length"], "do not split evenly over tp=2"),
     "bf16 on cpu": (_with(plan_doc(dp=4), "training", precision="bf16"), ["request", "training", "precision"],
                     "CPU ranks compute in fp32"),
+    # its autocast covers bf16 / fp16: on a GPU an FP8 plan would run its GEMMs in fp32
+    "fp8 on a gpu": (_with(_with(plan_doc(dp=4), "training", precision="fp8"), "cluster", gpu="H100-SXM"),
+                     ["request", "training", "precision"], "no FP8 GEMMs"),
 }
