@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from solvers.cost_model.profile import CollectiveOp
+from solvers.run_layout import RUNTIME_STACK
 from worker.runtime.groups import shared_process_groups
 from worker.runtime.model import Block, ModelConfig, lm_loss
 
@@ -727,7 +728,8 @@ def _measure_node(full: ModelConfig, batches: Sequence[int], seqs: Sequence[int]
     cuda = device.type == "cuda"
     gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
     name = name or f"{gpu} x{world} {time.strftime('%Y-%m-%d %H:%M')}"
-    return {"profile": {"name": name, "gpu": gpu, "layer_times": layers, "head_times": heads,
+    return {"profile": {"name": name, "gpu": gpu, "stack": RUNTIME_STACK.model_dump(mode="json", exclude_unset=True),
+                        "layer_times": layers, "head_times": heads,
                         "collectives": collectives, "overheads": overheads, **({"host": host} if host else {})},
             "device": {"name": gpu, "ranks": world, **rates, "torch_version": torch.__version__,
                        "profile_time_s": time.perf_counter() - started}}

@@ -733,7 +733,7 @@ class AnalyticCostModel(CostModel):
             est.calibration_set = self.calibration_set
         for note in (self.memory_limit_note, moe_cost.approximate_note(plan.layers),
                      self._unfused_attention_note(plan), self._unfused_context_parallel_note(plan),
-                     self._unmeasured_layouts_note(plan), self._unmeasured_head_note(plan),
+                     self._profile_stack_note(), self._unmeasured_layouts_note(plan), self._unmeasured_head_note(plan),
                      self._unmeasured_collectives_note(missed)):
             if note:
                 est.notes.append(note)
@@ -743,6 +743,22 @@ class AnalyticCostModel(CostModel):
         m = self.matmul
         return MatmulDoc(gpu=self.cluster.gpu.name, precision=self.training.precision, share_of_peak=m.linear_share,
                          share_of_peak_16bit=m.sixteen_bit_share, scale=m.linear, measured=m.measured, note=m.note)
+
+    def _profile_stack_note(self) -> str | None:
+        """Under a profile that states the stack it timed, where that stack runs a layer otherwise than the
+        request's (the worker's profiler times paraplan's runtime: eager elementwise ops, no TP overlap): the
+        measured layers keep the times of the stack that ran them, which the estimate must not pass off as the
+        request's stack."""
+        if self.profile is None or self.profile.stack is None or not self.profile.layer_times:
+            return None
+        differ = self.profile.layer_stack_differences(self.training.stack)
+        if not differ:
+            return None
+        return (f"the profile's layers were timed on another stack (framework {self.profile.stack.framework}: "
+                f"{', '.join(differ)}): its measured layers are priced as that stack ran them, not as this request's "
+                f"would run them; ask for the profile's stack (training.stack.framework = "
+                f"\"{self.profile.stack.framework}\") "
+                "or profile the stack you will run")
 
     def _unmeasured_layouts_note(self, plan: PlanStrategy) -> str | None:
         """Under a profile, the plan's layer layouts it has no times for: priced analytically (at least the measured

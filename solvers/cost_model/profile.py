@@ -62,7 +62,7 @@ from solvers.cost_model.pipeline import shared_core_pipeline_s
 from solvers.errors import SpecError, shown
 from solvers.json_file import read_json_file
 from solvers.request import HybridRequest, problems_from_validation
-from solvers.specs import MAX_SEQ_LENGTH
+from solvers.specs import MAX_SEQ_LENGTH, StackSpec
 from solvers.strategy import Schedule
 
 CollectiveOp = Literal["allreduce", "allgather", "reduce_scatter", "alltoall", "p2p"]
@@ -134,6 +134,21 @@ class HostContention(_Strict):
 class Profile(_Strict):
     name: str = "profile"
     gpu: str | None = None
+    # the software stack whose layers were timed (the worker's profiler: paraplan's runtime, framework "paraplan");
+    # a request on another stack is priced with these times all the same, and its estimate says so
+    stack: StackSpec | None = None
+
+    def layer_stack_differences(self, stack: StackSpec) -> list[str]:
+        """What the profile's stack runs in a layer otherwise than ``stack`` (attention kernel, elementwise kernels,
+        TP overlap, with defaults resolved), as "field profile's (this request: stack's)"; empty where it states
+        no stack or the two time a layer alike."""
+        if self.stack is None:
+            return []
+        mine = {"attention": stack.attention, "elementwise": stack.elementwise_kernels,
+                "tp_comm_overlap": stack.tp_overlap}
+        theirs = {"attention": self.stack.attention, "elementwise": self.stack.elementwise_kernels,
+                  "tp_comm_overlap": self.stack.tp_overlap}
+        return [f"{k} {theirs[k]} (this request: {mine[k]})" for k in mine if theirs[k] != mine[k]]
     layer_times: list[LayerTime] = Field(default_factory=list)
     head_times: list[HeadTime] = Field(default_factory=list)
     collectives: list[CollectiveTime] = Field(default_factory=list)

@@ -265,6 +265,38 @@ def test_a_layout_the_profile_did_not_measure_is_flagged_and_never_priced_below_
         "at seq 2048 in the profile either)"]
 
 
+def test_a_profile_timed_on_another_stack_says_so() -> None:
+    """The worker's profiler times paraplan's runtime (eager elementwise ops, no TP overlap) and says so in the
+    profile (``stack``); a request on another stack is priced with those layer times all the same, and says so."""
+    base = request(model={"preset": "llama2-7b", "num_layers": 4},
+                   cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})
+    tp2 = {"tp": 2, "micro_batch_size": 2}
+
+    def priced(profile: Mapping[str, Any], stack: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        req = base if stack is None else {**base, "training": {**base["training"], "stack": stack}}
+        return estimate({**req, "strategy": tp2, "cost_model": {"kind": "profile", "profile": profile}}).to_json()
+
+    def said(notes: list[str]) -> list[str]:
+        return [n for n in notes if n.startswith("the profile's layers were timed on another stack")]
+
+    runtime = {**PROFILE, "stack": {"framework": "paraplan"}}
+    other = priced(runtime)
+    assert said(other["notes"]) == [
+        "the profile's layers were timed on another stack (framework paraplan: elementwise eager (this request: "
+        "fused), tp_comm_overlap none (this request: backward)): its measured layers are priced as that stack ran "
+        "them, not as this request's would run them; ask for the profile's stack (training.stack.framework = "
+        "\"paraplan\") or profile the stack you will run"]
+    # the measured layers are the same times either way: only the note tells the stacks apart
+    assert other["breakdown_s"]["compute"] == priced(PROFILE)["breakdown_s"]["compute"]
+    assert said(priced(PROFILE)["notes"]) == []  # a profile that states no stack
+    assert said(priced(runtime, {"framework": "paraplan"})["notes"]) == []  # the stack it timed
+    # a field the layer does not depend on (the optimizer's sharding) is no difference
+    assert said(priced(runtime, {"framework": "paraplan", "distributed_optimizer": False})["notes"]) == []
+    with pytest.raises(SpecError) as err:
+        priced({**PROFILE, "stack": {"framework": "jax"}})
+    assert err.value.problems[0].loc[:4] == ("cost_model", "profile", "stack", "framework")
+
+
 def test_the_collectives_a_plan_issues_that_the_profile_did_not_measure_are_named() -> None:
     base = request(model={"preset": "llama2-7b", "num_layers": 4},
                    cluster={"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 8})

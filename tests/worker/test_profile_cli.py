@@ -31,6 +31,7 @@ def test_profile_is_measured_uploaded_and_readable_by_the_cost_model(
                     headers={"Authorization": f"Bearer {server.token('admin')}"}).json()
     assert got["kind"] == "hardware"
     profile = load_profile(got["data"])
+    assert profile.stack is not None and profile.stack.framework == "paraplan"  # what its layers were timed on
     plain = [x for x in profile.layer_times if x.cp == x.ulysses == 1 and not x.sp and x.layer_type == "dense"]
     by_tp = {(x.tp, x.batch): x for x in plain}
     assert {tp for tp, _ in by_tp} == {1, 2} and all(x.seq == 64 for x in profile.layer_times)
