@@ -19,11 +19,19 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.db.engine import Database
-from service.db.models import CalibrationSet, Plan, PlanRequest, Run
+from service.db.models import CalibrationSet, Plan, PlanRequest, Profile, Run
 from service.errors import Conflict, NotFound
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION
 from solvers.cost_model.calibration_set import RESOLVED, cluster_key, parse_name, set_key
-from solvers.cost_model.fitting import Measurement, fit_calibration, measurement_of
+from solvers.cost_model.fitting import (
+    LayerMeasurement,
+    Measured,
+    Measurement,
+    fit_calibration,
+    layer_measurements,
+    measurement_of,
+)
+from solvers.cost_model.profile import load_profile
 from solvers.documents.calibration import CalibrationFitDoc, CalibrationSetUse, ChosenBy
 from solvers.errors import SpecError
 from solvers.request import HybridRequest
@@ -60,7 +68,23 @@ def measurements_of_runs(session: Session, run_ids: Sequence[str]) -> list[Measu
     return out
 
 
-def _one_key(measurements: Sequence[Measurement], field: str) -> tuple[str, StackSpec]:
+def measurements_of_profiles(session: Session, profile_ids: Sequence[str], gpu: str) -> list[LayerMeasurement]:
+    """Each hardware profile's layer times on nodes of ``gpu``, as measurements of its model's layer on the stack
+    it timed (``solvers.cost_model.fitting.layer_measurements``); SpecError at ``profiles[i]``."""
+    out: list[LayerMeasurement] = []
+    for i, profile_id in enumerate(profile_ids):
+        loc: tuple[str | int, ...] = ("profiles", i)
+        row = session.get(Profile, profile_id)
+        if row is None:
+            raise SpecError.at(loc, f"profile {profile_id} not found")
+        if row.kind != "hardware":
+            raise SpecError.at(loc, f"profile {profile_id} is a {row.kind} profile; a set is fitted on a hardware "
+                                    "profile's layer times")
+        out += layer_measurements(load_profile(row.data, loc), gpu, loc)
+    return out
+
+
+def _one_key(measurements: Sequence[Measured], field: str) -> tuple[str, StackSpec]:
     """The GPU type and stack all the measurements share; SpecError at the first that differs."""
     first = measurements[0]
     key = cluster_key(first.cluster, first.training)
@@ -71,7 +95,7 @@ def _one_key(measurements: Sequence[Measurement], field: str) -> tuple[str, Stac
     return first.cluster.gpu.name, first.training.priced_stack()
 
 
-def create_set(db: Database, name: str, measurements: Sequence[Measurement], sources: dict[str, Any],
+def create_set(db: Database, name: str, measurements: Sequence[Measured], sources: dict[str, Any],
                field: str) -> dict[str, Any]:
     """Fit the constants to ``measurements`` and store them as the next version of ``name`` (version 1 when the
     name is new). A name keeps its GPU type and stack: another one is a 409."""

@@ -235,12 +235,17 @@ class MeasuredStep(_Body):
 
 
 class CalibrationSetCreate(_Body):
-    """Fit a set's constants from finished runs of this service (``runs``) or from steps measured elsewhere
-    (``measurements``); stored as the next version of ``name``."""
+    """Fit a set's constants from finished runs of this service (``runs``), from steps measured elsewhere
+    (``measurements``) or from uploaded hardware profiles' layer times (``profiles`` with the ``gpu`` they ran
+    on); stored as the next version of ``name``."""
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")
     runs: list[str] | None = Field(default=None, min_length=1, max_length=200)
     measurements: list[MeasuredStep] | None = Field(default=None, min_length=1, max_length=200)
+    # hardware profiles' layer times (the worker's profiler), on nodes of ``gpu``: a GPU preset name, since a
+    # profile names its device as torch does
+    profiles: list[str] | None = Field(default=None, min_length=1, max_length=20)
+    gpu: str | None = Field(default=None, min_length=1, max_length=128)
 
 
 class CalibrationSetOut(_Out):

@@ -794,7 +794,8 @@ def main(argv: list[str] | None = None) -> int:
     from solvers.specs import ModelSpec
 
     raw = json.loads(args.model) if args.model.strip().startswith("{") else {"preset": args.model}
-    full = ModelConfig.from_spec(ModelSpec.model_validate(raw))
+    spec = ModelSpec.model_validate(raw)
+    full = ModelConfig.from_spec(spec)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
@@ -802,6 +803,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("nccl" if cuda else "gloo")
     doc = measure_node(full, [int(x) for x in args.batches.split(",")], [int(x) for x in args.seqs.split(",")],
                        [int(x) for x in args.tps.split(",") if x], device, args.repeats, args.name)
+    doc["profile"]["model"] = spec.model_dump(mode="json", exclude_none=True)  # the layer shapes it timed
     if dist.get_rank() == 0:
         args.out.write_text(json.dumps(doc, indent=1))
     dist.barrier()

@@ -25,12 +25,23 @@ def create_set(body: CalibrationSetCreate, ctx: ServiceContext = Depends(get_con
                _: Principal = SubmitAccess) -> dict[str, Any]:
     """Fit the constants to the measured steps (seconds) and store them as the next version of the name; the
     result states the fit's in-sample and held-out (leave-one-out) error."""
-    if (body.runs is None) == (body.measurements is None):
-        raise SpecError.at(("runs",), "give either runs (ids of finished runs) or measurements, not both or neither")
+    given = [k for k in ("runs", "measurements", "profiles") if getattr(body, k) is not None]
+    if len(given) != 1:
+        raise SpecError.at((given[1] if len(given) > 1 else "runs",), "give one of runs (ids of finished runs), "
+                           "measurements or profiles (ids of hardware profiles)")
+    if (body.gpu is None) != (body.profiles is None):
+        raise SpecError.at(("gpu",), "the GPU preset the profiles ran on: with profiles, and only with them (a run "
+                                     "or measurement states its cluster)")
     if body.runs is not None:
         with ctx.db.reading() as session:
             measured = calibration_sets.measurements_of_runs(session, body.runs)
         return calibration_sets.create_set(ctx.db, body.name, measured, {"runs": body.runs}, "runs")
+    if body.profiles is not None:
+        assert body.gpu is not None
+        with ctx.db.reading() as session:
+            layers = calibration_sets.measurements_of_profiles(session, body.profiles, body.gpu)
+        return calibration_sets.create_set(ctx.db, body.name, layers, {"profiles": body.profiles, "gpu": body.gpu},
+                                           "profiles")
     assert body.measurements is not None
     measured = [measurement_of(m.request, m.strategy, m.step_time_s, ("measurements", i))
                 for i, m in enumerate(body.measurements)]

@@ -1,8 +1,8 @@
 """Fitting the analytic model's few constants to measured steps: a coordinate search within physical bounds.
 
 Used by ``bench/fidelity.py`` (the published data sets, its own loss) and by the service's calibration sets
-(measured runs of one GPU type and stack: mean absolute percentage error, and leave-one-measurement-out for the
-held-out figure). Pure: measurements in, constants and figures out.
+(measured steps of one GPU type and stack, or a hardware profile's layer times: mean absolute percentage error,
+and leave-one-out or five-fold fits for the held-out figure). Pure: measurements in, constants and figures out.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from typing import Any
 import numpy as np
 
 from solvers.cost_model.analytic import AnalyticCostModel
+from solvers.cost_model.base import StageContext
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration
+from solvers.cost_model.profile import Profile
 from solvers.documents.calibration import CalibrationFitDoc
 from solvers.errors import SpecError
-from solvers.specs import ClusterSpec, ModelSpec, TrainingSpec
-from solvers.strategy import PlanStrategy
+from solvers.specs import ClusterSpec, ModelSpec, Precision, TrainingSpec
+from solvers.strategy import LayerStrategy, PlanStrategy
 
 FIT_KEYS = ("gemm_eta_max", "gemm_d_half", "elementwise_traffic", "kernel_overhead_s", "microbatch_overhead_s",
             "intra_efficiency", "inter_efficiency", "intra_latency_s", "inter_latency_s", "dp_overlap", "tp_overlap",
@@ -82,6 +84,64 @@ class Measurement:
     plan: PlanStrategy
     step_time_s: float
 
+    def predicted_s(self, cal: AnalyticCalibration) -> float:
+        return AnalyticCostModel(self.model, self.cluster, self.training, calibration=cal).evaluate(
+            self.plan).step_time_s
+
+
+@dataclass(frozen=True)
+class LayerMeasurement:
+    """One transformer layer's measured forward + backward at ``samples`` per micro-batch in ``layer``'s layout (a
+    profile's point), less its own collectives, as the profiler times it: what the analytic model prices as the
+    layer's compute and its host's kernel issue."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    layer: LayerStrategy
+    samples: int
+    step_time_s: float  # (the measured time a fit matches, named as a step's)
+
+    def predicted_s(self, cal: AnalyticCalibration) -> float:
+        ctx = StageContext(pp=1, stage=0, micro_batches=1, micro_batch_samples=self.samples)
+        parts = AnalyticCostModel(self.model, self.cluster, self.training, calibration=cal).layer_costs(
+            0, [self.layer], ctx).parts_s
+        return float(parts["compute"][0] + parts["launch_overhead"][0])
+
+
+Measured = Measurement | LayerMeasurement
+
+
+def layer_measurements(profile: Profile, gpu: str, loc: tuple[str | int, ...] = ()) -> list[LayerMeasurement]:
+    """A profile's dense layer times (plain and Megatron-SP tensor parallelism, whole samples) as measurements
+    of the layer of its ``model`` on its ``stack``, on a node of ``gpu`` (a preset name: a profile names its device
+    as torch does), in the precision the profiler ran it (fp32 on a CPU, bf16 autocast on a GPU). SpecError under
+    ``loc`` where the profile states no model or stack, or holds no such layer time."""
+    if profile.model is None or profile.stack is None:
+        missing = "model" if profile.model is None else "stack"
+        raise SpecError.at((*loc, missing), f"the profile states no {missing} (the layers it timed): profile again "
+                                            "with `paraplan worker profile`, which records both")
+    points = [x for x in profile.layer_times if x.layer_type == "dense" and x.cp == 1 and x.ulysses == 1
+              and x.ep == 1 and x.backward_ms is not None and x.batch >= 1 and float(x.batch).is_integer()]
+    if not points:
+        raise SpecError.at((*loc, "layer_times"), "no dense layer time with its backward at a whole number of "
+                                                  "samples: nothing to fit")
+    try:
+        cluster = ClusterSpec.model_validate({"gpu": gpu, "nodes": 1,
+                                              "gpus_per_node": max(8, max(x.tp for x in points))})
+    except ValueError as err:
+        raise SpecError.at(("gpu",), f"{gpu!r}: {err}") from None
+    precision: Precision = "fp32" if cluster.gpu.name.lower() == "cpu" else "bf16"
+    out = []
+    for x in points:
+        assert x.backward_ms is not None  # (filtered above)
+        training = TrainingSpec(global_batch_size=int(x.batch), seq_length=x.seq, precision=precision,
+                                stack=profile.stack)
+        layer = LayerStrategy(tp=x.tp, sp="megatron" if x.sp else None)
+        out.append(LayerMeasurement(profile.model, cluster, training, layer, int(x.batch),
+                                    (x.forward_ms + x.backward_ms) / 1e3))
+    return out
+
 
 def measurement_of(request: dict[str, Any], strategy: dict[str, Any], step_time_s: float,
                    loc: tuple[str | int, ...] = ()) -> Measurement:
@@ -103,16 +163,16 @@ def measurement_of(request: dict[str, Any], strategy: dict[str, Any], step_time_
     return Measurement(req.model, req.cluster, req.training, plan, float(step_time_s))
 
 
-def predict_s(m: Measurement, cal: AnalyticCalibration) -> float:
-    return AnalyticCostModel(m.model, m.cluster, m.training, calibration=cal).evaluate(m.plan).step_time_s
+def predict_s(m: Measured, cal: AnalyticCalibration) -> float:
+    return m.predicted_s(cal)
 
 
-def mape(measurements: Sequence[Measurement], cal: AnalyticCalibration) -> float:
+def mape(measurements: Sequence[Measured], cal: AnalyticCalibration) -> float:
     """Mean absolute percentage error (a fraction) of the model's steps against the measured ones."""
     return float(np.mean([abs(predict_s(m, cal) - m.step_time_s) / m.step_time_s for m in measurements]))
 
 
-def _mape_of(measurements: Sequence[Measurement]) -> Loss:
+def _mape_of(measurements: Sequence[Measured]) -> Loss:
     return lambda c: mape(measurements, c)
 
 
@@ -121,6 +181,7 @@ def _mape_of(measurements: Sequence[Measurement]) -> Loss:
 SET_FIT_KEYS = ("gemm_eta_max", "kernel_overhead_s", "microbatch_overhead_s", "intra_efficiency",
                 "inter_efficiency", "dp_overlap")
 SET_GOOD_ENOUGH = 0.005  # a fit within 0.5 % of its measurements stops: run-to-run noise is larger
+MAX_FOLDS = 5  # held-out fits of a set: leave one out up to this many measurements, this many folds beyond
 
 
 @dataclass(frozen=True)
@@ -129,10 +190,10 @@ class CalibrationFit:
     report: CalibrationFitDoc
 
 
-def fit_calibration(measurements: Sequence[Measurement], start: AnalyticCalibration = DEFAULT_CALIBRATION,
+def fit_calibration(measurements: Sequence[Measured], start: AnalyticCalibration = DEFAULT_CALIBRATION,
                     keys: Sequence[str] = SET_FIT_KEYS, max_sweeps: int = 6) -> CalibrationFit:
-    """Constants fitted to ``measurements`` (MAPE), with the in-sample error, and the held-out error of
-    leave-one-measurement-out fits (each measurement predicted by constants fitted on the others)."""
+    """Constants fitted to ``measurements`` (MAPE), with the in-sample error, and the held-out error (each
+    measurement predicted by constants fitted without it: leave one out, ``MAX_FOLDS`` folds beyond as many)."""
     if not measurements:
         raise ValueError("a fit needs at least one measurement")
     fitted = coordinate_fit(_mape_of(measurements), start, keys, max_sweeps, good_enough=SET_GOOD_ENOUGH)
@@ -141,11 +202,15 @@ def fit_calibration(measurements: Sequence[Measurement], start: AnalyticCalibrat
     held_out: float | None = None
     note: str | None = "one measurement: nothing to hold out"
     if len(measurements) > 1:
+        # leave one out, or beyond MAX_FOLDS measurements (a profile's layer times) every MAX_FOLDS-th together: as
+        # many fits as folds, each its measurements predicted by constants fitted on the rest
+        folds = min(len(measurements), MAX_FOLDS)
         errors = []
-        for i, m in enumerate(measurements):
-            rest = [x for j, x in enumerate(measurements) if j != i]
-            errors.append(mape([m], coordinate_fit(_mape_of(rest), start, keys, max_sweeps,
-                                                   good_enough=SET_GOOD_ENOUGH)))
+        for k in range(folds):
+            held = measurements[k::folds]
+            rest = [x for j, x in enumerate(measurements) if j % folds != k]
+            refit = coordinate_fit(_mape_of(rest), start, keys, max_sweeps, good_enough=SET_GOOD_ENOUGH)
+            errors += [mape([m], refit) for m in held]
         held_out, note = float(np.mean(errors)), None
     return CalibrationFit(fitted, CalibrationFitDoc(
         measurements=len(measurements), keys=list(keys), start_mape=mape(measurements, start),

@@ -62,7 +62,7 @@ from solvers.cost_model.pipeline import shared_core_pipeline_s
 from solvers.errors import SpecError, shown
 from solvers.json_file import read_json_file
 from solvers.request import HybridRequest, problems_from_validation
-from solvers.specs import MAX_SEQ_LENGTH, StackSpec
+from solvers.specs import MAX_SEQ_LENGTH, ModelSpec, StackSpec
 from solvers.strategy import Schedule
 
 CollectiveOp = Literal["allreduce", "allgather", "reduce_scatter", "alltoall", "p2p"]
@@ -137,6 +137,9 @@ class Profile(_Strict):
     # the software stack whose layers were timed (the worker's profiler: paraplan's runtime, framework "paraplan");
     # a request on another stack is priced with these times all the same, and its estimate says so
     stack: StackSpec | None = None
+    # the model whose layers were timed (``paraplan worker profile --model``): what a calibration set fitted on the
+    # profile's layer times prices them as (``solvers.cost_model.fitting.layer_measurements``)
+    model: ModelSpec | None = None
 
     def layer_stack_differences(self, stack: StackSpec) -> list[str]:
         """What the profile's stack runs in a layer otherwise than ``stack`` (attention kernel, elementwise kernels,

@@ -19,9 +19,10 @@ class CalibrationFitDoc(Document):
     start_mape: float = Field(description="mean absolute percentage error of the start constants on the "
                                           "measurements (fraction), before the fit")
     fit_mape: float = Field(description="the same with the fitted constants: in-sample")
-    held_out_mape: float | None = Field(description="leave-one-measurement-out: each measurement predicted by "
-                                                    "constants fitted on the others (fraction); null with one "
-                                                    "measurement")
+    held_out_mape: float | None = Field(description="each measurement predicted by constants fitted without it "
+                                                    "(fraction): leave one out up to five measurements, five folds "
+                                                    "(every fifth measurement held out together) above; null with "
+                                                    "one measurement")
     held_out_note: str | None = None
     identified: list[str] | None = Field(default=None, description="the searched constants the measurements pin "
                                          "down (moving one by 20 % from the fit changes the in-sample error by more "

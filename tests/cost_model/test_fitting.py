@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration
-from solvers.cost_model.fitting import FIT_KEYS, coordinate_fit, identified_keys
+from solvers.cost_model.fitting import FIT_KEYS, coordinate_fit, identified_keys, layer_measurements
+from solvers.cost_model.profile import Profile
+from solvers.errors import SpecError
 
 
 def _loss(c: AnalyticCalibration) -> float:
@@ -28,3 +32,29 @@ def test_identified_keys_are_those_a_twenty_percent_move_costs_more_than_the_tol
     assert identified_keys(_loss, at_optimum, FIT_KEYS) == ["gemm_eta_max"]
     assert identified_keys(_loss, at_optimum, FIT_KEYS, tolerance=0.003) == ["gemm_eta_max", "intra_efficiency"]
     assert identified_keys(_loss, at_optimum, ["kernel_overhead_s", "dp_overlap"], tolerance=0.0) == []
+
+
+def test_a_profiles_layer_times_are_measurements_of_its_models_layer_on_its_stack() -> None:
+    """Plain and Megatron-SP dense layers with their backward at whole samples are measured points (ring
+    attention, Ulysses, MoE and forward-only points are not what the analytic layer prices); the precision is the
+    profiler's (fp32 on a CPU); each point's prediction is the analytic layer's compute and kernel issue."""
+    model = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128}
+    keep = [{"batch": 2, "seq": 64, "tp": 1, "forward_ms": 1.0, "backward_ms": 2.0},
+            {"batch": 4, "seq": 64, "tp": 2, "sp": True, "forward_ms": 1.0, "backward_ms": 2.5}]
+    skip = [{"batch": 2, "seq": 64, "cp": 2, "forward_ms": 1.0, "backward_ms": 2.0},
+            {"batch": 2, "seq": 64, "ulysses": 2, "forward_ms": 1.0, "backward_ms": 2.0},
+            {"batch": 2, "seq": 64, "forward_ms": 1.0},
+            {"batch": 0.5, "seq": 64, "forward_ms": 1.0, "backward_ms": 2.0}]
+    profile = Profile.model_validate({"model": model, "stack": {"framework": "paraplan"},
+                                      "layer_times": keep + skip})
+    got = layer_measurements(profile, "cpu")
+    assert [(m.layer.tp, m.layer.sp, m.samples, m.step_time_s) for m in got] == [
+        (1, None, 2, 0.003), (2, "megatron", 4, 0.0035)]
+    assert {m.training.precision for m in got} == {"fp32"} and got[0].training.stack.framework == "paraplan"
+    cal = replace(DEFAULT_CALIBRATION, kernel_overhead_s=0.0)  # the layer's compute alone
+    slower = replace(cal, gemm_eta_max=cal.gemm_eta_max / 2)
+    assert got[0].predicted_s(slower) > got[0].predicted_s(cal) > 0
+    with pytest.raises(SpecError) as err:
+        layer_measurements(Profile.model_validate({"stack": {"framework": "paraplan"}, "layer_times": keep}), "cpu",
+                           ("profiles", 0))
+    assert err.value.problems[0].loc == ("profiles", 0, "model")

@@ -21,8 +21,10 @@ from service.db.engine import Database
 from service.db.models import Job
 from solvers.api import solve
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION
-from solvers.cost_model.fitting import measurement_of, predict_s
+from solvers.cost_model.fitting import layer_measurements, measurement_of, predict_s
+from solvers.cost_model.profile import load_profile
 from solvers.run_layout import runtime_request
+from solvers.specs import ModelSpec
 
 pytestmark = pytest.mark.db
 
@@ -143,6 +145,68 @@ def test_the_first_run_calibrates_its_cluster_and_the_next_plan_is_priced_closer
     assert "paraplan&#39;s runtime" in page.text or "paraplan's runtime" in page.text
     page = client.get(f"/runs/{run_id}", headers=_auth(submit))
     assert "Predicted with the shipped constants" in page.text
+
+
+def _profile(truth: Any, model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A hardware profile of llama2-7b's layer as the worker's profiler writes one (the runtime's stack, the model
+    it timed), its times the analytic model's under ``truth``: tp 1-8, Megatron SP or not, 1-4 samples."""
+    spec = model or ModelSpec.model_validate({"preset": "llama2-7b"}).model_dump(mode="json", exclude_none=True)
+    points = [{"batch": b, "seq": 2048, "tp": t, "sp": sp, "forward_ms": 1.0, "backward_ms": 2.0}
+              for t in (1, 2, 4, 8) for b in (1, 2, 4) for sp in ((False, True) if t > 1 else (False,))]
+    doc = {"name": "h100 node", "gpu": "NVIDIA H100 80GB HBM3", "stack": {"framework": "paraplan"}, "model": spec,
+           "layer_times": points}
+    times = [m.predicted_s(truth) for m in layer_measurements(load_profile(doc), "H100-SXM")]
+    doc["layer_times"] = [{**p, "forward_ms": 1e3 * t / 3, "backward_ms": 2e3 * t / 3}
+                          for p, t in zip(points, times, strict=True)]
+    return doc
+
+
+def test_a_set_fitted_on_a_profiles_layer_times_prices_other_plans_closer(
+        client: Any, make_token: Callable[[str], str]) -> None:
+    """A hardware profile the worker uploaded (its layer times; here the model's own under ``TRUTH``) fits a set
+    for the GPU it ran on and the stack it timed; a plan on that stack is then priced with it, closer to ``TRUTH``
+    than with the shipped constants. Refusals name the field."""
+    submit, worker = _auth(make_token("submit")), _auth(make_token("worker"))
+    upload = client.post("/v1/profiles", json={"name": "h100 node", "kind": "hardware", "data": _profile(TRUTH)},
+                         headers=worker)
+    assert upload.status_code == 201, upload.text
+    runtime = runtime_request(H100)
+    before = _step(client, runtime, SECOND, make_token("submit"))
+    r = client.post("/v1/calibration-sets", json={"name": "h100-profiled", "profiles": [upload.json()["id"]],
+                                                  "gpu": "H100-SXM"}, headers=submit)
+    assert r.status_code == 201, r.text
+    made = r.json()
+    assert made["gpu"] == "H100-SXM" and made["stack"]["framework"] == "paraplan"
+    assert made["sources"] == {"profiles": [upload.json()["id"]], "gpu": "H100-SXM"}
+    fit = made["fit"]
+    assert fit["measurements"] == 21 and fit["fit_mape"] < 0.02 < fit["start_mape"]
+    assert fit["held_out_mape"] is not None and fit["held_out_mape"] < 0.02  # five folds of the layer times
+    # a profile's layers pin the GEMM plateau and the host's kernel issue; nothing of the network
+    assert {"gemm_eta_max", "kernel_overhead_s"} <= set(fit["identified"])
+    assert "inter_efficiency" not in fit["identified"]
+    assert made["constants"]["gemm_eta_max"] == pytest.approx(TRUTH.gemm_eta_max, rel=0.05)
+
+    after = _step(client, runtime, SECOND, make_token("submit"))
+    assert (after["calibration_set"]["name"], after["calibration_set"]["chosen_by"]) == ("h100-profiled", "cluster")
+    truth = measured_s(runtime, SECOND)
+    assert abs(after["step_time_s"] / truth - 1) < abs(before["step_time_s"] / truth - 1) / 3
+
+    def refused(body: dict[str, Any]) -> list[Any]:
+        got = client.post("/v1/calibration-sets", json={"name": "p", **body}, headers=submit)
+        assert got.status_code == 422, got.text
+        return list(got.json()["detail"][0]["loc"][1:])
+
+    pid = upload.json()["id"]
+    assert refused({"profiles": [pid]}) == ["gpu"]  # the GPU it ran on: a profile names its device as torch does
+    assert refused({"profiles": [pid], "gpu": "H100-SXM", "runs": ["r"]})[-1] == "profiles"
+    assert refused({"measurements": _measurements([FIRST]), "gpu": "H100-SXM"}) == ["gpu"]
+    assert refused({"profiles": ["no-such-profile"], "gpu": "H100-SXM"}) == ["profiles", 0]
+    assert refused({"profiles": [pid], "gpu": "H1000"}) == ["gpu"]
+    old = {**_profile(TRUTH)}
+    del old["model"]  # a profile from before the profiler recorded the model it timed
+    old_id = client.post("/v1/profiles", json={"name": "old", "kind": "hardware", "data": old},
+                         headers=worker).json()["id"]
+    assert refused({"profiles": [pid, old_id], "gpu": "H100-SXM"}) == ["profiles", 1, "model"]
 
 
 def _measurements(strategies: list[dict[str, Any]], request: dict[str, Any] = H100) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ def test_profile_is_measured_uploaded_and_readable_by_the_cost_model(
     assert got["kind"] == "hardware"
     profile = load_profile(got["data"])
     assert profile.stack is not None and profile.stack.framework == "paraplan"  # what its layers were timed on
+    assert profile.model is not None and profile.model.hidden_size == TINY_MODEL["hidden_size"]  # and whose layers
     plain = [x for x in profile.layer_times if x.cp == x.ulysses == 1 and not x.sp and x.layer_type == "dense"]
     by_tp = {(x.tp, x.batch): x for x in plain}
     assert {tp for tp, _ in by_tp} == {1, 2} and all(x.seq == 64 for x in profile.layer_times)
