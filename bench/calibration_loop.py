@@ -4,6 +4,7 @@ constants the request started from.
 
     .venv/bin/python bench/calibration_loop.py              # first run dp4, then four other plans, 4 gloo ranks
     .venv/bin/python bench/calibration_loop.py --steps 8
+    .venv/bin/python bench/calibration_loop.py --from-profile   # the set fitted on a profile of this host instead
 
 The first plan (``FIRST``) is run with the worker runtime (``worker.launch.run_locally``, as a worker daemon
 launches it) and its measured step fits a set exactly as ``POST /v1/calibration-sets`` does
@@ -28,9 +29,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.closed_loop import CPU_CALIBRATION, MODEL, PLANS_4, RANKS, request  # noqa: E402
+from bench.closed_loop import CPU_CALIBRATION, MODEL, PLANS_4, RANKS, request, run_profiler  # noqa: E402
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION  # noqa: E402
-from solvers.cost_model.fitting import fit_calibration, measurement_of, predict_s  # noqa: E402
+from solvers.cost_model.fitting import fit_calibration, layer_measurements, measurement_of, predict_s  # noqa: E402
+from solvers.cost_model.profile import load_profile  # noqa: E402
 from worker.launch import run_locally  # noqa: E402
 
 FIRST = "dp4"
@@ -43,9 +45,21 @@ def measured_step_s(name: str, steps: int, work: Path) -> float:
     return float(metrics["step_time_s"])
 
 
+def profile_fit(work: Path, start: Any, repeats: int) -> Any:
+    """A set fitted on this host's profile (``worker.profiler`` on the 4 ranks, as ``paraplan worker profile``
+    takes it): its dense layer times as measurements of the model's layer (``layer_measurements``), on the GPU the
+    requests name."""
+    doc = run_profiler(work, repeats, RANKS)
+    gpu = request(PLANS_4[FIRST], None)["cluster"]["gpu"]
+    return fit_calibration(layer_measurements(load_profile(doc["profile"]), gpu), start=start)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--from-profile", action="store_true",
+                    help="fit the set on a profile of this host instead of the first run; every plan held out")
+    ap.add_argument("--repeats", type=int, default=3, help="with --from-profile: the profiler's repeats")
     args = ap.parse_args()
     assert all(PLANS_4[n][1] is MODEL and PLANS_4[n][2] == 1 for n in (FIRST, *OTHERS))  # one cluster, one model
     work = Path(tempfile.mkdtemp(prefix="calibration-loop-"))
@@ -56,15 +70,24 @@ def main() -> int:
         strategy, _, _ = PLANS_4[name]
         return measurement_of(request(PLANS_4[name], None), strategy, step_s)
 
-    first_s = measured_step_s(FIRST, args.steps, work)
-    fit = fit_calibration([measurement(FIRST, first_s)], start=start)
-    changed = {k: round(v, 6) for k, v in fit.report.model_dump().items() if k in ("start_mape", "fit_mape")}
-    print(f"first run {FIRST}: measured {first_s:.4f} s; set fitted on it: {changed} "
-          f"(constants {', '.join(fit.report.keys)})")
+    if args.from_profile:
+        fit = profile_fit(work, start, args.repeats)
+        report = fit.report
+        print(f"set fitted on this host's profile: {report.measurements} layer times, start MAPE "
+              f"{100 * report.start_mape:.1f}%, fit {100 * report.fit_mape:.1f}%, held out (five folds) "
+              f"{100 * (report.held_out_mape or 0.0):.1f}%; pinned: {', '.join(report.identified or [])}")
+        held_out: tuple[str, ...] = (FIRST, *OTHERS)
+    else:
+        first_s = measured_step_s(FIRST, args.steps, work)
+        fit = fit_calibration([measurement(FIRST, first_s)], start=start)
+        changed = {k: round(v, 6) for k, v in fit.report.model_dump().items() if k in ("start_mape", "fit_mape")}
+        print(f"first run {FIRST}: measured {first_s:.4f} s; set fitted on it: {changed} "
+              f"(constants {', '.join(fit.report.keys)})")
+        held_out = OTHERS
     print(f"\n{'plan (held out)':<18}{'measured s':>11}{'before s':>10}{'error':>9}{'after s':>10}{'error':>9}"
           f"{'load':>6}")
     before_err, after_err = [], []
-    for name in OTHERS:
+    for name in held_out:
         got = measured_step_s(name, args.steps, work)
         m = measurement(name, got)
         before, after = predict_s(m, start), predict_s(m, fit.constants)
@@ -72,9 +95,10 @@ def main() -> int:
         after_err.append(abs(after / got - 1))
         print(f"{name:<18}{got:>11.4f}{before:>10.4f}{100 * (before / got - 1):>8.1f}%{after:>10.4f}"
               f"{100 * (after / got - 1):>8.1f}%{os.getloadavg()[0]:>6.1f}", flush=True)
-    n = len(OTHERS)
+    n = len(held_out)
+    source = "this host's profile" if args.from_profile else "the first run"
     print(f"\nmean absolute error over the {n} held-out plans: before the set {100 * sum(before_err) / n:.1f}%, "
-          f"with the set fitted on the first run {100 * sum(after_err) / n:.1f}% ({time.time() - t0:.0f} s, load "
+          f"with the set fitted on {source} {100 * sum(after_err) / n:.1f}% ({time.time() - t0:.0f} s, load "
           f"average {os.getloadavg()})")
     return 0
 

@@ -112,10 +112,12 @@ class LayerMeasurement:
 Measured = Measurement | LayerMeasurement
 
 
-def layer_measurements(profile: Profile, gpu: str, loc: tuple[str | int, ...] = ()) -> list[LayerMeasurement]:
+def layer_measurements(profile: Profile, gpu: str | dict[str, Any], loc: tuple[str | int, ...] = ()
+                       ) -> list[LayerMeasurement]:
     """A profile's dense layer times (plain and Megatron-SP tensor parallelism, whole samples) as measurements
-    of the layer of its ``model`` on its ``stack``, on a node of ``gpu`` (a preset name: a profile names its device
-    as torch does), in the precision the profiler ran it (fp32 on a CPU, bf16 autocast on a GPU). SpecError under
+    of the layer of its ``model`` on its ``stack``, on a node of ``gpu`` (a preset name, or a GPU object as a
+    cluster takes one: a profile names its device as torch does), in the precision the profiler ran it (fp32 on a
+    CPU, bf16 autocast on a GPU). SpecError under
     ``loc`` where the profile states no model or stack, or holds no such layer time."""
     if profile.model is None or profile.stack is None:
         missing = "model" if profile.model is None else "stack"
@@ -132,13 +134,14 @@ def layer_measurements(profile: Profile, gpu: str, loc: tuple[str | int, ...] = 
     except ValueError as err:
         raise SpecError.at(("gpu",), f"{gpu!r}: {err}") from None
     precision: Precision = "fp32" if cluster.gpu.name.lower() == "cpu" else "bf16"
+    dense = profile.model.model_copy(update={"moe": None})  # the layer the dense points timed (of an MoE model too)
     out = []
     for x in points:
         assert x.backward_ms is not None  # (filtered above)
         training = TrainingSpec(global_batch_size=int(x.batch), seq_length=x.seq, precision=precision,
                                 stack=profile.stack)
         layer = LayerStrategy(tp=x.tp, sp="megatron" if x.sp else None)
-        out.append(LayerMeasurement(profile.model, cluster, training, layer, int(x.batch),
+        out.append(LayerMeasurement(dense, cluster, training, layer, int(x.batch),
                                     (x.forward_ms + x.backward_ms) / 1e3))
     return out
 

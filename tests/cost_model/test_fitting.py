@@ -54,6 +54,11 @@ def test_a_profiles_layer_times_are_measurements_of_its_models_layer_on_its_stac
     cal = replace(DEFAULT_CALIBRATION, kernel_overhead_s=0.0)  # the layer's compute alone
     slower = replace(cal, gemm_eta_max=cal.gemm_eta_max / 2)
     assert got[0].predicted_s(slower) > got[0].predicted_s(cal) > 0
+    # an MoE model's dense points time its dense layer (the profiler strips the experts for them)
+    moe = {**model, "moe": {"num_experts": 4, "top_k": 2, "moe_layer_frequency": 1}}
+    of_moe = layer_measurements(Profile.model_validate({"model": moe, "stack": {"framework": "paraplan"},
+                                                        "layer_times": keep}), "cpu")
+    assert [m.predicted_s(cal) for m in of_moe] == [m.predicted_s(cal) for m in got]
     with pytest.raises(SpecError) as err:
         layer_measurements(Profile.model_validate({"stack": {"framework": "paraplan"}, "layer_times": keep}), "cpu",
                            ("profiles", 0))
