@@ -117,8 +117,8 @@ def layer_measurements(profile: Profile, gpu: str | dict[str, Any], loc: tuple[s
     """A profile's dense layer times (plain and Megatron-SP tensor parallelism, whole samples) as measurements
     of the layer of its ``model`` on its ``stack``, on a node of ``gpu`` (a preset name, or a GPU object as a
     cluster takes one: a profile names its device as torch does), in the precision the profiler ran it (fp32 on a
-    CPU, bf16 autocast on a GPU). SpecError under
-    ``loc`` where the profile states no model or stack, or holds no such layer time."""
+    CPU, bf16 autocast on a GPU). SpecError under ``loc`` where the profile states no model or stack, or holds no
+    such layer time; at ``gpu`` for a GPU no cluster takes."""
     if profile.model is None or profile.stack is None:
         missing = "model" if profile.model is None else "stack"
         raise SpecError.at((*loc, missing), f"the profile states no {missing} (the layers it timed): profile again "
