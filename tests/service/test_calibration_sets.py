@@ -149,10 +149,10 @@ def test_the_first_run_calibrates_its_cluster_and_the_next_plan_is_priced_closer
 
 def _profile(truth: Any, model: dict[str, Any] | None = None) -> dict[str, Any]:
     """A hardware profile of llama2-7b's layer as the worker's profiler writes one (the runtime's stack, the model
-    it timed), its times the analytic model's under ``truth``: tp 1-8, Megatron SP or not, 1-4 samples."""
+    it timed), its times the analytic model's under ``truth``: tp 1, 2 and 8, Megatron SP or not, 1 and 4 samples."""
     spec = model or ModelSpec.model_validate({"preset": "llama2-7b"}).model_dump(mode="json", exclude_none=True)
     points = [{"batch": b, "seq": 2048, "tp": t, "sp": sp, "forward_ms": 1.0, "backward_ms": 2.0}
-              for t in (1, 2, 4, 8) for b in (1, 2, 4) for sp in ((False, True) if t > 1 else (False,))]
+              for t in (1, 2, 8) for b in (1, 4) for sp in ((False, True) if t > 1 else (False,))]
     doc = {"name": "h100 node", "gpu": "NVIDIA H100 80GB HBM3", "stack": {"framework": "paraplan"}, "model": spec,
            "layer_times": points}
     times = [m.predicted_s(truth) for m in layer_measurements(load_profile(doc), "H100-SXM")]
@@ -179,7 +179,7 @@ def test_a_set_fitted_on_a_profiles_layer_times_prices_other_plans_closer(
     assert made["gpu"] == "H100-SXM" and made["stack"]["framework"] == "paraplan"
     assert made["sources"] == {"profiles": [upload.json()["id"]], "gpu": "H100-SXM"}
     fit = made["fit"]
-    assert fit["measurements"] == 21 and fit["fit_mape"] < 0.02 < fit["start_mape"]
+    assert fit["measurements"] == 10 and fit["fit_mape"] < 0.02 < fit["start_mape"]
     assert fit["held_out_mape"] is not None and fit["held_out_mape"] < 0.02  # five folds of the layer times
     # a profile's layers pin the GEMM plateau and the host's kernel issue; nothing of the network
     assert {"gemm_eta_max", "kernel_overhead_s"} <= set(fit["identified"])
