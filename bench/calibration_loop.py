@@ -29,9 +29,23 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.closed_loop import CPU_CALIBRATION, MODEL, PLANS_4, RANKS, request, run_profiler  # noqa: E402
+from bench.closed_loop import (  # noqa: E402
+    CPU_CALIBRATION,
+    MODEL,
+    PLANS_4,
+    RANKS,
+    measured_links,
+    request,
+    run_profiler,
+)
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION  # noqa: E402
-from solvers.cost_model.fitting import fit_calibration, layer_measurements, measurement_of, predict_s  # noqa: E402
+from solvers.cost_model.fitting import (  # noqa: E402
+    PROFILE_FIT_KEYS,
+    fit_calibration,
+    measurement_of,
+    predict_s,
+    profile_measurements,
+)
 from solvers.cost_model.profile import load_profile  # noqa: E402
 from worker.launch import run_locally  # noqa: E402
 
@@ -45,13 +59,17 @@ def measured_step_s(name: str, steps: int, work: Path) -> float:
     return float(metrics["step_time_s"])
 
 
-def profile_fit(work: Path, start: Any, repeats: int) -> Any:
+def profile_fit(work: Path, start: Any, repeats: int) -> tuple[Any, dict[str, float]]:
     """A set fitted on this host's profile (``worker.profiler`` on the 4 ranks, as ``paraplan worker profile``
-    takes it): its dense layer times as measurements of the model's layer (``layer_measurements``), on the GPU the
-    requests name."""
+    takes it) as the service fits one (``profile_measurements``: its dense layer times and its collectives, the
+    constants ``PROFILE_FIT_KEYS``), on the cluster the requests name with the links the profile's p2p transfers
+    measured (``bench.closed_loop.measured_links``: the GPU defaults are ~100 times too fast for gloo, beyond what
+    an efficiency can be fitted down to); and those links."""
     doc = run_profiler(work, repeats, RANKS)
-    gpu = request(PLANS_4[FIRST], None)["cluster"]["gpu"]
-    return fit_calibration(layer_measurements(load_profile(doc["profile"]), gpu), start=start)
+    links = measured_links(doc["profile"])
+    gpu = {**request(PLANS_4[FIRST], None)["cluster"]["gpu"], **links}
+    fit = fit_calibration(profile_measurements(load_profile(doc["profile"]), gpu), start=start, keys=PROFILE_FIT_KEYS)
+    return fit, links
 
 
 def main() -> int:
@@ -66,14 +84,18 @@ def main() -> int:
     t0 = time.time()
     start = replace(DEFAULT_CALIBRATION, **CPU_CALIBRATION)  # what the requests are priced with before any set
 
+    links: dict[str, float] = {}  # the cluster's links as measured (with --from-profile)
+
     def measurement(name: str, step_s: float) -> Any:
         strategy, _, _ = PLANS_4[name]
-        return measurement_of(request(PLANS_4[name], None), strategy, step_s)
+        req = request(PLANS_4[name], None)
+        return measurement_of({**req, "cluster": {**req["cluster"], **links}}, strategy, step_s)
 
     if args.from_profile:
-        fit = profile_fit(work, start, args.repeats)
+        fit, measured = profile_fit(work, start, args.repeats)
+        links.update(measured)
         report = fit.report
-        print(f"set fitted on this host's profile: {report.measurements} layer times, start MAPE "
+        print(f"set fitted on this host's profile: {report.measurements} layer and collective times, start MAPE "
               f"{100 * report.start_mape:.1f}%, fit {100 * report.fit_mape:.1f}%, held out (five folds) "
               f"{100 * (report.held_out_mape or 0.0):.1f}%; pinned: {', '.join(report.identified or [])}")
         held_out: tuple[str, ...] = (FIRST, *OTHERS)

@@ -24,12 +24,12 @@ from service.errors import Conflict, NotFound
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION
 from solvers.cost_model.calibration_set import RESOLVED, cluster_key, parse_name, set_key
 from solvers.cost_model.fitting import (
-    LayerMeasurement,
+    SET_FIT_KEYS,
     Measured,
     Measurement,
     fit_calibration,
-    layer_measurements,
     measurement_of,
+    profile_measurements,
 )
 from solvers.cost_model.profile import load_profile
 from solvers.documents.calibration import CalibrationFitDoc, CalibrationSetUse, ChosenBy
@@ -68,10 +68,11 @@ def measurements_of_runs(session: Session, run_ids: Sequence[str]) -> list[Measu
     return out
 
 
-def measurements_of_profiles(session: Session, profile_ids: Sequence[str], gpu: str) -> list[LayerMeasurement]:
-    """Each hardware profile's layer times on nodes of ``gpu``, as measurements of its model's layer on the stack
-    it timed (``solvers.cost_model.fitting.layer_measurements``); SpecError at ``profiles[i]``."""
-    out: list[LayerMeasurement] = []
+def measurements_of_profiles(session: Session, profile_ids: Sequence[str], gpu: str) -> list[Measured]:
+    """Each hardware profile's layer times and collectives within a node on nodes of ``gpu``, as measurements of
+    its model's layer on the stack it timed (``solvers.cost_model.fitting.profile_measurements``); SpecError at
+    ``profiles[i]``."""
+    out: list[Measured] = []
     for i, profile_id in enumerate(profile_ids):
         loc: tuple[str | int, ...] = ("profiles", i)
         row = session.get(Profile, profile_id)
@@ -80,7 +81,7 @@ def measurements_of_profiles(session: Session, profile_ids: Sequence[str], gpu: 
         if row.kind != "hardware":
             raise SpecError.at(loc, f"profile {profile_id} is a {row.kind} profile; a set is fitted on a hardware "
                                     "profile's layer times")
-        out += layer_measurements(load_profile(row.data, loc), gpu, loc)
+        out += profile_measurements(load_profile(row.data, loc), gpu, loc)
     return out
 
 
@@ -96,14 +97,14 @@ def _one_key(measurements: Sequence[Measured], field: str) -> tuple[str, StackSp
 
 
 def create_set(db: Database, name: str, measurements: Sequence[Measured], sources: dict[str, Any],
-               field: str) -> dict[str, Any]:
+               field: str, keys: Sequence[str] = SET_FIT_KEYS) -> dict[str, Any]:
     """Fit the constants to ``measurements`` and store them as the next version of ``name`` (version 1 when the
     name is new). A name keeps its GPU type and stack: another one is a 409."""
     if not measurements:
         raise SpecError.at((field,), "needs at least one measurement")
     gpu, stack = _one_key(measurements, field)
     key = set_key(gpu, stack)
-    fitted = fit_calibration(measurements)  # (seconds: outside any transaction)
+    fitted = fit_calibration(measurements, keys=keys)  # (seconds: outside any transaction)
     constants = {k: float(getattr(fitted.constants, k)) for k in fitted.report.keys}
     for _ in range(3):
         try:

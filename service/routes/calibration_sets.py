@@ -12,7 +12,7 @@ from service.context import ServiceContext, get_context
 from service.finite_json import FiniteJSONRoute
 from service.schemas import CalibrationSetCreate, CalibrationSetOut
 from service.tokens import Principal
-from solvers.cost_model.fitting import measurement_of
+from solvers.cost_model.fitting import PROFILE_FIT_KEYS, measurement_of
 from solvers.errors import SpecError
 
 router = APIRouter(prefix="/v1/calibration-sets", tags=["calibration sets"], route_class=FiniteJSONRoute)
@@ -41,7 +41,7 @@ def create_set(body: CalibrationSetCreate, ctx: ServiceContext = Depends(get_con
         with ctx.db.reading() as session:
             layers = calibration_sets.measurements_of_profiles(session, body.profiles, body.gpu)
         return calibration_sets.create_set(ctx.db, body.name, layers, {"profiles": body.profiles, "gpu": body.gpu},
-                                           "profiles")
+                                           "profiles", PROFILE_FIT_KEYS)
     assert body.measurements is not None
     measured = [measurement_of(m.request, m.strategy, m.step_time_s, ("measurements", i))
                 for i, m in enumerate(body.measurements)]

@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from solvers.cost_model import communication as comm
 from solvers.cost_model.analytic import AnalyticCostModel
 from solvers.cost_model.base import StageContext
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration
-from solvers.cost_model.profile import Profile
+from solvers.cost_model.profile import CollectiveOp, Profile
 from solvers.documents.calibration import CalibrationFitDoc
 from solvers.errors import SpecError
 from solvers.specs import ClusterSpec, ModelSpec, Precision, TrainingSpec
@@ -109,7 +110,30 @@ class LayerMeasurement:
         return float(parts["compute"][0] + parts["launch_overhead"][0])
 
 
-Measured = Measurement | LayerMeasurement
+@dataclass(frozen=True)
+class CollectiveMeasurement:
+    """One collective's measured time within a node (a profile's point): ``op`` over ``group_size`` ranks of
+    ``message_bytes`` (as the profile and the analytic model count them), priced on the cluster's NVLink with the
+    constants' efficiency and per-step latency."""
+
+    cluster: ClusterSpec
+    training: TrainingSpec  # (its stack keys the set; a collective's price does not read it)
+    op: CollectiveOp
+    group_size: int
+    message_bytes: float
+    step_time_s: float
+
+    def predicted_s(self, cal: AnalyticCalibration) -> float:
+        links = comm.Links.of(self.cluster, cal.intra_efficiency, cal.inter_efficiency, cal.intra_latency_s,
+                              cal.inter_latency_s)
+        if self.op == "p2p":
+            return float(comm.p2p_s(self.message_bytes, False, links))
+        fn = {"allreduce": comm.allreduce_s, "allgather": comm.allgather_s, "reduce_scatter": comm.allgather_s,
+              "alltoall": comm.alltoall_s}[self.op]
+        return float(fn(self.message_bytes, self.group_size, self.group_size, links))
+
+
+Measured = Measurement | LayerMeasurement | CollectiveMeasurement
 
 
 def layer_measurements(profile: Profile, gpu: str | dict[str, Any], loc: tuple[str | int, ...] = ()
@@ -144,6 +168,19 @@ def layer_measurements(profile: Profile, gpu: str | dict[str, Any], loc: tuple[s
         out.append(LayerMeasurement(dense, cluster, training, layer, int(x.batch),
                                     (x.forward_ms + x.backward_ms) / 1e3))
     return out
+
+
+def profile_measurements(profile: Profile, gpu: str | dict[str, Any], loc: tuple[str | int, ...] = ()
+                         ) -> list[Measured]:
+    """What a profile measured that the analytic model prices alike: its dense layer times
+    (``layer_measurements``) and its collectives within a node (its group sizes up to the node, on NVLink; a
+    profile does not say how many nodes its collectives across nodes spanned)."""
+    layers = layer_measurements(profile, gpu, loc)
+    cluster, training = layers[0].cluster, layers[0].training
+    collectives: list[Measured] = [
+        CollectiveMeasurement(cluster, training, c.op, c.group_size, c.message_bytes, c.time_ms / 1e3)
+        for c in profile.collectives if not c.across_nodes and c.group_size <= cluster.gpus_per_node]
+    return [*layers, *collectives]
 
 
 def measurement_of(request: dict[str, Any], strategy: dict[str, Any], step_time_s: float,
@@ -183,6 +220,9 @@ def _mape_of(measurements: Sequence[Measured]) -> Loss:
 # the GEMM-shape ones need the spread of the published data sets to be identified.
 SET_FIT_KEYS = ("gemm_eta_max", "kernel_overhead_s", "microbatch_overhead_s", "intra_efficiency",
                 "inter_efficiency", "dp_overlap")
+# A profile times layers and collectives, not steps: the GEMM plateau and the host's kernel issue (its layers), the
+# NVLink efficiency and per-step latency (its collectives, small messages to large).
+PROFILE_FIT_KEYS = ("gemm_eta_max", "kernel_overhead_s", "intra_efficiency", "intra_latency_s")
 SET_GOOD_ENOUGH = 0.005  # a fit within 0.5 % of its measurements stops: run-to-run noise is larger
 MAX_FOLDS = 5  # held-out fits of a set: leave one out up to this many measurements, this many folds beyond
 

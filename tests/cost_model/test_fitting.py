@@ -8,7 +8,13 @@ from dataclasses import replace
 import pytest
 
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration
-from solvers.cost_model.fitting import FIT_KEYS, coordinate_fit, identified_keys, layer_measurements
+from solvers.cost_model.fitting import (
+    FIT_KEYS,
+    coordinate_fit,
+    identified_keys,
+    layer_measurements,
+    profile_measurements,
+)
 from solvers.cost_model.profile import Profile
 from solvers.errors import SpecError
 
@@ -63,3 +69,26 @@ def test_a_profiles_layer_times_are_measurements_of_its_models_layer_on_its_stac
         layer_measurements(Profile.model_validate({"stack": {"framework": "paraplan"}, "layer_times": keep}), "cpu",
                            ("profiles", 0))
     assert err.value.problems[0].loc == ("profiles", 0, "model")
+
+
+def test_a_profiles_collectives_within_a_node_are_measurements_of_nvlink() -> None:
+    """A profile's collectives within a node are priced as the analytic model prices them on the cluster's NVLink
+    (a ring all-reduce: 2(n-1)/n of the bytes at the efficiency's bandwidth plus a latency per step); those across
+    nodes, whose node count a profile does not state, and groups beyond the node are left out."""
+    model = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128}
+    profile = Profile.model_validate({
+        "model": model, "stack": {"framework": "paraplan"},
+        "layer_times": [{"batch": 2, "seq": 64, "tp": 1, "forward_ms": 1.0, "backward_ms": 2.0}],
+        "collectives": [{"op": "allreduce", "group_size": 4, "message_bytes": 1e8, "time_ms": 5.0},
+                        {"op": "p2p", "group_size": 2, "message_bytes": 1e6, "time_ms": 0.1},
+                        {"op": "allreduce", "group_size": 4, "across_nodes": True, "message_bytes": 1e8,
+                         "time_ms": 9.0},
+                        {"op": "allreduce", "group_size": 16, "message_bytes": 1e8, "time_ms": 9.0}]})
+    got = profile_measurements(profile, "H100-SXM")
+    assert [type(m).__name__ for m in got] == ["LayerMeasurement", "CollectiveMeasurement", "CollectiveMeasurement"]
+    ring, p2p = got[1], got[2]
+    assert (ring.op, ring.group_size, ring.step_time_s, p2p.op) == ("allreduce", 4, 0.005, "p2p")
+    cal = replace(DEFAULT_CALIBRATION, intra_efficiency=0.5, intra_latency_s=1e-5)
+    nvlink = ring.cluster.intra_GBps * 1e9 * 0.5
+    assert ring.predicted_s(cal) == pytest.approx(2 * 3 / 4 * 1e8 / nvlink + 2 * 3 * 1e-5, rel=1e-12)
+    assert p2p.predicted_s(cal) == pytest.approx(1e6 / nvlink + 1e-5, rel=1e-12)

@@ -21,7 +21,7 @@ from service.db.engine import Database
 from service.db.models import Job
 from solvers.api import solve
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION
-from solvers.cost_model.fitting import layer_measurements, measurement_of, predict_s
+from solvers.cost_model.fitting import measurement_of, predict_s, profile_measurements
 from solvers.cost_model.profile import load_profile
 from solvers.run_layout import runtime_request
 from solvers.specs import ModelSpec
@@ -32,6 +32,8 @@ TRUTH = replace(DEFAULT_CALIBRATION, gemm_eta_max=0.62, kernel_overhead_s=1.5 * 
 H100 = {"kind": "hybrid", "model": {"preset": "llama2-7b"},
         "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
         "training": {"global_batch_size": 64, "seq_length": 2048}}
+# a node whose NVLink runs at 70 % of nominal besides: what a profile's collectives measure
+PROFILED = replace(TRUTH, intra_efficiency=0.7)
 # the first plan is one the worker runs exactly (uniform, ZeRO-3: the runtime has no ZeRO-1)
 FIRST = {"tp": 2, "pp": 1, "micro_batch_size": 2, "zero": 3}
 SECOND = {"tp": 1, "pp": 2, "micro_batch_size": 1, "zero": 1, "recompute": "full"}
@@ -153,21 +155,24 @@ def _profile(truth: Any, model: dict[str, Any] | None = None) -> dict[str, Any]:
     spec = model or ModelSpec.model_validate({"preset": "llama2-7b"}).model_dump(mode="json", exclude_none=True)
     points = [{"batch": b, "seq": 2048, "tp": t, "sp": sp, "forward_ms": 1.0, "backward_ms": 2.0}
               for t in (1, 2, 8) for b in (1, 4) for sp in ((False, True) if t > 1 else (False,))]
+    collectives = [{"op": op, "group_size": n, "message_bytes": b, "time_ms": 1.0}
+                   for op in ("allreduce", "alltoall") for n in (2, 8) for b in (2**16, 2**26)]
     doc = {"name": "h100 node", "gpu": "NVIDIA H100 80GB HBM3", "stack": {"framework": "paraplan"}, "model": spec,
-           "layer_times": points}
-    times = [m.predicted_s(truth) for m in layer_measurements(load_profile(doc), "H100-SXM")]
+           "layer_times": points, "collectives": collectives}
+    times = [m.predicted_s(truth) for m in profile_measurements(load_profile(doc), "H100-SXM")]
     doc["layer_times"] = [{**p, "forward_ms": 1e3 * t / 3, "backward_ms": 2e3 * t / 3}
-                          for p, t in zip(points, times, strict=True)]
+                          for p, t in zip(points, times[:len(points)], strict=True)]
+    doc["collectives"] = [{**c, "time_ms": 1e3 * t} for c, t in zip(collectives, times[len(points):], strict=True)]
     return doc
 
 
 def test_a_set_fitted_on_a_profiles_layer_times_prices_other_plans_closer(
         client: Any, make_token: Callable[[str], str]) -> None:
-    """A hardware profile the worker uploaded (its layer times; here the model's own under ``TRUTH``) fits a set
-    for the GPU it ran on and the stack it timed; a plan on that stack is then priced with it, closer to ``TRUTH``
-    than with the shipped constants. Refusals name the field."""
+    """A hardware profile the worker uploaded (its layer and collective times; here the model's own under
+    ``PROFILED``) fits a set for the GPU it ran on and the stack it timed; a plan on that stack is then priced with
+    it, closer to ``PROFILED`` than with the shipped constants. Refusals name the field."""
     submit, worker = _auth(make_token("submit")), _auth(make_token("worker"))
-    upload = client.post("/v1/profiles", json={"name": "h100 node", "kind": "hardware", "data": _profile(TRUTH)},
+    upload = client.post("/v1/profiles", json={"name": "h100 node", "kind": "hardware", "data": _profile(PROFILED)},
                          headers=worker)
     assert upload.status_code == 201, upload.text
     runtime = runtime_request(H100)
@@ -179,16 +184,17 @@ def test_a_set_fitted_on_a_profiles_layer_times_prices_other_plans_closer(
     assert made["gpu"] == "H100-SXM" and made["stack"]["framework"] == "paraplan"
     assert made["sources"] == {"profiles": [upload.json()["id"]], "gpu": "H100-SXM"}
     fit = made["fit"]
-    assert fit["measurements"] == 10 and fit["fit_mape"] < 0.02 < fit["start_mape"]
+    assert fit["measurements"] == 10 + 8 and fit["fit_mape"] < 0.02 < fit["start_mape"]
     assert fit["held_out_mape"] is not None and fit["held_out_mape"] < 0.02  # five folds of the layer times
-    # a profile's layers pin the GEMM plateau and the host's kernel issue; nothing of the network
-    assert {"gemm_eta_max", "kernel_overhead_s"} <= set(fit["identified"])
-    assert "inter_efficiency" not in fit["identified"]
-    assert made["constants"]["gemm_eta_max"] == pytest.approx(TRUTH.gemm_eta_max, rel=0.05)
+    # its layers pin the GEMM plateau and the host's kernel issue, its collectives NVLink's efficiency and latency
+    assert set(fit["keys"]) == {"gemm_eta_max", "kernel_overhead_s", "intra_efficiency", "intra_latency_s"}
+    assert {"gemm_eta_max", "kernel_overhead_s", "intra_efficiency"} <= set(fit["identified"])
+    for key in ("gemm_eta_max", "intra_efficiency"):
+        assert made["constants"][key] == pytest.approx(getattr(PROFILED, key), rel=0.05), key
 
     after = _step(client, runtime, SECOND, make_token("submit"))
     assert (after["calibration_set"]["name"], after["calibration_set"]["chosen_by"]) == ("h100-profiled", "cluster")
-    truth = measured_s(runtime, SECOND)
+    truth = predict_s(measurement_of(runtime, SECOND, 1.0), PROFILED)
     assert abs(after["step_time_s"] / truth - 1) < abs(before["step_time_s"] / truth - 1) / 3
 
     def refused(body: dict[str, Any]) -> list[Any]:
@@ -202,7 +208,7 @@ def test_a_set_fitted_on_a_profiles_layer_times_prices_other_plans_closer(
     assert refused({"measurements": _measurements([FIRST]), "gpu": "H100-SXM"}) == ["gpu"]
     assert refused({"profiles": ["no-such-profile"], "gpu": "H100-SXM"}) == ["profiles", 0]
     assert refused({"profiles": [pid], "gpu": "H1000"}) == ["gpu"]
-    old = {**_profile(TRUTH)}
+    old = {**_profile(PROFILED)}
     del old["model"]  # a profile from before the profiler recorded the model it timed
     old_id = client.post("/v1/profiles", json={"name": "old", "kind": "hardware", "data": old},
                          headers=worker).json()["id"]
