@@ -20,11 +20,13 @@ router = APIRouter(prefix="/v1/calibration-sets", tags=["calibration sets"], rou
 
 @router.post("", response_model=CalibrationSetOut, status_code=201,
              responses={409: {"description": "the name holds a set of another GPU type or stack"},
-                        422: {"description": "a run or measurement that cannot be fitted; `loc` names it"}})
+                        422: {"description": "a run, measurement or profile that cannot be fitted; `loc` names "
+                                              "it"}})
 def create_set(body: CalibrationSetCreate, ctx: ServiceContext = Depends(get_context),
                _: Principal = SubmitAccess) -> dict[str, Any]:
-    """Fit the constants to the measured steps (seconds) and store them as the next version of the name; the
-    result states the fit's in-sample and held-out (leave-one-out) error."""
+    """Fit the constants to the measured steps (seconds), or to a profile's layer and collective times, and store
+    them as the next version of the name; the result states the fit's in-sample and held-out error (leave one out,
+    five folds beyond five measurements)."""
     given = [k for k in ("runs", "measurements", "profiles") if getattr(body, k) is not None]
     if len(given) != 1:
         raise SpecError.at((given[1] if len(given) > 1 else "runs",), "give one of runs (ids of finished runs), "
