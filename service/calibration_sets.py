@@ -211,10 +211,15 @@ def resolve(session: Session, request: dict[str, Any]) -> CalibrationSetUse | No
 
 
 def with_resolution(db: Database, request: dict[str, Any]) -> dict[str, Any]:
+    """``resolved`` in a reading session of its own."""
+    with db.reading() as session:
+        return resolved(session, request)
+
+
+def resolved(session: Session, request: dict[str, Any]) -> dict[str, Any]:
     """The request with ``cost_model.resolved_calibration_set`` set by this service where a stored set applies;
     else the request as sent, less any resolution a client wrote (only this service writes one)."""
-    with db.reading() as session:
-        use = resolve(session, request)
+    use = resolve(session, request)
     cost_model = request.get("cost_model")
     if use is None:
         if isinstance(cost_model, dict) and RESOLVED in cost_model:

@@ -19,13 +19,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.calibration_sets import resolve
+from service.calibration_sets import resolved
 from service.db.engine import Database
 from service.db.models import Plan, PlanRequest, Run, utcnow
 from service.errors import Conflict, Forbidden, NotFound, NotRunnable, get_or_404
 from service.tokens import Principal
 from service.workers import owned_worker, workers_of_token
-from solvers.cost_model.calibration_set import RESOLVED
 from solvers.documents import TERMINAL, FlexSPResult, HybridResult, PlanResult, SpindleResult, load_result
 from solvers.documents.hybrid import HybridEstimate
 from solvers.errors import FieldProblem, SpecError
@@ -61,10 +60,7 @@ def runtime_predicted(session: Session, request: dict[str, Any], result: HybridR
     prediction with a ``note`` that says so."""
     from solvers.api import estimate
 
-    ask = runtime_request(request)
-    use = resolve(session, ask)
-    if use is not None:
-        ask["cost_model"] = {**(ask.get("cost_model") or {}), RESOLVED: use.to_json()}
+    ask = resolved(session, runtime_request(request))
     try:
         doc = estimate({**ask, "strategy": result.strategy.to_json()})
     except SpecError as err:

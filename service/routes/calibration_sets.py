@@ -41,8 +41,8 @@ def create_set(body: CalibrationSetCreate, ctx: ServiceContext = Depends(get_con
     if body.profiles is not None:
         assert body.gpu is not None
         with ctx.db.reading() as session:
-            layers = calibration_sets.measurements_of_profiles(session, body.profiles, body.gpu)
-        return calibration_sets.create_set(ctx.db, body.name, layers, {"profiles": body.profiles, "gpu": body.gpu},
+            points = calibration_sets.measurements_of_profiles(session, body.profiles, body.gpu)
+        return calibration_sets.create_set(ctx.db, body.name, points, {"profiles": body.profiles, "gpu": body.gpu},
                                            "profiles", PROFILE_FIT_KEYS)
     assert body.measurements is not None
     measured = [measurement_of(m.request, m.strategy, m.step_time_s, ("measurements", i))

@@ -162,8 +162,7 @@ class AnalyticCostModel(CostModel):
         self.gemm_flops = linear_gemm_flops(cluster.gpu, training.precision)
         self.gemm_flops_16 = self.peak_flops_16 * self.matmul.sixteen_bit
         self.hbm_Bps = cluster.gpu.memory_bandwidth_GBps * 1e9 * calibration.hbm_efficiency
-        self.links = comm.Links.of(cluster, calibration.intra_efficiency, calibration.inter_efficiency,
-                                   calibration.intra_latency_s, calibration.inter_latency_s)
+        self.links = comm.Links.calibrated(cluster, calibration)
         self.elem_bytes = 4.0 if training.precision == "fp32" else 2.0
         self.state_per_param = mem.state_bytes_per_param(training.precision)
         self.stack = stack_terms(model, training, calibration)
@@ -212,9 +211,7 @@ class AnalyticCostModel(CostModel):
         """A collective's time: measured where the profile has this (op, group, placement), else analytic.
         ``used``: where the caller's price takes this time (it computes every candidate's, then selects), for
         ``_priced_noting_misses``."""
-        fn = {"allreduce": comm.allreduce_s, "allgather": comm.allgather_s, "reduce_scatter": comm.allgather_s,
-              "alltoall": comm.alltoall_s}[op]
-        analytic = fn(nbytes, size, k, self.links)
+        analytic = comm.collective_s(op, nbytes, size, k, self.links)
         if self.profile is None or not self.profile.collectives:
             return analytic
         across = np.ceil(np.asarray(size, dtype=float) / np.maximum(np.asarray(k, dtype=float), 1.0)) > 1

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from solvers.cost_model.calibration import AnalyticCalibration
 from solvers.specs import ClusterSpec
 
 ArrayLike = np.ndarray | float
@@ -29,6 +30,11 @@ class Links:
     gpus_per_node: int
     intra_latency_s: float = 5e-6
     inter_latency_s: float = 10e-6
+
+    @classmethod
+    def calibrated(cls, cluster: ClusterSpec, cal: AnalyticCalibration) -> Links:
+        """The cluster's links at the constants' efficiencies and per-step latencies."""
+        return cls.of(cluster, cal.intra_efficiency, cal.inter_efficiency, cal.intra_latency_s, cal.inter_latency_s)
 
     @classmethod
     def of(cls, cluster: ClusterSpec, intra_efficiency: float, inter_efficiency: float,
@@ -77,6 +83,14 @@ def alltoall_s(nbytes: ArrayLike, size: ArrayLike, k: ArrayLike, links: Links) -
     intra = (k - 1) / n * nbytes / links.intra_Bps + (k - 1) * links.intra_latency_s
     inter = (n - k) / n * nbytes / links.inter_Bps + (nodes - 1) * links.inter_latency_s
     return np.where(np.asarray(size) > 1, np.maximum(intra, inter), 0.0)
+
+
+def collective_s(op: str, nbytes: ArrayLike, size: ArrayLike, k: ArrayLike, links: Links) -> np.ndarray:
+    """``op`` ("allreduce", "allgather", "reduce_scatter" or "alltoall") of ``nbytes`` over a group of ``size``
+    with ``k`` members per node; a reduce-scatter costs what the all-gather of its result does."""
+    fn = {"allreduce": allreduce_s, "allgather": allgather_s, "reduce_scatter": allgather_s,
+          "alltoall": alltoall_s}[op]
+    return fn(nbytes, size, k, links)
 
 
 def p2p_s(nbytes: ArrayLike, across_nodes: bool, links: Links) -> np.ndarray:

@@ -124,13 +124,10 @@ class CollectiveMeasurement:
     step_time_s: float
 
     def predicted_s(self, cal: AnalyticCalibration) -> float:
-        links = comm.Links.of(self.cluster, cal.intra_efficiency, cal.inter_efficiency, cal.intra_latency_s,
-                              cal.inter_latency_s)
+        links = comm.Links.calibrated(self.cluster, cal)
         if self.op == "p2p":
             return float(comm.p2p_s(self.message_bytes, False, links))
-        fn = {"allreduce": comm.allreduce_s, "allgather": comm.allgather_s, "reduce_scatter": comm.allgather_s,
-              "alltoall": comm.alltoall_s}[self.op]
-        return float(fn(self.message_bytes, self.group_size, self.group_size, links))
+        return float(comm.collective_s(self.op, self.message_bytes, self.group_size, self.group_size, links))
 
 
 Measured = Measurement | LayerMeasurement | CollectiveMeasurement

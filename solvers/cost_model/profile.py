@@ -140,6 +140,11 @@ class Profile(_Strict):
     # the model whose layers were timed (``paraplan worker profile --model``): what a calibration set fitted on the
     # profile's layer times prices them as (``solvers.cost_model.fitting.layer_measurements``)
     model: ModelSpec | None = None
+    layer_times: list[LayerTime] = Field(default_factory=list)
+    head_times: list[HeadTime] = Field(default_factory=list)
+    collectives: list[CollectiveTime] = Field(default_factory=list)
+    overheads: list[LayerOverhead] = Field(default_factory=list)
+    host: HostContention | None = None
 
     def layer_stack_differences(self, stack: StackSpec) -> list[str]:
         """What the profile's stack runs in a layer otherwise than ``stack`` (attention kernel, elementwise kernels,
@@ -147,16 +152,12 @@ class Profile(_Strict):
         no stack or the two time a layer alike."""
         if self.stack is None:
             return []
-        mine = {"attention": stack.attention, "elementwise": stack.elementwise_kernels,
-                "tp_comm_overlap": stack.tp_overlap}
-        theirs = {"attention": self.stack.attention, "elementwise": self.stack.elementwise_kernels,
-                  "tp_comm_overlap": self.stack.tp_overlap}
+
+        def timed(st: StackSpec) -> dict[str, str]:  # what of a stack a layer's time depends on
+            return {"attention": st.attention, "elementwise": st.elementwise_kernels, "tp_comm_overlap": st.tp_overlap}
+
+        mine, theirs = timed(stack), timed(self.stack)
         return [f"{k} {theirs[k]} (this request: {mine[k]})" for k in mine if theirs[k] != mine[k]]
-    layer_times: list[LayerTime] = Field(default_factory=list)
-    head_times: list[HeadTime] = Field(default_factory=list)
-    collectives: list[CollectiveTime] = Field(default_factory=list)
-    overheads: list[LayerOverhead] = Field(default_factory=list)
-    host: HostContention | None = None
 
     def head_s(self, batch: float, seq: int, tp: int) -> float | None:
         """Measured forward + backward seconds of the head at ``batch`` samples per data-parallel rank (interpolated
