@@ -69,9 +69,9 @@ def measurements_of_runs(session: Session, run_ids: Sequence[str]) -> list[Measu
 
 
 def measurements_of_profiles(session: Session, profile_ids: Sequence[str], gpu: str) -> list[Measured]:
-    """Each hardware profile's layer times and collectives within a node on nodes of ``gpu``, as measurements of
-    its model's layer on the stack it timed (``solvers.cost_model.fitting.profile_measurements``); SpecError at
-    ``profiles[i]``."""
+    """Each hardware profile's layer times and collectives on nodes of ``gpu``, as measurements of its model's
+    layer on the stack it timed and of the links (``solvers.cost_model.fitting.profile_measurements``); SpecError
+    at ``profiles[i]``."""
     out: list[Measured] = []
     for i, profile_id in enumerate(profile_ids):
         loc: tuple[str | int, ...] = ("profiles", i)

@@ -558,15 +558,23 @@ def _nodes(world: int) -> int:
     return max(1, world // max(1, local))
 
 
-def _group_sets(world: int, nodes: int) -> list[tuple[list[list[int]], bool]]:
-    """Sets of disjoint groups to time at once, each with whether its groups span nodes: contiguous groups of
-    2, 4, 8, 16 ranks (as tp groups, or dp groups over contiguous ranks, are laid out), and on a multi-node launch
-    also the groups of one rank per node (a dp group across nodes under tp or cp inside a node)."""
+def _group_sets(world: int, nodes: int) -> list[tuple[list[list[int]], int | None]]:
+    """Sets of disjoint groups to time at once, each with how many nodes each of its groups spans: contiguous
+    groups of 2, 4, 8, 16 ranks (as tp groups, or dp groups over contiguous ranks, are laid out), and on a multi-node
+    launch also the groups of one rank per node (a dp group across nodes under tp or cp inside a node). None: some
+    group straddles nodes unevenly (a node's ranks are not a multiple of the group's, nor the group's of a node's);
+    the set's time is its slowest group's."""
     local = world // nodes
-    sets = [([list(range(s, s + size)) for s in range(0, world, size)], size > local)
+
+    def spans(size: int) -> int | None:
+        if local % size == 0:
+            return 1
+        return size // local if size % local == 0 else None
+
+    sets = [([list(range(s, s + size)) for s in range(0, world, size)], spans(size))
             for size in (2, 4, 8, 16) if size <= world and world % size == 0]
     if nodes > 1 and local > 1:
-        sets.append(([[r + n * local for n in range(nodes)] for r in range(local)], True))
+        sets.append(([[r + n * local for n in range(nodes)] for r in range(local)], nodes))
     return sets
 
 
@@ -594,7 +602,7 @@ def profile_collectives(world: int, device: torch.device, repeats: int,
     input, the all-to-all buffer)."""
     rank = dist.get_rank()
     out: list[dict[str, Any]] = []
-    for groups, across in _group_sets(world, _nodes(world)):
+    for groups, spans in _group_sets(world, _nodes(world)):
         mine: dist.ProcessGroup | None = None
         for ranks in groups:  # every rank creates every group, in the same order
             g = _group(ranks)
@@ -613,7 +621,8 @@ def profile_collectives(world: int, device: torch.device, repeats: int,
                     continue
                 agg = torch.tensor([t], dtype=torch.float64, device=device)
                 dist.all_reduce(agg, op=dist.ReduceOp.MAX)  # a collective ends when its slowest member does
-                out.append({"op": op, "group_size": size, "across_nodes": across, "message_bytes": float(nbytes),
+                out.append({"op": op, "group_size": size, "across_nodes": spans != 1,
+                            **({"nodes": spans} if spans else {}), "message_bytes": float(nbytes),
                             "time_ms": 1e3 * float(agg[0])})
             if pause:
                 pause()
@@ -622,10 +631,12 @@ def profile_collectives(world: int, device: torch.device, repeats: int,
 
 
 def profile_p2p(world: int, device: torch.device, repeats: int, sizes: Sequence[int]) -> list[dict[str, Any]]:
-    """Send/recv between ranks 2i and 2i+1, all pairs at once (pipeline neighbours)."""
+    """Send/recv between ranks 2i and 2i+1, all pairs at once (pipeline neighbours): within a node where a node's
+    ranks pair up, else some pair spans two nodes and the slowest pair is the time."""
     rank = dist.get_rank()
     if world < 2:
         return []
+    across = (world // _nodes(world)) % 2 == 1
     out = []
     peer = rank ^ 1 if (rank ^ 1) < world else None
     for nbytes in sizes:
@@ -645,8 +656,8 @@ def profile_p2p(world: int, device: torch.device, repeats: int, sizes: Sequence[
         t = _median_time(exchange, repeats) / 2  # a round trip is two transfers
         agg = torch.tensor([t], dtype=torch.float64, device=device)
         dist.all_reduce(agg, op=dist.ReduceOp.MAX)
-        out.append({"op": "p2p", "group_size": 2, "across_nodes": False, "message_bytes": float(nbytes),
-                    "time_ms": 1e3 * float(agg[0])})
+        out.append({"op": "p2p", "group_size": 2, "across_nodes": across, "nodes": 2 if across else 1,
+                    "message_bytes": float(nbytes), "time_ms": 1e3 * float(agg[0])})
     return out
 
 
@@ -729,7 +740,7 @@ def _measure_node(full: ModelConfig, batches: Sequence[int], seqs: Sequence[int]
     gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
     name = name or f"{gpu} x{world} {time.strftime('%Y-%m-%d %H:%M')}"
     return {"profile": {"name": name, "gpu": gpu, "stack": RUNTIME_STACK.model_dump(mode="json", exclude_unset=True),
-                        "layer_times": layers, "head_times": heads,
+                        "gpus_per_node": world // _nodes(world), "layer_times": layers, "head_times": heads,
                         "collectives": collectives, "overheads": overheads, **({"host": host} if host else {})},
             "device": {"name": gpu, "ranks": world, **rates, "torch_version": torch.__version__,
                        "profile_time_s": time.perf_counter() - started}}
@@ -766,7 +777,7 @@ def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     profile["head_times"] = merged([p.get("head_times", []) for p in profiles], ("batch", "seq", "tp"),
                                    ("forward_ms", "backward_ms"))
     profile["collectives"] = merged([p["collectives"] for p in profiles],
-                                    ("op", "group_size", "across_nodes", "message_bytes"), ("time_ms",))
+                                    ("op", "group_size", "across_nodes", "nodes", "message_bytes"), ("time_ms",))
     profile["overheads"] = merged([p.get("overheads", []) for p in profiles], ("parallelism", "reshard"),
                                   ("forward_ms", "backward_ms"))
     hosts = [p["host"] for p in profiles if p.get("host")]

@@ -112,22 +112,24 @@ class LayerMeasurement:
 
 @dataclass(frozen=True)
 class CollectiveMeasurement:
-    """One collective's measured time within a node (a profile's point): ``op`` over ``group_size`` ranks of
-    ``message_bytes`` (as the profile and the analytic model count them), priced on the cluster's NVLink with the
-    constants' efficiency and per-step latency."""
+    """One collective's measured time (a profile's point): ``op`` over ``group_size`` ranks, ``ranks_per_node`` of
+    them on each node, of ``message_bytes`` (as the profile and the analytic model count them), priced on the
+    cluster's links (NVLink within a node, the GPU's share of the node's network across nodes) with the constants'
+    efficiencies and per-step latencies."""
 
-    cluster: ClusterSpec
+    cluster: ClusterSpec  # (its gpus_per_node: the launch's, whose ranks shared the node's network)
     training: TrainingSpec  # (its stack keys the set; a collective's price does not read it)
     op: CollectiveOp
     group_size: int
+    ranks_per_node: int
     message_bytes: float
     step_time_s: float
 
     def predicted_s(self, cal: AnalyticCalibration) -> float:
         links = comm.Links.calibrated(self.cluster, cal)
         if self.op == "p2p":
-            return float(comm.p2p_s(self.message_bytes, False, links))
-        return float(comm.collective_s(self.op, self.message_bytes, self.group_size, self.group_size, links))
+            return float(comm.p2p_s(self.message_bytes, self.ranks_per_node < self.group_size, links))
+        return float(comm.collective_s(self.op, self.message_bytes, self.group_size, self.ranks_per_node, links))
 
 
 Measured = Measurement | LayerMeasurement | CollectiveMeasurement
@@ -170,14 +172,23 @@ def layer_measurements(profile: Profile, gpu: str | dict[str, Any], loc: tuple[s
 def profile_measurements(profile: Profile, gpu: str | dict[str, Any], loc: tuple[str | int, ...] = ()
                          ) -> list[Measured]:
     """What a profile measured that the analytic model prices alike: its dense layer times
-    (``layer_measurements``) and its collectives within a node (its group sizes up to the node, on NVLink; a
-    profile does not say how many nodes its collectives across nodes spanned)."""
+    (``layer_measurements``) and its collectives: those within a node (on NVLink), and those across nodes where the
+    profile states the nodes each group spanned and its launch's ranks per node (``Profile.gpus_per_node``: the
+    share of the node's network each rank had). Groups across nodes of an older profile, which does not say, and
+    groups within a node larger than the launch's node (or than 8 ranks where it is not stated) are left out."""
     layers = layer_measurements(profile, gpu, loc)
-    cluster, training = layers[0].cluster, layers[0].training
-    collectives: list[Measured] = [
-        CollectiveMeasurement(cluster, training, c.op, c.group_size, c.message_bytes, c.time_ms / 1e3)
-        for c in profile.collectives if not c.across_nodes and c.group_size <= cluster.gpus_per_node]
-    return [*layers, *collectives]
+    node, training = layers[0].cluster, layers[0].training
+    launch = profile.gpus_per_node or node.gpus_per_node
+    out: list[Measured] = [*layers]
+    for c in profile.collectives:
+        k = c.ranks_per_node
+        if k is None or k > launch or (c.across_nodes and profile.gpus_per_node is None):
+            continue
+        nodes = -(-c.group_size // k)
+        cluster = node if nodes == 1 else ClusterSpec.model_validate(
+            {**node.model_dump(mode="json", exclude_none=True), "nodes": nodes, "gpus_per_node": launch})
+        out.append(CollectiveMeasurement(cluster, training, c.op, c.group_size, k, c.message_bytes, c.time_ms / 1e3))
+    return out
 
 
 def measurement_of(request: dict[str, Any], strategy: dict[str, Any], step_time_s: float,
@@ -218,8 +229,10 @@ def _mape_of(measurements: Sequence[Measured]) -> Loss:
 SET_FIT_KEYS = ("gemm_eta_max", "kernel_overhead_s", "microbatch_overhead_s", "intra_efficiency",
                 "inter_efficiency", "dp_overlap")
 # A profile times layers and collectives, not steps: the GEMM plateau and the host's kernel issue (its layers), the
-# NVLink efficiency and per-step latency (its collectives, small messages to large).
-PROFILE_FIT_KEYS = ("gemm_eta_max", "kernel_overhead_s", "intra_efficiency", "intra_latency_s")
+# NVLink and network efficiencies and per-step latencies (its collectives within and across nodes, small messages to
+# large; a single-node profile pins no network constant, and the fit's report says so).
+PROFILE_FIT_KEYS = ("gemm_eta_max", "kernel_overhead_s", "intra_efficiency", "intra_latency_s", "inter_efficiency",
+                    "inter_latency_s")
 SET_GOOD_ENOUGH = 0.005  # a fit within 0.5 % of its measurements stops: run-to-run noise is larger
 MAX_FOLDS = 5  # held-out fits of a set: leave one out up to this many measurements, this many folds beyond
 

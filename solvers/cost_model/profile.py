@@ -5,6 +5,7 @@ JSON form (what the worker uploads; ``cost_model.profile`` inline or ``cost_mode
 
     {"name": "llama2-7b on 8xA100 (worker w-3, 2026-11-30)",
      "gpu": "A100-80GB",
+     "gpus_per_node": 8,                   # optional: ranks per node of the launch that timed it
      "layer_times": [                      # one transformer layer, Megatron TP layout, on its tp ranks
         {"batch": 1, "seq": 2048, "tp": 1, "forward_ms": 11.9, "backward_ms": 24.1},
         {"batch": 4, "seq": 2048, "tp": 1, "forward_ms": 45.0},          # backward defaults to 2x forward
@@ -14,7 +15,9 @@ JSON form (what the worker uploads; ``cost_model.profile`` inline or ``cost_mode
         {"batch": 1, "seq": 2048, "tp": 2, "forward_ms": 3.1, "backward_ms": 5.9}],
      "collectives": [                      # one collective, time per call
         {"op": "allreduce", "group_size": 8, "across_nodes": false, "message_bytes": 67108864, "time_ms": 0.61},
-        {"op": "allreduce", "group_size": 8, "across_nodes": false, "message_bytes": 4194304, "time_ms": 0.07}],
+        {"op": "allreduce", "group_size": 8, "across_nodes": false, "message_bytes": 4194304, "time_ms": 0.07},
+        {"op": "allreduce", "group_size": 2, "across_nodes": true, "nodes": 2,   # nodes: optional, the nodes the
+         "message_bytes": 67108864, "time_ms": 1.9}],                           # group spans, as many ranks on each
      "overheads": [                        # optional: what a parallelism's wrapper adds per layer and micro-batch
         {"parallelism": "fsdp", "reshard": true, "forward_ms": 1.9, "backward_ms": 3.2}],
      "host": {"busy_ranks": 4, "slowdown": 1.9}}   # optional: ranks share the host's cores (CPU "clusters")
@@ -56,7 +59,7 @@ from itertools import product
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from solvers.cost_model.pipeline import shared_core_pipeline_s
 from solvers.errors import SpecError, shown
@@ -115,8 +118,29 @@ class CollectiveTime(_Strict):
     op: CollectiveOp
     group_size: int = Field(gt=1)
     across_nodes: bool = False
+    # the nodes the group spans, as many of its ranks on each (the profiler records it; older profiles do not): what
+    # a calibration set fitted on the profile prices a collective across nodes as
+    nodes: int | None = Field(default=None, gt=0)
     message_bytes: float = Field(ge=MIN_BYTES, le=MAX_BYTES)
     time_ms: float = Field(gt=0, le=MAX_MS)
+
+    @model_validator(mode="after")
+    def _placement(self) -> CollectiveTime:
+        if self.nodes is not None:
+            if (self.nodes > 1) != self.across_nodes:
+                raise ValueError(f"nodes {self.nodes} with across_nodes {str(self.across_nodes).lower()}: a group "
+                                 "across nodes spans two or more")
+            if self.group_size % self.nodes:
+                raise ValueError(f"group_size {self.group_size} is not as many ranks on each of its {self.nodes} "
+                                 "nodes")
+        return self
+
+    @property
+    def ranks_per_node(self) -> int | None:
+        """The group's ranks on each of its nodes; None where a group across nodes does not state how many."""
+        if not self.across_nodes:
+            return self.group_size
+        return None if self.nodes is None else self.group_size // self.nodes
 
 
 class LayerOverhead(_Strict):
@@ -140,6 +164,9 @@ class Profile(_Strict):
     # the model whose layers were timed (``paraplan worker profile --model``): what a calibration set fitted on the
     # profile's layer times prices them as (``solvers.cost_model.fitting.layer_measurements``)
     model: ModelSpec | None = None
+    # ranks per node of the launch that timed it: each rank of a node timed its collectives at once, so a collective
+    # across nodes had its GPU's share of the node's network (the profiler records it; older profiles do not)
+    gpus_per_node: int | None = Field(default=None, gt=0)
     layer_times: list[LayerTime] = Field(default_factory=list)
     head_times: list[HeadTime] = Field(default_factory=list)
     collectives: list[CollectiveTime] = Field(default_factory=list)

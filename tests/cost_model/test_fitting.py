@@ -15,7 +15,7 @@ from solvers.cost_model.fitting import (
     layer_measurements,
     profile_measurements,
 )
-from solvers.cost_model.profile import Profile
+from solvers.cost_model.profile import Profile, load_profile
 from solvers.errors import SpecError
 
 
@@ -71,24 +71,58 @@ def test_a_profiles_layer_times_are_measurements_of_its_models_layer_on_its_stac
     assert err.value.problems[0].loc == ("profiles", 0, "model")
 
 
-def test_a_profiles_collectives_within_a_node_are_measurements_of_nvlink() -> None:
+def test_a_profiles_collectives_are_measurements_of_nvlink_within_a_node_and_of_the_network_across() -> None:
     """A profile's collectives within a node are priced as the analytic model prices them on the cluster's NVLink
     (a ring all-reduce: 2(n-1)/n of the bytes at the efficiency's bandwidth plus a latency per step); those across
-    nodes, whose node count a profile does not state, and groups beyond the node are left out."""
+    nodes, where the profile states the nodes each group spans and its launch's ranks per node, on the GPU's share
+    of the node's network (the launch's ranks shared it). Groups across nodes that do not say how many, a profile
+    that does not say its ranks per node, and groups larger than its node are left out."""
     model = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128}
-    profile = Profile.model_validate({
-        "model": model, "stack": {"framework": "paraplan"},
-        "layer_times": [{"batch": 2, "seq": 64, "tp": 1, "forward_ms": 1.0, "backward_ms": 2.0}],
-        "collectives": [{"op": "allreduce", "group_size": 4, "message_bytes": 1e8, "time_ms": 5.0},
-                        {"op": "p2p", "group_size": 2, "message_bytes": 1e6, "time_ms": 0.1},
-                        {"op": "allreduce", "group_size": 4, "across_nodes": True, "message_bytes": 1e8,
-                         "time_ms": 9.0},
-                        {"op": "allreduce", "group_size": 16, "message_bytes": 1e8, "time_ms": 9.0}]})
-    got = profile_measurements(profile, "H100-SXM")
-    assert [type(m).__name__ for m in got] == ["LayerMeasurement", "CollectiveMeasurement", "CollectiveMeasurement"]
-    ring, p2p = got[1], got[2]
+    within = [{"op": "allreduce", "group_size": 4, "message_bytes": 1e8, "time_ms": 5.0},
+              {"op": "p2p", "group_size": 2, "message_bytes": 1e6, "time_ms": 0.1}]
+    across = [{"op": "allreduce", "group_size": 8, "across_nodes": True, "nodes": 2, "message_bytes": 1e8,
+               "time_ms": 9.0},
+              {"op": "allreduce", "group_size": 2, "across_nodes": True, "nodes": 2, "message_bytes": 1e8,
+               "time_ms": 7.0},
+              {"op": "p2p", "group_size": 2, "across_nodes": True, "nodes": 2, "message_bytes": 1e6, "time_ms": 0.2}]
+    left_out = [{"op": "allreduce", "group_size": 4, "across_nodes": True, "message_bytes": 1e8, "time_ms": 9.0},
+                {"op": "allreduce", "group_size": 16, "message_bytes": 1e8, "time_ms": 9.0}]
+    doc = {"model": model, "stack": {"framework": "paraplan"},
+           "layer_times": [{"batch": 2, "seq": 64, "tp": 1, "forward_ms": 1.0, "backward_ms": 2.0}],
+           "collectives": within + across + left_out}
+    got = profile_measurements(Profile.model_validate({**doc, "gpus_per_node": 4}), "H100-SXM")
+    assert [type(m).__name__ for m in got] == ["LayerMeasurement"] + ["CollectiveMeasurement"] * 5
+    ring, p2p, two_nodes, strided, p2p_across = got[1:]
     assert (ring.op, ring.group_size, ring.step_time_s, p2p.op) == ("allreduce", 4, 0.005, "p2p")
-    cal = replace(DEFAULT_CALIBRATION, intra_efficiency=0.5, intra_latency_s=1e-5)
+    cal = replace(DEFAULT_CALIBRATION, intra_efficiency=0.5, intra_latency_s=1e-5, inter_efficiency=0.25,
+                  inter_latency_s=3e-5)
     nvlink = ring.cluster.intra_GBps * 1e9 * 0.5
     assert ring.predicted_s(cal) == pytest.approx(2 * 3 / 4 * 1e8 / nvlink + 2 * 3 * 1e-5, rel=1e-12)
     assert p2p.predicted_s(cal) == pytest.approx(1e6 / nvlink + 1e-5, rel=1e-12)
+    # across two nodes of the launch's 4 ranks each: each rank's quarter of the node's 3.2 Tb/s, at 25 %
+    assert (two_nodes.cluster.nodes, two_nodes.cluster.gpus_per_node, two_nodes.ranks_per_node) == (2, 4, 4)
+    nic = 3200e9 / 8 / 4 * 0.25
+    assert two_nodes.predicted_s(cal) == pytest.approx(  # within each node over 4, then across over 2, a quarter each
+        2 * 3 / 4 * 1e8 / nvlink + 2 * 3 * 1e-5 + 2 * 1 / 2 * 1e8 / 4 / nic + 2 * 1 * 3e-5, rel=1e-12)
+    assert strided.ranks_per_node == 1
+    assert strided.predicted_s(cal) == pytest.approx(1e8 / nic + 2 * 3e-5, rel=1e-12)
+    assert p2p_across.predicted_s(cal) == pytest.approx(1e6 / nic + 3e-5, rel=1e-12)
+    # the network's constants move only the collectives across nodes
+    slow_net = replace(cal, inter_efficiency=0.125)
+    assert [m.predicted_s(slow_net) == m.predicted_s(cal) for m in got] == [True, True, True, False, False, False]
+    # a profile that does not say its ranks per node: its collectives across nodes are left out
+    unsaid = profile_measurements(Profile.model_validate(doc), "H100-SXM")
+    assert [(m.op, m.group_size) for m in unsaid[1:]] == [("allreduce", 4), ("p2p", 2)]
+
+
+@pytest.mark.parametrize(("point", "field"), [
+    ({"across_nodes": False, "nodes": 2}, "collectives.0"),
+    ({"across_nodes": True, "nodes": 1}, "collectives.0"),
+    ({"group_size": 6, "across_nodes": True, "nodes": 4}, "collectives.0")])
+def test_a_collective_states_nodes_consistent_with_its_group(point: dict, field: str) -> None:
+    """A group across nodes spans two or more, with as many of its ranks on each; the refusal names the point."""
+    bad = {"op": "allreduce", "group_size": 4, "message_bytes": 1e6, "time_ms": 1.0, **point}
+    with pytest.raises(SpecError) as err:
+        load_profile({"collectives": [bad]}, ("data",))
+    problem = err.value.problems[0]
+    assert ".".join(map(str, problem.loc[1:3])) == field and "nodes" in problem.msg

@@ -32,8 +32,8 @@ TRUTH = replace(DEFAULT_CALIBRATION, gemm_eta_max=0.62, kernel_overhead_s=1.5 * 
 H100 = {"kind": "hybrid", "model": {"preset": "llama2-7b"},
         "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
         "training": {"global_batch_size": 64, "seq_length": 2048}}
-# a node whose NVLink runs at 70 % of nominal besides: what a profile's collectives measure
-PROFILED = replace(TRUTH, intra_efficiency=0.7)
+# nodes whose NVLink runs at 70 % of nominal and network at 40 % besides: what a profile's collectives measure
+PROFILED = replace(TRUTH, intra_efficiency=0.7, inter_efficiency=0.4)
 # the first plan is one the worker runs exactly (uniform, ZeRO-3: the runtime has no ZeRO-1)
 FIRST = {"tp": 2, "pp": 1, "micro_batch_size": 2, "zero": 3}
 SECOND = {"tp": 1, "pp": 2, "micro_batch_size": 1, "zero": 1, "recompute": "full"}
@@ -150,15 +150,18 @@ def test_the_first_run_calibrates_its_cluster_and_the_next_plan_is_priced_closer
 
 
 def _profile(truth: Any, model: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A hardware profile of llama2-7b's layer as the worker's profiler writes one (the runtime's stack, the model
-    it timed), its times the analytic model's under ``truth``: tp 1, 2 and 8, Megatron SP or not, 1 and 4 samples."""
+    """A hardware profile of llama2-7b's layer as the worker's profiler writes one on two nodes of 8 (the runtime's
+    stack, the model it timed), its times the analytic model's under ``truth``: tp 1, 2 and 8, Megatron SP or not,
+    1 and 4 samples; collectives within a node, and across the two (16 ranks, and one rank of each node)."""
     spec = model or ModelSpec.model_validate({"preset": "llama2-7b"}).model_dump(mode="json", exclude_none=True)
     points = [{"batch": b, "seq": 2048, "tp": t, "sp": sp, "forward_ms": 1.0, "backward_ms": 2.0}
               for t in (1, 2, 8) for b in (1, 4) for sp in ((False, True) if t > 1 else (False,))]
     collectives = [{"op": op, "group_size": n, "message_bytes": b, "time_ms": 1.0}
                    for op in ("allreduce", "alltoall") for n in (2, 8) for b in (2**16, 2**26)]
-    doc = {"name": "h100 node", "gpu": "NVIDIA H100 80GB HBM3", "stack": {"framework": "paraplan"}, "model": spec,
-           "layer_times": points, "collectives": collectives}
+    collectives += [{"op": "allreduce", "group_size": n, "across_nodes": True, "nodes": 2, "message_bytes": b,
+                     "time_ms": 1.0} for n in (16, 2) for b in (2**16, 2**26)]
+    doc = {"name": "h100 nodes", "gpu": "NVIDIA H100 80GB HBM3", "stack": {"framework": "paraplan"}, "model": spec,
+           "gpus_per_node": 8, "layer_times": points, "collectives": collectives}
     times = [m.predicted_s(truth) for m in profile_measurements(load_profile(doc), "H100-SXM")]
     doc["layer_times"] = [{**p, "forward_ms": 1e3 * t / 3, "backward_ms": 2e3 * t / 3}
                           for p, t in zip(points, times[:len(points)], strict=True)]
@@ -184,18 +187,28 @@ def test_a_set_fitted_on_a_profiles_layer_times_prices_other_plans_closer(
     assert made["gpu"] == "H100-SXM" and made["stack"]["framework"] == "paraplan"
     assert made["sources"] == {"profiles": [upload.json()["id"]], "gpu": "H100-SXM"}
     fit = made["fit"]
-    assert fit["measurements"] == 10 + 8 and fit["fit_mape"] < 0.02 < fit["start_mape"]
+    assert fit["measurements"] == 10 + 8 + 4 and fit["fit_mape"] < 0.02 < fit["start_mape"]
     assert fit["held_out_mape"] is not None and fit["held_out_mape"] < 0.02  # five folds of the layer times
-    # its layers pin the GEMM plateau and the host's kernel issue, its collectives NVLink's efficiency and latency
-    assert set(fit["keys"]) == {"gemm_eta_max", "kernel_overhead_s", "intra_efficiency", "intra_latency_s"}
-    assert {"gemm_eta_max", "kernel_overhead_s", "intra_efficiency"} <= set(fit["identified"])
-    for key in ("gemm_eta_max", "intra_efficiency"):
+    # its layers pin the GEMM plateau and the host's kernel issue, its collectives the efficiencies and latencies of
+    # NVLink (within a node) and of the network (across the two)
+    assert set(fit["keys"]) == {"gemm_eta_max", "kernel_overhead_s", "intra_efficiency", "intra_latency_s",
+                                "inter_efficiency", "inter_latency_s"}
+    assert {"gemm_eta_max", "kernel_overhead_s", "intra_efficiency", "inter_efficiency"} <= set(fit["identified"])
+    for key in ("gemm_eta_max", "intra_efficiency", "inter_efficiency"):
         assert made["constants"][key] == pytest.approx(getattr(PROFILED, key), rel=0.05), key
 
     after = _step(client, runtime, SECOND, make_token("submit"))
     assert (after["calibration_set"]["name"], after["calibration_set"]["chosen_by"]) == ("h100-profiled", "cluster")
     truth = predict_s(measurement_of(runtime, SECOND, 1.0), PROFILED)
     assert abs(after["step_time_s"] / truth - 1) < abs(before["step_time_s"] / truth - 1) / 3
+    # and a plan whose data parallelism spans four nodes, its gradient sync on the network the profile measured
+    wide = {**runtime, "cluster": {**runtime["cluster"], "nodes": 4}, "training": {
+        **runtime["training"], "global_batch_size": 256}}
+    across = {"tp": 8, "pp": 1, "micro_batch_size": 1, "zero": 3}
+    truth = predict_s(measurement_of(wide, across, 1.0), PROFILED)
+    shipped = predict_s(measurement_of(wide, across, 1.0), DEFAULT_CALIBRATION)
+    assert abs(_step(client, wide, across, make_token("submit"))["step_time_s"] / truth - 1) < abs(
+        shipped / truth - 1) / 3
 
     def refused(body: dict[str, Any]) -> list[Any]:
         got = client.post("/v1/calibration-sets", json={"name": "p", **body}, headers=submit)

@@ -48,8 +48,12 @@ def test_passes_merge_point_by_point_into_their_median() -> None:
         merge_profiles([])
 
 
-def test_collective_groups_of_a_multi_node_launch_say_whether_they_span_nodes() -> None:
+def test_collective_groups_of_a_multi_node_launch_say_how_many_nodes_they_span() -> None:
     one_node = _group_sets(4, 1)
-    assert one_node == [([[0, 1], [2, 3]], False), ([[0, 1, 2, 3]], False)]
+    assert one_node == [([[0, 1], [2, 3]], 1), ([[0, 1, 2, 3]], 1)]
     two_nodes = _group_sets(4, 2)  # ranks 0, 1 on the first node, 2, 3 on the second
-    assert two_nodes == [([[0, 1], [2, 3]], False), ([[0, 1, 2, 3]], True), ([[0, 2], [1, 3]], True)]
+    assert two_nodes == [([[0, 1], [2, 3]], 1), ([[0, 1, 2, 3]], 2), ([[0, 2], [1, 3]], 2)]
+    # two nodes of 8: 16 over both (8 ranks on each); nodes of 3 ranks straddle pairs unevenly (no even split)
+    assert [(len(groups[0]), spans) for groups, spans in _group_sets(16, 2)] == [
+        (2, 1), (4, 1), (8, 1), (16, 2), (2, 2)]
+    assert [(len(groups[0]), spans) for groups, spans in _group_sets(6, 2)] == [(2, None), (2, 2)]

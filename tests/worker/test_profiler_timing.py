@@ -4,12 +4,16 @@ two large timings, is taken from paired rounds."""
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 
+from solvers.cost_model.calibration import DEFAULT_CALIBRATION
+from solvers.cost_model.fitting import CollectiveMeasurement, profile_measurements
 from solvers.cost_model.profile import Profile
 from tests.worker.two_ranks import on_two_ranks
 from worker.profiler import (
@@ -133,3 +137,27 @@ def test_the_head_is_timed_as_the_runtime_runs_it_on_every_tp_and_agrees_on_ever
     assert all(r["seq"] == 16 and 0 < r["forward_ms"] < 1e4 and 0 < r["backward_ms"] < 1e4 for r in rows.values())
     profile = Profile.model_validate({"head_times": got[0]})  # the profile document takes them as they come
     assert profile.head_s(8, 16, 2) is not None and profile.head_s(8, 16, 4) is None
+
+
+def _collectives_on_two_nodes_of_one_rank(rank: int) -> list[dict[str, Any]]:
+    os.environ["LOCAL_WORLD_SIZE"] = "1"  # as torchrun sets it on each of two nodes of one rank
+    return profile_collectives(2, torch.device("cpu"), 2, sizes=[2**10, 2**16])
+
+
+@pytest.mark.timeout(120)
+def test_collectives_across_nodes_state_the_nodes_they_spanned_and_fit_the_network() -> None:
+    """On two real gloo ranks launched as two nodes of one rank each, every collective and the send/recv pair span
+    both nodes and say so: a profile of them (its launch's one rank per node) is a set of measurements of the
+    network, which a calibration fit then prices."""
+    got = on_two_ranks(_collectives_on_two_nodes_of_one_rank)
+    assert got[0] == got[1]
+    assert {(c["op"], c["across_nodes"], c.get("nodes")) for c in got[0]} == {
+        (op, True, 2) for op in ("allreduce", "allgather", "reduce_scatter", "alltoall", "p2p")}
+    model = {"name": "tiny", "num_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "vocab_size": 32}
+    profile = Profile.model_validate({
+        "model": model, "stack": {"framework": "paraplan"}, "gpus_per_node": 1, "collectives": got[0],
+        "layer_times": [{"batch": 1, "seq": 16, "tp": 1, "forward_ms": 1.0, "backward_ms": 2.0}]})
+    measured = [m for m in profile_measurements(profile, "cpu") if isinstance(m, CollectiveMeasurement)]
+    assert len(measured) == len(got[0]) and all(m.ranks_per_node == 1 and m.cluster.nodes == 2 for m in measured)
+    slow_net = replace(DEFAULT_CALIBRATION, inter_efficiency=DEFAULT_CALIBRATION.inter_efficiency / 2)
+    assert all(m.predicted_s(slow_net) > m.predicted_s(DEFAULT_CALIBRATION) for m in measured)
