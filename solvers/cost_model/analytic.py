@@ -475,7 +475,7 @@ class AnalyticCostModel(CostModel):
         states = [mem.model_state_bytes(p, grp, c.zero, self.state_per_param) for p, grp, _ in groups]
         w, g, o = (np.sum([x[i] for x in states], axis=0) for i in range(3))
         kept, transient = mem.activation_bytes(shape, s, b, c.tp, c.cp, c.sp, c.rc, e, fused,
-                                               per_op=self.stack.selective_per_op)
+                                               per_op=self.stack.selective_per_op, eager=self.stack.eager_elementwise)
         if expert is not None:
             kept = kept + expert.extra_activation_bytes
             if self.stack.selective_per_op:  # its save list names all_to_all_single: dispatch and combine kept

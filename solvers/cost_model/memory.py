@@ -15,7 +15,9 @@ Written per tensor so that GQA, SwiGLU, other FFN widths and MoE follow: 10 s b 
 parallelism replicates (two LayerNorm inputs, the QKV and MLP inputs, two dropout masks), the rest is
 split over t. Ulysses splits everything over its group, context parallelism over cp.
 Without dropout (p = 0: PyTorch returns the input, no mask, no copy) the masks go and the attention core
-keeps only the softmax output, 2 a s^2 b: 32 s b h + 2 a s^2 b for the GPT layer above.
+keeps only the softmax output, 2 a s^2 b: 32 s b h + 2 a s^2 b for the GPT layer above. A SwiGLU MLP keeps its
+gate, up projection and their product where its elementwise ops are fused, and silu's output besides where they run
+eagerly (``training.stack.elementwise = "eager"``, the worker's runtime).
 
 torchtitan's selective checkpointing is a per-op policy instead (``per_op``; its ``selective_ac_option = "op"``):
 of a layer's forward it keeps the attention kernel's output and every other matmul's output, in the order the
@@ -88,10 +90,12 @@ class ActivationTerms:
     per_op_scattered: float  # ... and under sequence parallelism the two blocks' reduce-scatter outputs, split over t
 
 
-def activation_terms(shape: LayerShape) -> ActivationTerms:
+def activation_terms(shape: LayerShape, eager: bool = False) -> ActivationTerms:
     h = shape.hidden
-    # gelu keeps the activation's input and output; swiglu the gate, the up projection and their product
-    mlp = (3 if shape.gated else 2) * shape.ffn * shape.top_k
+    # gelu keeps the activation's input and output; swiglu the gate, the up projection and their product, and run
+    # eagerly (silu, then the multiply: two kernels) also silu's output, which the multiply's backward reads and a
+    # fused kernel recomputes
+    mlp = ((4 if eager else 3) if shape.gated else 2) * shape.ffn * shape.top_k
     masks = 2.0 * h if shape.hidden_dropout else 0.0  # after the attention projection and after the MLP
     # softmax output (what the probabilities-times-V GEMM reads); dropout adds its mask and output
     core, core_masks = (5.0, 1.0) if shape.attention_dropout else (2.0, 0.0)
@@ -123,15 +127,17 @@ def _bytes(elements: ArrayLike, masks: ArrayLike, elem_bytes: float) -> np.ndarr
 
 def activation_bytes(shape: LayerShape, seq: int, samples: ArrayLike, tp: ArrayLike, cp: ArrayLike,
                      sp: ArrayLike, recompute: ArrayLike, elem_bytes: float = 2.0, flash: bool = False,
-                     per_op: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                     per_op: bool = False, eager: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(kept per micro-batch, transient during backward) activation bytes per GPU for one layer.
 
     ``samples`` is the micro-batch per data-parallel rank; ``seq`` the full sequence (split over cp).
     With ``flash`` the attention core keeps only softmax statistics (negligible) instead of 5 a s^2 b.
-    With ``per_op`` selective recompute is torchtitan's per-op policy (module docstring), else Megatron's.
+    With ``per_op`` selective recompute is torchtitan's per-op policy (module docstring), else Megatron's. With
+    ``eager`` the elementwise ops run as separate kernels (``training.stack.elementwise``) and keep what a fused
+    kernel does not (``activation_terms``).
     """
     samples, tp, cp, sp, recompute = (np.asarray(x, dtype=float) for x in (samples, tp, cp, sp, recompute))
-    t = activation_terms(shape)
+    t = activation_terms(shape, eager)
     tokens = samples * seq / cp  # tokens this rank's sequence slice holds
     sharded = sp != SP_NONE
     repl_div = np.where(sharded, tp, 1.0)

@@ -187,8 +187,9 @@ def test_torchtitan_prices_selective_recompute_as_its_per_op_policy() -> None:
 
 def test_eager_elementwise_ops_are_priced_stated_and_planned_with() -> None:
     """torchtitan without torch.compile runs each elementwise op as its own kernel: the same plan takes longer in
-    its compute and recompute (the norms, rotary embeddings and SwiGLU it replays), nothing else changes, the
-    estimate says so, and the planner plans on it."""
+    its compute and recompute (the norms, rotary embeddings and SwiGLU it replays), a recomputed layer's backward
+    holds silu's output besides (the per-op policy keeps it in neither case), nothing else changes, the estimate
+    says so, and the planner plans on it."""
     req = _with_stack(request(strategy={**UNIFORM, "recompute": "selective"}), framework="torchtitan")
     fused, eager = estimate(req), estimate(_with_stack(req, framework="torchtitan", elementwise="eager"))
     assert eager["stack"]["elementwise"] == "eager" and fused["stack"]["elementwise"] == "fused"
@@ -196,6 +197,6 @@ def test_eager_elementwise_ops_are_priced_stated_and_planned_with() -> None:
         assert eager["breakdown_s"][part] > fused["breakdown_s"][part]
     for part in ("tp_comm", "dp_comm_exposed", "optimizer"):
         assert eager["breakdown_s"][part] == pytest.approx(fused["breakdown_s"][part], rel=1e-12)
-    assert eager["peak_memory_gib"] == pytest.approx(fused["peak_memory_gib"])
+    assert eager["peak_memory_gib"] > fused["peak_memory_gib"]
     planned = solve({k: v for k, v in _with_stack(req, elementwise="eager").items() if k != "strategy"})
     assert planned["estimate"]["stack"]["elementwise"] == "eager" and planned["estimate"]["fits"]
