@@ -501,7 +501,7 @@ def fsdp_overheads(cfg: ModelConfig, batch: int, seq: int, device: torch.device,
     if world < 2:
         return []
     fit = Profile(collectives=[CollectiveTime.model_validate(c) for c in collectives])
-    across = _nodes(world) > 1  # the world group spans the nodes of a multi-node launch
+    per_node = world // _nodes(world)  # the world group spans the nodes of a multi-node launch
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",))
 
     def pair(reshard: bool | None) -> torch.nn.Module:
@@ -516,7 +516,7 @@ def fsdp_overheads(cfg: ModelConfig, batch: int, seq: int, device: torch.device,
     param_bytes = float(sum(p.numel() * p.element_size() for p in Block(cfg).parameters()))
 
     def coll(op: CollectiveOp) -> float:
-        t = float(fit.collective_s(op, np.array(param_bytes), np.array(world), np.array(across)))
+        t = float(fit.collective_s(op, np.array(param_bytes), np.array(world), np.array(per_node)))
         return t if math.isfinite(t) else 0.0
 
     models = [pair(None), pair(True), pair(False)]

@@ -175,9 +175,9 @@ class AnalyticCostModel(CostModel):
             if shape not in self._shapes:
                 self._shapes.append(shape)
             self._shape_of_layer.append(self._shapes.index(shape))
-        # (op, group size, across nodes) priced by the formula for want of a profile entry, recorded while
+        # (op, group size, ranks per node) priced by the formula for want of a profile entry, recorded while
         # ``_priced_noting_misses`` prices a plan (None otherwise)
-        self._missed: set[tuple[str, int, bool]] | None = None
+        self._missed: set[tuple[str, int, int]] | None = None
         # (a profile is one object per request: its models keep their own cache)
         self._answers = _shared_answers(None if profile is not None else "\n".join((
             model.model_dump_json(), cluster.model_dump_json(exclude={"nodes"}), training.model_dump_json(),
@@ -214,13 +214,13 @@ class AnalyticCostModel(CostModel):
         analytic = comm.collective_s(op, nbytes, size, k, self.links)
         if self.profile is None or not self.profile.collectives:
             return analytic
-        across = np.ceil(np.asarray(size, dtype=float) / np.maximum(np.asarray(k, dtype=float), 1.0)) > 1
-        measured = self.profile.collective_s(op, nbytes, size, across)
+        per_node = np.minimum(np.maximum(np.asarray(k, dtype=float), 1.0), np.asarray(size, dtype=float))
+        measured = self.profile.collective_s(op, nbytes, size, per_node)
         if self._missed is not None:
             miss = ~np.isfinite(measured) & (np.asarray(size) > 1) & (True if used is None else used)
             shape = np.shape(miss)
-            self._missed |= {(op, int(n), bool(a)) for n, a in zip(np.broadcast_to(size, shape)[miss],
-                                                                    np.broadcast_to(across, shape)[miss], strict=True)}
+            self._missed |= {(op, int(n), int(m)) for n, m in zip(np.broadcast_to(size, shape)[miss],
+                                                                   np.broadcast_to(per_node, shape)[miss], strict=True)}
         return np.where(np.isfinite(measured) & (np.asarray(size) > 1), measured, analytic)
 
     def _one_collective(self, op: CollectiveOp, nbytes: float, size: float, k: float) -> float:
@@ -800,11 +800,11 @@ class AnalyticCostModel(CostModel):
             return None
         return f"the LM head the profile did not measure (tp {tp} at seq {seq}): estimated by the formula"
 
-    def _priced_noting_misses(self, plan: PlanStrategy) -> tuple[Estimate, list[tuple[str, int, bool]]]:
+    def _priced_noting_misses(self, plan: PlanStrategy) -> tuple[Estimate, list[tuple[str, int, int]]]:
         """The plan's estimate, and under a profile with collectives those it issues that the profile has no times
-        for (op, group size, across nodes), which the formula priced. To find them the plan is priced with fresh
-        caches (the search's cached answers would not call ``_collective`` again) while ``_collective`` notes its
-        misses: one evaluation either way."""
+        for (op, group size, its ranks on each node), which the formula priced. To find them the plan is priced
+        with fresh caches (the search's cached answers would not call ``_collective`` again) while ``_collective``
+        notes its misses: one evaluation either way."""
         def priced() -> Estimate:
             return evaluate_plan(self, plan, global_batch_size=self.training.global_batch_size,
                                  seq_length=self.training.seq_length, model_flops_per_step=self.flops_per_step(),
@@ -819,14 +819,15 @@ class AnalyticCostModel(CostModel):
             self._answers, self._missed = saved, None
 
     @staticmethod
-    def _unmeasured_collectives_note(missed: list[tuple[str, int, bool]]) -> str | None:
+    def _unmeasured_collectives_note(missed: list[tuple[str, int, int]]) -> str | None:
         """The collectives ``_priced_noting_misses`` found priced by the formula, named."""
         if not missed:
             return None
         names = {"allreduce": "all-reduce", "allgather": "all-gather", "reduce_scatter": "reduce-scatter",
                  "alltoall": "all-to-all"}
         return ("collectives the profile did not measure, estimated by the formula from the cluster's links: "
-                + ", ".join(f"{names.get(op, op)} over {n} GPUs{' across nodes' if a else ''}" for op, n, a in missed))
+                + ", ".join(f"{names.get(op, op)} over {n} GPUs"
+                            + (f" across nodes ({k} on each)" if k < n else "") for op, n, k in missed))
 
     def _unfused_context_parallel_note(self, plan: PlanStrategy) -> str | None:
         """Context parallelism as shipped (Megatron-LM through Transformer Engine, torchtitan through SDPA) runs

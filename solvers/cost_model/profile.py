@@ -36,8 +36,9 @@ batch. Not one line through all the batches: a GPU layer's time is flat while th
 bottleneck, linear above, and not always monotone (vTrain's A100 runs, hidden 2048, a layer and micro-batch at 1,
 2, 4, 8 samples: tp 1 3.4, 5.0, 9.1, 16.7 ms; tp 4 3.0, 2.8, 5.0, 7.5 ms, which one line misprices by -11, +20,
 -5 %). A measured layer's time holds the host's issue time: the analytic launch floor (``kernel_overhead_s``)
-applies only to layouts priced analytically. Collective times per (op, group size, across nodes) are interpolated
-between the measured message sizes the same way. Where nothing was measured, the analytic formula stands: for a
+applies only to layouts priced analytically. Collective times per (op, group size, ranks on each node: the group
+within one node, or spread over ``nodes``) are interpolated between the measured message sizes the same way; a
+point across nodes that does not state ``nodes`` (an older profile) stands for any layout across nodes. Where nothing was measured, the analytic formula stands: for a
 layer layout, raised to at least the profile's tp = 1 layer time on the same work split over the layout's tp
 ranks; a collective (op, group size, placement) the profile lacks, from the cluster's links. The estimate's notes
 name both; ``cost_model.kind = "profile"`` requires a profile.
@@ -278,23 +279,29 @@ class Profile(_Strict):
                     out = np.where(sel & (sp_arr == s), interpolated_s(*points, batch), out)
         return out
 
-    def _collective_points(self, op: str, size: int, across: bool) -> tuple[np.ndarray, np.ndarray] | None:
-        """The measured (message bytes, seconds) of this (op, group size, placement), one point per size (the
-        median where a size was measured more than once), by size."""
+    def _collective_points(self, op: str, size: int, per_node: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The measured (message bytes, seconds) of this (op, group size, ranks per node), one point per size (the
+        median where a size was measured more than once), by size. A point across nodes that does not state its
+        nodes (an older profile) stands for any layout across nodes."""
+        across = per_node < size
         return median_points((x.message_bytes, x.time_ms / 1e3) for x in self.collectives
-                             if x.op == op and x.group_size == size and x.across_nodes == across)
+                             if x.op == op and x.group_size == size and x.across_nodes == across
+                             and x.ranks_per_node in (None, per_node))
 
-    def collective_s(self, op: CollectiveOp, nbytes: np.ndarray, size: np.ndarray, across: np.ndarray) -> np.ndarray:
-        """Measured seconds per call; NaN where this (op, group size, across nodes) was not profiled."""
-        nbytes, size, across = (np.asarray(x, dtype=float) for x in (nbytes, size, across))
-        shape = np.broadcast(nbytes, size, across).shape
+    def collective_s(self, op: CollectiveOp, nbytes: np.ndarray, size: np.ndarray, per_node: np.ndarray
+                     ) -> np.ndarray:
+        """Measured seconds per call of a group of ``size`` with ``per_node`` of its ranks on each node (``size``
+        within one); NaN where this (op, group size, ranks per node) was not profiled."""
+        nbytes, size = np.asarray(nbytes, dtype=float), np.asarray(size, dtype=float)
+        per_node = np.minimum(np.maximum(np.asarray(per_node, dtype=float), 1.0), size)
+        shape = np.broadcast(nbytes, size, per_node).shape
         out = np.full(shape, np.nan)
-        pairs = {(int(n), bool(a)) for n, a in zip(np.broadcast_to(size, shape).ravel(),
-                                                   np.broadcast_to(across, shape).ravel(), strict=True)}
-        for n, a in pairs:
-            points = self._collective_points(op, n, a)
+        pairs = {(int(n), int(k)) for n, k in zip(np.broadcast_to(size, shape).ravel(),
+                                                  np.broadcast_to(per_node, shape).ravel(), strict=True)}
+        for n, k in pairs:
+            points = self._collective_points(op, n, k)
             if points is not None:
-                sel = (size == n) & ((across > 0) == a)
+                sel = (size == n) & (per_node == k)
                 out = np.where(sel, interpolated_s(*points, nbytes), out)
         return out
 

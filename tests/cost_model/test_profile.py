@@ -211,7 +211,7 @@ def test_collectives_are_interpolated_between_the_measured_sizes() -> None:
                                    for x, t in zip(sizes, ms, strict=True)])
 
     def at(nbytes: float) -> float:
-        return 1e3 * float(profile.collective_s("allreduce", np.array(nbytes), np.array(4.0), np.array(0.0)))
+        return 1e3 * float(profile.collective_s("allreduce", np.array(nbytes), np.array(4.0), np.array(4.0)))
 
     assert [at(x) for x in sizes] == pytest.approx(ms)  # each measured size gives its measurement back
     assert at(5120 * kib) == pytest.approx((6.97 + 21.25) / 2)  # between two sizes, on the line through them
@@ -220,9 +220,25 @@ def test_collectives_are_interpolated_between_the_measured_sizes() -> None:
     per_byte, latency = np.polyfit(sizes, ms, 1)  # the negative control: the single line this replaced
     assert latency + per_byte * 2048 * kib > 1.25 * at(2048 * kib)
     assert latency + per_byte * 16 * kib < 0.7 * at(16 * kib)
-    assert np.isnan(profile.collective_s("allreduce", np.array(1e6), np.array(2.0), np.array(0.0)))  # not measured
+    assert np.isnan(profile.collective_s("allreduce", np.array(1e6), np.array(2.0), np.array(2.0)))  # not measured
     one = Profile(collectives=[CollectiveTime(op="allgather", group_size=2, message_bytes=1e6, time_ms=2.0)])
-    assert float(one.collective_s("allgather", np.array(3e6), np.array(2.0), np.array(0.0))) == pytest.approx(6e-3)
+    assert float(one.collective_s("allgather", np.array(3e6), np.array(2.0), np.array(2.0))) == pytest.approx(6e-3)
+
+
+def test_a_collective_across_nodes_is_looked_up_by_how_its_ranks_sit_on_the_nodes() -> None:
+    """16 ranks over two nodes of 8 and 16 over sixteen nodes of 1 are different collectives: each is priced with
+    its own measurement, and one the profile did not measure is NaN (the formula prices it, and the estimate's note
+    says so); a point of an older profile, which does not state its nodes, stands for any layout across nodes."""
+    def point(nodes: int | None, ms: float) -> CollectiveTime:
+        return CollectiveTime(op="allreduce", group_size=16, across_nodes=True, nodes=nodes, message_bytes=1e6,
+                              time_ms=ms)
+
+    profile = Profile(collectives=[point(2, 1.0), point(16, 4.0)])
+    sizes, per_node = np.array([16.0, 16.0, 16.0, 8.0]), np.array([8.0, 1.0, 4.0, 8.0])
+    got = profile.collective_s("allreduce", np.array(1e6), sizes, per_node)
+    assert got[:2] == pytest.approx([1e-3, 4e-3]) and np.isnan(got[2:]).all()
+    older = Profile(collectives=[point(None, 2.0)])
+    assert older.collective_s("allreduce", np.array(1e6), sizes[:3], per_node[:3]) == pytest.approx([2e-3] * 3)
 
 
 def test_a_tensor_parallel_head_is_priced_with_the_exchanges_it_issues() -> None:
@@ -313,3 +329,19 @@ def test_the_collectives_a_plan_issues_that_the_profile_did_not_measure_are_name
     more = {**PROFILE, "collectives": [*PROFILE["collectives"],
                                        {"op": "allreduce", "group_size": 4, "message_bytes": 1e6, "time_ms": 0.2}]}
     assert named({"tp": 2, "dp": 4, "micro_batch_size": 2, "zero": 0}, more) == []
+    # on two nodes of 8: data parallelism over both nodes' 16 GPUs was measured (8 on each), over 2 GPUs with one on
+    # each node (under tp 8) was not; a point that does not state its nodes stands for either
+    base = {**base, "cluster": {**base["cluster"], "nodes": 2}}
+
+    def across(size: int, nodes: int | None) -> dict[str, Any]:
+        return {"op": "allreduce", "group_size": size, "across_nodes": True, "message_bytes": 1e6, "time_ms": 0.5,
+                **({"nodes": nodes} if nodes else {})}
+
+    two_nodes = {**PROFILE, "collectives": [
+        *PROFILE["collectives"], *({"op": "allreduce", "group_size": 8, "message_bytes": b, "time_ms": 0.2}
+                                   for b in (1e6, 1e8)), across(16, 2)]}
+    assert named({"tp": 1, "dp": 16, "micro_batch_size": 1, "zero": 0}, two_nodes) == []
+    assert named({"tp": 8, "dp": 2, "micro_batch_size": 1, "zero": 0}, two_nodes) == [
+        "all-reduce over 2 GPUs across nodes (1 on each)"]
+    older = {**two_nodes, "collectives": [*two_nodes["collectives"], across(2, None)]}
+    assert named({"tp": 8, "dp": 2, "micro_batch_size": 1, "zero": 0}, older) == []
