@@ -38,10 +38,11 @@ bottleneck, linear above, and not always monotone (vTrain's A100 runs, hidden 20
 -5 %). A measured layer's time holds the host's issue time: the analytic launch floor (``kernel_overhead_s``)
 applies only to layouts priced analytically. Collective times per (op, group size, ranks on each node: the group
 within one node, or spread over ``nodes``) are interpolated between the measured message sizes the same way; a
-point across nodes that does not state ``nodes`` (an older profile) stands for any layout across nodes. Where nothing was measured, the analytic formula stands: for a
-layer layout, raised to at least the profile's tp = 1 layer time on the same work split over the layout's tp
-ranks; a collective (op, group size, placement) the profile lacks, from the cluster's links. The estimate's notes
-name both; ``cost_model.kind = "profile"`` requires a profile.
+point across nodes that does not state ``nodes`` (an older profile) stands for any layout across nodes. Where
+nothing was measured, the analytic formula stands: for a layer layout, raised to at least the profile's tp = 1
+layer time on the same work split over the layout's tp ranks; a collective (op, group size, ranks per node) the
+profile lacks, from the cluster's links. The estimate's notes name both; ``cost_model.kind = "profile"`` requires
+a profile.
 
 ``overheads`` are the wrapper's own cost beyond the plain layer and the collectives it issues: FSDP2's
 per-layer hooks, parameter copy-in/copy-out and DTensor bookkeeping. The profiler times one wrapped and one
