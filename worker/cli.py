@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import NoReturn
@@ -79,27 +78,47 @@ def profile(
     token_file: Path | None = typer.Option(None, "--token-file", envvar="PARAPLAN_WORKER_TOKEN_FILE",
                                            help=TOKEN_FILE_HELP),
     name: str = typer.Option("", "--name", help="profile name (default: device, ranks and date)"),
+    nnodes: int = typer.Option(1, "--nnodes", help="nodes profiled together (each runs this command with its "
+                                                   "--node-rank): collectives across them are measured too"),
+    node_rank: int = typer.Option(0, "--node-rank", help="this node's index, 0 to --nnodes - 1"),
+    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint",
+                                             help="host:port of node 0, where the nodes meet (with --nnodes > 1)"),
+    rdzv_id: str = typer.Option("paraplan-profile", "--rdzv-id", help="the same on every node of one profile"),
 ) -> None:
-    """Measure layer times and collective bandwidth on this node; print, save and/or upload the profile."""
+    """Measure layer times and collective bandwidth on this node (or on --nnodes nodes together); print, save and/or
+    upload the profile. On several nodes the one holding rank 0 writes and uploads it; the others only measure."""
     from solvers.cost_model.profile import load_profile
     from solvers.errors import SpecError
     from solvers.specs import ModelSpec
+    from worker.launch import Launch, torchrun_command
 
     raw = json.loads(model) if model.strip().startswith("{") else {"preset": model}
     try:
         ModelSpec.model_validate(raw)
     except ValueError as err:
         _fail(f"--model: {err}")
+    if nnodes < 1:
+        _fail(f"--nnodes: must be at least 1, got {nnodes}")
+    if not 0 <= node_rank < nnodes:
+        _fail(f"--node-rank: must be 0 to {nnodes - 1} for --nnodes {nnodes}, got {node_rank}")
+    if nnodes > 1 and not rdzv_endpoint:
+        _fail("--rdzv-endpoint: node 0's host:port is required to profile several nodes together")
     import torch
 
     n = nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 4)
     target = out or Path(tempfile.mkdtemp(prefix="paraplan-profile-")) / "profile.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-           "-m", "worker.profiler", "--model", json.dumps(raw), "--seqs", seqs, "--batches", batches,
-           "--repeats", str(repeats), "--name", name, "--out", str(target)]
+    launch = Launch(n, nnodes=nnodes, node_rank=node_rank, rendezvous_endpoint=rdzv_endpoint, rendezvous_id=rdzv_id)
+    cmd = [*torchrun_command(launch), "-m", "worker.profiler", "--model", json.dumps(raw), "--seqs", seqs,
+           "--batches", batches, "--repeats", str(repeats), "--name", name, "--out", str(target)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0 or not target.exists():
+    if proc.returncode != 0:
         _fail(f"profiling failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", code=1)
+    if not target.exists():
+        if nnodes > 1:  # rank 0 ran on another node, which writes and uploads the profile
+            typer.echo(f"node {node_rank} of {nnodes}: measured; the node holding rank 0 writes the profile",
+                       err=True)
+            return
+        _fail(f"profiling wrote no profile:\n{proc.stderr[-3000:]}", code=1)
     doc = json.loads(target.read_text())
     try:
         load_profile(doc["profile"])  # the shape the cost model reads

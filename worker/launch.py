@@ -56,18 +56,22 @@ class Launch:
     static_sp: int | None = None  # FlexSP: the static-SP baseline instead of the planner's groupings
 
 
-def train_command(launch: Launch | int, plan_path: Path, steps: int, out: Path, progress: Path,
-                  seed: int = 0) -> list[str]:
-    spec = launch if isinstance(launch, Launch) else Launch(int(launch))
+def torchrun_command(spec: Launch) -> list[str]:
+    """torchrun with this node's ranks: standalone on one node, else joining the c10d rendezvous node 0 hosts."""
     if spec.nnodes > 1:
         assert spec.rendezvous_endpoint, "a multi-node launch needs node 0's rendezvous endpoint"
         where = [f"--nnodes={int(spec.nnodes)}", "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rendezvous_endpoint}",
                  f"--rdzv-id={spec.rendezvous_id}", f"--rdzv-conf=is_host={str(spec.node_rank == 0).lower()}"]
     else:
         where = ["--standalone"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={int(spec.nproc)}",
-           "-m", TRAIN_MODULE, "--plan", str(plan_path), "--steps", str(int(steps)), "--out", str(out),
-           "--progress", str(progress), "--seed", str(int(seed))]
+    return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={int(spec.nproc)}"]
+
+
+def train_command(launch: Launch | int, plan_path: Path, steps: int, out: Path, progress: Path,
+                  seed: int = 0) -> list[str]:
+    spec = launch if isinstance(launch, Launch) else Launch(int(launch))
+    cmd = [*torchrun_command(spec), "-m", TRAIN_MODULE, "--plan", str(plan_path), "--steps", str(int(steps)),
+           "--out", str(out), "--progress", str(progress), "--seed", str(int(seed))]
     if spec.checkpoint_dir is not None:
         cmd += ["--checkpoint-dir", str(spec.checkpoint_dir), "--checkpoint-every", str(int(spec.checkpoint_every))]
     if spec.dataset is not None:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from solvers.cost_model.profile import load_profile
-from tests.conftest import PARAPLAN, ROOT, LiveServer
+from tests.conftest import PARAPLAN, ROOT, LiveServer, free_port
 from tests.worker.plans import TINY_MODEL
 
 
@@ -53,3 +53,44 @@ def test_profile_rejects_an_unknown_model_preset() -> None:
     proc = subprocess.run([*PARAPLAN, "worker", "profile", "--model", "no-such-model"], capture_output=True,
                           text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 2 and "--model" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_nodes_profiled_together_measure_their_network_and_fit_a_set_for_it(
+        live_server_factory: Callable[..., LiveServer]) -> None:
+    """Two nodes of one rank each (two commands on this host, meeting at node 0's rendezvous): the node holding rank
+    0 uploads one profile whose collectives span both nodes and say so; a calibration set fitted on it over HTTP
+    measures the network's efficiency, which a one-node profile leaves assumed."""
+    server = live_server_factory(dispatcher=False)
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [subprocess.Popen(
+        [*PARAPLAN, "worker", "profile", "--model", json.dumps(TINY_MODEL), "--nproc", "1", "--seqs", "64",
+         "--batches", "1,2", "--repeats", "3", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint,
+         "--server", server.url, "--token", server.token("worker")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}) for rank in (0, 1)]
+    outputs = [p.communicate(timeout=200) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], [err[-3000:] for _, err in outputs]
+    uploaded = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs if out.strip()]
+    assert len(uploaded) == 1  # one profile, from the node holding rank 0; the other says so
+    assert any("the node holding rank 0 writes the profile" in err for _, err in outputs)
+    admin = {"Authorization": f"Bearer {server.token('admin')}"}
+    profile = load_profile(httpx.get(f"{server.url}/v1/profiles/{uploaded[0]['id']}", headers=admin).json()["data"])
+    assert profile.gpus_per_node == 1
+    assert profile.collectives and all(c.across_nodes and c.nodes == 2 for c in profile.collectives)
+    submit = {"Authorization": f"Bearer {server.token('submit')}"}
+    made = httpx.post(f"{server.url}/v1/calibration-sets", headers=submit, timeout=120,
+                      json={"name": "two-cpu-nodes", "profiles": [uploaded[0]["id"]], "gpu": "cpu"})
+    assert made.status_code == 201, made.text
+    assert "inter_efficiency" in made.json()["fit"]["identified"]
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (["--nnodes", "2"], "--rdzv-endpoint"),
+    (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank"),
+    (["--nnodes", "0"], "--nnodes")])
+def test_profile_refuses_an_inconsistent_multi_node_launch(args: list[str], option: str) -> None:
+    proc = subprocess.run([*PARAPLAN, "worker", "profile", "--model", json.dumps(TINY_MODEL), *args],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and option in proc.stderr and "Traceback" not in proc.stderr
