@@ -38,11 +38,11 @@ bottleneck, linear above, and not always monotone (vTrain's A100 runs, hidden 20
 -5 %). A measured layer's time holds the host's issue time: the analytic launch floor (``kernel_overhead_s``)
 applies only to layouts priced analytically. Collective times per (op, group size, ranks on each node: the group
 within one node, or spread over ``nodes``) are interpolated between the measured message sizes the same way; a
-point across nodes that does not state ``nodes`` (an older profile) stands for any layout across nodes. Where
-nothing was measured, the analytic formula stands: for a layer layout, raised to at least the profile's tp = 1
-layer time on the same work split over the layout's tp ranks; a collective (op, group size, ranks per node) the
-profile lacks, from the cluster's links. The estimate's notes name both; ``cost_model.kind = "profile"`` requires
-a profile.
+point across nodes that does not state ``nodes`` (an older profile's) stands for any layout across nodes that no
+point states. Where nothing was measured, the analytic formula stands: for a layer layout, raised to at least
+the profile's tp = 1 layer time on the same work split over the layout's tp ranks; a collective (op, group size,
+ranks per node) the profile lacks, from the cluster's links. The estimate's notes name both;
+``cost_model.kind = "profile"`` requires a profile.
 
 ``overheads`` are the wrapper's own cost beyond the plain layer and the collectives it issues: FSDP2's
 per-layer hooks, parameter copy-in/copy-out and DTensor bookkeeping. The profiler times one wrapped and one
@@ -283,11 +283,12 @@ class Profile(_Strict):
     def _collective_points(self, op: str, size: int, per_node: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The measured (message bytes, seconds) of this (op, group size, ranks per node), one point per size (the
         median where a size was measured more than once), by size. A point across nodes that does not state its
-        nodes (an older profile) stands for any layout across nodes."""
+        nodes (an older profile's, or a group the profiler's nodes split unevenly) stands for any layout across
+        nodes where none states this one."""
         across = per_node < size
-        return median_points((x.message_bytes, x.time_ms / 1e3) for x in self.collectives
-                             if x.op == op and x.group_size == size and x.across_nodes == across
-                             and x.ranks_per_node in (None, per_node))
+        same = [x for x in self.collectives if x.op == op and x.group_size == size and x.across_nodes == across]
+        chosen = [x for x in same if x.ranks_per_node == per_node] or [x for x in same if x.ranks_per_node is None]
+        return median_points((x.message_bytes, x.time_ms / 1e3) for x in chosen)
 
     def collective_s(self, op: CollectiveOp, nbytes: np.ndarray, size: np.ndarray, per_node: np.ndarray
                      ) -> np.ndarray:

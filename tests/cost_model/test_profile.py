@@ -228,7 +228,8 @@ def test_collectives_are_interpolated_between_the_measured_sizes() -> None:
 def test_a_collective_across_nodes_is_looked_up_by_how_its_ranks_sit_on_the_nodes() -> None:
     """16 ranks over two nodes of 8 and 16 over sixteen nodes of 1 are different collectives: each is priced with
     its own measurement, and one the profile did not measure is NaN (the formula prices it, and the estimate's note
-    says so); a point of an older profile, which does not state its nodes, stands for any layout across nodes."""
+    says so); a point that does not state its nodes (an older profile's) stands for any layout across nodes that no
+    point states."""
     def point(nodes: int | None, ms: float) -> CollectiveTime:
         return CollectiveTime(op="allreduce", group_size=16, across_nodes=True, nodes=nodes, message_bytes=1e6,
                               time_ms=ms)
@@ -239,6 +240,9 @@ def test_a_collective_across_nodes_is_looked_up_by_how_its_ranks_sit_on_the_node
     assert got[:2] == pytest.approx([1e-3, 4e-3]) and np.isnan(got[2:]).all()
     older = Profile(collectives=[point(None, 2.0)])
     assert older.collective_s("allreduce", np.array(1e6), sizes[:3], per_node[:3]) == pytest.approx([2e-3] * 3)
+    both = Profile(collectives=[point(2, 1.0), point(None, 2.0)])  # a point that states the layout wins
+    assert both.collective_s("allreduce", np.array(1e6), sizes[:3], per_node[:3]) == pytest.approx(
+        [1e-3, 2e-3, 2e-3])
 
 
 def test_a_tensor_parallel_head_is_priced_with_the_exchanges_it_issues() -> None:
