@@ -106,20 +106,28 @@ def profile(
     import torch
 
     n = nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 4)
-    target = out or Path(tempfile.mkdtemp(prefix="paraplan-profile-")) / "profile.json"
+    # written by rank 0 into this node's own directory, so that on a shared filesystem (the same --out on every node)
+    # only the node holding rank 0 finds it, saves it to --out and uploads it
+    written = Path(tempfile.mkdtemp(prefix="paraplan-profile-")) / "profile.json"
     launch = Launch(n, nnodes=nnodes, node_rank=node_rank, rendezvous_endpoint=rdzv_endpoint, rendezvous_id=rdzv_id)
     cmd = [*torchrun_command(launch), "-m", "worker.profiler", "--model", json.dumps(raw), "--seqs", seqs,
-           "--batches", batches, "--repeats", str(repeats), "--name", name, "--out", str(target)]
+           "--batches", batches, "--repeats", str(repeats), "--name", name, "--out", str(written)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         _fail(f"profiling failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", code=1)
-    if not target.exists():
+    if not written.exists():
         if nnodes > 1:  # rank 0 ran on another node, which writes and uploads the profile
             typer.echo(f"node {node_rank} of {nnodes}: measured; the node holding rank 0 writes the profile",
                        err=True)
             return
         _fail(f"profiling wrote no profile:\n{proc.stderr[-3000:]}", code=1)
-    doc = json.loads(target.read_text())
+    doc = json.loads(written.read_text())
+    target = out or written
+    if out is not None:
+        try:
+            out.write_text(written.read_text())
+        except OSError as err:
+            _fail(f"--out: cannot write {out}: {err.strerror or err}", code=1)
     try:
         load_profile(doc["profile"])  # the shape the cost model reads
     except SpecError as err:

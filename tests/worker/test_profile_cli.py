@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -58,16 +59,18 @@ def test_profile_rejects_an_unknown_model_preset() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_nodes_profiled_together_measure_their_network_and_fit_a_set_for_it(
-        live_server_factory: Callable[..., LiveServer]) -> None:
-    """Two nodes of one rank each (two commands on this host, meeting at node 0's rendezvous): the node holding rank
-    0 uploads one profile whose collectives span both nodes and say so; a calibration set fitted on it over HTTP
-    measures the network's efficiency, which a one-node profile leaves assumed."""
+        live_server_factory: Callable[..., LiveServer], tmp_path: Path) -> None:
+    """Two nodes of one rank each (two commands on this host, meeting at node 0's rendezvous, given the same --out
+    as on a shared filesystem): the node holding rank 0 saves and uploads one profile whose collectives span both
+    nodes and say so; a calibration set fitted on it over HTTP measures the network's efficiency, which a one-node
+    profile leaves assumed."""
     server = live_server_factory(dispatcher=False)
     endpoint = f"127.0.0.1:{free_port()}"
+    saved = tmp_path / "profile.json"
     nodes = [subprocess.Popen(
         [*PARAPLAN, "worker", "profile", "--model", json.dumps(TINY_MODEL), "--nproc", "1", "--seqs", "64",
          "--batches", "1,2", "--repeats", "3", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint,
-         "--server", server.url, "--token", server.token("worker")],
+         "--out", str(saved), "--server", server.url, "--token", server.token("worker")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)}) for rank in (0, 1)]
     outputs = [p.communicate(timeout=200) for p in nodes]
@@ -77,7 +80,7 @@ def test_two_nodes_profiled_together_measure_their_network_and_fit_a_set_for_it(
     assert any("the node holding rank 0 writes the profile" in err for _, err in outputs)
     admin = {"Authorization": f"Bearer {server.token('admin')}"}
     profile = load_profile(httpx.get(f"{server.url}/v1/profiles/{uploaded[0]['id']}", headers=admin).json()["data"])
-    assert profile.gpus_per_node == 1
+    assert profile.gpus_per_node == 1 and load_profile(json.loads(saved.read_text())["profile"]) == profile
     assert profile.collectives and all(c.across_nodes and c.nodes == 2 for c in profile.collectives)
     submit = {"Authorization": f"Bearer {server.token('submit')}"}
     made = httpx.post(f"{server.url}/v1/calibration-sets", headers=submit, timeout=120,
