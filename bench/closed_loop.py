@@ -84,7 +84,7 @@ sys.path.insert(0, str(ROOT))
 from solvers.api import estimate  # noqa: E402
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION  # noqa: E402
 from solvers.run_layout import RUNTIME_STACK  # noqa: E402
-from worker.launch import run_locally  # noqa: E402
+from worker.launch import Launch, run_locally, torchrun_command  # noqa: E402
 
 if TYPE_CHECKING:
     from worker.runtime.parallelize import ParallelModel
@@ -266,10 +266,10 @@ def measure_interleaved(docs: dict[str, dict[str, Any]], ranks: int, rounds: int
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
     else:
         endpoint = f"127.0.0.1:{_free_port()}"
-        procs = [subprocess.Popen([*run, f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-                                   "--rdzv-id=closed-loop", f"--rdzv-conf=is_host={str(node == 0).lower()}",
-                                   f"--nproc-per-node={ranks // nnodes}", *entry], cwd=ROOT,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for node in range(nnodes)]
+        nodes = [Launch(ranks // nnodes, nnodes=nnodes, node_rank=node, rendezvous_endpoint=endpoint,
+                        rendezvous_id="closed-loop") for node in range(nnodes)]
+        procs = [subprocess.Popen([*torchrun_command(node), *entry], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL) for node in nodes]
         codes = [p.wait(timeout=1800) for p in procs]
         if any(codes):
             raise RuntimeError(f"{nnodes}-node launch failed: exit codes {codes}")

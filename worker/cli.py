@@ -121,11 +121,12 @@ def profile(
                        err=True)
             return
         _fail(f"profiling wrote no profile:\n{proc.stderr[-3000:]}", code=1)
-    doc = json.loads(written.read_text())
+    text = written.read_text()
+    doc = json.loads(text)
     target = out or written
     if out is not None:
         try:
-            out.write_text(written.read_text())
+            out.write_text(text)
         except OSError as err:
             _fail(f"--out: cannot write {out}: {err.strerror or err}", code=1)
     try:

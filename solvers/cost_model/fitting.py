@@ -180,14 +180,17 @@ def profile_measurements(profile: Profile, gpu: str | dict[str, Any], loc: tuple
     node, training = layers[0].cluster, layers[0].training
     launch = profile.gpus_per_node or node.gpus_per_node
     out: list[Measured] = [*layers]
+    clusters = {1: node}  # by the nodes a group spans: each of the launch's size
     for c in profile.collectives:
         k = c.ranks_per_node
         if k is None or k > launch or (c.across_nodes and profile.gpus_per_node is None):
             continue
-        nodes = -(-c.group_size // k)
-        cluster = node if nodes == 1 else ClusterSpec.model_validate(
-            {**node.model_dump(mode="json", exclude_none=True), "nodes": nodes, "gpus_per_node": launch})
-        out.append(CollectiveMeasurement(cluster, training, c.op, c.group_size, k, c.message_bytes, c.time_ms / 1e3))
+        nodes = c.group_size // k
+        if nodes not in clusters:
+            clusters[nodes] = ClusterSpec.model_validate(
+                {**node.model_dump(mode="json", exclude_none=True), "nodes": nodes, "gpus_per_node": launch})
+        out.append(CollectiveMeasurement(clusters[nodes], training, c.op, c.group_size, k, c.message_bytes,
+                                         c.time_ms / 1e3))
     return out
 
 
