@@ -556,9 +556,11 @@ def profiled_held_out(rows: Sequence[Row], counts: Iterable[int] | None = None,
         for hidden in sorted({r.model.hidden_size for r in rows}):
             configs = [[r for r in v if r.model.num_layers != held] for k, v in by_config.items() if k[0] == hidden]
             seq = configs[0][0].training.seq_length
-            layers = _per_layout(configs, derived_times_ms)
+            # derived under the constants the rows are priced with (the fold's, under --held-out: a profile is
+            # read with the constants it is priced with, and the shipped ones were fitted with this set in)
+            layers = _per_layout(configs, lambda runs: derived_times_ms(runs, cal=cal))
             # (the lambda runs within this iteration: it sees this fold's layers)
-            head = _per_layout(configs, lambda runs: derived_times_ms(runs, layers))  # noqa: B023
+            head = _per_layout(configs, lambda runs: derived_times_ms(runs, layers, cal))  # noqa: B023
             for r in rows:
                 if r.model.num_layers == held and r.model.hidden_size == hidden:
                     layers_only[id(r)] = predict_ms(r, cal, _profile(layers, {}, seq))

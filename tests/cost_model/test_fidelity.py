@@ -128,3 +128,21 @@ def test_a_profiled_prediction_never_sees_its_own_run(fidelity: ModuleType) -> N
     for before, after in zip(fidelity.profiled_held_out(rows), fidelity.profiled_held_out(changed), strict=True):
         for r, a, b in zip(rows, before, after, strict=True):
             assert (a == b) == (r.model.num_layers == 24), r.label
+
+
+def test_a_profile_is_derived_under_the_constants_it_is_priced_with(fidelity: ModuleType) -> None:
+    """Under other constants (a held-out fold's), one configuration's layer and head times are derived with those
+    constants: its runs at the other layer counts then put the held-out count on their measured line, whatever the
+    constants price outside the layers (here a gradient sync half exposed, slower links, a dearer micro-batch). Read
+    with the shipped constants and priced with others, the times would carry the difference into the prediction."""
+    rows = [r for r in fidelity.vtrain_rows(DATA / "vtrain_ground_truth_single.csv")
+            if r.model.hidden_size == 2048 and r.cluster.num_gpus == 8 and r.training.global_batch_size == 16
+            and r.strategy["tp"] == 1 and r.strategy["pp"] == 1 and r.strategy["micro_batch_size"] == 1]
+    assert sorted(r.model.num_layers for r in rows) == [12, 16, 20, 24] and rows[0].strategy["dp"] == 8
+    cal = replace(fidelity.DEFAULT_CALIBRATION, dp_overlap=0.5, intra_efficiency=0.6,
+                  microbatch_overhead_s=3 * fidelity.DEFAULT_CALIBRATION.microbatch_overhead_s)
+    _, predicted = fidelity.profiled_held_out(rows, cal=cal)
+    for r, got in zip(rows, predicted, strict=True):
+        others = [x for x in rows if x is not r]
+        line = np.polyfit([x.model.num_layers for x in others], [x.measured for x in others], 1)
+        assert got == pytest.approx(np.polyval(line, r.model.num_layers), rel=0.01), r.label
