@@ -165,8 +165,11 @@ def _fit_words(row: CalibrationSet) -> str:
     pinned = ("" if fit.identified is None else
               f"; measured by them: {', '.join(fit.identified) or 'none'}, assumed: "
               f"{', '.join(k for k in fit.keys if k not in fit.identified) or 'none'}")
+    network = ("" if fit.network_Gbps is None else
+               f"; the network's efficiency is relative to {fit.network_Gbps:g} Gb/s per node"
+               + ("" if fit.network_stated else " (the GPU preset's: the measurements did not state their network)"))
     return (f"fitted on {fit.measurements} measured step(s) of {row.gpu}: in-sample {100 * fit.fit_mape:.1f} %, "
-            f"{held}{pinned}")
+            f"{held}{pinned}{network}")
 
 
 def resolve(session: Session, request: dict[str, Any]) -> CalibrationSetUse | None:

@@ -84,12 +84,16 @@ def profile(
     rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint",
                                              help="host:port of node 0, where the nodes meet (with --nnodes > 1)"),
     rdzv_id: str = typer.Option("paraplan-profile", "--rdzv-id", help="the same on every node of one profile"),
+    network_gbps: float | None = typer.Option(
+        None, "--inter-node-bandwidth-Gbps", help="the nodes' network, per node, all NICs together (with --nnodes > "
+        "1): recorded in the profile, so that a calibration set fitted on it measures the network's efficiency "
+        "against this, not against the GPU preset's"),
 ) -> None:
     """Measure layer times and collective bandwidth on this node (or on --nnodes nodes together); print, save and/or
     upload the profile. On several nodes the one holding rank 0 writes and uploads it; the others only measure."""
     from solvers.cost_model.profile import load_profile
     from solvers.errors import SpecError
-    from solvers.specs import ModelSpec
+    from solvers.specs import MAX_BANDWIDTH, MIN_BANDWIDTH, ModelSpec
     from worker.launch import Launch, torchrun_command
 
     raw = json.loads(model) if model.strip().startswith("{") else {"preset": model}
@@ -103,6 +107,8 @@ def profile(
         _fail(f"--node-rank: must be 0 to {nnodes - 1} for --nnodes {nnodes}, got {node_rank}")
     if nnodes > 1 and not rdzv_endpoint:
         _fail("--rdzv-endpoint: node 0's host:port is required to profile several nodes together")
+    if network_gbps is not None and not MIN_BANDWIDTH <= network_gbps <= MAX_BANDWIDTH:
+        _fail(f"--inter-node-bandwidth-Gbps: must be a positive number of Gb/s per node, got {network_gbps}")
     import torch
 
     n = nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 4)
@@ -111,7 +117,8 @@ def profile(
     written = Path(tempfile.mkdtemp(prefix="paraplan-profile-")) / "profile.json"
     launch = Launch(n, nnodes=nnodes, node_rank=node_rank, rendezvous_endpoint=rdzv_endpoint, rendezvous_id=rdzv_id)
     cmd = [*torchrun_command(launch), "-m", "worker.profiler", "--model", json.dumps(raw), "--seqs", seqs,
-           "--batches", batches, "--repeats", str(repeats), "--name", name, "--out", str(written)]
+           "--batches", batches, "--repeats", str(repeats), "--name", name, "--out", str(written),
+           *(["--inter-node-bandwidth-Gbps", str(network_gbps)] if network_gbps is not None else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         _fail(f"profiling failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", code=1)
@@ -136,6 +143,9 @@ def profile(
     p = doc["profile"]
     typer.echo(f"{p['name']}: {len(p['layer_times'])} layer points, {len(p['collectives'])} collective points "
                f"-> {target}", err=True)
+    if nnodes > 1 and network_gbps is None:
+        typer.echo("the profile states no network bandwidth (--inter-node-bandwidth-Gbps): a calibration set fitted "
+                   "on it measures the network's efficiency against its GPU preset's", err=True)
     if server:
         token = _token(token, token_file)
         if not token:

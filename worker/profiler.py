@@ -801,6 +801,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--name", default="")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--inter-node-bandwidth-Gbps", type=float, default=None,
+                    help="the nodes' network per node, as stated by whoever profiles (recorded, not measured)")
     args = ap.parse_args(argv)
     from solvers.specs import ModelSpec
 
@@ -815,6 +817,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = measure_node(full, [int(x) for x in args.batches.split(",")], [int(x) for x in args.seqs.split(",")],
                        [int(x) for x in args.tps.split(",") if x], device, args.repeats, args.name)
     doc["profile"]["model"] = spec.model_dump(mode="json", exclude_none=True)  # the layer shapes it timed
+    if args.inter_node_bandwidth_Gbps is not None:
+        doc["profile"]["inter_node_bandwidth_Gbps"] = args.inter_node_bandwidth_Gbps
     if dist.get_rank() == 0:
         args.out.write_text(json.dumps(doc, indent=1))
     dist.barrier()

@@ -125,10 +125,14 @@ class CollectiveMeasurement:
     message_bytes: float
     step_time_s: float
 
+    @property
+    def across_nodes(self) -> bool:
+        return self.ranks_per_node < self.group_size
+
     def predicted_s(self, cal: AnalyticCalibration) -> float:
         links = comm.Links.calibrated(self.cluster, cal)
         if self.op == "p2p":
-            return float(comm.p2p_s(self.message_bytes, self.ranks_per_node < self.group_size, links))
+            return float(comm.p2p_s(self.message_bytes, self.across_nodes, links))
         return float(comm.collective_s(self.op, self.message_bytes, self.group_size, self.ranks_per_node, links))
 
 
@@ -174,11 +178,15 @@ def profile_measurements(profile: Profile, gpu: str | dict[str, Any], loc: tuple
     """What a profile measured that the analytic model prices alike: its dense layer times
     (``layer_measurements``) and its collectives: those within a node (on NVLink), and those across nodes where the
     profile states the nodes each group spanned and its launch's ranks per node (``Profile.gpus_per_node``: the
-    share of the node's network each rank had). Groups across nodes of an older profile, which does not say, and
-    groups within a node larger than the launch's node (or than 8 ranks where it is not stated) are left out."""
+    share of the node's network each rank had), on the network it states (``Profile.inter_node_bandwidth_Gbps``;
+    the GPU preset's where it does not, as the cluster's own field then says). Groups across nodes of an older
+    profile, which does not say, and groups within a node larger than the launch's node (or than 8 ranks where it is
+    not stated) are left out."""
     layers = layer_measurements(profile, gpu, loc)
     node, training = layers[0].cluster, layers[0].training
     launch = profile.gpus_per_node or node.gpus_per_node
+    network = ({"inter_node_bandwidth_Gbps": profile.inter_node_bandwidth_Gbps}
+               if profile.inter_node_bandwidth_Gbps is not None else {})
     out: list[Measured] = [*layers]
     clusters = {1: node}  # by the nodes a group spans: each of the launch's size
     for c in profile.collectives:
@@ -188,7 +196,8 @@ def profile_measurements(profile: Profile, gpu: str | dict[str, Any], loc: tuple
         nodes = c.group_size // k
         if nodes not in clusters:
             clusters[nodes] = ClusterSpec.model_validate(
-                {**node.model_dump(mode="json", exclude_none=True), "nodes": nodes, "gpus_per_node": launch})
+                {**node.model_dump(mode="json", exclude_none=True), "nodes": nodes, "gpus_per_node": launch,
+                 **network})
         out.append(CollectiveMeasurement(clusters[nodes], training, c.op, c.group_size, k, c.message_bytes,
                                          c.time_ms / 1e3))
     return out
@@ -240,6 +249,19 @@ SET_GOOD_ENOUGH = 0.005  # a fit within 0.5 % of its measurements stops: run-to-
 MAX_FOLDS = 5  # held-out fits of a set: leave one out up to this many measurements, this many folds beyond
 
 
+def network_basis(measurements: Sequence[Measured]) -> tuple[float | None, bool | None]:
+    """The network, per node (Gb/s; the fastest, where they ran on several), that the measurements across nodes (a
+    profile's collectives, or steps on several nodes) ran on, and whether each stated it (a profile's or request's
+    ``inter_node_bandwidth_Gbps``; else the GPU preset's stands for it): what a fitted network efficiency is
+    relative to. (None, None) where none ran across nodes."""
+    clusters = [m.cluster for m in measurements
+                if (m.across_nodes if isinstance(m, CollectiveMeasurement) else m.cluster.nodes > 1)]
+    if not clusters:
+        return None, None
+    return (max(c.inter_node_bandwidth_Gbps or c.gpu.inter_node_bandwidth_Gbps for c in clusters),
+            all(c.inter_node_bandwidth_Gbps is not None for c in clusters))
+
+
 @dataclass(frozen=True)
 class CalibrationFit:
     constants: AnalyticCalibration
@@ -268,6 +290,8 @@ def fit_calibration(measurements: Sequence[Measured], start: AnalyticCalibration
             refit = coordinate_fit(_mape_of(rest), start, keys, max_sweeps, good_enough=SET_GOOD_ENOUGH)
             errors += [mape([m], refit) for m in held]
         held_out, note = float(np.mean(errors)), None
+    network_Gbps, network_stated = network_basis(measurements)
     return CalibrationFit(fitted, CalibrationFitDoc(
         measurements=len(measurements), keys=list(keys), start_mape=mape(measurements, start),
-        fit_mape=mape(measurements, fitted), held_out_mape=held_out, held_out_note=note, identified=identified))
+        fit_mape=mape(measurements, fitted), held_out_mape=held_out, held_out_note=note, identified=identified,
+        network_Gbps=network_Gbps, network_stated=network_stated))

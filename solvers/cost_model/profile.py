@@ -6,6 +6,7 @@ JSON form (what the worker uploads; ``cost_model.profile`` inline or ``cost_mode
     {"name": "llama2-7b on 8xA100 (worker w-3, 2026-11-30)",
      "gpu": "A100-80GB",
      "gpus_per_node": 8,                   # optional: ranks per node of the launch that timed it
+     "inter_node_bandwidth_Gbps": 3200,    # optional: the nodes' network, per node (as the cluster's field)
      "layer_times": [                      # one transformer layer, Megatron TP layout, on its tp ranks
         {"batch": 1, "seq": 2048, "tp": 1, "forward_ms": 11.9, "backward_ms": 24.1},
         {"batch": 4, "seq": 2048, "tp": 1, "forward_ms": 45.0},          # backward defaults to 2x forward
@@ -67,7 +68,7 @@ from solvers.cost_model.pipeline import shared_core_pipeline_s
 from solvers.errors import SpecError, shown
 from solvers.json_file import read_json_file
 from solvers.request import HybridRequest, problems_from_validation
-from solvers.specs import MAX_SEQ_LENGTH, ModelSpec, StackSpec
+from solvers.specs import MAX_BANDWIDTH, MAX_SEQ_LENGTH, MIN_BANDWIDTH, ModelSpec, StackSpec
 from solvers.strategy import Schedule
 
 CollectiveOp = Literal["allreduce", "allgather", "reduce_scatter", "alltoall", "p2p"]
@@ -169,6 +170,10 @@ class Profile(_Strict):
     # ranks per node of the launch that timed it: each rank of a node timed its collectives at once, so a collective
     # across nodes had its GPU's share of the node's network (the profiler records it; older profiles do not)
     gpus_per_node: int | None = Field(default=None, gt=0)
+    # the network of the nodes that timed its collectives across nodes, per node, all NICs together (the cluster's
+    # field of the name, stated by whoever profiled): a calibration set measures the network's efficiency against it,
+    # and against the GPU preset's where it is not stated
+    inter_node_bandwidth_Gbps: float | None = Field(default=None, ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)
     layer_times: list[LayerTime] = Field(default_factory=list)
     head_times: list[HeadTime] = Field(default_factory=list)
     collectives: list[CollectiveTime] = Field(default_factory=list)

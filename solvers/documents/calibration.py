@@ -28,6 +28,12 @@ class CalibrationFitDoc(Document):
                                          "down (moving one by 20 % from the fit changes the in-sample error by more "
                                          "than 0.5 points); the others stay as assumed as before the fit. Null: a "
                                          "set fitted before this was reported")
+    network_Gbps: float | None = Field(default=None, description="the network, per node (the fastest, where they "
+                                       "ran on several), that the measurements across nodes ran on: what the "
+                                       "fitted network efficiency is relative to; null: none ran across nodes")
+    network_stated: bool | None = Field(default=None, description="true: each profile or run's request stated it "
+                                        "(inter_node_bandwidth_Gbps); false: some did not, and the GPU preset's "
+                                        "was assumed for them; null: none ran across nodes")
 
 
 ChosenBy = Literal["request", "cluster", "shipped"]

@@ -10,7 +10,9 @@ import pytest
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration
 from solvers.cost_model.fitting import (
     FIT_KEYS,
+    PROFILE_FIT_KEYS,
     coordinate_fit,
+    fit_calibration,
     identified_keys,
     layer_measurements,
     profile_measurements,
@@ -113,6 +115,42 @@ def test_a_profiles_collectives_are_measurements_of_nvlink_within_a_node_and_of_
     # a profile that does not say its ranks per node: its collectives across nodes are left out
     unsaid = profile_measurements(Profile.model_validate(doc), "H100-SXM")
     assert [(m.op, m.group_size) for m in unsaid[1:]] == [("allreduce", 4), ("p2p", 2)]
+
+
+def test_the_networks_efficiency_is_fitted_against_the_network_the_profile_states() -> None:
+    """Profiled on nodes whose network is 800 Gb/s (not the H100-SXM preset's 3.2 Tb/s), running at 60 % of it:
+    stated, the fit finds 60 %, which prices a request for that network as measured; not stated, it finds 15 % of
+    the preset's (the same bytes a second), which a request stating its 800 Gb/s would price four times too slow. The
+    fit's report says which network its efficiency is relative to and whether the profile stated it."""
+    model = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128}
+    collectives = [{"op": "allreduce", "group_size": n, "across_nodes": True, "nodes": 2, "message_bytes": b,
+                    "time_ms": 1.0} for n in (8, 2) for b in (1e6, 1e8)]
+    doc = {"model": model, "stack": {"framework": "paraplan"}, "gpus_per_node": 4, "collectives": collectives,
+           "layer_times": [{"batch": 2, "seq": 64, "tp": 1, "forward_ms": 1.0, "backward_ms": 2.0}]}
+    truth = replace(DEFAULT_CALIBRATION, inter_efficiency=0.6)
+    stated = Profile.model_validate({**doc, "inter_node_bandwidth_Gbps": 800})
+    times = [m.predicted_s(truth) for m in profile_measurements(stated, "H100-SXM")]
+    measured = {**doc, "collectives": [{**c, "time_ms": 1e3 * t} for c, t in zip(collectives, times[1:], strict=True)]}
+    fits = {}
+    for label, extra in (("stated", {"inter_node_bandwidth_Gbps": 800}), ("unstated", {})):
+        got = profile_measurements(Profile.model_validate({**measured, **extra}), "H100-SXM")
+        assert {m.cluster.inter_node_bandwidth_Gbps for m in got[1:]} == {extra.get("inter_node_bandwidth_Gbps")}
+        fits[label] = fit_calibration(got[1:], keys=PROFILE_FIT_KEYS, max_sweeps=20)
+    assert fits["stated"].constants.inter_efficiency == pytest.approx(0.6, rel=0.05)
+    assert fits["unstated"].constants.inter_efficiency < 0.3  # (a quarter of the truth, bar what latencies absorb)
+    # the large messages across nodes, on a cluster that states its 800 Gb/s as a request does
+    on_800 = [m for m in profile_measurements(Profile.model_validate({**measured, "inter_node_bandwidth_Gbps": 800}),
+                                              "H100-SXM")[1:]
+              if m.message_bytes == 1e8]
+    for m in on_800:
+        assert m.predicted_s(fits["stated"].constants) == pytest.approx(m.step_time_s, rel=0.05)
+        assert m.predicted_s(fits["unstated"].constants) > 1.5 * m.step_time_s
+    assert (fits["stated"].report.network_Gbps, fits["stated"].report.network_stated) == (800, True)
+    assert (fits["unstated"].report.network_Gbps, fits["unstated"].report.network_stated) == (3200, False)
+    # a profile of one node: no network in the report
+    one = profile_measurements(Profile.model_validate({**doc, "collectives": [
+        {"op": "allreduce", "group_size": 4, "message_bytes": 1e8, "time_ms": 5.0}]}), "H100-SXM")
+    assert (fit_calibration(one).report.network_Gbps, fit_calibration(one).report.network_stated) == (None, None)
 
 
 @pytest.mark.parametrize(("point", "field"), [

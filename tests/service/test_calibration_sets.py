@@ -149,10 +149,11 @@ def test_the_first_run_calibrates_its_cluster_and_the_next_plan_is_priced_closer
     assert "Predicted with the shipped constants" in page.text
 
 
-def _profile(truth: Any, model: dict[str, Any] | None = None) -> dict[str, Any]:
+def _profile(truth: Any, model: dict[str, Any] | None = None, network_Gbps: float | None = None) -> dict[str, Any]:
     """A hardware profile of llama2-7b's layer as the worker's profiler writes one on two nodes of 8 (the runtime's
     stack, the model it timed), its times the analytic model's under ``truth``: tp 1, 2 and 8, Megatron SP or not,
-    1 and 4 samples; collectives within a node, and across the two (16 ranks, and one rank of each node)."""
+    1 and 4 samples; collectives within a node, and across the two (16 ranks, and one rank of each node), on the
+    GPU preset's network or on ``network_Gbps`` per node (which the profile then states)."""
     spec = model or ModelSpec.model_validate({"preset": "llama2-7b"}).model_dump(mode="json", exclude_none=True)
     points = [{"batch": b, "seq": 2048, "tp": t, "sp": sp, "forward_ms": 1.0, "backward_ms": 2.0}
               for t in (1, 2, 8) for b in (1, 4) for sp in ((False, True) if t > 1 else (False,))]
@@ -161,7 +162,8 @@ def _profile(truth: Any, model: dict[str, Any] | None = None) -> dict[str, Any]:
     collectives += [{"op": "allreduce", "group_size": n, "across_nodes": True, "nodes": 2, "message_bytes": b,
                      "time_ms": 1.0} for n in (16, 2) for b in (2**16, 2**26)]
     doc = {"name": "h100 nodes", "gpu": "NVIDIA H100 80GB HBM3", "stack": {"framework": "paraplan"}, "model": spec,
-           "gpus_per_node": 8, "layer_times": points, "collectives": collectives}
+           "gpus_per_node": 8, "layer_times": points, "collectives": collectives,
+           **({"inter_node_bandwidth_Gbps": network_Gbps} if network_Gbps else {})}
     times = [m.predicted_s(truth) for m in profile_measurements(load_profile(doc), "H100-SXM")]
     doc["layer_times"] = [{**p, "forward_ms": 1e3 * t / 3, "backward_ms": 2e3 * t / 3}
                           for p, t in zip(points, times[:len(points)], strict=True)]
@@ -226,6 +228,43 @@ def test_a_set_fitted_on_a_profiles_layer_times_prices_other_plans_closer(
     old_id = client.post("/v1/profiles", json={"name": "old", "kind": "hardware", "data": old},
                          headers=worker).json()["id"]
     assert refused({"profiles": [pid, old_id], "gpu": "H100-SXM"}) == ["profiles", 1, "model"]
+
+
+def test_a_profile_that_states_its_network_fits_the_efficiency_of_that_network(
+        client: Any, make_token: Callable[[str], str]) -> None:
+    """Nodes on an 800 Gb/s network (a quarter of the H100-SXM preset's), at 40 % of it: a profile that states its
+    network fits 40 % of it, and a plan for that cluster (its request stating 800 Gb/s) is priced as the truth; the
+    same profile unstated fits its efficiency against the preset's network, prices that plan's network four times
+    too slow, and the set's report and note say the preset's network was assumed."""
+    submit, worker = _auth(make_token("submit")), _auth(make_token("worker"))
+    runtime = runtime_request(H100)
+    wide = {**runtime, "training": {**runtime["training"], "global_batch_size": 256},
+            "cluster": {**runtime["cluster"], "nodes": 4, "inter_node_bandwidth_Gbps": 800}}
+    across = {"tp": 8, "pp": 1, "micro_batch_size": 1, "zero": 3}
+    truth = predict_s(measurement_of(wide, across, 1.0), PROFILED)
+    doc = _profile(PROFILED, network_Gbps=800)
+    unstated = {k: v for k, v in doc.items() if k != "inter_node_bandwidth_Gbps"}
+    errors, fits = {}, {}
+    for name, data in (("h100-800g", doc), ("h100-unstated", unstated)):
+        pid = client.post("/v1/profiles", json={"name": name, "kind": "hardware", "data": data},
+                          headers=worker).json()["id"]
+        made = client.post("/v1/calibration-sets", json={"name": name, "profiles": [pid], "gpu": "H100-SXM"},
+                           headers=submit)
+        assert made.status_code == 201, made.text
+        fits[name] = made.json()
+        priced = _step(client, {**wide, "cost_model": {"calibration_set": name}}, across, make_token("submit"))
+        assert priced["calibration_set"]["name"] == name
+        errors[name] = (priced["step_time_s"] / truth - 1, priced["calibration_set"]["note"])
+    stated = fits["h100-800g"]
+    assert (stated["fit"]["network_Gbps"], stated["fit"]["network_stated"]) == (800, True)
+    assert stated["constants"]["inter_efficiency"] == pytest.approx(PROFILED.inter_efficiency, rel=0.05)
+    assert abs(errors["h100-800g"][0]) < 0.05, errors
+    assert errors["h100-800g"][1].endswith("relative to 800 Gb/s per node")
+    assert (fits["h100-unstated"]["fit"]["network_Gbps"], fits["h100-unstated"]["fit"]["network_stated"]) == (
+        3200, False)
+    assert errors["h100-unstated"][0] > 0.10, errors  # its gradient sync priced on a network a quarter as fast
+    assert errors["h100-unstated"][1].endswith("relative to 3200 Gb/s per node (the GPU preset's: the measurements "
+                                                "did not state their network)")
 
 
 def _measurements(strategies: list[dict[str, Any]], request: dict[str, Any] = H100) -> list[dict[str, Any]]:

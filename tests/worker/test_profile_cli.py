@@ -61,16 +61,17 @@ def test_profile_rejects_an_unknown_model_preset() -> None:
 def test_two_nodes_profiled_together_measure_their_network_and_fit_a_set_for_it(
         live_server_factory: Callable[..., LiveServer], tmp_path: Path) -> None:
     """Two nodes of one rank each (two commands on this host, meeting at node 0's rendezvous, given the same --out
-    as on a shared filesystem): the node holding rank 0 saves and uploads one profile whose collectives span both
-    nodes and say so; a calibration set fitted on it over HTTP measures the network's efficiency, which a one-node
-    profile leaves assumed."""
+    as on a shared filesystem, and the network they are on): the node holding rank 0 saves and uploads one profile
+    whose collectives span both nodes and say so, with the network stated; a calibration set fitted on it over HTTP
+    measures the network's efficiency, which a one-node profile leaves assumed, relative to that network."""
     server = live_server_factory(dispatcher=False)
     endpoint = f"127.0.0.1:{free_port()}"
     saved = tmp_path / "profile.json"
     nodes = [subprocess.Popen(
         [*PARAPLAN, "worker", "profile", "--model", json.dumps(TINY_MODEL), "--nproc", "1", "--seqs", "64",
          "--batches", "1,2", "--repeats", "3", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint,
-         "--out", str(saved), "--server", server.url, "--token", server.token("worker")],
+         "--out", str(saved), "--server", server.url, "--token", server.token("worker"),
+         "--inter-node-bandwidth-Gbps", "10"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)}) for rank in (0, 1)]
     outputs = [p.communicate(timeout=200) for p in nodes]
@@ -81,18 +82,21 @@ def test_two_nodes_profiled_together_measure_their_network_and_fit_a_set_for_it(
     admin = {"Authorization": f"Bearer {server.token('admin')}"}
     profile = load_profile(httpx.get(f"{server.url}/v1/profiles/{uploaded[0]['id']}", headers=admin).json()["data"])
     assert profile.gpus_per_node == 1 and load_profile(json.loads(saved.read_text())["profile"]) == profile
+    assert profile.inter_node_bandwidth_Gbps == 10
     assert profile.collectives and all(c.across_nodes and c.nodes == 2 for c in profile.collectives)
     submit = {"Authorization": f"Bearer {server.token('submit')}"}
     made = httpx.post(f"{server.url}/v1/calibration-sets", headers=submit, timeout=120,
                       json={"name": "two-cpu-nodes", "profiles": [uploaded[0]["id"]], "gpu": "cpu"})
     assert made.status_code == 201, made.text
-    assert "inter_efficiency" in made.json()["fit"]["identified"]
+    fit = made.json()["fit"]
+    assert "inter_efficiency" in fit["identified"] and (fit["network_Gbps"], fit["network_stated"]) == (10, True)
 
 
 @pytest.mark.parametrize(("args", "option"), [
     (["--nnodes", "2"], "--rdzv-endpoint"),
     (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank"),
-    (["--nnodes", "0"], "--nnodes")])
+    (["--nnodes", "0"], "--nnodes"),
+    (["--inter-node-bandwidth-Gbps", "0"], "--inter-node-bandwidth-Gbps")])
 def test_profile_refuses_an_inconsistent_multi_node_launch(args: list[str], option: str) -> None:
     proc = subprocess.run([*PARAPLAN, "worker", "profile", "--model", json.dumps(TINY_MODEL), *args],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
