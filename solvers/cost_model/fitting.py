@@ -34,11 +34,20 @@ FIT_BOUNDS = {"gemm_eta_max": 0.9, "intra_efficiency": 1.0, "inter_efficiency": 
 Loss = Callable[[AnalyticCalibration], float]
 
 
+def moves(c: AnalyticCalibration, key: str, step: float) -> list[float]:
+    """The values one search step tries for ``key``: its value times 1 ± ``step`` within its bound; from 0, which no
+    factor moves (a CPU start has no kernel-issue floor), ``step`` times the shipped constant, as the first step up."""
+    value, bound = getattr(c, key), FIT_BOUNDS.get(key, float("inf"))
+    if value == 0:
+        return [min(step * getattr(DEFAULT_CALIBRATION, key), bound)]
+    return [min(value * f, bound) for f in (1 - step, 1 + step)]
+
+
 def coordinate_fit(loss: Loss, start: AnalyticCalibration = DEFAULT_CALIBRATION, keys: Sequence[str] = FIT_KEYS,
                    max_sweeps: int = 12, on_sweep: Callable[[float, float, AnalyticCalibration], None] | None = None,
                    good_enough: float = 0.0) -> AnalyticCalibration:
-    """Multiply one constant at a time by 1 ± step, keeping what lowers ``loss``; halve the step after a sweep
-    that changed nothing (from 20 % down to 2 %), stop early at a loss of ``good_enough``.
+    """Multiply one constant at a time by 1 ± step (``moves``), keeping what lowers ``loss``; halve the step after a
+    sweep that changed nothing (from 20 % down to 2 %), stop early at a loss of ``good_enough``.
     ``on_sweep(step, loss, constants)`` after each sweep."""
     best = start
     best_loss = loss(best)
@@ -48,8 +57,7 @@ def coordinate_fit(loss: Loss, start: AnalyticCalibration = DEFAULT_CALIBRATION,
             break
         improved = False
         for key in keys:
-            for factor in (1 - step, 1 + step):
-                value = min(getattr(best, key) * factor, FIT_BOUNDS.get(key, float("inf")))
+            for value in moves(best, key, step):
                 cand = replace(best, **{key: value})
                 cand_loss = loss(cand)
                 if cand_loss < best_loss - 1e-6:
@@ -69,8 +77,7 @@ def identified_keys(loss: Loss, fitted: AnalyticCalibration, keys: Sequence[str]
     base = loss(fitted)
     out = []
     for key in keys:
-        moved = [min(getattr(fitted, key) * f, FIT_BOUNDS.get(key, float("inf"))) for f in (1 - step, 1 + step)]
-        if max(loss(replace(fitted, **{key: v})) for v in moved) - base > tolerance:
+        if max(loss(replace(fitted, **{key: v})) for v in moves(fitted, key, step)) - base > tolerance:
             out.append(key)
     return out
 

@@ -164,3 +164,21 @@ def test_a_collective_states_nodes_consistent_with_its_group(point: dict, field:
         load_profile({"collectives": [bad]}, ("data",))
     problem = err.value.problems[0]
     assert ".".join(map(str, problem.loc[1:3])) == field and "nodes" in problem.msg
+
+
+def test_a_constant_that_starts_at_zero_is_searched_too() -> None:
+    """A CPU start has no kernel-issue floor (0 s): no factor moves 0, so the search steps up from the shipped
+    constant's scale; a loss whose optimum is at 0.3 ms finds it."""
+    start = replace(DEFAULT_CALIBRATION, kernel_overhead_s=0.0)
+
+    def loss(c: AnalyticCalibration) -> float:
+        return abs(c.kernel_overhead_s - 3e-4) / 3e-4
+
+    fitted = coordinate_fit(loss, start, ["kernel_overhead_s"], max_sweeps=40)
+    assert fitted.kernel_overhead_s == pytest.approx(3e-4, rel=0.05)
+    # a loss that is best at 0 keeps it there, and pins it (a step up costs); one that does not see it does not
+    at_zero = coordinate_fit(lambda c: c.kernel_overhead_s / 1e-3, start, ["kernel_overhead_s"])
+    assert at_zero.kernel_overhead_s == 0.0
+    assert identified_keys(lambda c: c.kernel_overhead_s / 1e-3, at_zero, ["kernel_overhead_s"]) == [
+        "kernel_overhead_s"]
+    assert identified_keys(lambda c: 0.0, at_zero, ["kernel_overhead_s"]) == []
