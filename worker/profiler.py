@@ -558,21 +558,21 @@ def _nodes(world: int) -> int:
     return max(1, world // max(1, local))
 
 
-def _group_sets(world: int, nodes: int) -> list[tuple[list[list[int]], int | None]]:
+def _group_sets(world: int, nodes: int) -> list[tuple[list[list[int]], int]]:
     """Sets of disjoint groups to time at once, each with how many nodes each of its groups spans: contiguous
     groups of 2, 4, 8, 16 ranks (as tp groups, or dp groups over contiguous ranks, are laid out), and on a multi-node
-    launch also the groups of one rank per node (a dp group across nodes under tp or cp inside a node). None: some
-    group straddles nodes unevenly (a node's ranks are not a multiple of the group's, nor the group's of a node's);
-    the set's time is its slowest group's."""
+    launch also the groups of one rank per node (a dp group across nodes under tp or cp inside a node). Where a
+    node's ranks are not a multiple of a smaller group's, the groups that fit inside each node (the rest of its ranks
+    sit the set out); a larger group that is not whole nodes is not timed: contiguous groups would straddle nodes
+    unevenly, a layout no point could state. The set's time is its slowest group's."""
     local = world // nodes
-
-    def spans(size: int) -> int | None:
-        if local % size == 0:
-            return 1
-        return size // local if size % local == 0 else None
-
-    sets = [([list(range(s, s + size)) for s in range(0, world, size)], spans(size))
-            for size in (2, 4, 8, 16) if size <= world and world % size == 0]
+    sets: list[tuple[list[list[int]], int]] = []
+    for size in (2, 4, 8, 16):
+        if local % size == 0 or (size % local == 0 and world % size == 0):
+            sets.append(([list(range(s, s + size)) for s in range(0, world, size)], max(1, size // local)))
+        elif size < local:
+            sets.append(([list(range(n * local + i * size, n * local + (i + 1) * size))
+                          for n in range(nodes) for i in range(local // size)], 1))
     if nodes > 1 and local > 1:
         sets.append(([[r + n * local for n in range(nodes)] for r in range(local)], nodes))
     return sets
@@ -608,21 +608,24 @@ def profile_collectives(world: int, device: torch.device, repeats: int,
             g = _group(ranks)
             if rank in ranks:
                 mine = g
-        assert mine is not None
         size = len(groups[0])
         for op in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
             for nbytes in sizes:
-                fn = _collective_fn(op, nbytes, mine, size, device)
+                # (a rank in no group of the set sits it out, joining only the barrier and the slowest-group max)
+                fn = _collective_fn(op, nbytes, mine, size, device) if mine is not None else lambda: None
+                dist.barrier()
                 try:
                     assert fn is not None
-                    dist.barrier()
-                    t = _median_time(fn, repeats)
+                    t, lacking = _median_time(fn, repeats), 0.0
                 except (RuntimeError, AssertionError):  # an op this backend lacks (older gloo)
+                    t, lacking = 0.0, 1.0
+                # a collective ends when its slowest member does; skipped on every rank where any lacks it
+                agg = torch.tensor([t, lacking], dtype=torch.float64, device=device)
+                dist.all_reduce(agg, op=dist.ReduceOp.MAX)
+                if agg[1] > 0:
                     continue
-                agg = torch.tensor([t], dtype=torch.float64, device=device)
-                dist.all_reduce(agg, op=dist.ReduceOp.MAX)  # a collective ends when its slowest member does
-                out.append({"op": op, "group_size": size, "across_nodes": spans != 1,
-                            **({"nodes": spans} if spans else {}), "message_bytes": float(nbytes),
+                out.append({"op": op, "group_size": size, "across_nodes": spans > 1, "nodes": spans,
+                            "message_bytes": float(nbytes),
                             "time_ms": 1e3 * float(agg[0])})
             if pause:
                 pause()
@@ -632,11 +635,13 @@ def profile_collectives(world: int, device: torch.device, repeats: int,
 
 def profile_p2p(world: int, device: torch.device, repeats: int, sizes: Sequence[int]) -> list[dict[str, Any]]:
     """Send/recv between ranks 2i and 2i+1, all pairs at once (pipeline neighbours): within a node where a node's
-    ranks pair up, else some pair spans two nodes and the slowest pair is the time."""
+    ranks pair up (or there is one node: an odd last rank sits out), else some pair spans two nodes and the slowest
+    pair is the time."""
     rank = dist.get_rank()
     if world < 2:
         return []
-    across = (world // _nodes(world)) % 2 == 1
+    nodes = _nodes(world)
+    across = nodes > 1 and (world // nodes) % 2 == 1
     out = []
     peer = rank ^ 1 if (rank ^ 1) < world else None
     for nbytes in sizes:

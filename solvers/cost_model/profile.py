@@ -288,7 +288,7 @@ class Profile(_Strict):
     def _collective_points(self, op: str, size: int, per_node: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The measured (message bytes, seconds) of this (op, group size, ranks per node), one point per size (the
         median where a size was measured more than once), by size. A point across nodes that does not state its
-        nodes (an older profile's, or a group the profiler's nodes split unevenly) stands for any layout across
+        nodes (an older profile's: the profiler now states every group's) stands for any layout across
         nodes where none states this one."""
         across = per_node < size
         same = [x for x in self.collectives if x.op == op and x.group_size == size and x.across_nodes == across]

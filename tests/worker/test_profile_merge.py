@@ -53,7 +53,11 @@ def test_collective_groups_of_a_multi_node_launch_say_how_many_nodes_they_span()
     assert one_node == [([[0, 1], [2, 3]], 1), ([[0, 1, 2, 3]], 1)]
     two_nodes = _group_sets(4, 2)  # ranks 0, 1 on the first node, 2, 3 on the second
     assert two_nodes == [([[0, 1], [2, 3]], 1), ([[0, 1, 2, 3]], 2), ([[0, 2], [1, 3]], 2)]
-    # two nodes of 8: 16 over both (8 ranks on each); nodes of 3 ranks straddle pairs unevenly (no even split)
+    # two nodes of 8: 16 over both (8 ranks on each)
     assert [(len(groups[0]), spans) for groups, spans in _group_sets(16, 2)] == [
         (2, 1), (4, 1), (8, 1), (16, 2), (2, 2)]
-    assert [(len(groups[0]), spans) for groups, spans in _group_sets(6, 2)] == [(2, None), (2, 2)]
+    # nodes of 3 ranks: the pair that fits inside each node (contiguous pairs would straddle them unevenly), and one
+    # rank of each node; no group of 4 (it would take one node and part of the other)
+    assert _group_sets(6, 2) == [([[0, 1], [3, 4]], 1), ([[0, 3], [1, 4], [2, 5]], 2)]
+    # a node of 6: three pairs, and the group of 4 that fits (ranks 4 and 5 sit it out)
+    assert _group_sets(6, 1) == [([[0, 1], [2, 3], [4, 5]], 1), ([[0, 1, 2, 3]], 1)]

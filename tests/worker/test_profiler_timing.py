@@ -161,3 +161,22 @@ def test_collectives_across_nodes_state_the_nodes_they_spanned_and_fit_the_netwo
     assert len(measured) == len(got[0]) and all(m.ranks_per_node == 1 and m.cluster.nodes == 2 for m in measured)
     slow_net = replace(DEFAULT_CALIBRATION, inter_efficiency=DEFAULT_CALIBRATION.inter_efficiency / 2)
     assert all(m.predicted_s(slow_net) > m.predicted_s(DEFAULT_CALIBRATION) for m in measured)
+
+
+def _collectives_on_a_node_of_three_ranks(rank: int) -> list[dict[str, Any]]:
+    return profile_collectives(3, torch.device("cpu"), 2, sizes=[2**10])
+
+
+@pytest.mark.timeout(120)
+def test_a_node_of_an_odd_rank_count_times_the_pair_that_fits_while_the_third_rank_sits_it_out() -> None:
+    """Three real gloo ranks on one node: the pair of ranks 0 and 1 is timed (rank 2 sits the set out, joining only
+    the barrier and the slowest-group maximum: before, no pair was timed at all), every rank has the same points,
+    and every point states the one node it ran on, the send/recv pair's too (before, an odd node's pairs were
+    recorded across two nodes even on one; ``_group_sets``: on several nodes of an odd rank count no group
+    straddles them unevenly)."""
+    got = on_two_ranks(_collectives_on_a_node_of_three_ranks, n=3)
+    assert got[0] == got[1] == got[2]
+    placed = {(c["op"], c["group_size"], c["across_nodes"], c.get("nodes")) for c in got[0]}
+    ops = ("allreduce", "allgather", "reduce_scatter", "alltoall")
+    assert {(op, 2, False, 1) for op in ops} <= placed and all(c["time_ms"] > 0 for c in got[0])
+    assert all(not c["across_nodes"] and c.get("nodes") == 1 for c in got[0])  # (the send/recv pair too)
