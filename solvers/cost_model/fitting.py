@@ -32,7 +32,6 @@ FIT_BOUNDS = {"gemm_eta_max": 0.9, "intra_efficiency": 1.0, "inter_efficiency": 
               "tp_overlap": 1.0}
 
 Loss = Callable[[AnalyticCalibration], float]
-MAX_STEP = 0.5  # the largest factor a search step moves a constant by: 1 ± this
 
 
 def moves(c: AnalyticCalibration, key: str, step: float) -> list[float]:
@@ -46,13 +45,10 @@ def moves(c: AnalyticCalibration, key: str, step: float) -> list[float]:
 
 def coordinate_fit(loss: Loss, start: AnalyticCalibration = DEFAULT_CALIBRATION, keys: Sequence[str] = FIT_KEYS,
                    max_sweeps: int = 12, on_sweep: Callable[[float, float, AnalyticCalibration], None] | None = None,
-                   good_enough: float = 0.0, grow: float = 1.0) -> AnalyticCalibration:
-    """Multiply one constant at a time by 1 ± step (``moves``), keeping what lowers ``loss``; after a sweep that
-    lowered it, go on with the step times ``grow`` (up to ``MAX_STEP``: with 1.5, a start several times off, a host
-    four times slower than its preset, is crossed in a few sweeps, not one 20 % step a sweep), after one that changed
-    nothing with half the step (from 20 % down to 2 %); stop early at a loss of ``good_enough``. Each sweep moves
-    every constant by one step at most, so what the data do not tell apart is shared out among them, not put on
-    one. ``on_sweep(step, loss, constants)`` after each sweep."""
+                   good_enough: float = 0.0) -> AnalyticCalibration:
+    """Multiply one constant at a time by 1 ± step (``moves``), keeping what lowers ``loss``; halve the step after a
+    sweep that changed nothing (from 20 % down to 2 %), stop early at a loss of ``good_enough``.
+    ``on_sweep(step, loss, constants)`` after each sweep."""
     best = start
     best_loss = loss(best)
     step = 0.2
@@ -66,7 +62,8 @@ def coordinate_fit(loss: Loss, start: AnalyticCalibration = DEFAULT_CALIBRATION,
                 cand_loss = loss(cand)
                 if cand_loss < best_loss - 1e-6:
                     best, best_loss, improved = cand, cand_loss, True
-        step = min(MAX_STEP, grow * step) if improved else step / 2
+        if not improved:
+            step /= 2
         if on_sweep:
             on_sweep(step, best_loss, best)
     return best
@@ -256,9 +253,6 @@ SET_FIT_KEYS = ("gemm_eta_max", "kernel_overhead_s", "microbatch_overhead_s", "i
 PROFILE_FIT_KEYS = ("gemm_eta_max", "kernel_overhead_s", "intra_efficiency", "intra_latency_s", "inter_efficiency",
                     "inter_latency_s")
 SET_GOOD_ENOUGH = 0.005  # a fit within 0.5 % of its measurements stops: run-to-run noise is larger
-# a set starts from the shipped constants, which may be several times off its hardware (a CPU "cluster", an
-# unlisted GPU): its steps grow while they gain (the published data sets' fits start near and keep 20 % steps)
-SET_STEP_GROWTH = 1.5
 MAX_FOLDS = 5  # held-out fits of a set: leave one out up to this many measurements, this many folds beyond
 
 
@@ -287,8 +281,7 @@ def fit_calibration(measurements: Sequence[Measured], start: AnalyticCalibration
     measurement predicted by constants fitted without it: leave one out, ``MAX_FOLDS`` folds beyond as many)."""
     if not measurements:
         raise ValueError("a fit needs at least one measurement")
-    fitted = coordinate_fit(_mape_of(measurements), start, keys, max_sweeps, good_enough=SET_GOOD_ENOUGH,
-                            grow=SET_STEP_GROWTH)
+    fitted = coordinate_fit(_mape_of(measurements), start, keys, max_sweeps, good_enough=SET_GOOD_ENOUGH)
     # pinned: a ±20 % move costs more than the runs' noise (as SET_GOOD_ENOUGH has it)
     identified = identified_keys(_mape_of(measurements), fitted, keys, tolerance=SET_GOOD_ENOUGH)
     held_out: float | None = None
@@ -301,8 +294,7 @@ def fit_calibration(measurements: Sequence[Measured], start: AnalyticCalibration
         for k in range(folds):
             held = measurements[k::folds]
             rest = [x for j, x in enumerate(measurements) if j % folds != k]
-            refit = coordinate_fit(_mape_of(rest), start, keys, max_sweeps, good_enough=SET_GOOD_ENOUGH,
-                            grow=SET_STEP_GROWTH)
+            refit = coordinate_fit(_mape_of(rest), start, keys, max_sweeps, good_enough=SET_GOOD_ENOUGH)
             errors += [mape([m], refit) for m in held]
         held_out, note = float(np.mean(errors)), None
     network_Gbps, network_stated = network_basis(measurements)
