@@ -334,10 +334,14 @@ class ClusterSpec(_Spec):
         return self.intra_node_bandwidth_GBps or self.gpu.intra_node_bandwidth_GBps
 
     @property
+    def inter_Gbps(self) -> float:
+        """The node's network bandwidth (Gb/s): the cluster's own, else its GPU preset's."""
+        return self.inter_node_bandwidth_Gbps or self.gpu.inter_node_bandwidth_Gbps
+
+    @property
     def inter_GBps_per_gpu(self) -> float:
         """Per-GPU share of the node's network bandwidth (GB/s)."""
-        gbps = self.inter_node_bandwidth_Gbps or self.gpu.inter_node_bandwidth_Gbps
-        return gbps / 8.0 / self.gpus_per_node
+        return self.inter_Gbps / 8.0 / self.gpus_per_node
 
 
 def _same_gpu(given: Any, gpu: GPUSpec) -> bool:

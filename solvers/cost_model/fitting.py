@@ -265,7 +265,7 @@ def network_basis(measurements: Sequence[Measured]) -> tuple[float | None, bool 
                 if (m.across_nodes if isinstance(m, CollectiveMeasurement) else m.cluster.nodes > 1)]
     if not clusters:
         return None, None
-    return (max(c.inter_node_bandwidth_Gbps or c.gpu.inter_node_bandwidth_Gbps for c in clusters),
+    return (max(c.inter_Gbps for c in clusters),
             all(c.inter_node_bandwidth_Gbps is not None for c in clusters))
 
 
