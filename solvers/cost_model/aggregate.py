@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from solvers.cost_model.base import CostModel, Estimate, StageContext
-from solvers.strategy import PlanStrategy
+from solvers.strategy import LayerStrategy, PlanStrategy
 
 GIB = float(2**30)
 
@@ -72,6 +72,9 @@ def aggregate_stage(model: CostModel, plan: PlanStrategy, stage: int, ctx: Stage
     first = sum(plan.stage_layers[:stage])
     layers = plan.layers[first:first + plan.stage_layers[stage]]
     tot = StageTotals(in_flight=float(model.in_flight_micro_batches(ctx)))
+    # a stage's layers mostly repeat one layout: each distinct boundary is priced once (a deep model's estimate
+    # otherwise spent more time on its zero transitions than on its layers)
+    transitions: dict[tuple[LayerStrategy, LayerStrategy], float] = {}
     for offset, strat in enumerate(layers):
         c = model.layer_costs(first + offset, [strat], ctx)
         tot.time_s += float(c.time_s[0])
@@ -83,7 +86,10 @@ def aggregate_stage(model: CostModel, plan: PlanStrategy, stage: int, ctx: Stage
         _add(tot.step_parts_s, c.step_parts_s, 0)
         _add(tot.memory_parts_bytes, c.memory_parts_bytes, 0)
         if offset:
-            t = float(model.transition_s([layers[offset - 1]], [strat], ctx)[0, 0])
+            pair = (layers[offset - 1], strat)
+            if pair not in transitions:
+                transitions[pair] = float(model.transition_s([pair[0]], [strat], ctx)[0, 0])
+            t = transitions[pair]
             tot.time_s += t
             if t:
                 _add(tot.parts_s, {"transition": t})

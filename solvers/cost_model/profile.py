@@ -57,12 +57,12 @@ the contended critical path; GPipe and 1F1B steps are simulated under that proce
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import product
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from solvers.cost_model.pipeline import shared_core_pipeline_s
 from solvers.errors import SpecError, shown
@@ -179,6 +179,22 @@ class Profile(_Strict):
     collectives: list[CollectiveTime] = Field(default_factory=list)
     overheads: list[LayerOverhead] = Field(default_factory=list)
     host: HostContention | None = None
+    # the measured points per layout, sorted and medianed once: an estimate looks each layout up several times and a
+    # search or a fit prices thousands of plans on one profile (``_points``)
+    _memo: tuple[tuple[int, ...], dict[tuple[Any, ...], Any]] | None = PrivateAttr(default=None)
+
+    def _points(self, key: tuple[Any, ...], find: Callable[[], tuple[np.ndarray, np.ndarray] | None]
+                ) -> tuple[np.ndarray, np.ndarray] | None:
+        """``find()``, once per ``key``. The memo belongs to the lists it was read from: the model is frozen and
+        no code mutates its lists, but a copy made with other lists (``model_copy(update=...)`` shares private
+        attributes) starts its own."""
+        owner = (id(self.layer_times), id(self.head_times), id(self.collectives))
+        if self._memo is None or self._memo[0] != owner:
+            self._memo = (owner, {})
+        found = self._memo[1]
+        if key not in found:
+            found[key] = find()
+        return found[key]
 
     def layer_stack_differences(self, stack: StackSpec) -> list[str]:
         """What the profile's stack runs in a layer otherwise than ``stack`` (attention kernel, elementwise kernels,
@@ -196,8 +212,9 @@ class Profile(_Strict):
     def head_s(self, batch: float, seq: int, tp: int) -> float | None:
         """Measured forward + backward seconds of the head at ``batch`` samples per data-parallel rank (interpolated
         between the measured batches as layer times are); None where this (seq, tp) was not measured."""
-        points = median_points((x.batch, (x.forward_ms + (x.backward_ms or 2 * x.forward_ms)) / 1e3)
-                               for x in self.head_times if x.seq == seq and x.tp == tp)
+        points = self._points(("head", seq, tp), lambda: median_points(
+            (x.batch, (x.forward_ms + (x.backward_ms or 2 * x.forward_ms)) / 1e3)
+            for x in self.head_times if x.seq == seq and x.tp == tp))
         return None if points is None else float(interpolated_s(*points, np.array([batch]))[0])
 
     def fsdp_overhead_s(self, mode: np.ndarray) -> np.ndarray:
@@ -249,6 +266,11 @@ class Profile(_Strict):
                       ep: int = 1, ulysses: int = 1) -> tuple[np.ndarray, np.ndarray] | None:
         """The measured (batch, seconds) of this layout, one point per batch (the median where a batch was measured
         more than once), by batch; None where it was not measured."""
+        return self._points(("layer", seq, tp, layer_type, backward, sp, cp, ep, ulysses),
+                            lambda: self._find_layer_points(seq, tp, layer_type, backward, sp, cp, ep, ulysses))
+
+    def _find_layer_points(self, seq: int, tp: int, layer_type: str, backward: bool, sp: bool, cp: int, ep: int,
+                           ulysses: int) -> tuple[np.ndarray, np.ndarray] | None:
         def points(sp: bool) -> list[LayerTime]:
             return [x for x in self.layer_times if x.seq == seq and x.tp == tp and x.layer_type == layer_type
                     and x.sp == sp and x.cp == cp and x.ep == ep and x.ulysses == ulysses]
@@ -290,6 +312,10 @@ class Profile(_Strict):
         median where a size was measured more than once), by size. A point across nodes that does not state its
         nodes (an older profile's: the profiler now states every group's) stands for any layout across
         nodes where none states this one."""
+        return self._points(("collective", op, size, per_node),
+                            lambda: self._find_collective_points(op, size, per_node))
+
+    def _find_collective_points(self, op: str, size: int, per_node: int) -> tuple[np.ndarray, np.ndarray] | None:
         across = per_node < size
         same = [x for x in self.collectives if x.op == op and x.group_size == size and x.across_nodes == across]
         chosen = [x for x in same if x.ranks_per_node == per_node] or [x for x in same if x.ranks_per_node is None]

@@ -349,3 +349,20 @@ def test_the_collectives_a_plan_issues_that_the_profile_did_not_measure_are_name
         "all-reduce over 2 GPUs across nodes (1 on each)"]
     older = {**two_nodes, "collectives": [*two_nodes["collectives"], across(2, None)]}
     assert named({"tp": 8, "dp": 2, "micro_batch_size": 1, "zero": 0}, older) == []
+
+
+def test_a_copy_with_other_times_reads_its_own_not_the_originals_memo() -> None:
+    """A profile reads each layout's points once and keeps them; a copy made with other lists (pydantic's
+    model_copy shares private attributes) must read its own, and the original keep its."""
+    profile = Profile.model_validate(PROFILE)
+    batch, tp = np.array([2.0]), np.array([1.0])
+    before = profile.layer_s(batch, 2048, tp)
+    slower = [x.model_copy(update={"forward_ms": 2 * x.forward_ms}) for x in profile.layer_times]
+    copy = profile.model_copy(update={"layer_times": slower,
+                                      "collectives": [c.model_copy(update={"time_ms": 2 * c.time_ms})
+                                                      for c in profile.collectives]})
+    assert copy.layer_s(batch, 2048, tp) == pytest.approx(2 * before)  # (18 ms: between 10 and 26 at batches 1, 3)
+    assert profile.layer_s(batch, 2048, tp) == pytest.approx(before) and before[0] == pytest.approx(0.018)
+    one = (np.array([2e6]), np.array([2.0]), np.array([2.0]))
+    assert copy.collective_s("allreduce", *one) == pytest.approx(2 * profile.collective_s("allreduce", *one))
+    assert profile.model_copy().layer_s(batch, 2048, tp) == pytest.approx(before)
