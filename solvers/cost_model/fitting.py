@@ -82,6 +82,16 @@ def identified_keys(loss: Loss, fitted: AnalyticCalibration, keys: Sequence[str]
     return out
 
 
+def unfinished_keys(loss: Loss, fitted: AnalyticCalibration, keys: Sequence[str], step: float = 0.2,
+                    tolerance: float = 0.005) -> list[str]:
+    """The ``keys`` that one more move of ± ``step`` from the fit would still improve ``loss`` by more than
+    ``tolerance``: the search ran out of sweeps before it reached them (six sweeps of 20 % moves take a constant at
+    most 3x up or 4x down from its start), so the fit is the best within its range, not the measurements' best."""
+    base = loss(fitted)
+    return [key for key in keys if min(loss(replace(fitted, **{key: v})) for v in moves(fitted, key, step))
+            < base - tolerance]
+
+
 @dataclass(frozen=True)
 class Measurement:
     """One measured training step: what ran (model, cluster, training with its stack, the plan) and how long."""
@@ -284,6 +294,7 @@ def fit_calibration(measurements: Sequence[Measured], start: AnalyticCalibration
     fitted = coordinate_fit(_mape_of(measurements), start, keys, max_sweeps, good_enough=SET_GOOD_ENOUGH)
     # pinned: a ±20 % move costs more than the runs' noise (as SET_GOOD_ENOUGH has it)
     identified = identified_keys(_mape_of(measurements), fitted, keys, tolerance=SET_GOOD_ENOUGH)
+    unfinished = unfinished_keys(_mape_of(measurements), fitted, keys, tolerance=SET_GOOD_ENOUGH)
     held_out: float | None = None
     note: str | None = "one measurement: nothing to hold out"
     if len(measurements) > 1:
@@ -301,4 +312,4 @@ def fit_calibration(measurements: Sequence[Measured], start: AnalyticCalibration
     return CalibrationFit(fitted, CalibrationFitDoc(
         measurements=len(measurements), keys=list(keys), start_mape=mape(measurements, start),
         fit_mape=mape(measurements, fitted), held_out_mape=held_out, held_out_note=note, identified=identified,
-        network_Gbps=network_Gbps, network_stated=network_stated))
+        unfinished=unfinished, network_Gbps=network_Gbps, network_stated=network_stated))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from solvers.cost_model.calibration import DEFAULT_CALIBRATION, AnalyticCalibration
@@ -16,6 +17,7 @@ from solvers.cost_model.fitting import (
     identified_keys,
     layer_measurements,
     profile_measurements,
+    unfinished_keys,
 )
 from solvers.cost_model.profile import Profile, load_profile
 from solvers.errors import SpecError
@@ -182,3 +184,27 @@ def test_a_constant_that_starts_at_zero_is_searched_too() -> None:
     assert identified_keys(lambda c: c.kernel_overhead_s / 1e-3, at_zero, ["kernel_overhead_s"]) == [
         "kernel_overhead_s"]
     assert identified_keys(lambda c: 0.0, at_zero, ["kernel_overhead_s"]) == []
+
+
+def test_a_fit_that_runs_out_of_range_says_which_constants_it_stopped_short_of() -> None:
+    """Layer times of a host ten times slower than the start constants price it (a CPU's speed is not its preset's):
+    six sweeps of 20 % moves take the GEMM plateau at most 4x down, so the fit ends short of its measurements and
+    its report names what one more move would still improve. Near the start it reaches them and names nothing."""
+    model = {"name": "tiny", "num_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 128}
+    points = [{"batch": b, "seq": 512, "tp": 1, "forward_ms": 1.0, "backward_ms": 2.0} for b in (1, 2, 4, 8)]
+    layers = layer_measurements(Profile.model_validate({"model": model, "stack": {"framework": "paraplan"},
+                                                        "layer_times": points}), "cpu")
+    truth = replace(DEFAULT_CALIBRATION, gemm_eta_max=DEFAULT_CALIBRATION.gemm_eta_max / 10)
+    far = [replace(m, step_time_s=m.predicted_s(truth)) for m in layers]
+    short = fit_calibration(far, keys=["gemm_eta_max", "kernel_overhead_s"])
+    assert short.report.fit_mape > 0.3 and "gemm_eta_max" in short.report.unfinished  # type: ignore[operator]
+    assert short.constants.gemm_eta_max == pytest.approx(DEFAULT_CALIBRATION.gemm_eta_max * 0.8 ** 6)
+    # what the report claims: a 20 % move down from the fit still lowers the error by more than half a point
+    def error(c: AnalyticCalibration) -> float:
+        return float(np.mean([abs(m.predicted_s(c) / m.step_time_s - 1) for m in far]))
+
+    assert unfinished_keys(error, short.constants, ["gemm_eta_max"]) == ["gemm_eta_max"]
+    near = [replace(m, step_time_s=m.predicted_s(replace(truth, gemm_eta_max=DEFAULT_CALIBRATION.gemm_eta_max / 1.5)))
+            for m in layers]
+    reached = fit_calibration(near, keys=["gemm_eta_max", "kernel_overhead_s"])
+    assert reached.report.fit_mape < 0.02 and reached.report.unfinished == []
