@@ -137,14 +137,16 @@ def main() -> int:
         report = fit.report
         print(f"set fitted on this host's profile: {report.measurements} layer and collective times, start MAPE "
               f"{100 * report.start_mape:.1f}%, fit {100 * report.fit_mape:.1f}%, held out (five folds) "
-              f"{100 * (report.held_out_mape or 0.0):.1f}%; pinned: {', '.join(report.identified or [])}")
+              f"{100 * (report.held_out_mape or 0.0):.1f}%; pinned: {', '.join(report.identified or [])}; "
+              f"the search stopped short on: {', '.join(report.unfinished or []) or 'none'}")
         held_out: tuple[str, ...] = tuple(steps_of) or (FIRST, *OTHERS)
     else:
         first_s = measured_step_s(FIRST, args.steps, work)
         fit = fit_calibration([measurement(FIRST, first_s)], start=start)
         changed = {k: round(v, 6) for k, v in fit.report.model_dump().items() if k in ("start_mape", "fit_mape")}
         print(f"first run {FIRST}: measured {first_s:.4f} s; set fitted on it: {changed} "
-              f"(constants {', '.join(fit.report.keys)})")
+              f"(constants {', '.join(fit.report.keys)}; the search stopped short on: "
+              f"{', '.join(fit.report.unfinished or []) or 'none'})")
         held_out = OTHERS
     # (--nodes 2: also the set the same profile fits without its collectives across nodes, as before they were
     # fitted: the network at the starting constants)
