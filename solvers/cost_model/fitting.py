@@ -69,17 +69,21 @@ def coordinate_fit(loss: Loss, start: AnalyticCalibration = DEFAULT_CALIBRATION,
     return best
 
 
+def pinned_and_unfinished(loss: Loss, fitted: AnalyticCalibration, keys: Sequence[str], step: float = 0.2,
+                          tolerance: float = 0.005) -> tuple[list[str], list[str]]:
+    """(``identified_keys``, ``unfinished_keys``) from one pricing of each key's ± ``step`` moves (``moves``)."""
+    base = loss(fitted)
+    at = {key: [loss(replace(fitted, **{key: v})) for v in moves(fitted, key, step)] for key in keys}
+    return ([key for key in keys if max(at[key]) - base > tolerance],
+            [key for key in keys if min(at[key]) < base - tolerance])
+
+
 def identified_keys(loss: Loss, fitted: AnalyticCalibration, keys: Sequence[str], step: float = 0.2,
                     tolerance: float = 0.005) -> list[str]:
     """The ``keys`` the data behind ``loss`` pin down: moving one by ± ``step`` from the fit raises the loss by more
     than ``tolerance``. A constant the data leave free keeps (or drifts near) its start: assumed, not measured —
     a single-node run says nothing of the network, a large model's step nothing of the host's kernel issue."""
-    base = loss(fitted)
-    out = []
-    for key in keys:
-        if max(loss(replace(fitted, **{key: v})) for v in moves(fitted, key, step)) - base > tolerance:
-            out.append(key)
-    return out
+    return pinned_and_unfinished(loss, fitted, keys, step, tolerance)[0]
 
 
 def unfinished_keys(loss: Loss, fitted: AnalyticCalibration, keys: Sequence[str], step: float = 0.2,
@@ -87,9 +91,7 @@ def unfinished_keys(loss: Loss, fitted: AnalyticCalibration, keys: Sequence[str]
     """The ``keys`` that one more move of ± ``step`` from the fit would still improve ``loss`` by more than
     ``tolerance``: the search ran out of sweeps before it reached them (six sweeps of 20 % moves take a constant at
     most 3x up or 4x down from its start), so the fit is the best within its range, not the measurements' best."""
-    base = loss(fitted)
-    return [key for key in keys if min(loss(replace(fitted, **{key: v})) for v in moves(fitted, key, step))
-            < base - tolerance]
+    return pinned_and_unfinished(loss, fitted, keys, step, tolerance)[1]
 
 
 @dataclass(frozen=True)
@@ -291,10 +293,11 @@ def fit_calibration(measurements: Sequence[Measured], start: AnalyticCalibration
     measurement predicted by constants fitted without it: leave one out, ``MAX_FOLDS`` folds beyond as many)."""
     if not measurements:
         raise ValueError("a fit needs at least one measurement")
-    fitted = coordinate_fit(_mape_of(measurements), start, keys, max_sweeps, good_enough=SET_GOOD_ENOUGH)
-    # pinned: a ±20 % move costs more than the runs' noise (as SET_GOOD_ENOUGH has it)
-    identified = identified_keys(_mape_of(measurements), fitted, keys, tolerance=SET_GOOD_ENOUGH)
-    unfinished = unfinished_keys(_mape_of(measurements), fitted, keys, tolerance=SET_GOOD_ENOUGH)
+    loss = _mape_of(measurements)
+    fitted = coordinate_fit(loss, start, keys, max_sweeps, good_enough=SET_GOOD_ENOUGH)
+    # pinned: a ±20 % move costs more than the runs' noise (as SET_GOOD_ENOUGH has it); unfinished: one still gains
+    # more than that
+    identified, unfinished = pinned_and_unfinished(loss, fitted, keys, tolerance=SET_GOOD_ENOUGH)
     held_out: float | None = None
     note: str | None = "one measurement: nothing to hold out"
     if len(measurements) > 1:
