@@ -169,8 +169,8 @@ def _fit_words(row: CalibrationSet) -> str:
                f"; the network's efficiency is relative to {fit.network_Gbps:g} Gb/s per node"
                + ("" if fit.network_stated else " (the GPU preset's: the measurements did not state their network)"))
     short = ("" if not fit.unfinished else
-             f"; the search stopped short of the measurements' best fit (six sweeps of 20 % moves: a constant "
-             f"goes at most 3x up or 4x down from its start): {', '.join(fit.unfinished)} would still improve it")
+             f"; the search stopped short of the measurements' best fit: {', '.join(fit.unfinished)} would still "
+             "improve it")
     return (f"fitted on {fit.measurements} measured step(s) of {row.gpu}: in-sample {100 * fit.fit_mape:.1f} %, "
             f"{held}{pinned}{network}{short}")
 

@@ -30,10 +30,9 @@ class CalibrationFitDoc(Document):
                                          "set fitted before this was reported")
     unfinished: list[str] | None = Field(default=None, description="the searched constants that one more 20 % move "
                                          "would still improve the in-sample error by more than 0.5 points: the "
-                                         "search (six sweeps of 20 % moves: a constant goes at most 3x up or 4x down "
-                                         "from its start) stopped short of them, so the fit is the best within its "
-                                         "range, not its measurements' best (they lie far from the start constants). "
-                                         "Null: a set fitted before this was reported")
+                                         "search ran out of sweeps before it reached them, so the fit is the best it "
+                                         "reached, not its measurements' best. Null: a set fitted before this was "
+                                         "reported")
     network_Gbps: float | None = Field(default=None, description="the network, per node (the fastest, where they "
                                        "ran on several), that the measurements across nodes ran on: what the "
                                        "fitted network efficiency is relative to; null: none ran across nodes")

@@ -265,13 +265,12 @@ def test_a_profile_that_states_its_network_fits_the_efficiency_of_that_network(
     assert errors["h100-unstated"][0] > 0.10, errors  # its gradient sync priced on a network a quarter as fast
     assert ("relative to 3200 Gb/s per node (the GPU preset's: the measurements did not state their network)"
             in errors["h100-unstated"][1]), errors
-    # a tenth of the preset's network is beyond the search's reach from the start (0.71 -> at most 0.19): the set
-    # says it stopped short, and of which constant; the stated one reached its measurements
-    assert stated["fit"]["unfinished"] == [] and "inter_efficiency" in fits["h100-unstated"]["fit"]["unfinished"]
-    assert errors["h100-unstated"][1].endswith(
-        "the search stopped short of the measurements' best fit (six sweeps of 20 % moves: a constant goes at most 3x "
-        f"up or 4x down from its start): {', '.join(fits['h100-unstated']['fit']['unfinished'])} would still "
-        "improve it"), errors
+    # a tenth of the preset's network lies far from the start (0.71): the search reaches it (its pattern moves) and
+    # the set does not say it stopped short
+    assert stated["fit"]["unfinished"] == fits["h100-unstated"]["fit"]["unfinished"] == []
+    assert fits["h100-unstated"]["constants"]["inter_efficiency"] == pytest.approx(
+        PROFILED.inter_efficiency * 800 / 3200, rel=0.1)
+    assert "stopped short" not in errors["h100-unstated"][1], errors
 
 
 def _measurements(strategies: list[dict[str, Any]], request: dict[str, Any] = H100) -> list[dict[str, Any]]:
