@@ -64,7 +64,9 @@ def _extend(loss: Loss, best: AnalyticCalibration, best_loss: float, key: str, r
     them."""
     bound = FIT_BOUNDS.get(key, float("inf"))
     extensions = halvings = 0
-    while extensions < MAX_EXTENSIONS and halvings <= MAX_HALVINGS:
+    for _ in range(4 * (MAX_EXTENSIONS + MAX_HALVINGS)):  # (a bound on the loss's evaluations, whatever its shape)
+        if extensions == MAX_EXTENSIONS or halvings > MAX_HALVINGS:
+            break
         value = min(getattr(best, key) * ratio, bound)
         cand_loss = loss(replace(best, **{key: value})) if value != getattr(best, key) else best_loss
         if cand_loss < best_loss - 1e-6:
