@@ -68,9 +68,10 @@ def _extend(loss: Loss, best: AnalyticCalibration, best_loss: float, key: str, r
         if extensions == MAX_EXTENSIONS or halvings > MAX_HALVINGS:
             break
         value = min(getattr(best, key) * ratio, bound)
-        cand_loss = loss(replace(best, **{key: value})) if value != getattr(best, key) else best_loss
+        cand = replace(best, **{key: value})
+        cand_loss = loss(cand) if value != getattr(best, key) else best_loss
         if cand_loss < best_loss - 1e-6:
-            best, best_loss = replace(best, **{key: value}), cand_loss
+            best, best_loss = cand, cand_loss
             if not halvings:
                 extensions, ratio = extensions + 1, ratio * ratio
         else:

@@ -201,9 +201,9 @@ def _slower_host(slower: float) -> tuple[AnalyticCalibration, list[LayerMeasurem
 @pytest.mark.parametrize("slower", [1.5, 10.0, 300.0])
 def test_a_host_far_slower_than_its_start_is_fitted_in_one_set(slower: float) -> None:
     """Layer times of a host 1.5x, 10x or 300x slower than the start constants price it (a CPU's speed is not its
-    preset's): a set's fit extends the move that gains most while its error is above ``FAR_OFF`` (``_extend``), so
-    its six sweeps reach the GEMM plateau that produced them however far it lies, where 20 % a sweep reached
-    0.8^6 = 0.26x of the start at most."""
+    preset's): a set's fit extends the move that gains most while a measurement is more than ``FAR_OFF`` off
+    (``_extend``), so its six sweeps reach the GEMM plateau that produced them, 300x down too, where 20 % a sweep
+    reached 0.8^6 = 0.26x of the start at most."""
     truth, far = _slower_host(slower)
     fit = fit_calibration(far, keys=["gemm_eta_max", "kernel_overhead_s"])
     assert fit.report.start_mape > 0.3 and fit.report.fit_mape < 0.03 and fit.report.unfinished == []
